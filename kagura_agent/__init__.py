@@ -1,0 +1,3 @@
+"""kagura-agent: plan, review and apply memory-backed agent runs behind a hardened membrane."""
+
+__version__ = "0.1.0"

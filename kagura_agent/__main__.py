@@ -1,0 +1,3 @@
+from kagura_agent.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""One small module per command; ``main`` wires them into argparse."""

@@ -1,0 +1,63 @@
+"""The ``kagura-agent`` entry point: argument parsing and the one place errors become exit codes.
+
+Every command lives in its own module under kagura_agent/cli/ and exposes
+``register(subparsers)``, which adds its parser and sets ``handler`` to a function
+``(argparse.Namespace) -> int``. Command modules import only the standard library at
+module level so that ``--help``, ``validate`` and ``plan`` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from kagura_agent import __version__
+from kagura_agent.errors import ExitCode, KaguraError
+
+# Command modules in the order --help lists them.
+COMMAND_MODULES: tuple[str, ...] = (
+    "validate",
+    "plan",
+    "show",
+    "schema",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kagura-agent",
+        description="Plan, review and apply memory-backed agent runs behind a hardened membrane.",
+        epilog="exit codes: 0 ok, 1 task failed, 2 usage/validation error, 3 setup not ready,"
+        " 4 doctor failed, 5 plan has changes (--detailed-exitcode), 6 refused",
+    )
+    parser.add_argument("--version", action="version", version=f"kagura-agent {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"kagura_agent.cli.{name}")
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return int(ExitCode.USAGE)
+    try:
+        return int(handler(args))
+    except KaguraError as exc:
+        print(exc.render(), file=sys.stderr)
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return int(ExitCode.OK)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""Where things live on the host: the state directory and packaged resources."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def state_dir() -> Path:
+    """The state directory: $KAGURA_AGENT_STATE_DIR, else $XDG_STATE_HOME/kagura-agent."""
+    explicit = os.environ.get("KAGURA_AGENT_STATE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(xdg) / "kagura-agent"
+
+
+def resource_dir(name: str) -> Path:
+    """A packaged resource folder ("schemas", "manifests").
+
+    Installed wheels carry them under kagura_agent/data/; a source checkout keeps them
+    at the repository's top level.
+    """
+    packaged = PACKAGE_DIR / "data" / name
+    if packaged.is_dir():
+        return packaged
+    return PACKAGE_DIR.parent / name
+
+
+def repo_root() -> Path | None:
+    """The source checkout's root when running from one (images/ lives there)."""
+    root = PACKAGE_DIR.parent
+    return root if (root / "images").is_dir() else None
