@@ -1,0 +1,1 @@
+"""The membrane: what crosses between the host and the agent container."""
