@@ -1,0 +1,156 @@
+"""The sdk engine: the Claude Agent SDK driving its bundled Claude Code CLI.
+
+``claude_agent_sdk`` takes ~0.8 s to import, so it is imported inside ``run`` only.
+SDK messages are mapped onto our events; SDK exceptions are translated here and never
+escape the engine. Memory tools are offered as an in-process SDK MCP server whose calls
+go to the injected MemoryClient (in the container: a request to the host).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from kagura_agent.brain.events import (
+    MAX_TEXT_CHARS,
+    BrainEvent,
+    CostEvent,
+    DoneEvent,
+    ErrorEvent,
+    TextEvent,
+    ToolCallEvent,
+    ToolResultEvent,
+)
+from kagura_agent.brain.protocol import MemoryClient, Turn
+
+CLI_PATH_ENV = "KAGURA_CLAUDE_CLI"
+MEMORY_SERVER = "kagura-memory"
+
+
+class SdkBrain:
+    """Runs a prompt through ``claude_agent_sdk.query``."""
+
+    name = "sdk"
+
+    def __init__(self, *, cli_path: str | None = None, memory: MemoryClient | None = None) -> None:
+        self._cli_path = cli_path
+        self._memory = memory
+
+    def _resolve_cli(self, turn: Turn) -> str | None:
+        return (
+            turn.engine_options.get("cli_path")
+            or self._cli_path
+            or turn.env.get(CLI_PATH_ENV)
+            or os.environ.get(CLI_PATH_ENV)
+        )
+
+    async def run(self, turn: Turn) -> AsyncIterator[BrainEvent]:
+        """One SDK query; yields text/tool events, then cost and done (or error)."""
+        import claude_agent_sdk as sdk
+
+        options = sdk.ClaudeAgentOptions(
+            permission_mode=turn.permission_mode,  # type: ignore[arg-type]
+            model=turn.model,
+            resume=turn.session_id,
+            cwd=turn.cwd,
+            max_turns=turn.budget.turns,
+            max_budget_usd=turn.budget.cost_usd,
+            cli_path=self._resolve_cli(turn),
+            env=dict(turn.env),
+        )
+        if self._memory is not None:
+            options.mcp_servers = {MEMORY_SERVER: _memory_server(sdk, self._memory)}
+            options.allowed_tools = [
+                f"mcp__{MEMORY_SERVER}__{op}" for op in ("recall", "remember", "get")
+            ]
+        finished = False
+        try:
+            async for message in sdk.query(prompt=turn.full_prompt(), options=options):
+                for event in _map_message(sdk, message):
+                    finished = finished or event.type in ("done", "error")
+                    yield event
+        except sdk.CLINotFoundError as exc:
+            yield ErrorEvent(message=f"Claude Code CLI not found: {exc}", code="setup")
+            return
+        except sdk.ClaudeSDKError as exc:
+            if not finished:
+                yield ErrorEvent(message=f"claude agent sdk: {exc}", code="engine")
+            return
+        if not finished:
+            yield ErrorEvent(message="the CLI ended without a result message", code="protocol")
+
+
+def _map_message(sdk: Any, message: Any) -> list[BrainEvent]:
+    """Translate one SDK message into zero or more events."""
+    events: list[BrainEvent] = []
+    if isinstance(message, sdk.AssistantMessage | sdk.UserMessage):
+        content = message.content
+        if isinstance(content, str):
+            return events  # a user echo of the prompt: nothing new to show
+        for block in content:
+            if isinstance(block, sdk.TextBlock) and isinstance(message, sdk.AssistantMessage):
+                events.append(TextEvent(text=block.text[:MAX_TEXT_CHARS]))
+            elif isinstance(block, sdk.ToolUseBlock):
+                events.append(ToolCallEvent(id=block.id, name=block.name, input=dict(block.input)))
+            elif isinstance(block, sdk.ToolResultBlock):
+                events.append(
+                    ToolResultEvent(
+                        id=block.tool_use_id,
+                        output=_result_text(block.content),
+                        is_error=bool(block.is_error),
+                    )
+                )
+    elif isinstance(message, sdk.ResultMessage):
+        usage = message.usage or {}
+        events.append(
+            CostEvent(
+                usd=message.total_cost_usd,
+                turns=message.num_turns,
+                input_tokens=_int_or_none(usage.get("input_tokens")),
+                output_tokens=_int_or_none(usage.get("output_tokens")),
+            )
+        )
+        if message.is_error:
+            detail = message.result or ", ".join(message.errors or []) or message.subtype
+            events.append(ErrorEvent(message=f"claude reported an error: {detail}"))
+        else:
+            events.append(DoneEvent(result=message.result, session_id=message.session_id))
+    return events
+
+
+def _result_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content[:MAX_TEXT_CHARS]
+    parts = [
+        str(item.get("text", "")) if isinstance(item, dict) else str(item) for item in content
+    ]
+    return "\n".join(parts)[:MAX_TEXT_CHARS]
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _memory_server(sdk: Any, memory: MemoryClient) -> Any:
+    """An in-process MCP server exposing recall/remember/get over ``memory``."""
+
+    def reply(value: object) -> dict[str, Any]:
+        return {"content": [{"type": "text", "text": json.dumps(value)}]}
+
+    @sdk.tool("recall", "Recall memories relevant to a query", {"query": str, "limit": int})
+    async def recall(args: dict[str, Any]) -> dict[str, Any]:
+        return reply(await memory.recall(str(args["query"]), int(args.get("limit", 5))))
+
+    @sdk.tool("remember", "Store a memory for later runs", {"text": str})
+    async def remember(args: dict[str, Any]) -> dict[str, Any]:
+        return reply({"id": await memory.remember(str(args["text"]), list(args.get("tags", [])))})
+
+    @sdk.tool("get", "Fetch one memory by id", {"id": str})
+    async def get(args: dict[str, Any]) -> dict[str, Any]:
+        return reply(await memory.get(str(args["id"])))
+
+    return sdk.create_sdk_mcp_server(MEMORY_SERVER, tools=[recall, remember, get])
