@@ -22,6 +22,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "plan",
     "show",
     "schema",
+    "images",
+    "graduation",
 )
 
 

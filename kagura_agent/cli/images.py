@@ -1,0 +1,92 @@
+"""``kagura-agent images``: bootstrap a base rootfs, build the recipes, list what is built."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add ``images bootstrap|build|list``."""
+    parser = subparsers.add_parser("images", help="build and list the container images")
+    sub = parser.add_subparsers(dest="images_command", metavar="ACTION", required=True)
+
+    boot = sub.add_parser(
+        "bootstrap", help="debootstrap kagura/bootstrap:bookworm from the configured apt mirror"
+    )
+    boot.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    boot.set_defaults(handler=_bootstrap)
+
+    build = sub.add_parser("build", help="build recipes from images/ (all when none named)")
+    build.add_argument("names", nargs="*", metavar="NAME", help="recipe names (base, python…)")
+    build.add_argument("-v", "--verbose", action="store_true", help="show every build line")
+    build.add_argument(
+        "--from-upstream",
+        action="store_true",
+        help="build on the digest-pinned upstream images even if the bootstrap image exists",
+    )
+    build.add_argument("--json", action="store_true", help="print the built images as JSON")
+    build.set_defaults(handler=_build)
+
+    listing = sub.add_parser("list", help="show each recipe's image, ID and staleness")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    listing.set_defaults(handler=_list)
+
+
+def _progress(verbose: bool) -> Any:
+    started = time.monotonic()
+
+    def log(name: str, line: str) -> None:
+        # Without --verbose only the milestones: builder steps and our own messages.
+        quiet_noise = not line.startswith(("Step ", "pip wheel", "building", "built"))
+        if verbose or not quiet_noise:
+            elapsed = time.monotonic() - started
+            print(f"[{elapsed:6.1f}s] {name:<12} {line.rstrip()}", file=sys.stderr, flush=True)
+
+    return log
+
+
+def _bootstrap(args: argparse.Namespace) -> int:
+    from kagura_agent.membrane.bootstrap import bootstrap
+    from kagura_agent.membrane.runtime import connect
+
+    image_id = bootstrap(
+        connect(), log=lambda line: print(line, file=sys.stderr, flush=True), force=args.force
+    )
+    print(image_id)
+    return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    from kagura_agent.membrane.build import build
+    from kagura_agent.membrane.runtime import connect
+
+    rows = build(
+        connect(timeout=1800),
+        list(args.names),
+        log=_progress(args.verbose),
+        upstream=args.from_upstream,
+    )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for row in rows:
+            print(f"{row['ref']:<28} {row['id'][:19]}  {row['seconds']}s")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from kagura_agent.membrane.images import list_images
+
+    rows = list_images()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'IMAGE':<28} {'ID':<19}  STATUS")
+    for row in rows:
+        status = "stale: " + row["reason"] if row["stale"] else "up to date"
+        print(f"{row['ref']:<28} {(row['id'] or '-')[:19]:<19}  {status}")
+    return 0

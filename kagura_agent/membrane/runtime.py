@@ -1,0 +1,225 @@
+"""The Docker runtime: hardened containers from a launch plan, through docker-py.
+
+This is the adapter boundary for Docker: docker-py and requests exceptions are
+translated here into the project's errors (SetupError when the daemon cannot be reached,
+RefusedError for a plan we will not run, KaguraError otherwise) and never leak upward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+from kagura_agent.errors import KaguraError, RefusedError, SetupError
+from kagura_agent.membrane import hardening, mounts
+from kagura_agent.membrane.images import local_image_digest
+from kagura_agent.membrane.isolation import check_tenancy
+
+# Keys of hardening.container_kwargs that belong to the container config; the rest go to
+# the host config.
+_CREATE_KEYS = frozenset(
+    {
+        "image",
+        "command",
+        "user",
+        "working_dir",
+        "labels",
+        "environment",
+        "stdin_open",
+        "tty",
+        "stop_signal",
+        "stop_timeout",
+        "name",
+        "entrypoint",
+    }
+)
+
+
+class ContainerError(KaguraError):
+    """Docker refused or failed an operation on a container (not a setup problem)."""
+
+
+@contextlib.contextmanager
+def docker_errors(action: str) -> Iterator[None]:
+    """Translate docker-py / requests exceptions raised while doing ``action``."""
+    import docker.errors
+    import requests.exceptions
+
+    try:
+        yield
+    except docker.errors.NotFound as exc:
+        raise ContainerError(f"{action}: not found ({exc.explanation or exc})") from exc
+    except docker.errors.APIError as exc:
+        raise ContainerError(f"{action}: {exc.explanation or exc}") from exc
+    except docker.errors.DockerException as exc:
+        raise SetupError(
+            f"{action}: Docker Engine unreachable ({exc})", hint="run scripts/docker-up.sh"
+        ) from exc
+    except (requests.exceptions.ConnectionError, ConnectionError, FileNotFoundError) as exc:
+        raise SetupError(
+            f"{action}: Docker Engine unreachable ({exc})", hint="run scripts/docker-up.sh"
+        ) from exc
+
+
+def connect(timeout: int = 60) -> Any:
+    """A docker-py client for the local daemon (SetupError when it does not answer)."""
+    import docker
+
+    with docker_errors("connecting to Docker"):
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+    return client
+
+
+def check_image_digest(plan: dict[str, Any]) -> str:
+    """Return the plan's image ID after checking the local image still has it.
+
+    Refuses (exit 6, naming the image) when the image is missing, was unresolved at plan
+    time, or was rebuilt since the plan was made.
+    """
+    image = plan["image"]
+    ref, planned = image["ref"], image.get("digest")
+    hint = f"run `kagura-agent images build {image.get('name', '')}`, then plan again"
+    if not planned:
+        raise RefusedError(f"image {ref} had no local digest when the plan was made", hint=hint)
+    local = local_image_digest(ref)
+    if local is None:
+        raise RefusedError(f"image {ref} is not present locally (plan has {planned})", hint=hint)
+    if local != planned:
+        raise RefusedError(
+            f"image {ref} changed since the plan was made: plan has {planned}, local is {local}",
+            hint="plan again to review the new image",
+        )
+    return str(planned)
+
+
+def check_plan_mounts(plan: dict[str, Any]) -> None:
+    """Re-check every bind mount against the host file system right before launch."""
+    root = plan["task"]["project_root"]
+    for mount in plan.get("mounts", []):
+        problem = mounts.check_mount(mount["source"], root, writable=mount.get("mode") == "rw")
+        if problem:
+            raise RefusedError(problem)
+
+
+def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split flat kwargs into (create_container kwargs, create_host_config kwargs)."""
+    create = {k: v for k, v in kwargs.items() if k in _CREATE_KEYS}
+    host = {k: v for k, v in kwargs.items() if k not in _CREATE_KEYS}
+    return create, host
+
+
+class DockerRuntime:
+    """Create, start, attach to, wait for, stop and remove plan containers."""
+
+    def __init__(self, client: Any | None = None) -> None:
+        self.client = client if client is not None else connect()
+
+    def create(
+        self,
+        plan: dict[str, Any],
+        run_id: str,
+        *,
+        command: list[str] | None = None,
+        environment: dict[str, str] | None = None,
+        network: str | None = None,
+        name: str | None = None,
+    ) -> str:
+        """Create the plan's container (not started); returns its id.
+
+        Checks, in order: tenancy gate, image digest, mounts; then the hardening floor
+        in ``container_kwargs``. The container is created from the image ID, not the tag,
+        so a re-tag between the check and the create cannot swap the image.
+        """
+        check_tenancy(plan["hardening"])
+        check_image_digest(plan)
+        check_plan_mounts(plan)
+        kwargs = hardening.container_kwargs(
+            plan, run_id, command=command, environment=environment, network=network, name=name
+        )
+        create, host = split_kwargs(kwargs)
+        api = self.client.api
+        with docker_errors(f"creating the container for run {run_id}"):
+            host_config = api.create_host_config(**host)
+            # use_config_proxy=False: ~/.docker/config.json proxies must not leak in.
+            result = api.create_container(
+                host_config=host_config,
+                use_config_proxy=False,
+                **create,
+            )
+        return str(result["Id"])
+
+    def start(self, container_id: str) -> None:
+        """Start a created container."""
+        with docker_errors(f"starting container {container_id[:12]}"):
+            self.client.api.start(container_id)
+
+    def attach_socket(self, container_id: str) -> socket.socket:
+        """A raw socket on the container's stdin/stdout/stderr (call before ``start``).
+
+        Writes go to the process's stdin; ``shutdown(SHUT_WR)`` sends EOF. Reads return
+        Docker's multiplexed stream (8-byte frame headers, since there is no TTY); use
+        ``kagura_agent.membrane.attach.read_frames`` to demultiplex.
+        """
+        params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+        with docker_errors(f"attaching to container {container_id[:12]}"):
+            wrapper = self.client.api.attach_socket(container_id, params=params)
+        raw = getattr(wrapper, "_sock", wrapper)
+        return raw  # type: ignore[no-any-return]
+
+    def wait(self, container_id: str, timeout: float | None = None) -> dict[str, Any]:
+        """Wait for the container to exit: ``{"exit_code": int, "oom_killed": bool}``."""
+        import requests.exceptions
+
+        try:
+            with docker_errors(f"waiting for container {container_id[:12]}"):
+                result = self.client.api.wait(container_id, timeout=timeout)
+        except requests.exceptions.ReadTimeout as exc:
+            raise ContainerError(f"container {container_id[:12]} still running") from exc
+        state = self.inspect(container_id)["State"]
+        return {
+            "exit_code": int(result.get("StatusCode", state.get("ExitCode", -1))),
+            "oom_killed": bool(state.get("OOMKilled")),
+            "error": (result.get("Error") or {}).get("Message") or state.get("Error") or "",
+        }
+
+    def inspect(self, container_id: str) -> dict[str, Any]:
+        """``docker inspect`` of the container."""
+        with docker_errors(f"inspecting container {container_id[:12]}"):
+            return self.client.api.inspect_container(container_id)  # type: ignore[no-any-return]
+
+    def logs(self, container_id: str) -> bytes:
+        """Everything the container wrote to stdout and stderr."""
+        with docker_errors(f"reading logs of container {container_id[:12]}"):
+            return bytes(self.client.api.logs(container_id, stdout=True, stderr=True))
+
+    def stop(self, container_id: str, timeout: int | None = None) -> None:
+        """SIGTERM, then SIGKILL after ``timeout`` (default: the container's stop timeout)."""
+        with docker_errors(f"stopping container {container_id[:12]}"):
+            self.client.api.stop(container_id, timeout=timeout)
+
+    def kill(self, container_id: str, signal: str = "SIGKILL") -> None:
+        """Send a signal to the container's init process."""
+        with docker_errors(f"killing container {container_id[:12]}"):
+            self.client.api.kill(container_id, signal=signal)
+
+    def remove(self, container_id: str, *, force: bool = True) -> None:
+        """Remove the container (and its anonymous volumes); absent is not an error."""
+        import docker.errors
+
+        try:
+            with docker_errors(f"removing container {container_id[:12]}"):
+                self.client.api.remove_container(container_id, force=force, v=True)
+        except ContainerError as exc:
+            if not isinstance(exc.__cause__, docker.errors.NotFound):
+                raise
+
+    def list(self, labels: dict[str, str] | None = None, *, all: bool = True) -> list[str]:
+        """Ids of containers carrying every given label (any value when the value is "")."""
+        wanted = [k if not v else f"{k}={v}" for k, v in (labels or {}).items()]
+        wanted = wanted or [hardening.LABEL_RUN]
+        with docker_errors("listing containers"):
+            found = self.client.api.containers(all=all, filters={"label": wanted})
+        return [str(c["Id"]) for c in found]
