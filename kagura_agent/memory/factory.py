@@ -1,0 +1,89 @@
+"""Pick the memory backend the launch plan's ``memory`` section names, and open it.
+
+The section (docs/plan-format.md) looks like::
+
+    {"name": "default", "backend": "sqlite" | "cloud",
+     "location": "state-dir" | "/abs/memory.db" | "https://…/mcp",
+     "token_ref": null | "env:KAGURA_MEMORY_TOKEN" | "file:/path",
+     "context_id": "…"}            # cloud only; defaults to "kagura-agent"
+
+Secrets arrive as references; the caller may pass the resolved token instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kagura_agent.clock import Clock
+from kagura_agent.errors import SetupError, UsageError
+from kagura_agent.memory.model import MemoryStore
+from kagura_agent.paths import state_dir
+
+DEFAULT_CONTEXT = "kagura-agent"
+DEFAULT_SECTION: dict[str, Any] = {"name": "default", "backend": "sqlite", "location": "state-dir"}
+
+
+def sqlite_path(section: Mapping[str, Any]) -> Path:
+    """Where the embedded store lives: ``state-dir`` means ``<state_dir>/memory.db``."""
+    from kagura_agent.memory.sqlite import MEMORY_FILE
+
+    location = str(section.get("location") or "state-dir")
+    if location == "state-dir":
+        return state_dir() / MEMORY_FILE
+    return Path(location).expanduser()
+
+
+def resolve_token(token_ref: str | None) -> str:
+    """Resolve ``env:NAME`` or ``file:PATH``; the value is never logged or stored."""
+    if not token_ref:
+        raise SetupError(
+            "the cloud memory backend needs a token reference",
+            hint="set token_ref (env:NAME or file:PATH) in the memory manifest",
+        )
+    scheme, _, rest = token_ref.partition(":")
+    value: str | None = None
+    if scheme == "env":
+        value = os.environ.get(rest)
+    elif scheme == "file":
+        try:
+            value = Path(rest).expanduser().read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise SetupError(f"cannot read the memory token file {rest}: {exc}") from exc
+    else:
+        raise UsageError(f"memory token_ref {token_ref!r} must start with env: or file:")
+    if not value:
+        raise SetupError(f"memory token reference {token_ref} is empty or unset")
+    return value
+
+
+def open_memory(
+    memory_plan_section: Mapping[str, Any] | None = None,
+    *,
+    clock: Clock | None = None,
+    token: str | None = None,
+) -> MemoryStore:
+    """Open the backend the plan's ``memory`` section selects (embedded SQLite by default)."""
+    section = memory_plan_section or DEFAULT_SECTION
+    backend = section.get("backend", "sqlite")
+    if backend == "sqlite":
+        from kagura_agent.memory.sqlite import SqliteMemoryStore
+
+        return SqliteMemoryStore(sqlite_path(section), clock=clock)
+    if backend == "cloud":
+        url = section.get("location")
+        if not url or not str(url).startswith(("https://", "http://")):
+            raise SetupError(
+                f"the cloud memory backend needs an http(s) URL as location, got {url!r}"
+            )
+        from kagura_agent.memory.cloud import CloudMemoryStore
+
+        return CloudMemoryStore(
+            str(url),
+            token if token is not None else resolve_token(section.get("token_ref")),
+            str(section.get("context_id") or DEFAULT_CONTEXT),
+            clock=clock,
+        )
+    raise UsageError(f"unknown memory backend {backend!r} (expected sqlite or cloud)")

@@ -1,0 +1,370 @@
+"""The embedded memory store: SQLite with FTS5, in its own file in the state directory.
+
+The file (``<state_dir>/memory.db`` by default) is opened through ``StateStore``, so it
+gets WAL, synchronous=FULL and versioned migrations. Full-text recall goes through an
+external-content FTS5 index kept in step by triggers; every filter column has an index,
+so recall never scans the table (the original's recall was a full scan).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
+from kagura_agent.errors import SetupError
+from kagura_agent.memory.model import (
+    Edge,
+    Memory,
+    Source,
+    SourceKind,
+    Tombstone,
+    Trust,
+    check_edge_type,
+    default_trust,
+    new_memory_id,
+)
+from kagura_agent.state import StateStore
+
+MEMORY_FILE = "memory.db"
+COMPONENT = "memory"
+
+_V1 = """
+CREATE TABLE memories (
+  rowid INTEGER PRIMARY KEY,
+  id TEXT NOT NULL UNIQUE,
+  type TEXT NOT NULL,
+  summary TEXT NOT NULL,
+  details TEXT NOT NULL DEFAULT '{}',
+  tags TEXT NOT NULL DEFAULT '[]',
+  source_kind TEXT NOT NULL CHECK (source_kind IN ('run', 'task', 'transport', 'import')),
+  source_id TEXT NOT NULL,
+  trust TEXT NOT NULL CHECK (trust IN ('trusted', 'untrusted')),
+  task_kind TEXT,
+  created TEXT NOT NULL
+);
+CREATE INDEX memories_type ON memories(type, trust, created);
+CREATE INDEX memories_trust ON memories(trust, created);
+CREATE INDEX memories_task_kind ON memories(task_kind, type, created);
+CREATE INDEX memories_source ON memories(source_kind, source_id);
+CREATE INDEX memories_created ON memories(created);
+CREATE VIRTUAL TABLE memories_fts USING fts5(
+  summary, details, tags, content='memories', content_rowid='rowid'
+);
+CREATE TRIGGER memories_ai AFTER INSERT ON memories BEGIN
+  INSERT INTO memories_fts(rowid, summary, details, tags)
+  VALUES (new.rowid, new.summary, new.details, new.tags);
+END;
+CREATE TRIGGER memories_ad AFTER DELETE ON memories BEGIN
+  INSERT INTO memories_fts(memories_fts, rowid, summary, details, tags)
+  VALUES ('delete', old.rowid, old.summary, old.details, old.tags);
+END;
+CREATE TABLE edges (
+  source_id TEXT NOT NULL,
+  target_id TEXT NOT NULL,
+  type TEXT NOT NULL,
+  created TEXT NOT NULL,
+  PRIMARY KEY (source_id, target_id, type)
+);
+CREATE INDEX edges_target ON edges(target_id, type);
+"""
+
+# v2: tags get their own indexed table (tag filters were a JSON scan in v1), and
+# erasure gets an auditable tombstone table. Existing rows' tags are backfilled.
+_V2 = """
+CREATE TABLE memory_tags (
+  memory_rowid INTEGER NOT NULL REFERENCES memories(rowid) ON DELETE CASCADE,
+  tag TEXT NOT NULL,
+  PRIMARY KEY (tag, memory_rowid)
+);
+CREATE INDEX memory_tags_rowid ON memory_tags(memory_rowid);
+INSERT OR IGNORE INTO memory_tags(memory_rowid, tag)
+  SELECT memories.rowid, json_each.value FROM memories, json_each(memories.tags);
+CREATE TABLE tombstones (
+  memory_id TEXT PRIMARY KEY,
+  type TEXT NOT NULL,
+  source_kind TEXT NOT NULL,
+  source_id TEXT NOT NULL,
+  trust TEXT NOT NULL,
+  created TEXT NOT NULL,
+  forgotten TEXT NOT NULL,
+  reason TEXT NOT NULL,
+  cascade_of TEXT
+);
+CREATE TABLE health (id INTEGER PRIMARY KEY CHECK (id = 1), checked TEXT NOT NULL);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def fts_query(text: str) -> str:
+    """Turn free text into a safe FTS5 query: every word quoted, any word may match."""
+    words = _WORD.findall(text)
+    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+
+
+class SqliteMemoryStore:
+    """``MemoryStore`` on SQLite + FTS5. One instance per process; not thread-shared."""
+
+    backend = "sqlite"
+
+    def __init__(self, path: Path, *, clock: Clock | None = None) -> None:
+        self.path = path
+        self.clock: Clock = clock or SystemClock()
+        self._state = StateStore(path)
+        try:
+            self._state.migrate(COMPONENT, MIGRATIONS)
+        except sqlite3.Error as exc:
+            self._state.close()
+            raise SetupError(f"memory store {path} cannot be migrated: {exc}") from exc
+        self.conn = self._state.conn
+
+    def _now(self) -> datetime:
+        # Stored times have second precision; returning the same value keeps a
+        # remembered Memory equal to the one read back.
+        return parse_iso(iso(self.clock.now()))
+
+    # -- writes ----------------------------------------------------------------
+
+    def remember(
+        self,
+        *,
+        type: str,
+        summary: str,
+        source: Source,
+        trust: Trust | None = None,
+        details: Mapping[str, Any] | None = None,
+        tags: Sequence[str] = (),
+        task_kind: str | None = None,
+    ) -> Memory:
+        """Store one memory in one transaction (the row, its FTS entry and its tags)."""
+        memory = Memory(
+            id=new_memory_id(),
+            type=type,
+            summary=summary,
+            source=source,
+            trust=trust or default_trust(source),
+            created=self._now(),
+            details=dict(details or {}),
+            tags=tuple(dict.fromkeys(tags)),
+            task_kind=task_kind,
+        )
+        with self._state.transaction() as conn:
+            cursor = conn.execute(
+                "INSERT INTO memories(id, type, summary, details, tags, source_kind, source_id,"
+                " trust, task_kind, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    memory.id,
+                    memory.type,
+                    memory.summary,
+                    json.dumps(memory.details, sort_keys=True),
+                    json.dumps(list(memory.tags)),
+                    source.kind,
+                    source.id,
+                    memory.trust,
+                    task_kind,
+                    iso(memory.created),
+                ),
+            )
+            conn.executemany(
+                "INSERT INTO memory_tags(memory_rowid, tag) VALUES (?, ?)",
+                [(cursor.lastrowid, tag) for tag in memory.tags],
+            )
+        return memory
+
+    def create_edge(self, source_id: str, target_id: str, type: str) -> Edge:
+        """Link two stored memories; a repeated link is kept once."""
+        check_edge_type(type)
+        for memory_id in (source_id, target_id):
+            if self.get(memory_id) is None:
+                raise KeyError(f"no memory {memory_id}")
+        created = self._now()
+        with self._state.transaction() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO edges(source_id, target_id, type, created)"
+                " VALUES (?, ?, ?, ?)",
+                (source_id, target_id, type, iso(created)),
+            )
+            row = conn.execute(
+                "SELECT * FROM edges WHERE source_id = ? AND target_id = ? AND type = ?",
+                (source_id, target_id, type),
+            ).fetchone()
+        return _edge(row)
+
+    def forget(
+        self, memory_id: str, *, reason: str = "", cascade_of: str | None = None
+    ) -> Tombstone | None:
+        """Delete the memory, its FTS entry, tags and edges; keep a content-free tombstone."""
+        with self._state.transaction() as conn:
+            row = conn.execute("SELECT * FROM memories WHERE id = ?", (memory_id,)).fetchone()
+            if row is None:
+                return None
+            memory = _memory(row)
+            tombstone = Tombstone(
+                memory_id=memory.id,
+                type=memory.type,
+                source=memory.source,
+                trust=memory.trust,
+                created=memory.created,
+                forgotten=self._now(),
+                reason=reason,
+                cascade_of=cascade_of,
+            )
+            conn.execute("DELETE FROM memory_tags WHERE memory_rowid = ?", (row["rowid"],))
+            conn.execute("DELETE FROM memories WHERE rowid = ?", (row["rowid"],))
+            conn.execute(
+                "DELETE FROM edges WHERE source_id = ? OR target_id = ?", (memory_id, memory_id)
+            )
+            conn.execute(
+                "INSERT OR REPLACE INTO tombstones(memory_id, type, source_kind, source_id, trust,"
+                " created, forgotten, reason, cascade_of) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    memory.id,
+                    memory.type,
+                    memory.source.kind,
+                    memory.source.id,
+                    memory.trust,
+                    iso(memory.created),
+                    iso(tombstone.forgotten),
+                    reason,
+                    cascade_of,
+                ),
+            )
+        return tombstone
+
+    # -- reads -----------------------------------------------------------------
+
+    def recall(
+        self,
+        query: str = "",
+        *,
+        k: int = 10,
+        type: str | None = None,
+        task_kind: str | None = None,
+        source: Source | None = None,
+        tags: Sequence[str] = (),
+        include_untrusted: bool = False,
+    ) -> list[Memory]:
+        """FTS5 bm25-ranked recall (newest first without a query), filtered in SQL."""
+        where: list[str] = []
+        params: list[Any] = []
+        if not include_untrusted:
+            where.append("m.trust = 'trusted'")
+        if type is not None:
+            where.append("m.type = ?")
+            params.append(type)
+        if task_kind is not None:
+            where.append("m.task_kind = ?")
+            params.append(task_kind)
+        if source is not None:
+            where.append("m.source_kind = ? AND m.source_id = ?")
+            params += [source.kind, source.id]
+        for tag in tags:
+            where.append("m.rowid IN (SELECT memory_rowid FROM memory_tags WHERE tag = ?)")
+            params.append(tag)
+        match = fts_query(query)
+        if match:
+            sql = (
+                "SELECT m.* FROM memories_fts JOIN memories m ON m.rowid = memories_fts.rowid"
+                " WHERE memories_fts MATCH ?"
+                + "".join(f" AND {w}" for w in where)
+                + " ORDER BY memories_fts.rank LIMIT ?"
+            )
+            params = [match, *params, k]
+        else:
+            sql = (
+                "SELECT m.* FROM memories m"
+                + (" WHERE " + " AND ".join(where) if where else "")
+                + " ORDER BY m.created DESC, m.rowid DESC LIMIT ?"
+            )
+            params.append(k)
+        return [_memory(row) for row in self.conn.execute(sql, params)]
+
+    def get(self, memory_id: str) -> Memory | None:
+        row = self.conn.execute("SELECT * FROM memories WHERE id = ?", (memory_id,)).fetchone()
+        return _memory(row) if row is not None else None
+
+    def edges(
+        self,
+        memory_id: str,
+        *,
+        type: str | None = None,
+        direction: Literal["out", "in", "both"] = "both",
+    ) -> list[Edge]:
+        clauses = {
+            "out": "source_id = ?",
+            "in": "target_id = ?",
+            "both": "(source_id = ? OR target_id = ?)",
+        }
+        params: list[str] = [memory_id] * (2 if direction == "both" else 1)
+        sql = f"SELECT * FROM edges WHERE {clauses[direction]}"
+        if type is not None:
+            sql += " AND type = ?"
+            params.append(type)
+        rows = self.conn.execute(sql + " ORDER BY created, source_id, target_id", params)
+        return [_edge(row) for row in rows]
+
+    def tombstones(self) -> list[Tombstone]:
+        rows = self.conn.execute("SELECT * FROM tombstones ORDER BY forgotten, memory_id")
+        return [_tombstone(row) for row in rows]
+
+    def export(self) -> Iterator[Memory]:
+        for row in self.conn.execute("SELECT * FROM memories ORDER BY rowid"):
+            yield _memory(row)
+
+    def count(self) -> int:
+        return int(self.conn.execute("SELECT count(*) FROM memories").fetchone()[0])
+
+    def integrity_check(self) -> str:
+        """``PRAGMA integrity_check`` result: "ok" when the file is sound."""
+        return str(self.conn.execute("PRAGMA integrity_check").fetchone()[0])
+
+    def probe_write(self) -> None:
+        """Commit one small write, proving the file and its WAL are writable (startup gate)."""
+        with self._state.transaction() as conn:
+            conn.execute(
+                "INSERT INTO health(id, checked) VALUES (1, ?)"
+                " ON CONFLICT(id) DO UPDATE SET checked = excluded.checked",
+                (iso(self.clock.now()),),
+            )
+
+    def close(self) -> None:
+        self._state.close()
+
+
+def _memory(row: sqlite3.Row) -> Memory:
+    return Memory(
+        id=row["id"],
+        type=row["type"],
+        summary=row["summary"],
+        source=Source(cast(SourceKind, row["source_kind"]), row["source_id"]),
+        trust=cast(Trust, row["trust"]),
+        created=parse_iso(row["created"]),
+        details=json.loads(row["details"]),
+        tags=tuple(json.loads(row["tags"])),
+        task_kind=row["task_kind"],
+    )
+
+
+def _edge(row: sqlite3.Row) -> Edge:
+    return Edge(row["source_id"], row["target_id"], row["type"], parse_iso(row["created"]))
+
+
+def _tombstone(row: sqlite3.Row) -> Tombstone:
+    return Tombstone(
+        memory_id=row["memory_id"],
+        type=row["type"],
+        source=Source(cast(SourceKind, row["source_kind"]), row["source_id"]),
+        trust=cast(Trust, row["trust"]),
+        created=parse_iso(row["created"]),
+        forgotten=parse_iso(row["forgotten"]),
+        reason=row["reason"],
+        cascade_of=row["cascade_of"],
+    )
