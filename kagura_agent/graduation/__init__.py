@@ -1,0 +1,46 @@
+"""Capability graduation: trust earned from verified outcomes, granted by a human, lost on
+one failure.
+
+    knobs.py     Knobs (min_successes, min_distinct_tasks, cooldown), durations, manifest spec
+    model.py     CategoryStatus and GraduationSnapshot: plain, serialisable values
+    classify.py  classify(): baseline / graduated / needs-approval / denied (pure)
+    ledger.py    the state-store side: record_outcome, proposals, approve_graduation, reset
+"""
+
+from __future__ import annotations
+
+from kagura_agent.graduation.classify import CapabilityClass, Classification, classify
+from kagura_agent.graduation.knobs import Knobs, format_duration, knobs_from_spec, parse_duration
+from kagura_agent.graduation.ledger import (
+    RecordedOutcome,
+    approve_graduation,
+    events,
+    judge,
+    migrate,
+    proposals,
+    record_outcome,
+    reset,
+    snapshot,
+)
+from kagura_agent.graduation.model import CategoryStatus, GraduationSnapshot
+
+__all__ = [
+    "CapabilityClass",
+    "CategoryStatus",
+    "Classification",
+    "GraduationSnapshot",
+    "Knobs",
+    "RecordedOutcome",
+    "approve_graduation",
+    "classify",
+    "events",
+    "format_duration",
+    "judge",
+    "knobs_from_spec",
+    "migrate",
+    "parse_duration",
+    "proposals",
+    "record_outcome",
+    "reset",
+    "snapshot",
+]
