@@ -1,0 +1,192 @@
+"""``kagura-agent graduation``: trust standing per capability category, and the human unlock.
+
+graduation status [--json]            state, evidence, distinct tasks, span, knobs unmet
+graduation proposals [--json]         categories waiting for a human to approve
+graduation approve CATEGORY           unlock a proposed category (logged as a decision)
+graduation reset CATEGORY             lock a category and restart its count
+graduation history [--json]           the approval log plus graduation state changes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``graduation`` command and its subcommands."""
+    parser = subparsers.add_parser(
+        "graduation",
+        help="capability graduation: evidence, proposals, approvals",
+        description="Trust per capability category, earned from verified runs and granted"
+        " by a human; one failure demotes a category back to ask-every-time.",
+    )
+    parser.set_defaults(handler=lambda _args: _usage(parser))
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+
+    status = actions.add_parser("status", help="per category: state, evidence, knobs unmet")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(handler=_status)
+
+    proposals = actions.add_parser("proposals", help="categories proposed for graduation")
+    proposals.add_argument("--json", action="store_true", help="print JSON")
+    proposals.set_defaults(handler=_proposals)
+
+    approve = actions.add_parser("approve", help="graduate a proposed category")
+    approve.add_argument("category", metavar="CATEGORY")
+    approve.add_argument("--who", help="recorded as the approver (default: your user name)")
+    approve.set_defaults(handler=_approve)
+
+    reset = actions.add_parser("reset", help="lock a category and restart its count")
+    reset.add_argument("category", metavar="CATEGORY")
+    reset.add_argument("--who", help="recorded as who reset it (default: your user name)")
+    reset.add_argument("--reason", default="", help="why (recorded)")
+    reset.set_defaults(handler=_reset)
+
+    history = actions.add_parser("history", help="approval decisions and state changes")
+    history.add_argument("--category", help="only this category")
+    history.add_argument("--limit", type=int, default=50, help="newest N decisions (50)")
+    history.add_argument("--json", action="store_true", help="print JSON")
+    history.set_defaults(handler=_history)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _knobs() -> Any:
+    # The Graduation manifest's knobs will be wired here by the manifest loader; until
+    # then the CLI uses the design defaults (5 successes, 3 tasks, 7 days).
+    from kagura_agent.graduation import Knobs
+
+    return Knobs()
+
+
+def _status(args: argparse.Namespace) -> int:
+    from kagura_agent.graduation import snapshot
+    from kagura_agent.state import StateStore
+
+    snap = snapshot(StateStore(), _knobs())
+    if args.json:
+        print(json.dumps(snap.to_json(), indent=2))
+        return 0
+    print(f"graduation state v{snap.version}; knobs: {_knob_text(snap.knobs.to_json())}")
+    if not snap.categories:
+        print("no capability category has evidence yet; every non-baseline one is locked")
+        return 0
+    rows = [("CATEGORY", "STATE", "EVIDENCE", "TASKS", "SPAN", "UNMET / NOTE")]
+    for status in snap.categories.values():
+        note = ", ".join(status.unmet)
+        if status.state == "graduated":
+            note = f"by {status.graduated_by} at {status.graduated_at}"
+        elif status.state == "proposed":
+            note = f"run: kagura-agent graduation approve {status.category}"
+        data = status.to_json()
+        rows.append(
+            (
+                status.category,
+                status.state,
+                str(status.successes),
+                str(status.distinct_tasks),
+                str(data["span"]),
+                note,
+            )
+        )
+    _table(rows)
+    return 0
+
+
+def _proposals(args: argparse.Namespace) -> int:
+    from kagura_agent.graduation import proposals
+    from kagura_agent.state import StateStore
+
+    found = proposals(StateStore(), _knobs())
+    if args.json:
+        print(json.dumps([status.to_json() for status in found], indent=2))
+        return 0
+    if not found:
+        print("no graduation proposals")
+        return 0
+    for status in found:
+        span = status.to_json()["span"]
+        print(
+            f"{status.category}: {status.successes} verified successes over"
+            f" {status.distinct_tasks} tasks in {span}, no failure since reset"
+            f"  → kagura-agent graduation approve {status.category}"
+        )
+    return 0
+
+
+def _approve(args: argparse.Namespace) -> int:
+    from kagura_agent.approvals import operator_name
+    from kagura_agent.clock import SystemClock
+    from kagura_agent.graduation import approve_graduation
+    from kagura_agent.state import StateStore
+
+    who = args.who or operator_name()
+    approve_graduation(StateStore(), args.category, who=who, clock=SystemClock(), knobs=_knobs())
+    print(f"{args.category} graduated by {who}; one failed run demotes it again")
+    return 0
+
+
+def _reset(args: argparse.Namespace) -> int:
+    from kagura_agent.approvals import operator_name
+    from kagura_agent.clock import SystemClock
+    from kagura_agent.graduation import reset
+    from kagura_agent.state import StateStore
+
+    who = args.who or operator_name()
+    reset(StateStore(), args.category, who=who, clock=SystemClock(), reason=args.reason)
+    print(f"{args.category} locked; its evidence count starts again from zero")
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    from kagura_agent import approvals
+    from kagura_agent.graduation import events
+    from kagura_agent.state import StateStore
+
+    store = StateStore()
+    decisions = approvals.history(store, category=args.category, limit=args.limit)
+    changes = events(store, args.category)
+    if args.json:
+        payload = {
+            "decisions": [decision.to_json() for decision in decisions],
+            "graduation_events": changes,
+        }
+        print(json.dumps(payload, indent=2))
+        return 0
+    if not decisions and not changes:
+        print("no approval decisions recorded")
+        return 0
+    rows = [("WHEN", "WHO", "VIA", "CATEGORY", "PLAN", "OUTCOME")]
+    for decision in decisions:
+        when = decision.to_json()["decided_at"]
+        plan = (decision.fingerprint or "(graduation)")[:19]
+        rows.append(
+            (str(when), decision.who, decision.via, decision.category, plan, decision.outcome)
+        )
+    _table(rows)
+    if changes:
+        print()
+        for change in changes:
+            print(
+                f"{change['at']}  {change['category']}  {change['event']} by {change['who']}"
+                f"  {change['reason']}"
+            )
+    return 0
+
+
+def _knob_text(knobs: dict[str, object]) -> str:
+    return ", ".join(f"{key} {value}" for key, value in knobs.items())
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )

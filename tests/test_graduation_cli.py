@@ -1,0 +1,117 @@
+"""``kagura-agent graduation`` through the real entry point, with an isolated state dir."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kagura_agent import approvals
+from kagura_agent.cli import main as cli_main
+from kagura_agent.clock import FixedClock
+from kagura_agent.graduation import record_outcome
+from kagura_agent.state import StateStore
+
+DNS = "credential:cloudflare/dns-write"
+APT = "egress:debian-packages"
+PLAN = "sha256:" + "c" * 64
+REAL_COMMAND_MODULES = cli_main.COMMAND_MODULES
+
+
+@pytest.fixture(autouse=True)
+def only_graduation(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Other commands are built by other engineers in parallel; isolate this module's CLI
+    # from their import state. Registration itself is checked separately below.
+    monkeypatch.setattr(cli_main, "COMMAND_MODULES", ("graduation",))
+
+
+def _seed(state_dir: Path) -> None:
+    """DNS earns a proposal (5 successes, 3 tasks, 8 days); APT has two successes."""
+    clock = FixedClock(datetime(2025, 3, 1, tzinfo=UTC))
+    store = StateStore()
+    for index, task in enumerate(["dns-a", "dns-b", "dns-c", "dns-a", "dns-b"]):
+        record_outcome(store, [DNS], f"run-{index}", task, PLAN, [("dig", 0)], clock)
+        clock.advance(timedelta(days=2))
+    for index in range(2):
+        record_outcome(store, [APT], f"apt-{index}", "install", PLAN, [("apt", 0)], clock)
+    approvals.record_decision(
+        store,
+        category=APT,
+        fingerprint=PLAN,
+        outcome="timeout",
+        who="alice",
+        via="cli",
+        clock=clock,
+    )
+    store.close()
+
+
+def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> Any:
+    assert cli_main.main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_registered_in_the_real_module_list() -> None:
+    assert "graduation" in REAL_COMMAND_MODULES
+
+
+def test_status_proposals_approve_reset_history(
+    state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _seed(state_dir)
+    status = _json(capsys, ["graduation", "status", "--json"])
+    assert isinstance(status, dict)
+    categories = status["categories"]
+    assert categories[DNS]["state"] == "proposed"
+    assert categories[APT]["state"] == "locked"
+    assert categories[APT]["unmet"] == [
+        "min_successes 2/5",
+        "min_distinct_tasks 1/3",
+        "cooldown 0s/7d",
+    ]
+
+    assert cli_main.main(["graduation", "status"]) == 0
+    text = capsys.readouterr().out
+    assert "graduation approve " + DNS in text and "min_successes 2/5" in text
+
+    found = _json(capsys, ["graduation", "proposals", "--json"])
+    assert [item["category"] for item in found] == [DNS]
+
+    assert cli_main.main(["graduation", "approve", APT, "--who", "alice"]) == 6
+    assert "no graduation proposal" in capsys.readouterr().err
+
+    assert cli_main.main(["graduation", "approve", DNS, "--who", "alice"]) == 0
+    capsys.readouterr()
+    status = _json(capsys, ["graduation", "status", "--json"])
+    assert status["categories"][DNS]["state"] == "graduated"
+    assert status["categories"][DNS]["graduated_by"] == "alice"
+
+    assert cli_main.main(["graduation", "proposals"]) == 0
+    assert "no graduation proposals" in capsys.readouterr().out
+
+    assert cli_main.main(["graduation", "reset", DNS, "--who", "bob"]) == 0
+    capsys.readouterr()
+    status = _json(capsys, ["graduation", "status", "--json"])
+    assert status["categories"][DNS]["state"] == "locked"
+    assert status["categories"][DNS]["successes"] == 0
+
+    log = _json(capsys, ["graduation", "history", "--json"])
+    assert isinstance(log, dict)
+    outcomes = [(d["category"], d["kind"], d["outcome"]) for d in log["decisions"]]
+    assert outcomes == [(DNS, "graduation", "approved"), (APT, "capability", "timeout")]
+    assert [e["event"] for e in log["graduation_events"]] == ["reset", "graduated"]
+
+    assert cli_main.main(["graduation", "history"]) == 0
+    text = capsys.readouterr().out
+    assert "timeout" in text and "reset by bob" in text
+
+
+def test_empty_state(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main.main(["graduation", "status"]) == 0
+    assert "no capability category has evidence yet" in capsys.readouterr().out
+    assert cli_main.main(["graduation", "history"]) == 0
+    assert "no approval decisions" in capsys.readouterr().out
+    assert cli_main.main(["graduation"]) == 2
