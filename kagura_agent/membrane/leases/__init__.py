@@ -1,0 +1,17 @@
+"""Leased credentials: broker (acquire/renew/release), durable ledger, sweeper, delivery."""
+
+from kagura_agent.membrane.leases.broker import Broker, Budget, Lease, LeaseRequest
+from kagura_agent.membrane.leases.ledger import GrantRow, Ledger
+from kagura_agent.membrane.leases.sweeper import Sweeper, SweepReport, sweep
+
+__all__ = [
+    "Broker",
+    "Budget",
+    "GrantRow",
+    "Lease",
+    "LeaseRequest",
+    "Ledger",
+    "SweepReport",
+    "Sweeper",
+    "sweep",
+]

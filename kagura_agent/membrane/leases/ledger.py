@@ -1,0 +1,305 @@
+"""The durable lease ledger: one row per minted credential, in the state store.
+
+Crash safety comes from the order of writes, each its own committed transaction:
+
+    intent  (written BEFORE the provider is called: what, for whom, owner process)
+      → live     (minted id + expiry recorded right after the mint returns)
+      → released | revoked | expired | failed   (closed)
+    refused  (a request default-deny turned away; closed on arrival, kept as a record)
+    poison   (revoking failed for a reason retrying cannot fix; open until an operator acts)
+
+A crash between any two steps leaves an open row naming its owner (pid + process start
+time + run id); the sweeper revokes what the dead owner left. No value is ever stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from kagura_agent.clock import Clock, iso, parse_iso
+from kagura_agent.state import StateStore
+
+COMPONENT = "leases"
+MIGRATIONS = [
+    """
+    CREATE TABLE lease_grants (
+        id TEXT PRIMARY KEY,
+        lease TEXT NOT NULL,
+        name TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        type TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        scope_spec TEXT NOT NULL,
+        secret_ref TEXT NOT NULL,
+        class TEXT NOT NULL,
+        ttl_seconds INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        minted_id TEXT,
+        expires_at TEXT,
+        created_at TEXT NOT NULL,
+        closed_at TEXT,
+        run_id TEXT,
+        owner_pid INTEGER,
+        owner_start TEXT,
+        heartbeat_at TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at TEXT,
+        last_error TEXT,
+        note TEXT
+    );
+    CREATE INDEX lease_grants_open ON lease_grants(state) WHERE closed_at IS NULL;
+    """
+]
+
+OPEN_STATES = ("intent", "live", "poison")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The process holding a lease: pid plus its start time, so pid reuse is noticed."""
+
+    pid: int
+    start: str | None
+    run_id: str
+
+    @classmethod
+    def current(cls, run_id: str) -> Owner:
+        return cls(os.getpid(), process_start(os.getpid()), run_id)
+
+
+def process_start(pid: int) -> str | None:
+    """The process start time in clock ticks since boot (Linux /proc), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    fields = stat.rpartition(")")[2].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def owner_alive(pid: int | None, start: str | None) -> bool:
+    """Whether the recorded owner is still running (and is the same process)."""
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    if start is None:
+        return True
+    current = process_start(pid)
+    if current is not None and current != start:
+        return False  # the pid was reused by another process
+    # A zombie (killed but not yet reaped) holds nothing: treat as dead.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
+
+
+@dataclass(frozen=True)
+class GrantRow:
+    """One ledger row, as read back. Carries references and ids only, never values."""
+
+    id: str
+    lease: str
+    name: str
+    provider: str
+    type: str
+    scope: str
+    scope_spec: Mapping[str, Any]
+    secret_ref: str
+    klass: str
+    ttl_seconds: int
+    state: str
+    minted_id: str | None
+    expires_at: datetime | None
+    created_at: datetime
+    closed_at: datetime | None
+    run_id: str | None
+    owner_pid: int | None
+    owner_start: str | None
+    heartbeat_at: datetime | None
+    attempts: int
+    next_attempt_at: datetime | None
+    last_error: str | None
+    note: str | None
+
+    @property
+    def open(self) -> bool:
+        return self.closed_at is None
+
+    def to_json(self) -> dict[str, Any]:
+        def when(moment: datetime | None) -> str | None:
+            return iso(moment) if moment else None
+
+        return {
+            "id": self.id,
+            "lease": self.lease,
+            "name": self.name,
+            "provider": self.provider,
+            "type": self.type,
+            "scope": self.scope,
+            "class": self.klass,
+            "ttl_seconds": self.ttl_seconds,
+            "state": self.state,
+            "minted_id": self.minted_id,
+            "expires_at": when(self.expires_at),
+            "created_at": when(self.created_at),
+            "closed_at": when(self.closed_at),
+            "run_id": self.run_id,
+            "owner_pid": self.owner_pid,
+            "heartbeat_at": when(self.heartbeat_at),
+            "attempts": self.attempts,
+            "next_attempt_at": when(self.next_attempt_at),
+            "last_error": self.last_error,
+            "note": self.note,
+        }
+
+
+def _row(raw: Any) -> GrantRow:
+    def when(text: str | None) -> datetime | None:
+        return parse_iso(text) if text else None
+
+    return GrantRow(
+        id=raw["id"],
+        lease=raw["lease"],
+        name=raw["name"],
+        provider=raw["provider"],
+        type=raw["type"],
+        scope=raw["scope"],
+        scope_spec=json.loads(raw["scope_spec"]),
+        secret_ref=raw["secret_ref"],
+        klass=raw["class"],
+        ttl_seconds=int(raw["ttl_seconds"]),
+        state=raw["state"],
+        minted_id=raw["minted_id"],
+        expires_at=when(raw["expires_at"]),
+        created_at=parse_iso(raw["created_at"]),
+        closed_at=when(raw["closed_at"]),
+        run_id=raw["run_id"],
+        owner_pid=raw["owner_pid"],
+        owner_start=raw["owner_start"],
+        heartbeat_at=when(raw["heartbeat_at"]),
+        attempts=int(raw["attempts"]),
+        next_attempt_at=when(raw["next_attempt_at"]),
+        last_error=raw["last_error"],
+        note=raw["note"],
+    )
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:12]}"
+
+
+class Ledger:
+    """Reads and writes lease_grants; every write is one committed transaction."""
+
+    def __init__(self, store: StateStore, clock: Clock) -> None:
+        store.migrate(COMPONENT, MIGRATIONS)
+        self.store = store
+        self.clock = clock
+
+    def record_intent(
+        self,
+        *,
+        lease: str,
+        request: Mapping[str, Any],
+        ttl_seconds: int,
+        owner: Owner,
+        state: str = "intent",
+        note: str | None = None,
+    ) -> str:
+        """Write the row before anything is minted (or a closed ``refused`` record)."""
+        grant = new_id("g-")
+        now = iso(self.clock.now())
+        closed = now if state not in OPEN_STATES else None
+        with self.store.transaction() as conn:
+            conn.execute(
+                "INSERT INTO lease_grants(id, lease, name, provider, type, scope, scope_spec,"
+                " secret_ref, class, ttl_seconds, state, created_at, closed_at, run_id,"
+                " owner_pid, owner_start, heartbeat_at, note)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    grant,
+                    lease,
+                    str(request["name"]),
+                    str(request["provider"]),
+                    str(request["type"]),
+                    str(request["scope"]),
+                    json.dumps(request.get("scope_spec") or {}, sort_keys=True),
+                    str(request["secret_ref"]),
+                    str(request["class"]),
+                    ttl_seconds,
+                    state,
+                    now,
+                    closed,
+                    owner.run_id,
+                    owner.pid,
+                    owner.start,
+                    now,
+                    note,
+                ),
+            )
+        return grant
+
+    def record_minted(self, grant: str, minted_id: str, expires_at: datetime) -> None:
+        self._update(grant, state="live", minted_id=minted_id, expires_at=iso(expires_at))
+
+    def close(self, grant: str, state: str, note: str | None = None) -> None:
+        now = iso(self.clock.now())
+        self._update(grant, state=state, closed_at=now, note=note, next_attempt_at=None)
+
+    def record_failure(
+        self, grant: str, error: str, *, poison: bool, next_attempt_at: datetime | None
+    ) -> None:
+        with self.store.transaction() as conn:
+            conn.execute(
+                "UPDATE lease_grants SET attempts = attempts + 1, last_error = ?,"
+                " next_attempt_at = ?, state = CASE WHEN ? THEN 'poison' ELSE state END"
+                " WHERE id = ?",
+                (error, iso(next_attempt_at) if next_attempt_at else None, poison, grant),
+            )
+
+    def heartbeat(self, lease: str) -> None:
+        with self.store.transaction() as conn:
+            conn.execute(
+                "UPDATE lease_grants SET heartbeat_at = ? WHERE lease = ? AND closed_at IS NULL",
+                (iso(self.clock.now()), lease),
+            )
+
+    def get(self, grant: str) -> GrantRow | None:
+        raw = self.store.conn.execute("SELECT * FROM lease_grants WHERE id = ?", (grant,))
+        found = raw.fetchone()
+        return _row(found) if found else None
+
+    def open_rows(self) -> list[GrantRow]:
+        rows = self.store.conn.execute(
+            "SELECT * FROM lease_grants WHERE closed_at IS NULL ORDER BY created_at, id"
+        )
+        return [_row(r) for r in rows.fetchall()]
+
+    def rows(self, *, include_closed: bool = True, limit: int = 200) -> list[GrantRow]:
+        where = "" if include_closed else "WHERE closed_at IS NULL"
+        rows = self.store.conn.execute(
+            f"SELECT * FROM lease_grants {where} ORDER BY created_at DESC, id LIMIT ?", (limit,)
+        )
+        return [_row(r) for r in rows.fetchall()]
+
+    def _update(self, grant: str, **fields: Any) -> None:
+        columns = ", ".join(f"{name} = ?" for name in fields)
+        with self.store.transaction() as conn:
+            conn.execute(
+                f"UPDATE lease_grants SET {columns} WHERE id = ?", (*fields.values(), grant)
+            )

@@ -1,0 +1,214 @@
+"""Secret references, their resolution, inline-secret detection and redaction.
+
+Manifests and plans carry only *references* to root secrets:
+
+    env:NAME               an environment variable of the applying process
+    file:PATH              a file on the host (absolute or ~-relative), trailing newline dropped
+    keyring:SERVICE/USER   the OS keychain through the optional ``keyring`` package
+
+``parse_secret_ref`` is pure (the planner validates with it); ``resolve`` reads the value
+and is called only by ``apply`` and the lease sweeper. ``Redactor`` scrubs every value it
+was told about from text headed for logs, events or error messages.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from kagura_agent.errors import SetupError
+
+SecretKind = Literal["env", "file", "keyring"]
+REDACTED = "(sensitive)"
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """A parsed reference; ``str()`` gives back the canonical text form."""
+
+    kind: SecretKind
+    target: str  # env var name, file path, or "SERVICE/USER"
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.target}"
+
+
+def parse_secret_ref(text: str) -> SecretRef | str:
+    """Parse ``text`` as a secret reference; return an error message if it is not one.
+
+    The message never echoes ``text`` itself: a value that is not a reference may well
+    be the secret pasted inline.
+    """
+    kind, sep, target = text.partition(":")
+    if not sep or kind not in ("env", "file", "keyring"):
+        return (
+            "not a secret reference: expected env:NAME, file:PATH or keyring:SERVICE/USER"
+            " (inline secret values are not allowed)"
+        )
+    if kind == "env":
+        if not _ENV_NAME.match(target):
+            return "env: reference needs an environment variable name like env:AWS_ROOT_KEY"
+        return SecretRef("env", target)
+    if kind == "file":
+        if not target or "\x00" in target:
+            return "file: reference needs a path like file:~/.config/kagura/cf-token"
+        if not (target.startswith("/") or target.startswith("~")):
+            return "file: reference must be an absolute path or start with ~"
+        return SecretRef("file", target)
+    service, slash, user = target.partition("/")
+    if not slash or not service or not user:
+        return "keyring: reference needs SERVICE/USER like keyring:kagura/cloudflare"
+    return SecretRef("keyring", target)
+
+
+def resolve(ref: SecretRef | str) -> str:
+    """Read the secret value a reference names. Raises SetupError naming the reference only."""
+    if isinstance(ref, str):
+        parsed = parse_secret_ref(ref)
+        if isinstance(parsed, str):
+            raise SetupError(parsed)
+        ref = parsed
+    if ref.kind == "env":
+        value = os.environ.get(ref.target)
+        if not value:
+            raise SetupError(
+                f"secret {ref} is not set",
+                hint=f"export {ref.target}=… in the shell that runs apply, or use file:/keyring:",
+            )
+        return value
+    if ref.kind == "file":
+        path = Path(ref.target).expanduser()
+        try:
+            value = path.read_text(encoding="utf-8").rstrip("\r\n")
+        except OSError as exc:
+            raise SetupError(f"secret {ref} cannot be read: {exc.strerror}") from None
+        if not value:
+            raise SetupError(f"secret {ref} is empty")
+        return value
+    return _resolve_keyring(ref)
+
+
+def _resolve_keyring(ref: SecretRef) -> str:
+    alternatives = "use env:NAME or file:PATH instead"
+    try:
+        import keyring
+        import keyring.errors
+    except ImportError:
+        raise SetupError(
+            f"secret {ref} needs the keyring package, which is not installed",
+            hint=f"pip install 'kagura-agent[keyring]', or {alternatives}",
+        ) from None
+    service, _, user = ref.target.partition("/")
+    backend = keyring.get_keyring()
+    if _backend_unusable(backend):
+        raise SetupError(
+            f"secret {ref}: no usable keyring backend ({type(backend).__name__})",
+            hint=f"install and configure a backend (e.g. keyrings.alt), or {alternatives}",
+        )
+    try:
+        value = keyring.get_password(service, user)
+    except keyring.errors.KeyringError as exc:
+        raise SetupError(
+            f"secret {ref}: keyring backend failed ({type(exc).__name__})",
+            hint=alternatives,
+        ) from None
+    if not value:
+        raise SetupError(f"secret {ref} is not in the keyring ({type(backend).__name__})")
+    return str(value)
+
+
+def _backend_unusable(backend: object) -> bool:
+    # keyring's "fail" backend and a zero-priority chainer both mean nothing can store secrets.
+    name = type(backend).__module__ + "." + type(backend).__name__
+    if name.endswith("fail.Keyring"):
+        return True
+    priority = getattr(backend, "priority", 1)
+    try:
+        return float(priority) <= 0 and not getattr(backend, "backends", None)
+    except (TypeError, ValueError):
+        return False
+
+
+# Inline key material: (label, pattern). Prefixes are the providers' published formats.
+_SECRET_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("an AWS access key id", re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")),
+    ("an Anthropic API key", re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{20,}")),
+    ("an OpenAI-style API key", re.compile(r"\bsk-(?:proj-)?[A-Za-z0-9_\-]{20,}")),
+    ("a Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}")),
+    ("a Slack app token", re.compile(r"\bxapp-[A-Za-z0-9\-]{10,}")),
+    ("a GitHub token", re.compile(r"\b(?:ghp|gho|ghs|ghu|ghr)_[A-Za-z0-9]{30,}")),
+    ("a GitHub fine-grained token", re.compile(r"\bgithub_pat_[A-Za-z0-9_]{40,}")),
+    ("a private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
+    ("a Google API key", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b")),
+    ("a Google OAuth access token", re.compile(r"\bya29\.[0-9A-Za-z_\-]{20,}")),
+    ("a JSON web token", re.compile(r"\beyJ[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\.")),
+    (
+        # Cloudflare tokens are bare 40-char strings: only flag them when keyed as such.
+        "a Cloudflare API token",
+        re.compile(
+            r"(?i)(?:cloudflare|cf)[_\-]?(?:api)?[_\-]?(?:token|key)\W{0,3}[A-Za-z0-9_\-]{40}\b"
+        ),
+    ),
+    (
+        "an AWS secret access key",
+        re.compile(r"(?i)aws.{0,20}secret.{0,20}\W[A-Za-z0-9/+=]{40}\b"),
+    ),
+)
+
+
+def looks_like_secret(value: str) -> str | None:
+    """Name the kind of key material ``value`` contains inline, or None.
+
+    Used by validation to reject manifests that paste a secret where a reference belongs.
+    """
+    for label, pattern in _SECRET_PATTERNS:
+        if pattern.search(value):
+            return label
+    return None
+
+
+class Redactor:
+    """Knows every resolved secret and minted value; scrubs them from any text.
+
+    Thread-safe: the lease keeper adds renewed values while the event stream scrubs.
+    Values shorter than 6 characters are not registered (they would shred ordinary text);
+    no real secret or token is that short.
+    """
+
+    MIN_LENGTH = 6
+
+    def __init__(self) -> None:
+        self._values: set[str] = set()
+        self._lock = threading.Lock()
+        self._pattern: re.Pattern[str] | None = None
+
+    def add(self, *values: str) -> None:
+        """Register values to scrub (and, for multi-line values, each of their lines)."""
+        with self._lock:
+            for value in values:
+                for part in (value, *value.splitlines()):
+                    part = part.strip()
+                    if len(part) >= self.MIN_LENGTH:
+                        self._values.add(part)
+            self._pattern = None
+
+    def scrub(self, text: str) -> str:
+        """Return ``text`` with every known value replaced by ``(sensitive)``."""
+        with self._lock:
+            if not self._values:
+                return text
+            if self._pattern is None:
+                # Longest first so a value containing another is replaced whole.
+                ordered = sorted(self._values, key=len, reverse=True)
+                self._pattern = re.compile("|".join(re.escape(v) for v in ordered))
+            pattern = self._pattern
+        return pattern.sub(REDACTED, text)
+
+    def __repr__(self) -> str:
+        return f"Redactor({len(self._values)} values)"
