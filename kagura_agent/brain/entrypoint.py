@@ -1,0 +1,204 @@
+"""The in-container side of the brain channel: ``python3 -m kagura_agent.brain.entrypoint``.
+
+Reads JSON lines on stdin from the host::
+
+    {"type": "turn", ...Turn fields...}
+    {"type": "credentials", "lease": id, "files": {...}, "env": {...}}
+    {"type": "revoke-credentials", "lease": id}
+    {"type": "memory-result", "request": n, "ok": bool, "result": ..., "error": ...}
+    {"type": "stop"}
+
+and writes JSON lines on stdout: brain events (see events.py) plus the control lines
+``credentials-applied`` / ``credentials-revoked`` (acks, with the lease id) and
+``memory-request`` (``request`` n, ``op`` recall|remember|get, op fields). Only this
+module writes to the real stdout: fd 1 is pointed at stderr so stray prints from
+engines or libraries cannot corrupt the channel. Stdlib and the engines only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from kagura_agent.brain.creds_dir import CredentialDir, CredentialPathError, creds_root
+from kagura_agent.brain.engines import select_engine
+from kagura_agent.brain.events import ErrorEvent, event_to_json, is_terminal
+from kagura_agent.brain.memory_bridge import MEMORY_SOCKET_ENV, BridgeMemory, serve_socket
+from kagura_agent.brain.protocol import Turn
+from kagura_agent.errors import KaguraError
+
+MAX_INPUT_LINE = 16 * 1024 * 1024
+
+
+class Outbox:
+    """Serialised JSON-lines writer on the private copy of the real stdout."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def send(self, obj: dict[str, Any]) -> None:
+        data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+        with self._lock:
+            self._stream.write(data)
+            self._stream.flush()
+
+
+def _reader(stream: BinaryIO, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue[Any]) -> None:
+    """Thread: parse stdin lines into the inbox; None marks EOF."""
+    while True:
+        line = stream.readline(MAX_INPUT_LINE)
+        if not line:
+            break
+        if not line.endswith(b"\n") and len(line) >= MAX_INPUT_LINE:
+            # Oversized input: drop the rest of the line rather than buffer it.
+            while (rest := stream.readline(MAX_INPUT_LINE)) and not rest.endswith(b"\n"):
+                pass
+            print("entrypoint: dropped an oversized input line", file=sys.stderr)
+            continue
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            print("entrypoint: ignored a non-JSON input line", file=sys.stderr)
+            continue
+        if isinstance(msg, dict):
+            loop.call_soon_threadsafe(inbox.put_nowait, msg)
+    loop.call_soon_threadsafe(inbox.put_nowait, None)
+
+
+class Entrypoint:
+    """Dispatches host messages; runs at most one turn at a time."""
+
+    def __init__(self, out: Outbox, creds: CredentialDir, memory: BridgeMemory) -> None:
+        self.out = out
+        self.creds = creds
+        self.memory = memory
+        self.turn_task: asyncio.Task[None] | None = None
+        self.socket_path: str | None = None
+
+    def handle(self, msg: dict[str, Any]) -> bool:
+        """Handle one message; False means stop."""
+        kind = msg.get("type")
+        if kind == "stop":
+            return False
+        if kind == "credentials":
+            self._credentials(msg)
+        elif kind == "revoke-credentials":
+            lease = str(msg.get("lease", ""))
+            self._set_env(self.creds.env(), remove=True)
+            self.creds.revoke(lease)
+            self._set_env(self.creds.env())
+            self.out.send({"type": "credentials-revoked", "lease": lease})
+        elif kind == "memory-result":
+            self.memory.resolve(msg)
+        elif kind == "turn":
+            if self.turn_task is not None and not self.turn_task.done():
+                self._emit(ErrorEvent(message="a turn is already running", code="protocol"))
+            else:
+                self.turn_task = asyncio.create_task(self._run_turn(msg))
+        else:
+            print(f"entrypoint: ignored message type {kind!r}", file=sys.stderr)
+        return True
+
+    def _credentials(self, msg: dict[str, Any]) -> None:
+        lease = str(msg.get("lease", ""))
+        files, env = msg.get("files") or {}, msg.get("env") or {}
+        try:
+            if not isinstance(files, dict) or not isinstance(env, dict):
+                raise CredentialPathError("files and env must be objects")
+            self._set_env(self.creds.env(), remove=True)
+            self.creds.apply(lease, files, env)
+            self._set_env(self.creds.env())
+        except (CredentialPathError, OSError) as exc:
+            self.out.send({"type": "credentials-applied", "lease": lease, "error": str(exc)})
+            return
+        self.out.send({"type": "credentials-applied", "lease": lease, "files": sorted(files)})
+
+    @staticmethod
+    def _set_env(values: dict[str, str], *, remove: bool = False) -> None:
+        # Engines like kagura-brain build their child env from os.environ, so lease env
+        # lives there for the lifetime of the lease.
+        for key, value in values.items():
+            if remove:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    def _emit(self, event: Any) -> None:
+        self.out.send(event_to_json(event))
+
+    async def _run_turn(self, msg: dict[str, Any]) -> None:
+        body = {k: v for k, v in msg.items() if k != "type"}
+        try:
+            turn = Turn.from_json(body)
+            brain = select_engine(
+                {"engine": turn.engine, **turn.engine_options}, memory=self.memory
+            )
+        except KaguraError as exc:
+            self._emit(ErrorEvent(message=exc.message, code="setup"))
+            return
+        env = {**turn.env, **self.creds.env()}
+        if self.socket_path:
+            env[MEMORY_SOCKET_ENV] = self.socket_path
+        turn = dataclasses.replace(turn, env=env)
+        finished = False
+        try:
+            async with asyncio.timeout(turn.budget.wall_seconds):
+                async for event in brain.run(turn):
+                    self._emit(event)
+                    if is_terminal(event):
+                        finished = True
+                        break
+        except TimeoutError:
+            self._emit(ErrorEvent(message="the turn overran its wall-clock budget", code="timeout"))
+            return
+        except Exception as exc:  # an engine bug must still end the turn with an event
+            self._emit(ErrorEvent(message=f"{type(exc).__name__}: {exc}", code="crash"))
+            return
+        if not finished:
+            self._emit(ErrorEvent(message="the engine ended without a result", code="protocol"))
+
+
+async def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
+    """Serve the channel until stop or EOF; always wipe credentials on the way out."""
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue[Any] = asyncio.Queue()
+    out = Outbox(stdout)
+    memory = BridgeMemory(out.send)
+    app = Entrypoint(out, CredentialDir(creds_root()), memory)
+    sock_dir = tempfile.mkdtemp(prefix="kagura-mem-")  # mkdtemp makes it 0700
+    app.socket_path = str(Path(sock_dir) / "memory.sock")
+    server = await serve_socket(app.socket_path, memory)
+    threading.Thread(target=_reader, args=(stdin, loop, inbox), daemon=True).start()
+    try:
+        while (msg := await inbox.get()) is not None and app.handle(msg):
+            pass
+    finally:
+        if app.turn_task is not None and not app.turn_task.done():
+            app.turn_task.cancel()
+            await asyncio.gather(app.turn_task, return_exceptions=True)
+        memory.close()
+        server.close()
+        app.creds.wipe_all()
+        Path(app.socket_path).unlink(missing_ok=True)
+        os.rmdir(sock_dir)
+    return 0
+
+
+def main() -> int:
+    """Process entry: keep a private handle on the real stdout, then serve."""
+    real_stdout = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything else printing to fd 1 now lands on stderr
+    sys.stdout = sys.stderr
+    return asyncio.run(serve(sys.stdin.buffer, real_stdout))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Memory inside the container, served by the host (stdlib only).
+
+``BridgeMemory`` is the MemoryClient engines get: each call becomes a
+``memory-request`` line to the host and waits for the matching ``memory-result``. The
+container never holds a memory credential; the host applies trust-tier filters.
+
+Shell tools (script steps, CLIs) reach the same bridge through a Unix socket whose path
+is in ``KAGURA_MEMORY_SOCKET``; ``python3 -m kagura_agent.brain.memtool`` is the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import Callable
+from typing import Any
+
+MEMORY_SOCKET_ENV = "KAGURA_MEMORY_SOCKET"
+MEMORY_OPS = ("recall", "remember", "get")
+REQUEST_TIMEOUT_SECONDS = 30.0
+MAX_SOCKET_LINE = 1024 * 1024
+
+
+class MemoryUnavailable(RuntimeError):
+    """The host refused or did not answer a memory request."""
+
+
+class BridgeMemory:
+    """MemoryClient whose calls travel to the host over the channel."""
+
+    def __init__(self, send: Callable[[dict[str, Any]], None]) -> None:
+        self._send = send
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+
+    async def request(self, op: str, fields: dict[str, Any]) -> Any:
+        """Send one request and return the host's ``result`` (raises MemoryUnavailable)."""
+        if op not in MEMORY_OPS:
+            raise MemoryUnavailable(f"unknown memory op {op!r}")
+        number = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[number] = future
+        try:
+            self._send({"type": "memory-request", "request": number, "op": op, **fields})
+            reply = await asyncio.wait_for(future, REQUEST_TIMEOUT_SECONDS)
+        except TimeoutError:
+            raise MemoryUnavailable(f"the host did not answer memory {op}") from None
+        finally:
+            self._pending.pop(number, None)
+        if not reply.get("ok"):
+            raise MemoryUnavailable(str(reply.get("error") or "memory request refused"))
+        return reply.get("result")
+
+    def resolve(self, msg: dict[str, Any]) -> None:
+        """Deliver a ``memory-result`` to its waiting request (unknown ids are dropped)."""
+        number = msg.get("request")
+        future = self._pending.get(number) if isinstance(number, int) else None
+        if future is not None and not future.done():
+            future.set_result(msg)
+
+    def close(self) -> None:
+        """Fail every waiting request (the channel is going away)."""
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(MemoryUnavailable("the channel closed"))
+
+    async def recall(self, query: str, limit: int = 5) -> list[dict[str, Any]]:
+        result = await self.request("recall", {"query": query, "limit": limit})
+        return [r for r in result if isinstance(r, dict)] if isinstance(result, list) else []
+
+    async def remember(self, text: str, tags: list[str] | None = None) -> str:
+        return str(await self.request("remember", {"text": text, "tags": list(tags or [])}))
+
+    async def get(self, memory_id: str) -> dict[str, Any] | None:
+        result = await self.request("get", {"id": memory_id})
+        return result if isinstance(result, dict) else None
+
+
+async def serve_socket(path: str, memory: BridgeMemory) -> asyncio.Server:
+    """Serve one JSON request per connection on a Unix socket for shell tools."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await reader.readline()
+            req = json.loads(line)
+            op = req.pop("op")
+            reply = {"ok": True, "result": await memory.request(str(op), dict(req))}
+        except (ValueError, KeyError, AttributeError, TypeError, MemoryUnavailable) as exc:
+            reply = {"ok": False, "error": str(exc)}
+        writer.write((json.dumps(reply) + "\n").encode())
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_unix_server(handle, path=path, limit=MAX_SOCKET_LINE)
