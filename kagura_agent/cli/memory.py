@@ -1,0 +1,148 @@
+"""``kagura-agent memory``: search, show, forget and export the embedded memory store.
+
+memory search QUERY [--type T] [--untrusted] [-k N] [--json]
+memory show ID [--json]
+memory forget ID [--cascade] [--reason TEXT]
+memory export [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("memory", help="search, show, forget and export memories")
+    commands = parser.add_subparsers(dest="memory_command", metavar="SUBCOMMAND")
+    parser.set_defaults(handler=lambda args: _usage(parser))
+
+    search = commands.add_parser("search", help="full-text recall (trusted memories by default)")
+    search.add_argument("query")
+    search.add_argument("--type", help="only memories of this type")
+    search.add_argument("--untrusted", action="store_true", help="include untrusted memories")
+    search.add_argument("-k", type=int, default=10, help="how many results (default 10)")
+    search.add_argument("--json", action="store_true", help="print JSON")
+    search.set_defaults(handler=_search)
+
+    show = commands.add_parser("show", help="one memory with its provenance and edges")
+    show.add_argument("id")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(handler=_show)
+
+    forget = commands.add_parser("forget", help="erase a memory, leaving a tombstone")
+    forget.add_argument("id")
+    forget.add_argument(
+        "--cascade", action="store_true", help="also erase memories derived from it"
+    )
+    forget.add_argument("--reason", default="", help="recorded in the tombstone")
+    forget.add_argument("--json", action="store_true", help="print JSON")
+    forget.set_defaults(handler=_forget)
+
+    export = commands.add_parser("export", help="every memory, oldest first")
+    export.add_argument("--json", action="store_true", help="print one JSON document")
+    export.set_defaults(handler=_export)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _open() -> Any:
+    from kagura_agent.memory import open_memory
+
+    return open_memory()
+
+
+def _line(memory: Any) -> str:
+    flag = " [UNTRUSTED]" if memory.untrusted else ""
+    return f"{memory.id}  {memory.type:<10} {memory.summary}{flag}"
+
+
+def _search(args: argparse.Namespace) -> int:
+    from kagura_agent.errors import UsageError
+
+    if args.k < 1:
+        raise UsageError("-k must be at least 1")
+    store = _open()
+    try:
+        found = store.recall(args.query, k=args.k, type=args.type, include_untrusted=args.untrusted)
+        if args.json:
+            print(json.dumps({"results": [m.to_json() for m in found]}, indent=2))
+        else:
+            for memory in found:
+                print(_line(memory))
+            if not found:
+                print("no memories found", file=sys.stderr)
+    finally:
+        store.close()
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from kagura_agent.clock import iso
+    from kagura_agent.errors import UsageError
+
+    store = _open()
+    try:
+        memory = store.get(args.id)
+        if memory is None:
+            raise UsageError(f"no memory {args.id}")
+        edges = store.edges(args.id)
+        if args.json:
+            data = {**memory.to_json(), "edges": [e.to_json() for e in edges]}
+            print(json.dumps(data, indent=2))
+            return 0
+        print(f"id:        {memory.id}")
+        print(f"type:      {memory.type}")
+        print(f"summary:   {memory.summary}")
+        print(f"source:    {memory.source.kind} {memory.source.id}")
+        print(f"trust:     {memory.trust}")
+        print(f"created:   {iso(memory.created)}")
+        print(f"task_kind: {memory.task_kind or '-'}")
+        print(f"tags:      {', '.join(memory.tags) or '-'}")
+        print(f"details:   {json.dumps(dict(memory.details), sort_keys=True)}")
+        for edge in edges:
+            print(f"edge:      {edge.source_id} -{edge.type}-> {edge.target_id}")
+    finally:
+        store.close()
+    return 0
+
+
+def _forget(args: argparse.Namespace) -> int:
+    from kagura_agent.errors import UsageError
+    from kagura_agent.patterns.erasure import forget
+
+    store = _open()
+    try:
+        tombstones = forget(store, args.id, cascade=args.cascade, reason=args.reason)
+    finally:
+        store.close()
+    if not tombstones:
+        raise UsageError(f"no memory {args.id}")
+    if args.json:
+        print(json.dumps({"forgotten": [t.to_json() for t in tombstones]}, indent=2))
+    else:
+        for tombstone in tombstones:
+            why = f" (derived from {tombstone.cascade_of})" if tombstone.cascade_of else ""
+            print(f"forgot {tombstone.memory_id} {tombstone.type}{why}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    store = _open()
+    try:
+        memories = [m.to_json() for m in store.export()]
+        tombstones = [t.to_json() for t in store.tombstones()]
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps({"memories": memories, "tombstones": tombstones}, indent=2))
+    else:
+        # JSON lines: one memory per line, easy to stream into other tools.
+        for memory in memories:
+            print(json.dumps(memory, sort_keys=True))
+    return 0

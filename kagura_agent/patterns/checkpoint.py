@@ -1,0 +1,148 @@
+"""Checkpoint and resume a named session (``--session NAME``).
+
+A checkpoint is the step last completed, the work still pending, the brain's session
+id and the budget granted but not yet spent. It never holds a live credential: leases
+are re-acquired on resume, and a checkpoint whose data carries a credential-looking
+key is refused. Checkpoints live in the state store (one row per session, replaced
+atomically) so a crash between steps loses at most the step in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
+from kagura_agent.state import StateStore
+
+COMPONENT = "checkpoints"
+MIGRATIONS = (
+    """
+    CREATE TABLE checkpoints (
+      session TEXT PRIMARY KEY,
+      step INTEGER NOT NULL,
+      data TEXT NOT NULL,
+      saved TEXT NOT NULL
+    );
+    """,
+)
+
+# Keys that name a secret; their presence means someone tried to checkpoint one.
+_SECRET_KEY = re.compile(
+    r"(token|secret|password|passwd|credential|api[_-]?key|private[_-]?key|authorization)",
+    re.IGNORECASE,
+)
+
+
+class CredentialInCheckpoint(ValueError):
+    """A checkpoint's data contained a key that names a credential."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a named session stands after ``step`` (1-based steps completed)."""
+
+    session: str
+    step: int
+    pending: Sequence[Any] = ()
+    brain_session_id: str | None = None
+    budget_left: Mapping[str, float | int | None] = field(default_factory=dict)
+    plan_fingerprint: str | None = None
+    saved: datetime | None = None
+
+    @property
+    def next_step(self) -> int:
+        return self.step + 1
+
+    def message(self) -> str:
+        """The line shown when a session resumes."""
+        brain = f", brain session {self.brain_session_id}" if self.brain_session_id else ""
+        return (
+            f"resuming session {self.session!r} from step {self.next_step}"
+            f" ({len(self.pending)} pending{brain})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "session": self.session,
+            "step": self.step,
+            "pending": list(self.pending),
+            "brain_session_id": self.brain_session_id,
+            "budget_left": dict(self.budget_left),
+            "plan_fingerprint": self.plan_fingerprint,
+            "saved": iso(self.saved) if self.saved else None,
+        }
+
+
+def _check_no_credentials(value: Any, path: str = "$") -> None:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if _SECRET_KEY.search(str(key)):
+                raise CredentialInCheckpoint(
+                    f"checkpoint data at {path}.{key} names a credential; checkpoints never"
+                    " hold live credentials (leases are re-acquired on resume)"
+                )
+            _check_no_credentials(item, f"{path}.{key}")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_no_credentials(item, f"{path}[{index}]")
+
+
+def _migrated(state: StateStore) -> StateStore:
+    state.migrate(COMPONENT, MIGRATIONS)
+    return state
+
+
+def save_checkpoint(
+    state: StateStore, checkpoint: Checkpoint, *, clock: Clock | None = None
+) -> Checkpoint:
+    """Replace the session's checkpoint in one transaction; returns it with ``saved`` set."""
+    data = checkpoint.to_json()
+    _check_no_credentials({k: data[k] for k in ("pending", "budget_left")})
+    saved = parse_iso(iso((clock or SystemClock()).now()))
+    data["saved"] = iso(saved)
+    with _migrated(state).transaction() as conn:
+        conn.execute(
+            "INSERT INTO checkpoints(session, step, data, saved) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT(session) DO UPDATE SET step = excluded.step, data = excluded.data,"
+            " saved = excluded.saved",
+            (checkpoint.session, checkpoint.step, json.dumps(data, sort_keys=True), iso(saved)),
+        )
+    return load_checkpoint(state, checkpoint.session) or checkpoint
+
+
+def load_checkpoint(state: StateStore, session: str) -> Checkpoint | None:
+    """The session's last checkpoint, or None when it has none."""
+    row = (
+        _migrated(state)
+        .conn.execute("SELECT data FROM checkpoints WHERE session = ?", (session,))
+        .fetchone()
+    )
+    if row is None:
+        return None
+    data = json.loads(row["data"])
+    return Checkpoint(
+        session=data["session"],
+        step=int(data["step"]),
+        pending=tuple(data["pending"]),
+        brain_session_id=data["brain_session_id"],
+        budget_left=data["budget_left"],
+        plan_fingerprint=data["plan_fingerprint"],
+        saved=parse_iso(data["saved"]) if data["saved"] else None,
+    )
+
+
+def resume(state: StateStore, session: str | None) -> Checkpoint | None:
+    """What a run of ``session`` continues from (``next_step``, ``message()``), or None."""
+    return load_checkpoint(state, session) if session else None
+
+
+def clear_checkpoint(state: StateStore, session: str) -> bool:
+    """Drop the session's checkpoint (its work finished); True when one existed."""
+    with _migrated(state).transaction() as conn:
+        cursor = conn.execute("DELETE FROM checkpoints WHERE session = ?", (session,))
+    return cursor.rowcount > 0

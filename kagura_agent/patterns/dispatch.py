@@ -1,0 +1,136 @@
+"""Sub-agent dispatch with memory handoff.
+
+The parent stores the child's context as memories and passes their ids (the plan's
+``task.parent = {"run", "context_memories"}``), never prompt text. The child's plan may
+only narrow the parent's capabilities — ``narrowing_violations`` (pure, used by the
+planner) lists every way it does not. The child records its output as memories that
+cite its context; the parent reads them back by id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import PurePosixPath
+from typing import Any
+
+from kagura_agent.memory.model import Memory, MemoryStore, Source
+
+CONTEXT = "context"
+OUTPUT = "output"
+
+
+def handoff(store: MemoryStore, *, parent_run: str, context: Sequence[str]) -> dict[str, Any]:
+    """Store each context text as a trusted memory; returns the plan's ``task.parent``."""
+    ids = [
+        store.remember(
+            type=CONTEXT,
+            summary=text,
+            source=Source("run", parent_run),
+            tags=[f"parent:{parent_run}"],
+        ).id
+        for text in context
+    ]
+    return {"run": parent_run, "context_memories": ids}
+
+
+def load_context(store: MemoryStore, memory_ids: Sequence[str]) -> list[Memory]:
+    """The child's context, by id; a missing id is an error (the handoff was broken)."""
+    found = []
+    for memory_id in memory_ids:
+        memory = store.get(memory_id)
+        if memory is None:
+            raise KeyError(f"context memory {memory_id} does not exist (forgotten?)")
+        found.append(memory)
+    return found
+
+
+def record_output(
+    store: MemoryStore,
+    *,
+    child_run: str,
+    parent: Mapping[str, Any],
+    summary: str,
+    details: Mapping[str, Any] | None = None,
+) -> Memory:
+    """Store a child's result, citing its context (``derived_from`` edges and details.cites)."""
+    cites = list(parent.get("context_memories", []))
+    output = store.remember(
+        type=OUTPUT,
+        summary=summary,
+        source=Source("run", child_run),
+        details={**(details or {}), "cites": cites, "parent_run": parent.get("run")},
+        tags=[f"parent:{parent.get('run')}"],
+    )
+    for memory_id in cites:
+        store.create_edge(output.id, memory_id, "derived_from")
+    return output
+
+
+def child_outputs(store: MemoryStore, output_ids: Sequence[str]) -> list[Memory]:
+    """The parent reads its children's outputs by id (missing ones are skipped)."""
+    return [m for m in map(store.get, output_ids) if m is not None]
+
+
+def narrowing_violations(
+    parent_plan: Mapping[str, Any], child_plan: Mapping[str, Any]
+) -> list[str]:
+    """Every capability the child plan has that the parent plan does not (empty: narrowed).
+
+    Egress entries (host, port, scheme) and allowed private ranges must be the parent's;
+    credentials must be a (provider, scope) the parent holds with no longer ttl; mounts
+    must lie within a parent mount, and be read-only where the parent's is.
+    """
+    return [
+        *_egress(parent_plan.get("egress") or {}, child_plan.get("egress") or {}),
+        *_credentials(parent_plan.get("credentials") or [], child_plan.get("credentials") or []),
+        *_mounts(parent_plan.get("mounts") or [], child_plan.get("mounts") or []),
+    ]
+
+
+def _egress(parent: Mapping[str, Any], child: Mapping[str, Any]) -> list[str]:
+    found = []
+    allowed = {(e["host"], e["port"], e.get("scheme")) for e in parent.get("allow", [])}
+    for entry in child.get("allow", []):
+        if (entry["host"], entry["port"], entry.get("scheme")) not in allowed:
+            found.append(
+                f"egress {entry.get('scheme')}://{entry['host']}:{entry['port']}"
+                " is not allowed to the parent"
+            )
+    for cidr in child.get("allow_addresses", []):
+        if cidr not in parent.get("allow_addresses", []):
+            found.append(f"egress address range {cidr} is not allowed to the parent")
+    if child.get("mode") == "proxy" and parent.get("mode", "none") == "none":
+        found.append("egress mode proxy widens the parent's mode none")
+    return found
+
+
+def _credentials(
+    parent: Sequence[Mapping[str, Any]], child: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    held = {(c["provider"], c["scope"]): c for c in parent if c.get("class") != "denied"}
+    found = []
+    for cred in child:
+        key = (cred["provider"], cred["scope"])
+        if key not in held:
+            found.append(f"credential {key[0]}/{key[1]} is not held by the parent")
+        elif int(cred.get("ttl_seconds") or 0) > int(held[key].get("ttl_seconds") or 0):
+            found.append(
+                f"credential {key[0]}/{key[1]} ttl {cred.get('ttl_seconds')}s exceeds the"
+                f" parent's {held[key].get('ttl_seconds')}s"
+            )
+    return found
+
+
+def _within(path: str, root: str) -> bool:
+    return PurePosixPath(path).is_relative_to(PurePosixPath(root))
+
+
+def _mounts(parent: Sequence[Mapping[str, Any]], child: Sequence[Mapping[str, Any]]) -> list[str]:
+    found = []
+    for mount in child:
+        covering = [p for p in parent if _within(mount["source"], p["source"])]
+        if not covering:
+            found.append(f"mount {mount['source']} is outside every parent mount")
+        elif mount.get("mode") == "rw" and all(p.get("mode") != "rw" for p in covering):
+            found.append(f"mount {mount['source']} is rw but read-only in the parent")
+    return found
