@@ -251,3 +251,18 @@ def test_state_survives_a_restart(tmp_path: Path, clock: FixedClock) -> None:
     data = json.loads(proc.stdout)
     assert data["categories"][DNS]["state"] == "graduated"
     assert data["categories"][DNS]["graduated_by"] == "alice"
+
+
+def test_evidence_from_schema_v1_is_kept_by_v2(tmp_path: Path, clock: FixedClock) -> None:
+    from kagura_agent.graduation.ledger import MIGRATIONS
+
+    store = StateStore(tmp_path / "state.db")
+    store.migrate("graduation", MIGRATIONS[:1])
+    with store.transaction() as conn:
+        conn.execute(
+            "INSERT INTO graduation_evidence (category, run_id, task, fingerprint,"
+            " recorded_at, outcome, verify) VALUES (?, 'r1', 't', ?, '2025-03-01T09:00:00Z',"
+            " 'success', '[]')",
+            (DNS, PLAN),
+        )
+    assert snapshot(store, Knobs()).status(DNS).successes == 1

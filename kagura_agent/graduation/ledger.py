@@ -59,6 +59,14 @@ MIGRATIONS = [
         reason TEXT NOT NULL DEFAULT ''
     );
     """,
+    # v2: every category with evidence has a state row, and evidence is indexed by
+    # (category, id) so a snapshot reads only the rows since each category's reset.
+    """
+    INSERT OR IGNORE INTO graduation_categories (category, state)
+        SELECT DISTINCT category, 'locked' FROM graduation_evidence;
+    CREATE INDEX graduation_evidence_since_reset
+        ON graduation_evidence (category, id, outcome, task, recorded_at);
+    """,
 ]
 
 
@@ -119,6 +127,11 @@ def record_outcome(
             if cursor.rowcount == 0:
                 continue
             recorded.append(category)
+            conn.execute(
+                "INSERT OR IGNORE INTO graduation_categories (category, state)"
+                " VALUES (?, 'locked')",
+                (category,),
+            )
             if not success:
                 _lock(conn, category, int(cursor.lastrowid or 0), now, f"run {run_id}: {reason}")
                 _event(conn, now, category, "demoted", "verify", run_id, reason)
@@ -215,8 +228,8 @@ def _snapshot(conn: sqlite3.Connection, knobs: Knobs) -> GraduationSnapshot:
             " MIN(CASE WHEN e.outcome = 'success' THEN e.recorded_at END) AS first,"
             " MAX(CASE WHEN e.outcome = 'success' THEN e.recorded_at END) AS last,"
             " SUM(e.outcome = 'failure') AS failures"
-            " FROM graduation_evidence e LEFT JOIN graduation_categories g"
-            " ON g.category = e.category WHERE e.id > COALESCE(g.reset_seq, 0)"
+            " FROM graduation_categories g JOIN graduation_evidence e"
+            " ON e.category = g.category AND e.id > g.reset_seq"
             " GROUP BY e.category"
         )
     }
