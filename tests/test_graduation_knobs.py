@@ -45,7 +45,13 @@ def test_defaults() -> None:
 
 
 def test_spec_overrides() -> None:
-    spec = {"min_successes": 10, "min_distinct_tasks": 4, "cooldown": "12h"}
+    spec = {
+        "min_successes": 10,
+        "min_distinct_tasks": 4,
+        "cooldown": "12h",
+        "baseline": ["egress:pypi"],  # the planner's keys in the same manifest
+        "reserve": 0.3,
+    }
     assert knobs_from_spec(spec) == Knobs(10, 4, timedelta(hours=12))
 
 

@@ -70,10 +70,13 @@ def format_duration(delta: timedelta) -> str:
 def knobs_from_spec(spec: Mapping[str, object]) -> Knobs:
     """Build Knobs from a Graduation manifest's spec; missing keys keep their defaults.
 
-    Unknown keys are errors: a misspelt knob must never be silently ignored.
+    Unknown keys are errors: a misspelt knob must never be silently ignored. The spec's
+    other keys (``baseline``, ``reserve``) are accepted and left to the planner.
     """
     problems: list[str] = []
+    # "baseline" and "reserve" live in the same manifest but are read by the planner.
     known = {"min_successes", "min_distinct_tasks", "cooldown", "failure_window"}
+    known |= {"baseline", "reserve"}
     problems += [f"unknown graduation knob {key!r}" for key in sorted(set(spec) - known)]
     defaults = Knobs()
     counts: dict[str, int] = {}
