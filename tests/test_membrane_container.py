@@ -1,0 +1,178 @@
+"""Hardening asserted from inside real containers built from our images, plus escape probes.
+
+Every container here is created through DockerRuntime from a plan dict and removed
+afterwards; all carry the dev.kagura.run label with a test-… run id.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from membrane_helpers import make_plan, new_run_id
+
+from kagura_agent.membrane.build import build
+from kagura_agent.membrane.images import image_ref, local_image_digest
+from kagura_agent.membrane.runtime import DockerRuntime
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_client: Any) -> str:
+    """kagura/base, built (on the bootstrap image) only when missing."""
+    ref = image_ref("base")
+    if local_image_digest(ref) is None:
+        build(docker_client, ["base"], log=lambda name, line: None)
+    digest = local_image_digest(ref)
+    assert digest
+    return digest
+
+
+_RUN_IDS: list[str] = []
+
+
+@pytest.fixture()
+def runtime(docker_client: Any, base_image: str) -> Iterator[DockerRuntime]:
+    """A DockerRuntime; removes every container of the runs this test started."""
+    rt = DockerRuntime(docker_client)
+    yield rt
+    while _RUN_IDS:
+        for container_id in rt.list({"dev.kagura.run": _RUN_IDS.pop()}):
+            rt.remove(container_id)
+
+
+@pytest.fixture()
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    root.mkdir()
+    # The agent runs as uid 1000; the operator's checkout would be theirs.
+    if os.geteuid() == 0:
+        os.chown(root, 1000, 1000)
+    else:
+        root.chmod(0o777)
+    return root
+
+
+def run(rt: DockerRuntime, plan: dict[str, Any], script: str) -> tuple[int, str, bool]:
+    """Run ``bash -c script`` in the plan's container; (exit code, output, OOM-killed)."""
+    run_id = new_run_id()
+    _RUN_IDS.append(run_id)
+    container_id = rt.create(plan, run_id, command=["bash", "-c", script])
+    try:
+        rt.start(container_id)
+        status = rt.wait(container_id, timeout=120)
+        output = rt.logs(container_id).decode(errors="replace")
+        return status["exit_code"], output, status["oom_killed"]
+    finally:
+        rt.remove(container_id)
+
+
+def test_runs_as_uid_1000_without_capabilities(runtime: DockerRuntime, project: Path) -> None:
+    code, out, _ = run(
+        runtime,
+        make_plan(project),
+        "id -u; id -g; grep -E '^(Cap|NoNewPrivs|Seccomp)' /proc/self/status",
+    )
+    assert code == 0, out
+    lines = out.split()
+    assert lines[:2] == ["1000", "1000"]
+    status = dict(zip(lines[2::2], lines[3::2], strict=True))
+    for field in ("CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"):
+        assert int(status[field], 16) == 0, (field, status)
+    assert status["NoNewPrivs:"] == "1"
+    assert status["Seccomp:"] == "2"  # a filter is loaded: Docker's default profile
+
+
+def test_root_filesystem_is_read_only(runtime: DockerRuntime, project: Path) -> None:
+    _code, out, _ = run(
+        runtime,
+        make_plan(project),
+        "for p in /usr/probe /etc/probe /opt/probe /probe;"
+        " do touch $p 2>/dev/null && echo WROTE $p; done;"
+        " touch /tmp/ok /home/agent/ok /run/kagura/ok /workspace/ok && echo SCRATCH-OK;"
+        " stat -c '%a %u' /run/kagura",
+    )
+    assert "WROTE" not in out
+    assert "SCRATCH-OK" in out and "700 1000" in out, out
+    assert (project / "ok").exists() and (project / "ok").stat().st_uid == 1000
+
+
+def test_pids_limit_stops_a_fork_loop(runtime: DockerRuntime, project: Path) -> None:
+    script = (
+        "python3 -c '\n"
+        "import os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    while n < 500:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(30); os._exit(0)\n"
+        "        n += 1\n"
+        "except OSError as exc:\n"
+        '    print("BLOCKED", n, exc.errno)\n\''
+    )
+    _code, out, _ = run(runtime, make_plan(project, pids_limit=40), script)
+    assert "BLOCKED" in out, out
+    assert int(out.split()[1]) < 40
+
+
+def test_memory_limit_oom_kill_is_reported(runtime: DockerRuntime, project: Path) -> None:
+    plan = make_plan(project, memory_bytes=64 * 1024 * 1024)
+    code, out, oom = run(runtime, plan, "python3 -c 'x = [b\"k\" * (1 << 20) for _ in range(400)]'")
+    assert oom is True and code == 137, (code, out)
+
+
+def test_no_network_interface_but_loopback(runtime: DockerRuntime, project: Path) -> None:
+    code, out, _ = run(runtime, make_plan(project), "ls /sys/class/net")
+    assert code == 0 and out.split() == ["lo"], out
+
+
+PROBES = {
+    "unshare": "unshare -U -r true",
+    "mount": "mount -t tmpfs none /mnt",
+    "proc-sys": "echo 1 > /proc/sys/kernel/panic",
+    "raw-socket": "python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)'",
+    "docker-sock": "python3 -c 'import socket; s = socket.socket(socket.AF_UNIX);"
+    ' [s.connect(p) for p in ("/var/run/docker.sock", "/run/docker.sock")]\'',
+    "write-outside": "touch /var/probe",
+    "chroot-escape": "chroot / true",
+}
+
+
+@pytest.mark.parametrize("probe", sorted(PROBES))
+def test_escape_probe_fails(runtime: DockerRuntime, project: Path, probe: str) -> None:
+    code, out, _ = run(runtime, make_plan(project), f"{PROBES[probe]} && echo ESCAPED")
+    assert code != 0 and "ESCAPED" not in out, out
+
+
+def test_symlink_to_etc_is_refused_and_cannot_write_through(
+    runtime: DockerRuntime, project: Path, tmp_path: Path
+) -> None:
+    from kagura_agent.errors import RefusedError
+
+    (project / "etc-link").symlink_to("/etc")
+    plan = make_plan(project, extra_mounts=[(str(project / "etc-link"), "/hostetc")])
+    plan["mounts"][1]["source"] = str(project / "etc-link")  # as a manifest would write it
+    run_id = new_run_id()
+    _RUN_IDS.append(run_id)
+    with pytest.raises(RefusedError, match="leaves the project root"):
+        runtime.create(plan, run_id, command=["true"])
+    assert runtime.list({"dev.kagura.run": run_id}) == []
+    marker = "kagura-probe-" + new_run_id()
+    _code, out, _ = run(
+        runtime, make_plan(project), f"echo x > /workspace/etc-link/{marker} && echo ESCAPED"
+    )
+    assert "ESCAPED" not in out and not Path("/etc", marker).exists()
+
+
+def test_extra_mount_is_read_only(runtime: DockerRuntime, project: Path, tmp_path: Path) -> None:
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    (ref / "data.txt").write_text("reference\n")
+    plan = make_plan(project, extra_mounts=[(str(ref), "/ref")])
+    _code, out, _ = run(runtime, plan, "cat /ref/data.txt; touch /ref/new && echo ESCAPED")
+    assert "reference" in out and "ESCAPED" not in out
+    assert sorted(p.name for p in ref.iterdir()) == ["data.txt"]
