@@ -1,0 +1,122 @@
+"""kagura-agent plan TASK...: compile tasks into launch plans, show them and what changed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kagura_agent.cli.common import add_manifest_option, print_json
+from kagura_agent.errors import ExitCode, UsageError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("plan", help="compile tasks into launch plans and show what changed")
+    parser.add_argument("paths", nargs="+", metavar="TASK", help="task files or folders of tasks")
+    add_manifest_option(parser)
+    add_output_options(parser)
+    parser.add_argument("-o", "--out", metavar="FILE", help="save the plan (one task only)")
+    parser.add_argument("--against", metavar="PLAN", help="diff against a saved plan")
+    parser.add_argument("--base", metavar="REV", help="diff against the manifests at a git revision")
+    parser.add_argument(
+        "--detailed-exitcode", action="store_true", help="exit 5 when any plan has changes"
+    )
+    parser.add_argument("--facts", metavar="FILE", help=argparse.SUPPRESS)
+    parser.set_defaults(handler=run)
+
+
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the plan JSON")
+    parser.add_argument(
+        "--format", choices=("text", "json", "markdown"), default=None, help="output format"
+    )
+
+
+def output_format(args: argparse.Namespace) -> str:
+    return "json" if args.json else (args.format or "text")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kagura_agent.plan import planfile
+    from kagura_agent.plan.build import plan_tasks
+
+    if args.against and args.base:
+        raise UsageError("--against and --base cannot be combined")
+    plans = plan_tasks(args.manifests, args.paths, facts_file=args.facts)
+    if args.out and len(plans) != 1:
+        raise UsageError(f"-o saves one plan, but {len(plans)} tasks were planned")
+    fmt = output_format(args)
+    any_changes = False
+    outputs: list[dict[str, Any]] = []
+    for plan in plans:
+        old, label = _baseline(args, plan)
+        from kagura_agent.plan.diff import diff_plans
+
+        changes = diff_plans(old, plan)
+        any_changes = any_changes or bool(changes)
+        outputs.append(plan)
+        if fmt == "text":
+            _print_text(plan, changes, label)
+        elif fmt == "markdown":
+            _print_markdown(plan, changes, label)
+    if fmt == "json":
+        print_json(outputs[0] if len(outputs) == 1 else outputs)
+    if args.out:
+        planfile.save(plans[0], Path(args.out))
+        print(f"saved plan to {args.out}", file=sys.stderr)
+    if args.detailed_exitcode and any_changes:
+        return int(ExitCode.CHANGES)
+    return 0
+
+
+def _baseline(args: argparse.Namespace, plan: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    from kagura_agent.plan import planfile
+    from kagura_agent.plan.history import last_applied
+
+    if args.against:
+        return planfile.load(Path(args.against)), f"the saved plan {args.against}"
+    if args.base:
+        from kagura_agent.plan.build import plan_tasks
+
+        facts = None if args.facts is None else args.facts
+        old = {p["task"]["name"]: p for p in plan_tasks(args.manifests, args.paths, facts_file=facts, base_rev=args.base)}
+        return old.get(plan["task"]["name"]), f"the manifests at {args.base}"
+    return last_applied(plan["task"]["name"]), "the last applied plan"
+
+
+def _print_text(plan: dict[str, Any], changes: list[Any], label: str) -> None:
+    from kagura_agent.plan.render import render_text
+    from kagura_agent.ui import stdout_style
+
+    style = stdout_style()
+    sys.stdout.write(render_text(plan, style))
+    if not changes:
+        print(f"  no changes against {label}")
+    else:
+        print(f"  changes against {label}:")
+        colours = {"+": "green", "-": "red", "~": "yellow"}
+        for change in changes:
+            print("    " + style(change.render(), colours[change.op]))
+    print()
+
+
+def _print_markdown(plan: dict[str, Any], changes: list[Any], label: str) -> None:
+    from kagura_agent.plan.render import render_markdown
+
+    sys.stdout.write(render_markdown(plan))
+    if changes:
+        print(f"\n<details><summary>{len(changes)} changes against {label}</summary>\n\n```diff")
+        for change in changes:
+            print(change.render())
+        print("```\n</details>")
+    print()
+
+
+def load_facts_file(path: str) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read facts file {path}: {exc}") from exc
+    return data

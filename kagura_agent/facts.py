@@ -1,0 +1,133 @@
+"""Facts: read-only look-ups gathered before planning, so the planner stays pure.
+
+A Facts value can be written to and read from JSON (golden plan tests keep theirs in
+``facts.json``). ``gather_facts`` is the only function here that touches the world.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kagura_agent.graduation.knobs import Knobs
+from kagura_agent.graduation.model import GraduationSnapshot
+from kagura_agent.manifest.catalog import Catalog
+from kagura_agent.manifest.task import ResolvedTask
+
+
+@dataclass(frozen=True)
+class Facts:
+    image_digests: dict[str, str | None] = field(default_factory=dict)
+    recipe_digests: dict[str, str | None] = field(default_factory=dict)
+    graduation: GraduationSnapshot = field(default_factory=lambda: GraduationSnapshot(version=0))
+    known_failures: list[dict[str, Any]] = field(default_factory=list)
+    cost_history: dict[str, Any] | None = None
+    untrusted_inputs: list[str] = field(default_factory=list)
+    daemon: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "image_digests": dict(self.image_digests),
+            "recipe_digests": dict(self.recipe_digests),
+            "graduation": self.graduation.to_json(),
+            "known_failures": list(self.known_failures),
+            "cost_history": self.cost_history,
+            "untrusted_inputs": list(self.untrusted_inputs),
+            "daemon": self.daemon,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Facts:
+        return cls(
+            image_digests=dict(data.get("image_digests", {})),
+            recipe_digests=dict(data.get("recipe_digests", {})),
+            graduation=GraduationSnapshot.from_json(data.get("graduation", {})),
+            known_failures=list(data.get("known_failures", [])),
+            cost_history=data.get("cost_history"),
+            untrusted_inputs=list(data.get("untrusted_inputs", [])),
+            daemon=data.get("daemon"),
+        )
+
+
+def gather_facts(catalog: Catalog, task: ResolvedTask) -> Facts:
+    """Look everything up that the planner needs; never fails on a missing resource."""
+    from kagura_agent.membrane.images import local_image_digest, recipe_digest
+    from kagura_agent.paths import repo_root
+
+    tag = task.image.spec["tag"]
+    recipe = task.image.spec["recipe"]
+    root = repo_root()
+    recipe_path = root / recipe if root is not None else None
+    return Facts(
+        image_digests={tag: local_image_digest(tag)},
+        recipe_digests={
+            recipe: recipe_digest(recipe_path) if recipe_path and recipe_path.is_dir() else None
+        },
+        graduation=_graduation(catalog),
+        **_memory_facts(task),
+    )
+
+
+def graduation_knobs(catalog: Catalog) -> Knobs:
+    from kagura_agent.graduation.knobs import knobs_from_spec
+
+    knob_keys = ("min_successes", "min_distinct_tasks", "cooldown", "failure_window")
+    for manifest in catalog.of("Graduation"):
+        return knobs_from_spec({k: v for k, v in manifest.spec.items() if k in knob_keys})
+    return Knobs()
+
+
+def _graduation(catalog: Catalog) -> GraduationSnapshot:
+    from kagura_agent.paths import state_dir
+    from kagura_agent.state import STATE_FILE, StateStore
+
+    knobs = graduation_knobs(catalog)
+    path = state_dir() / STATE_FILE
+    if not path.exists():
+        return GraduationSnapshot(version=0, knobs=knobs)
+    from kagura_agent.graduation.ledger import snapshot
+
+    store = StateStore(path)
+    try:
+        return snapshot(store, knobs)
+    finally:
+        store.close()
+
+
+def _memory_facts(task: ResolvedTask) -> dict[str, Any]:
+    """Known failures, cost history and untrusted context from the embedded store, if any."""
+    section = _memory_section(task)
+    if section["backend"] != "sqlite":
+        return {}
+    from kagura_agent.memory.factory import open_memory, sqlite_path
+
+    if not sqlite_path(section).exists():
+        return {}
+    from kagura_agent.patterns.cost_history import history
+    from kagura_agent.patterns.failure_learning import known_failures
+
+    store = open_memory(section)
+    try:
+        untrusted = []
+        for memory_id in task.context.get("memories", []):
+            found = store.get(memory_id)
+            if found is not None and found.untrusted:
+                untrusted.append(f"memory:{memory_id}")
+        return {
+            "known_failures": known_failures(store, task.kind),
+            "cost_history": history(store, task.kind),
+            "untrusted_inputs": untrusted,
+        }
+    finally:
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()
+
+
+def _memory_section(task: ResolvedTask) -> dict[str, Any]:
+    spec = task.memory.spec if task.memory is not None else {"backend": "sqlite"}
+    return {
+        "backend": spec["backend"],
+        "location": spec.get("url") if spec["backend"] == "cloud" else spec.get("path", "state-dir"),
+        "token_ref": spec.get("token"),
+    }

@@ -1,0 +1,1 @@
+"""Manifests: YAML with positions, schema validation, cross-reference checks, the catalog."""

@@ -1,0 +1,144 @@
+"""Checks beyond the schema: references between manifests, egress hosts, inline secrets."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterator
+from typing import Any
+
+from kagura_agent.errors import Diagnostic
+from kagura_agent.manifest.catalog import Catalog, Manifest
+from kagura_agent.manifest.hosts import normalize_host
+from kagura_agent.manifest.yamlpos import Path, YamlDoc, json_path
+from kagura_agent.membrane.secrets import looks_like_secret
+
+DEFAULTABLE = ("Brain", "Image", "Memory")
+
+
+def walk_strings(value: Any, path: Path = ()) -> Iterator[tuple[Path, str]]:
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from walk_strings(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from walk_strings(item, (*path, index))
+
+
+def inline_secrets(doc: YamlDoc) -> list[Diagnostic]:
+    """Any string that looks like key material is refused: manifests hold references only."""
+    problems = []
+    for path, text in walk_strings(doc.value):
+        kind = looks_like_secret(text)
+        if kind:
+            line, col = doc.where(path)
+            problems.append(
+                Diagnostic(
+                    doc.file,
+                    line,
+                    col,
+                    json_path(path),
+                    f"this looks like an inline secret ({kind}); manifests hold references only",
+                    "use env:NAME, file:PATH or keyring:SERVICE/USER",
+                )
+            )
+    return problems
+
+
+def check_catalog(catalog: Catalog) -> list[Diagnostic]:
+    problems: list[Diagnostic] = []
+    for kind in DEFAULTABLE:
+        defaults = [m for m in catalog.of(kind) if m.spec.get("default") is True]
+        for extra in defaults[1:]:
+            problems.append(
+                extra.diag(("spec", "default"), f"more than one default {kind}",
+                           hint=f"{defaults[0].name} is already the default")
+            )
+    for egress in catalog.of("EgressPolicy"):
+        problems.extend(check_egress(egress))
+    for brain in catalog.of("Brain"):
+        problems.extend(check_brain(brain, catalog))
+    for provider in catalog.of("CredentialProvider"):
+        for index, name in enumerate(provider.spec.get("baseline_scopes", [])):
+            if name not in provider.spec["scopes"]:
+                problems.append(
+                    provider.diag(("spec", "baseline_scopes", index), f"unknown scope {name!r}",
+                                  hint=_known(provider.spec["scopes"]))
+                )
+    for policy in catalog.of("Policy"):
+        problems.extend(check_policy(policy))
+    return problems
+
+
+def check_egress(manifest: Manifest) -> list[Diagnostic]:
+    problems = []
+    for index, entry in enumerate(manifest.spec["allow"]):
+        _, problem = normalize_host(entry["host"])
+        if problem:
+            problems.append(manifest.diag(("spec", "allow", index, "host"), problem))
+        for cidr_index, cidr in enumerate(entry.get("allow_addresses", [])):
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                problems.append(
+                    manifest.diag(("spec", "allow", index, "allow_addresses", cidr_index),
+                                  f"{cidr!r} is not an address range", hint="use CIDR such as 10.0.0.0/8")
+                )
+    return problems
+
+
+def check_brain(manifest: Manifest, catalog: Catalog) -> list[Diagnostic]:
+    spec = manifest.spec
+    problems = []
+    auth = spec.get("auth", {"mode": "none"})
+    if auth["mode"] == "api-key":
+        name = auth.get("credential")
+        provider = catalog.get("CredentialProvider", name) if name else None
+        if name is None:
+            problems.append(manifest.diag(("spec", "auth"), "api-key auth needs auth.credential"))
+        elif provider is None:
+            problems.append(
+                manifest.diag(("spec", "auth", "credential"), f"unknown CredentialProvider {name!r}",
+                              hint=_known_names(catalog, "CredentialProvider"))
+            )
+        elif provider.spec["type"] != "static":
+            problems.append(
+                manifest.diag(("spec", "auth", "credential"),
+                              f"{name!r} is a {provider.spec['type']} provider; an API key needs a static one")
+            )
+    if auth["mode"] == "subscription" and spec.get("runtime", "container") != "host":
+        problems.append(
+            manifest.diag(("spec", "auth", "mode"), "subscription auth only works with runtime: host",
+                          hint="inside a container use mode: api-key with a static credential")
+        )
+    if spec["engine"] != "sdk" and "permission_mode" in spec:
+        problems.append(manifest.diag(("spec", "permission_mode"), "permission_mode applies to the sdk engine only"))
+    if spec["engine"] != "kagura-brain":
+        for key in ("backend", "local_provider", "endpoint"):
+            if key in spec:
+                problems.append(manifest.diag(("spec", key), f"{key} applies to the kagura-brain engine only"))
+    return problems
+
+
+def check_policy(manifest: Manifest) -> list[Diagnostic]:
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    problems = []
+    for index, rule in enumerate(manifest.spec.get("rules", [])):
+        try:
+            Draft202012Validator.check_schema(rule["schema"])
+        except SchemaError as exc:
+            problems.append(
+                manifest.diag(("spec", "rules", index, "schema"), f"not a valid JSON Schema: {exc.message}")
+            )
+    return problems
+
+
+def _known(mapping: dict[str, Any]) -> str:
+    return "known: " + (", ".join(sorted(mapping)) or "(none)")
+
+
+def _known_names(catalog: Catalog, kind: str) -> str:
+    return f"known {kind} names: " + (", ".join(catalog.names(kind)) or "(none)")

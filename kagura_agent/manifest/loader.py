@@ -1,0 +1,84 @@
+"""Finding and reading manifest and task files into located documents."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kagura_agent.errors import Diagnostic, UsageError
+from kagura_agent.manifest.yamlpos import YamlDoc, load_documents
+from kagura_agent.paths import resource_dir
+
+YAML_SUFFIXES = (".yml", ".yaml")
+
+
+@dataclass
+class Sources:
+    """Every document read, the sha256 of every file, and the problems found reading them."""
+
+    docs: list[YamlDoc] = field(default_factory=list)
+    digests: dict[str, str] = field(default_factory=dict)
+    problems: list[Diagnostic] = field(default_factory=list)
+
+    def extend(self, other: Sources) -> None:
+        self.docs.extend(other.docs)
+        self.digests.update(other.digests)
+        self.problems.extend(other.problems)
+
+
+def manifests_dir(explicit: str | None) -> Path:
+    """--manifests DIR, else $KAGURA_AGENT_MANIFESTS, else ./manifests, else the packaged set."""
+    for candidate in (explicit, os.environ.get("KAGURA_AGENT_MANIFESTS")):
+        if candidate:
+            path = Path(candidate)
+            if not path.is_dir():
+                raise UsageError(f"manifests directory {candidate} does not exist")
+            return path
+    local = Path("manifests")
+    if local.is_dir():
+        return local
+    return resource_dir("manifests")
+
+
+def display_path(path: Path) -> str:
+    """Paths under the working directory are shown relative to it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path.resolve())
+
+
+def yaml_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(
+            p for p in path.rglob("*") if p.suffix in YAML_SUFFIXES and p.is_file()
+        )
+    if path.is_file():
+        return [path]
+    raise UsageError(f"{path} does not exist")
+
+
+def read_text_source(text: str, name: str) -> Sources:
+    sources = Sources()
+    sources.digests[name] = "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+    docs, problems = load_documents(text, name)
+    sources.docs.extend(docs)
+    sources.problems.extend(problems)
+    return sources
+
+
+def read_paths(paths: list[Path]) -> Sources:
+    sources = Sources()
+    for path in paths:
+        for file in yaml_files(path):
+            name = display_path(file)
+            try:
+                data = file.read_bytes()
+                text = data.decode("utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                sources.problems.append(Diagnostic(name, 1, 1, "$", f"cannot read file: {exc}"))
+                continue
+            sources.extend(read_text_source(text, name))
+    return sources

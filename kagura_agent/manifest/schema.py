@@ -1,0 +1,104 @@
+"""JSON Schema validation of manifest documents, with errors located in the YAML source."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cache
+from typing import Any
+
+from kagura_agent.errors import Diagnostic
+from kagura_agent.manifest.yamlpos import Path, YamlDoc, json_path
+from kagura_agent.paths import resource_dir
+
+API_VERSION = "kagura.dev/v1"
+KINDS: tuple[str, ...] = (
+    "Brain",
+    "Image",
+    "CredentialProvider",
+    "EgressPolicy",
+    "Graduation",
+    "Transport",
+    "Memory",
+    "Policy",
+    "Task",
+)
+
+
+@cache
+def load_schema(kind: str) -> dict[str, Any]:
+    path = resource_dir("schemas") / f"{kind.lower()}.json"
+    schema: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return schema
+
+
+@cache
+def schema_version() -> str:
+    """A digest over every schema file: plans record it so a schema change makes them stale."""
+    digest = hashlib.sha256()
+    for kind in KINDS:
+        digest.update((resource_dir("schemas") / f"{kind.lower()}.json").read_bytes())
+    return "sha256:" + digest.hexdigest()
+
+
+@cache
+def _validator(kind: str) -> Any:
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(load_schema(kind))
+
+
+def validate_document(doc: YamlDoc) -> list[Diagnostic]:
+    """Check one document against the schema of its kind; every error, located."""
+    value = doc.value
+    if not isinstance(value, dict):
+        return [_diag(doc, (), "a manifest document must be a mapping with apiVersion, kind, metadata, spec")]
+    kind = value.get("kind")
+    if kind not in KINDS:
+        where: Path = ("kind",) if "kind" in value else ()
+        known = ", ".join(KINDS)
+        message = f"unknown kind {kind!r}" if "kind" in value else "missing kind"
+        return [_diag(doc, where, message, hint=f"kind is one of: {known}")]
+    problems = [_translate(doc, error) for error in _validator(kind).iter_errors(value)]
+    problems.sort(key=lambda d: (d.line, d.col, d.path))
+    return problems
+
+
+def _diag(doc: YamlDoc, path: Path, message: str, *, hint: str = "", key: bool = False) -> Diagnostic:
+    line, col = doc.where(path, key=key)
+    return Diagnostic(doc.file, line, col, json_path(path), message, hint)
+
+
+def _translate(doc: YamlDoc, error: Any) -> Diagnostic:
+    path: Path = tuple(error.absolute_path)
+    validator = error.validator
+    instance = error.instance
+    if validator == "additionalProperties" and isinstance(instance, dict):
+        schema = error.schema
+        allowed = set(schema.get("properties", {}))
+        extra = sorted(k for k in instance if k not in allowed)
+        if extra:
+            known = ", ".join(sorted(allowed)) or "(none)"
+            key_path = (*path, extra[0])
+            return _diag(
+                doc,
+                key_path,
+                f"unknown key {extra[0]!r}" + (f" (and {', '.join(map(repr, extra[1:]))})" if extra[1:] else ""),
+                hint=f"known keys here: {known}",
+                key=True,
+            )
+    if validator == "required":
+        return _diag(doc, path, error.message.replace("is a required property", "is required"))
+    if validator == "oneOf" and path == ("spec",) and isinstance(instance, dict):
+        both = "prompt" in instance and "steps" in instance
+        message = "give either prompt or steps, not both" if both else "a task needs prompt or steps"
+        return _diag(doc, path, message)
+    if validator == "enum":
+        choices = ", ".join(str(c) for c in error.validator_value)
+        return _diag(doc, path, f"{instance!r} is not one of: {choices}")
+    if validator == "const":
+        return _diag(doc, path, f"must be {error.validator_value!r}, got {instance!r}")
+    if validator == "pattern":
+        description = error.schema.get("description", "")
+        return _diag(doc, path, f"{instance!r} is not valid here", hint=description)
+    return _diag(doc, path, error.message)

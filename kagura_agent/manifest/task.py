@@ -1,0 +1,222 @@
+"""Resolving a Task against the catalog: defaults, references, template, paths.
+
+Everything here reads only the task file's surroundings (realpath of the project root
+and mounts); the result is a plain value the pure planner compiles.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kagura_agent.errors import Diagnostic
+from kagura_agent.manifest.catalog import Catalog, Manifest
+from kagura_agent.membrane.mounts import check_mount
+from kagura_agent.units import parse_duration
+
+MIN_TTL = 15 * 60
+MAX_TTL = 60 * 60
+DEFAULT_TTL = MIN_TTL
+DEFAULT_BUDGET: dict[str, Any] = {"turns": 20, "wall_time": "10m"}
+
+
+@dataclass(frozen=True)
+class CredentialRequest:
+    provider: Manifest
+    scope: str
+    ttl_seconds: int
+    renewals: int
+    budget_seconds: int
+
+
+@dataclass(frozen=True)
+class ResolvedTask:
+    manifest: Manifest
+    kind: str
+    brain: Manifest
+    image: Manifest
+    memory: Manifest | None
+    prompt: str | None
+    steps: list[str] | None
+    project_root: str
+    mounts: list[dict[str, str]]
+    egress: list[Manifest]
+    credentials: list[CredentialRequest]
+    budget: dict[str, Any]
+    runtime: str
+    session: str | None
+    verify: list[str]
+    context: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+
+def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None, list[Diagnostic]]:
+    spec = task.spec
+    problems: list[Diagnostic] = []
+    brain = _ref(task, catalog, "Brain", "brain", problems)
+    image = _ref(task, catalog, "Image", "image", problems)
+    memory = _ref(task, catalog, "Memory", "memory", problems, required=False)
+    egress = []
+    for index, name in enumerate(spec.get("egress", [])):
+        found = catalog.get("EgressPolicy", name)
+        if found is None:
+            problems.append(
+                task.diag(("spec", "egress", index), f"unknown EgressPolicy {name!r}",
+                          hint=_names(catalog, "EgressPolicy"))
+            )
+        else:
+            egress.append(found)
+    credentials = _credentials(task, catalog, problems)
+    if brain is not None:
+        credentials.extend(_brain_key(brain, catalog, credentials))
+    prompt = _render_prompt(task, problems) if "prompt" in spec else None
+    steps = list(spec["steps"]) if "steps" in spec else None
+    if brain is not None:
+        engine = brain.spec["engine"]
+        if steps is not None and engine != "script":
+            problems.append(task.diag(("spec", "steps"), f"steps need the script brain, {brain.name!r} is {engine}"))
+        if prompt is not None and engine == "script":
+            problems.append(task.diag(("spec", "prompt"), f"brain {brain.name!r} is the script engine: give steps, not a prompt"))
+    project_root, mounts = _paths(task, problems)
+    budget = dict(DEFAULT_BUDGET)
+    if brain is not None:
+        budget.update(brain.spec.get("budget", {}))
+    budget.update(spec.get("budget", {}))
+    runtime = spec.get("runtime") or (brain.spec.get("runtime", "container") if brain else "container")
+    if problems or brain is None or image is None or project_root is None:
+        return None, problems
+    return (
+        ResolvedTask(
+            manifest=task,
+            kind=spec.get("kind", task.name),
+            brain=brain,
+            image=image,
+            memory=memory,
+            prompt=prompt,
+            steps=steps,
+            project_root=project_root,
+            mounts=mounts,
+            egress=egress,
+            credentials=credentials,
+            budget=budget,
+            runtime=runtime,
+            session=spec.get("session"),
+            verify=list(spec.get("verify", [])),
+            context=dict(spec.get("context", {})),
+        ),
+        [],
+    )
+
+
+def _ref(task: Manifest, catalog: Catalog, kind: str, key: str, problems: list[Diagnostic],
+         *, required: bool = True) -> Manifest | None:
+    name = task.spec.get(key)
+    if name is None:
+        found = catalog.default(kind)
+        if found is None and required:
+            problems.append(
+                task.diag(("spec",), f"no {key} given and no default {kind} in the manifests",
+                          hint=f"set spec.{key} or mark one {kind} default: true")
+            )
+        return found
+    found = catalog.get(kind, name)
+    if found is None:
+        problems.append(task.diag(("spec", key), f"unknown {kind} {name!r}", hint=_names(catalog, kind)))
+    return found
+
+
+def _credentials(task: Manifest, catalog: Catalog, problems: list[Diagnostic]) -> list[CredentialRequest]:
+    requests = []
+    for index, grant in enumerate(task.spec.get("credentials", [])):
+        at = ("spec", "credentials", index)
+        provider = catalog.get("CredentialProvider", grant["provider"])
+        if provider is None:
+            problems.append(task.diag((*at, "provider"), f"unknown CredentialProvider {grant['provider']!r}",
+                                      hint=_names(catalog, "CredentialProvider")))
+            continue
+        scopes = provider.spec["scopes"]
+        scope = scopes.get(grant["scope"])
+        if scope is None:
+            problems.append(task.diag((*at, "scope"), f"provider {provider.name!r} has no scope {grant['scope']!r}",
+                                      hint="known: " + (", ".join(sorted(scopes)) or "(none)")))
+            continue
+        ttl = parse_duration(grant.get("ttl") or provider.spec.get("ttl") or "15m")
+        cap = min(MAX_TTL, parse_duration(scope["max_ttl"])) if "max_ttl" in scope else MAX_TTL
+        if not MIN_TTL <= ttl <= cap:
+            problems.append(task.diag((*at, "ttl"), f"lease ttl must be between 15m and {cap // 60}m",
+                                      hint="renewals extend a run past one lease, inside the budget"))
+            continue
+        renewals = int(grant.get("renewals", 0))
+        budget = parse_duration(grant["budget"]) if "budget" in grant else ttl * (renewals + 1)
+        if budget < ttl:
+            problems.append(task.diag((*at, "budget"), "budget is shorter than one lease"))
+            continue
+        requests.append(CredentialRequest(provider, grant["scope"], ttl, renewals, budget))
+    return requests
+
+
+def _brain_key(brain: Manifest, catalog: Catalog, requested: list[CredentialRequest]) -> list[CredentialRequest]:
+    """An api-key brain in a container needs its key leased in like any credential."""
+    auth = brain.spec.get("auth", {})
+    if auth.get("mode") != "api-key" or brain.spec.get("runtime", "container") == "host":
+        return []
+    provider = catalog.get("CredentialProvider", auth.get("credential", ""))
+    if provider is None or not provider.spec["scopes"]:
+        return []
+    scope = sorted(provider.spec["scopes"])[0]
+    if any(r.provider.name == provider.name and r.scope == scope for r in requested):
+        return []
+    return [CredentialRequest(provider, scope, MAX_TTL, 0, MAX_TTL)]
+
+
+def _render_prompt(task: Manifest, problems: list[Diagnostic]) -> str | None:
+    from jinja2 import StrictUndefined, TemplateError, UndefinedError
+    from jinja2.sandbox import SandboxedEnvironment
+
+    env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=False)
+    try:
+        return env.from_string(task.spec["prompt"]).render(**task.spec.get("vars", {}))
+    except UndefinedError as exc:
+        problems.append(task.diag(("spec", "prompt"), f"template: {exc.message}",
+                                  hint="define it under spec.vars"))
+    except TemplateError as exc:
+        problems.append(task.diag(("spec", "prompt"), f"template error: {exc}"))
+    return None
+
+
+def _paths(task: Manifest, problems: list[Diagnostic]) -> tuple[str | None, list[dict[str, str]]]:
+    base = Path(task.file).resolve().parent
+    written = task.spec.get("project_root", ".")
+    root = os.path.realpath(base / os.path.expanduser(written))
+    if not os.path.isdir(root):
+        problems.append(task.diag(("spec", "project_root"), f"project root {root} is not a directory"))
+        return None, []
+    problem = check_mount(root, root, writable=True)
+    if problem:
+        problems.append(task.diag(("spec", "project_root"), problem))
+        return None, []
+    mounts = []
+    for index, mount in enumerate(task.spec.get("mounts", [])):
+        at = ("spec", "mounts", index)
+        source = str(base / os.path.expanduser(mount["source"]))
+        problem = check_mount(source, root, writable=False)
+        real = os.path.realpath(source)
+        if problem is None and not (real + "/").startswith(root.rstrip("/") + "/"):
+            problem = f"mount source {source} is outside the project root {root}"
+        if problem:
+            problems.append(task.diag((*at, "source"), problem))
+            continue
+        if mount["target"] == "/workspace" or mount["target"].startswith("/workspace/"):
+            problems.append(task.diag((*at, "target"), "/workspace is the project root's mount point"))
+            continue
+        mounts.append({"kind": "extra", "source": real, "target": mount["target"], "mode": "ro"})
+    return root, mounts
+
+
+def _names(catalog: Catalog, kind: str) -> str:
+    return f"known {kind} names: " + (", ".join(catalog.names(kind)) or "(none)")

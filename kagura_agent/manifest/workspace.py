@@ -1,0 +1,89 @@
+"""Load the manifest set and task files, check everything, report every problem at once."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from kagura_agent.errors import Diagnostic, UsageError, ValidationError
+from kagura_agent.manifest.catalog import Catalog, Manifest, build_catalog
+from kagura_agent.manifest.checks import check_catalog, inline_secrets
+from kagura_agent.manifest.loader import Sources, manifests_dir, read_paths, read_text_source
+from kagura_agent.manifest.task import ResolvedTask, resolve_task
+
+
+@dataclass(frozen=True)
+class Workspace:
+    catalog: Catalog
+    tasks: list[ResolvedTask]
+    manifest_dir: Path
+    document_count: int
+
+
+def load_workspace(manifests: str | None, paths: list[str], *, base_rev: str | None = None) -> Workspace:
+    """Read the manifest set (or its state at git ``base_rev``) plus ``paths``; check all.
+
+    Raises ValidationError carrying every diagnostic when anything is wrong.
+    """
+    directory = manifests_dir(manifests)
+    sources = _git_sources(directory, base_rev) if base_rev else read_paths([directory])
+    extra = read_paths([Path(p) for p in paths])
+    sources.extend(extra)
+    catalog, task_manifests, problems = build_catalog(sources)
+    for doc in sources.docs:
+        problems.extend(inline_secrets(doc))
+    problems.extend(check_catalog(catalog))
+    tasks: list[ResolvedTask] = []
+    for manifest in task_manifests:
+        resolved, found = resolve_task(manifest, catalog)
+        problems.extend(found)
+        if resolved is not None:
+            tasks.append(resolved)
+    if problems:
+        raise ValidationError(_dedupe(problems))
+    return Workspace(catalog, tasks, directory, len(sources.docs))
+
+
+def task_manifests_only(paths: list[str]) -> list[Manifest]:
+    """Used by callers that need to know which task files were named."""
+    _, tasks, _ = build_catalog(read_paths([Path(p) for p in paths]))
+    return tasks
+
+
+def _dedupe(problems: list[Diagnostic]) -> list[Diagnostic]:
+    seen: set[tuple[str, int, int, str, str]] = set()
+    unique = []
+    for problem in problems:
+        key = (problem.file, problem.line, problem.col, problem.path, problem.message)
+        if key not in seen:
+            seen.add(key)
+            unique.append(problem)
+    unique.sort(key=lambda d: (d.file, d.line, d.col))
+    return unique
+
+
+def _git_sources(directory: Path, rev: str) -> Sources:
+    """The manifest set as it was at ``rev``, read with git (no checkout)."""
+    try:
+        top = _git(directory, "rev-parse", "--show-toplevel").strip()
+        prefix = str(directory.resolve().relative_to(Path(top).resolve()))
+        listing = _git(directory, "ls-tree", "-r", "--name-only", rev, "--", prefix)
+    except (subprocess.CalledProcessError, ValueError, OSError) as exc:
+        raise UsageError(f"cannot read manifests at git revision {rev!r}: {exc}") from exc
+    sources = Sources()
+    for name in sorted(listing.splitlines()):
+        if not name.endswith((".yml", ".yaml")):
+            continue
+        text = _git(directory, "show", f"{rev}:{name}")
+        sources.extend(read_text_source(text, f"{rev}:{name}"))
+    if not sources.digests:
+        raise UsageError(f"no manifests under {prefix} at git revision {rev}")
+    return sources
+
+
+def _git(directory: Path, *args: str) -> str:
+    cwd = directory if directory.is_dir() else directory.parent
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout

@@ -1,0 +1,139 @@
+"""YAML loading that remembers where every node came from.
+
+Each document is composed into nodes (the C parser when available) and turned into
+plain JSON-like values while recording ``path -> (line, col)`` for every value and
+every mapping key, so a schema error at ``$.spec.allow[2].host`` can be reported at
+the exact line and column. Only JSON types are produced: timestamps stay strings, and
+booleans are only ``true``/``false`` (no YAML 1.1 "yes"/"on" coercion).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from kagura_agent.errors import Diagnostic
+
+Path = tuple[str | int, ...]
+
+_BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_BaseLoader):  # type: ignore[misc]
+    """Safe loader whose implicit booleans are YAML 1.2's true/false only."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in _BaseLoader.yaml_implicit_resolvers.items()
+}
+_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+for _first in "tTfF":
+    _Loader.yaml_implicit_resolvers.setdefault(_first, []).insert(
+        0, ("tag:yaml.org,2002:bool", _BOOL)
+    )
+
+_SCALAR = yaml.constructor.SafeConstructor()
+
+
+@dataclass
+class YamlDoc:
+    """One YAML document: its value and the position of every node in it."""
+
+    file: str
+    index: int
+    value: Any
+    line: int
+    col: int
+    positions: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    key_positions: dict[Path, tuple[int, int]] = field(default_factory=dict)
+
+    def where(self, path: Path, *, key: bool = False) -> tuple[int, int]:
+        """The position of ``path`` (its key when ``key``), else its nearest ancestor's."""
+        probe = path
+        while True:
+            if key and probe in self.key_positions:
+                return self.key_positions[probe]
+            if probe in self.positions:
+                return self.positions[probe]
+            if not probe:
+                return (self.line, self.col)
+            probe = probe[:-1]
+
+
+def json_path(path: Path) -> str:
+    out = "$"
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", part):
+            out += f".{part}"
+        else:
+            out += f"[{part!r}]"
+    return out
+
+
+def load_documents(text: str, file: str) -> tuple[list[YamlDoc], list[Diagnostic]]:
+    """Parse every document in ``text``; a syntax error becomes a located diagnostic."""
+    docs: list[YamlDoc] = []
+    problems: list[Diagnostic] = []
+    try:
+        for index, node in enumerate(yaml.compose_all(text, Loader=_Loader)):
+            if node is None:
+                continue
+            doc = YamlDoc(file, index, None, node.start_mark.line + 1, node.start_mark.column + 1)
+            doc.value = _build(node, (), doc, problems)
+            docs.append(doc)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        problems.append(
+            Diagnostic(file, line, col, "$", f"YAML syntax error: {exc.problem or exc}")
+        )
+    except yaml.YAMLError as exc:
+        problems.append(Diagnostic(file, 1, 1, "$", f"YAML error: {exc}"))
+    return docs, problems
+
+
+def _build(node: yaml.Node, path: Path, doc: YamlDoc, problems: list[Diagnostic]) -> Any:
+    doc.positions[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    if isinstance(node, yaml.MappingNode):
+        result: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            key = _scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else None
+            line, col = key_node.start_mark.line + 1, key_node.start_mark.column + 1
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                problems.append(
+                    Diagnostic(doc.file, line, col, json_path(path), "YAML merge keys (<<) are not supported")
+                )
+                continue
+            if not isinstance(key, str):
+                problems.append(
+                    Diagnostic(
+                        doc.file, line, col, json_path(path), f"mapping keys must be strings, got {key!r}"
+                    )
+                )
+                continue
+            child = (*path, key)
+            if key in result:
+                problems.append(
+                    Diagnostic(doc.file, line, col, json_path(child), f"duplicate key {key!r}")
+                )
+            doc.key_positions[child] = (line, col)
+            result[key] = _build(value_node, child, doc, problems)
+        return result
+    if isinstance(node, yaml.SequenceNode):
+        return [_build(item, (*path, i), doc, problems) for i, item in enumerate(node.value)]
+    return _scalar(node)
+
+
+def _scalar(node: yaml.Node) -> Any:
+    tag = node.tag
+    if tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:null"):
+        return _SCALAR.construct_object(node, deep=True)
+    if tag == "tag:yaml.org,2002:bool":
+        return str(node.value).lower() == "true"
+    return str(node.value)

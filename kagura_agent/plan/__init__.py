@@ -1,0 +1,1 @@
+"""The launch plan: model, pure compiler, policy, rendering, diff, plan files."""

@@ -1,0 +1,110 @@
+"""What changed between two plans, per capability, computed on the plan data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kagura_agent.units import format_duration
+
+
+@dataclass(frozen=True)
+class Change:
+    op: str  # "+", "-", "~"
+    section: str
+    text: str
+
+    def render(self) -> str:
+        return f"{self.op} {self.section} {self.text}"
+
+    def to_json(self) -> dict[str, str]:
+        return {"op": self.op, "section": self.section, "text": self.text}
+
+
+def diff_plans(old: dict[str, Any] | None, new: dict[str, Any]) -> list[Change]:
+    """Changes from ``old`` to ``new``; with no old plan everything is new."""
+    base: dict[str, Any] = old or {}
+    changes: list[Change] = []
+    changes += _keyed("egress", _egress(base), _egress(new))
+    changes += _keyed("credential", _creds(base), _creds(new))
+    changes += _keyed("mount", _mounts(base), _mounts(new))
+    changes += _fields("image", base.get("image", {}), new["image"], ("ref", "digest", "recipe_digest"))
+    changes += _fields("brain", base.get("brain", {}), new["brain"],
+                       ("engine", "model", "permission_mode", "runtime"))
+    if base:
+        changes += _fields("hardening", base["hardening"], new["hardening"], tuple(new["hardening"]))
+        changes += _fields("budget", base["budget"], new["budget"], ("turns", "wall_seconds", "cost_usd"))
+    changes += _keyed("class", _classes(base), _classes(new))
+    if base and base.get("applyable") != new["applyable"]:
+        changes.append(Change("~", "applyable", f"{base.get('applyable')} → {new['applyable']}"))
+    return changes
+
+
+def _egress(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
+    out = {}
+    for entry in plan.get("egress", {}).get("allow", []):
+        scheme = "" if entry["scheme"] == "https" else f"{entry['scheme']}://"
+        key = f"{scheme}{entry['host']}:{entry['port']}"
+        out[key] = {"policy": entry["policy"]}
+    return out
+
+
+def _creds(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {
+        f"{c['provider']}:{c['scope']}": {
+            "ttl": format_duration(c["ttl_seconds"]),
+            "renewals": str(c["renewals"]),
+            "budget": format_duration(c["budget_seconds"]),
+        }
+        for c in plan.get("credentials", [])
+    }
+
+
+def _mounts(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {f"{m['source']} -> {m['target']}": {"mode": m["mode"]} for m in plan.get("mounts", [])}
+
+
+def _classes(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {a["category"]: {"": a["class"]} for a in plan.get("approvals", [])}
+
+
+def _keyed(section: str, old: dict[str, dict[str, str]], new: dict[str, dict[str, str]]) -> list[Change]:
+    changes = []
+    for key in sorted(new.keys() - old.keys()):
+        detail = _detail(new[key])
+        changes.append(Change("+", section, f"{key}{detail}"))
+    for key in sorted(old.keys() - new.keys()):
+        changes.append(Change("-", section, f"{key}{_detail(old[key])}"))
+    for key in sorted(old.keys() & new.keys()):
+        for field, value in new[key].items():
+            before = old[key].get(field)
+            if before != value:
+                label = f" {field}" if field else ""
+                changes.append(Change("~", section, f"{key}{label} {before} → {value}"))
+    return changes
+
+
+def _detail(values: dict[str, str]) -> str:
+    if "policy" in values:
+        return f" (policy {values['policy']})"
+    shown = [f"{k} {v}" if k else v for k, v in values.items()]
+    return f" ({', '.join(shown)})" if shown else ""
+
+
+def _fields(section: str, old: dict[str, Any], new: dict[str, Any], keys: tuple[str, ...]) -> list[Change]:
+    changes = []
+    for key in keys:
+        before, after = old.get(key), new.get(key)
+        if old and before != after:
+            changes.append(Change("~", section, f"{key} {_fmt(before)} → {_fmt(after)}"))
+        elif not old and key == keys[0]:
+            changes.append(Change("+", section, f"{key} {_fmt(after)}"))
+    return changes
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value)

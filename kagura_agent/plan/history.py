@@ -1,0 +1,47 @@
+"""The last applied plan per task, kept in the state store so ``plan`` can diff against it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kagura_agent.paths import state_dir
+from kagura_agent.state import STATE_FILE, StateStore
+
+MIGRATIONS = [
+    """
+    CREATE TABLE applied_plans (
+        task TEXT PRIMARY KEY,
+        fingerprint TEXT NOT NULL,
+        applied_at TEXT NOT NULL,
+        plan_json TEXT NOT NULL
+    );
+    """
+]
+
+
+def record_applied(store: StateStore, plan: dict[str, Any], applied_at: str) -> None:
+    store.migrate("plans", MIGRATIONS)
+    with store.transaction() as conn:
+        conn.execute(
+            "INSERT INTO applied_plans(task, fingerprint, applied_at, plan_json) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT(task) DO UPDATE SET fingerprint = excluded.fingerprint,"
+            " applied_at = excluded.applied_at, plan_json = excluded.plan_json",
+            (plan["task"]["name"], plan["fingerprint"], applied_at, json.dumps(plan)),
+        )
+
+
+def last_applied(task: str) -> dict[str, Any] | None:
+    """The last plan applied for ``task``, or None (never creates the state store)."""
+    path = state_dir() / STATE_FILE
+    if not path.exists():
+        return None
+    store = StateStore(path)
+    try:
+        store.migrate("plans", MIGRATIONS)
+        row = store.conn.execute(
+            "SELECT plan_json FROM applied_plans WHERE task = ?", (task,)
+        ).fetchone()
+        return json.loads(row["plan_json"]) if row else None
+    finally:
+        store.close()

@@ -1,0 +1,346 @@
+"""``compile(catalog, task, facts) -> plan``: pure. No I/O, no clock, no environment.
+
+The plan is a plain JSON-serialisable dict in the layout of docs/plan-format.md. The
+same inputs always give the same plan and the same fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+from kagura_agent import __version__
+from kagura_agent.facts import Facts
+from kagura_agent.graduation.classify import classify
+from kagura_agent.manifest.catalog import Catalog, Manifest
+from kagura_agent.manifest.hosts import normalize_host
+from kagura_agent.manifest.schema import schema_version
+from kagura_agent.manifest.task import ResolvedTask
+from kagura_agent.plan.policy import evaluate_policies, policy_denials
+from kagura_agent.units import parse_duration, parse_size
+
+FORMAT_VERSION = 1
+SHARED_RUNTIMES = ("runsc", "kata", "kata-runtime")
+HARDENING_DEFAULTS: dict[str, Any] = {
+    "pids_limit": 256,
+    "memory": "2g",
+    "cpus": 1.0,
+    "nofile": 1024,
+    "cap_add": [],
+    "runtime": "runc",
+    "stop_timeout": 10,
+    "tmpfs_size": "256m",
+}
+DEFAULT_RESERVE = 0.3
+
+
+def compile_plan(catalog: Catalog, task: ResolvedTask, facts: Facts) -> dict[str, Any]:
+    """Compile a resolved task into a launch plan."""
+    warnings: list[str] = []
+    tenancy = _tenancy(catalog)
+    plan: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "inputs": _inputs(catalog, task, facts),
+        "task": _task(task),
+        "image": _image(task.image, facts),
+        "mounts": [
+            {"kind": "project", "source": task.project_root, "target": "/workspace", "mode": "rw"},
+            *[{**m, "category": f"mount:{m['source']}"} for m in task.mounts],
+        ],
+        "egress": _egress(task.egress),
+        "credentials": [_credential(request) for request in task.credentials],
+        "hardening": _hardening(task, tenancy),
+        "brain": _brain(task),
+        "memory": _memory(task, facts),
+        "budget": _budget(task, facts, catalog),
+    }
+    plan["hardening"]["network"] = "internal" if plan["egress"]["mode"] == "proxy" else "none"
+    if not plan["image"]["resolved"]:
+        warnings.append(
+            f"image {plan['image']['ref']} is not built here (digest unresolved);"
+            " run `kagura-agent images build` before apply"
+        )
+    for cred in plan["credentials"]:
+        if cred["standing"]:
+            warnings.append(
+                f"credential {cred['provider']}/{cred['scope']} is a standing secret (static);"
+                " it does not expire on its own"
+            )
+    if plan["brain"]["runtime"] == "host":
+        warnings.append(
+            "brain runtime is host: the brain runs UNSANDBOXED on this machine;"
+            " apply needs --allow-host-runtime"
+        )
+    if tenancy == "shared" and plan["hardening"]["runtime"] not in SHARED_RUNTIMES:
+        warnings.append("tenancy is shared but the runtime is not runsc/kata: refused")
+    if facts.daemon is not None and not (facts.daemon.get("userns") or facts.daemon.get("rootless")):
+        warnings.append("the Docker daemon uses neither userns-remap nor rootless mode")
+    plan["policy"] = evaluate_policies(catalog, plan)
+    denials = _denied_categories(plan, policy_denials(plan["policy"]))
+    plan["approvals"] = _classify_all(catalog, task, plan, facts, denials)
+    for result in plan["policy"]:
+        if not result["passed"] and result["effect"] == "warn":
+            warnings.append(f"policy {result['policy']}: {result['message']}")
+    plan["warnings"] = warnings
+    refused = tenancy == "shared" and plan["hardening"]["runtime"] not in SHARED_RUNTIMES
+    plan["applyable"] = not refused and not any(
+        r["effect"] == "deny" and not r["passed"] for r in plan["policy"]
+    ) and all(a["class"] != "denied" for a in plan["approvals"])
+    plan["fingerprint"] = fingerprint(plan)
+    return plan
+
+
+def fingerprint(plan: dict[str, Any]) -> str:
+    """sha256 over the canonical JSON of every key but the fingerprint itself."""
+    body = {k: v for k, v in plan.items() if k != "fingerprint"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def _tenancy(catalog: Catalog) -> str:
+    for policy in catalog.of("Policy"):
+        if policy.spec.get("tenancy") == "shared":
+            return "shared"
+    return "self-host"
+
+
+def _inputs(catalog: Catalog, task: ResolvedTask, facts: Facts) -> dict[str, Any]:
+    return {
+        "files": dict(sorted(catalog.digests.items())),
+        "tool_version": __version__,
+        "schema_version": schema_version(),
+        "facts": {
+            "graduation_version": facts.graduation.version,
+            "image_digest": facts.image_digests.get(task.image.spec["tag"]),
+        },
+    }
+
+
+def _task(task: ResolvedTask) -> dict[str, Any]:
+    return {
+        "name": task.name,
+        "kind": task.kind,
+        "file": task.manifest.file,
+        "project_root": task.project_root,
+        "session": task.session,
+        "prompt": task.prompt,
+        "steps": task.steps,
+        "verify": task.verify,
+        "context": {
+            "memories": list(task.context.get("memories", [])),
+            "include_untrusted": bool(task.context.get("include_untrusted", False)),
+        },
+    }
+
+
+def _image(image: Manifest, facts: Facts) -> dict[str, Any]:
+    ref = image.spec["tag"]
+    digest = facts.image_digests.get(ref)
+    return {
+        "name": image.name,
+        "ref": ref,
+        "recipe": image.spec["recipe"],
+        "recipe_digest": facts.recipe_digests.get(image.spec["recipe"]),
+        "digest": digest,
+        "resolved": digest is not None,
+        "category": f"image:{image.name}",
+        "source": image.file,
+    }
+
+
+def _egress(policies: list[Manifest]) -> dict[str, Any]:
+    allow: list[dict[str, Any]] = []
+    seen: set[tuple[str, int, str]] = set()
+    addresses: list[str] = []
+    for policy in policies:
+        for entry in policy.spec["allow"]:
+            host, _ = normalize_host(entry["host"])
+            assert host is not None  # validated before planning
+            schemes = ["https", "http"] if entry.get("http") else ["https"]
+            for port in entry.get("ports", [443]):
+                for scheme in schemes:
+                    key = (host, port, scheme)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    allow.append(
+                        {
+                            "host": host,
+                            "port": port,
+                            "scheme": scheme,
+                            "allow_addresses": list(entry.get("allow_addresses", [])),
+                            "policy": policy.name,
+                            "source": policy.file,
+                        }
+                    )
+            for cidr in entry.get("allow_addresses", []):
+                if cidr not in addresses:
+                    addresses.append(cidr)
+    allow.sort(key=lambda e: (e["host"], e["port"], e["scheme"]))
+    return {
+        "mode": "proxy" if allow else "none",
+        "allow": allow,
+        "allow_addresses": addresses,
+        "policies": [p.name for p in policies],
+    }
+
+
+def _credential(request: Any) -> dict[str, Any]:
+    provider: Manifest = request.provider
+    spec = provider.spec
+    return {
+        "name": f"{provider.name}-{request.scope}",
+        "provider": provider.name,
+        "type": spec["type"],
+        "scope": request.scope,
+        "scope_spec": spec["scopes"][request.scope],
+        "settings": {k: v for k, v in spec.get(_settings_key(spec["type"]), {}).items()},
+        "ttl_seconds": request.ttl_seconds,
+        "renewals": request.renewals,
+        "budget_seconds": request.budget_seconds,
+        "secret_ref": spec["secret"],
+        "standing": bool(spec.get("standing", False)),
+        "category": f"credential:{provider.name}/{request.scope}",
+        "source": provider.file,
+    }
+
+
+def _settings_key(kind: str) -> str:
+    return {"aws-sts": "aws", "github-app": "github"}.get(kind, kind)
+
+
+def _hardening(task: ResolvedTask, tenancy: str) -> dict[str, Any]:
+    knobs = {**HARDENING_DEFAULTS, **task.image.spec.get("hardening", {})}
+    tmpfs = f"rw,nosuid,nodev,size={parse_size(knobs['tmpfs_size'])}"
+    return {
+        "user": "1000:1000",
+        "cap_drop": ["ALL"],
+        "cap_add": sorted(knobs["cap_add"]),
+        "no_new_privileges": True,
+        "seccomp": "default",
+        "read_only_rootfs": True,
+        "tmpfs": {"/tmp": tmpfs, "/home/agent": tmpfs, "/run/kagura": tmpfs},
+        "pids_limit": knobs["pids_limit"],
+        "memory_bytes": parse_size(knobs["memory"]),
+        "nano_cpus": int(round(float(knobs["cpus"]) * 1e9)),
+        "nofile": knobs["nofile"],
+        "init": True,
+        "stop_timeout": knobs["stop_timeout"],
+        "network": "none",
+        "pid_mode": "private",
+        "ipc_mode": "private",
+        "privileged": False,
+        "devices": [],
+        "runtime": knobs["runtime"],
+        "tenancy": tenancy,
+        "workdir": "/workspace",
+    }
+
+
+def _brain(task: ResolvedTask) -> dict[str, Any]:
+    spec = task.brain.spec
+    auth = spec.get("auth", {"mode": "none"})
+    return {
+        "name": task.brain.name,
+        "engine": spec["engine"],
+        "model": spec.get("model"),
+        "permission_mode": spec.get("permission_mode", "default" if spec["engine"] == "sdk" else None),
+        "runtime": task.runtime,
+        "auth": {"mode": auth["mode"], "credential": auth.get("credential")},
+        "backend": spec.get("backend"),
+        "local_provider": spec.get("local_provider"),
+        "endpoint": spec.get("endpoint"),
+        "max_line_bytes": spec.get("max_line_bytes", 1024 * 1024),
+        "idle_timeout_seconds": parse_duration(spec.get("idle_timeout", "5m")),
+        "source": task.brain.file,
+    }
+
+
+def _memory(task: ResolvedTask, facts: Facts) -> dict[str, Any]:
+    memory = task.memory
+    spec = memory.spec if memory is not None else {"backend": "sqlite"}
+    backend = spec["backend"]
+    location = spec.get("url") if backend == "cloud" else spec.get("path", "state-dir")
+    return {
+        "name": memory.name if memory is not None else "embedded",
+        "backend": backend,
+        "location": location,
+        "token_ref": spec.get("token"),
+        "untrusted_inputs": list(facts.untrusted_inputs),
+        "known_failures": list(facts.known_failures),
+    }
+
+
+def _budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> dict[str, Any]:
+    budget = task.budget
+    explicit = "wall_time" in task.manifest.spec.get("budget", {})
+    wall = parse_duration(budget["wall_time"])
+    history = facts.cost_history
+    reserve = DEFAULT_RESERVE
+    for graduation in catalog.of("Graduation"):
+        reserve = float(graduation.spec.get("reserve", reserve))
+    source = "task" if task.manifest.spec.get("budget") else "default"
+    shown_history = None
+    if history and history.get("count"):
+        shown_history = {**history, "reserve": reserve}
+        if not explicit:
+            wall = max(1, math.ceil(float(history["mean_wall_seconds"]) * (1 + reserve)))
+            source = "history"
+    return {
+        "turns": budget.get("turns"),
+        "wall_seconds": wall,
+        "cost_usd": budget.get("cost_usd"),
+        "source": source,
+        "history": shown_history,
+    }
+
+
+def _denied_categories(plan: dict[str, Any], by_path: dict[str, str]) -> dict[str, str]:
+    """Turn policy violations at indexed plan paths into denied capability categories."""
+    denied: dict[str, str] = {}
+    for path, policy in by_path.items():
+        section, _, index = path.rstrip("]").partition("[")
+        if section == "egress.allow":
+            entry = plan["egress"]["allow"][int(index)]
+            denied.setdefault(f"egress:{entry['policy']}", policy)
+        elif section == "credentials":
+            denied.setdefault(plan["credentials"][int(index)]["category"], policy)
+        elif section == "mounts" and int(index) > 0:
+            denied.setdefault(plan["mounts"][int(index)]["category"], policy)
+    return denied
+
+
+def _classify_all(
+    catalog: Catalog, task: ResolvedTask, plan: dict[str, Any], facts: Facts, denials: dict[str, str]
+) -> list[dict[str, Any]]:
+    graduation_baseline: set[str] = set()
+    for graduation in catalog.of("Graduation"):
+        graduation_baseline.update(graduation.spec.get("baseline", []))
+    requested: list[tuple[str, bool, dict[str, Any] | None]] = [
+        (plan["image"]["category"], bool(task.image.spec.get("baseline", False)), plan["image"])
+    ]
+    for policy in task.egress:
+        requested.append((f"egress:{policy.name}", bool(policy.spec.get("baseline", False)), None))
+    for cred in plan["credentials"]:
+        provider = catalog.get("CredentialProvider", cred["provider"])
+        base = provider is not None and cred["scope"] in provider.spec.get("baseline_scopes", [])
+        requested.append((cred["category"], base, cred))
+    for mount in plan["mounts"][1:]:
+        requested.append((mount["category"], False, mount))
+    untrusted = list(facts.untrusted_inputs)
+    results = []
+    for category, baseline, target in requested:
+        found = classify(
+            category,
+            baseline=baseline or category in graduation_baseline,
+            state=facts.graduation,
+            untrusted_inputs=untrusted,
+            denied_by_policy=denials.get(category),
+        ).to_json()
+        if target is not None:
+            target["class"] = found["class"]
+            target["reason"] = found["reason"]
+        results.append(found)
+    return results

@@ -1,0 +1,60 @@
+"""Policies: JSON Schemas the compiled plan must satisfy (``deny`` or ``warn``).
+
+A rule passes when the plan JSON validates against its schema; each validation error
+is a violation at a JSON path of the plan. No new policy language: operators write the
+same JSON Schema the manifests use.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from kagura_agent.manifest.catalog import Catalog
+
+
+def evaluate_policies(catalog: Catalog, plan: dict[str, Any]) -> list[dict[str, Any]]:
+    from jsonschema import Draft202012Validator
+
+    results = []
+    for policy in sorted(catalog.of("Policy"), key=lambda m: m.name):
+        for rule in policy.spec.get("rules", []):
+            validator = Draft202012Validator(rule["schema"])
+            violations = []
+            for error in validator.iter_errors(plan):
+                path = "$" + "".join(
+                    f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path
+                )
+                violations.append({"path": path, "message": error.message})
+            violations.sort(key=lambda v: v["path"])
+            results.append(
+                {
+                    "policy": f"{policy.name}/{rule['name']}",
+                    "effect": rule["effect"],
+                    "message": rule["message"],
+                    "passed": not violations,
+                    "violations": violations,
+                    "source": policy.file,
+                }
+            )
+    return results
+
+
+_INDEXED = re.compile(r"^\$\.(egress\.allow|credentials|mounts)\[(\d+)\]")
+
+
+def policy_denials(results: list[dict[str, Any]]) -> dict[str, str]:
+    """Map plan paths of deny violations to ``{placeholder: policy}`` keyed by category.
+
+    The planner fills categories for indexed paths; a violation that names no single
+    capability (e.g. hardening) denies the plan as a whole, not a category.
+    """
+    found: dict[str, str] = {}
+    for result in results:
+        if result["passed"] or result["effect"] != "deny":
+            continue
+        for violation in result["violations"]:
+            match = _INDEXED.match(violation["path"])
+            if match:
+                found.setdefault(f"{match.group(1)}[{match.group(2)}]", result["policy"])
+    return found

@@ -1,0 +1,147 @@
+"""Render a plan for people: terminal text and markdown, both from the plan JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kagura_agent.ui import Style
+from kagura_agent.units import format_duration
+
+_CLASS_STYLE = {
+    "baseline": ("green",),
+    "graduated": ("blue",),
+    "needs-approval": ("yellow", "bold"),
+    "denied": ("red", "bold"),
+}
+
+
+def _short(digest: str | None) -> str:
+    if not digest:
+        return "unresolved"
+    return digest[:19] + "…"
+
+
+def _cred_line(cred: dict[str, Any]) -> str:
+    renew = f", {cred['renewals']} renewals" if cred["renewals"] else ""
+    standing = ", STANDING" if cred["standing"] else ""
+    return (
+        f"{cred['provider']}/{cred['scope']} ({cred['type']}, {cred['secret_ref']})"
+        f" lease {format_duration(cred['ttl_seconds'])}{renew},"
+        f" budget {format_duration(cred['budget_seconds'])}{standing}"
+    )
+
+
+def _budget_line(budget: dict[str, Any]) -> str:
+    parts = []
+    if budget.get("turns"):
+        parts.append(f"{budget['turns']} turns")
+    parts.append(f"{format_duration(budget['wall_seconds'])} wall")
+    if budget.get("cost_usd") is not None:
+        parts.append(f"${budget['cost_usd']}")
+    text = ", ".join(parts) + f" (from {budget['source']})"
+    history = budget.get("history")
+    if history:
+        text += (
+            f"; history: {history['count']} runs, mean {history['mean_wall_seconds']:.1f}s,"
+            f" worst {history['worst_wall_seconds']:.1f}s, reserve {int(history['reserve'] * 100)}%"
+        )
+    return text
+
+
+def render_text(plan: dict[str, Any], style: Style) -> str:
+    """The ten-second review: what runs, what it writes, where it connects, what it holds."""
+    task = plan["task"]
+    brain = plan["brain"]
+    image = plan["image"]
+    out: list[str] = []
+    title = f"Plan for task {task['name']} ({task['file']})"
+    out.append(style(title, "bold"))
+    out.append(f"  fingerprint  {plan['fingerprint']}")
+    model = f", model {brain['model']}" if brain.get("model") else ""
+    mode = f", permissions {brain['permission_mode']}" if brain.get("permission_mode") else ""
+    where = "in the container" if brain["runtime"] == "container" else style("ON THE HOST, UNSANDBOXED", "red", "bold")
+    out.append(f"  brain        {brain['name']} ({brain['engine']}{model}{mode}) {where}")
+    out.append(f"  image        {image['ref']}  {_short(image['digest'])}  {_tag(image.get('class'), style)}")
+    project = plan["mounts"][0]
+    out.append(f"  writes       {project['source']} -> {project['target']} (the only writable mount)")
+    for mount in plan["mounts"][1:]:
+        out.append(f"  reads        {mount['source']} -> {mount['target']} (ro)  {_tag(mount.get('class'), style)}")
+    egress = plan["egress"]
+    if egress["mode"] == "none":
+        out.append("  network      none (no interfaces but loopback)")
+    else:
+        out.append("  network      only through this run's proxy, default deny:")
+        for entry in egress["allow"]:
+            out.append(f"                 {entry['scheme']}://{entry['host']}:{entry['port']}  (policy {entry['policy']})")
+    if not plan["credentials"]:
+        out.append("  credentials  none")
+    for index, cred in enumerate(plan["credentials"]):
+        label = "credentials" if index == 0 else ""
+        out.append(f"  {label:<11}  {_cred_line(cred)}  {_tag(cred.get('class'), style)}")
+    out.append(f"  budget       {_budget_line(plan['budget'])}")
+    memory = plan["memory"]
+    out.append(f"  memory       {memory['name']} ({memory['backend']})")
+    for failure in memory.get("known_failures", []):
+        out.append(f"  known failure  {failure.get('failure', '')}  -> fix: {failure.get('fix') or '(none yet)'}")
+    hard = plan["hardening"]
+    caps = ",".join(hard["cap_add"]) or "none"
+    out.append(
+        f"  hardening    uid {hard['user']}, cap_drop ALL (+{caps}), no-new-privileges, seccomp {hard['seccomp']},"
+        f" read-only root, pids {hard['pids_limit']}, memory {hard['memory_bytes'] // 1048576}m,"
+        f" cpus {hard['nano_cpus'] / 1e9:g}, runtime {hard['runtime']} ({hard['tenancy']})"
+    )
+    pending = [a for a in plan["approvals"] if a["class"] in ("needs-approval", "denied")]
+    for approval in pending:
+        unmet = f"; unmet: {', '.join(approval['unmet'])}" if approval.get("unmet") else ""
+        out.append(
+            f"  {_tag(approval['class'], style)} {approval['category']}: {approval['reason']}"
+            f" (evidence {approval['evidence']}{unmet})"
+        )
+    failed = [r for r in plan["policy"] if not r["passed"]]
+    passed = len(plan["policy"]) - len(failed)
+    out.append(f"  policy       {passed}/{len(plan['policy'])} rules pass")
+    for result in failed:
+        where_text = ", ".join(v["path"] for v in result["violations"])
+        colour = ("red", "bold") if result["effect"] == "deny" else ("yellow",)
+        out.append("  " + style(f"{result['effect'].upper()} {result['policy']}: {result['message']} at {where_text}", *colour))
+    for warning in plan["warnings"]:
+        out.append("  " + style(f"warning: {warning}", "yellow"))
+    verdict = style("yes", "green") if plan["applyable"] else style("NO", "red", "bold")
+    out.append(f"  applyable    {verdict}")
+    return "\n".join(out) + "\n"
+
+
+def _tag(klass: str | None, style: Style) -> str:
+    if not klass:
+        return ""
+    return style(f"[{klass}]", *_CLASS_STYLE.get(klass, ()))
+
+
+def render_markdown(plan: dict[str, Any]) -> str:
+    """A pull-request comment."""
+    task = plan["task"]
+    lines = [
+        f"### kagura-agent plan: `{task['name']}`",
+        "",
+        f"Applyable: **{'yes' if plan['applyable'] else 'NO'}** · fingerprint `{plan['fingerprint'][:19]}`",
+        "",
+        "| capability | detail | class |",
+        "|---|---|---|",
+        f"| brain | {plan['brain']['name']} ({plan['brain']['engine']}, runtime {plan['brain']['runtime']}) | |",
+        f"| image | `{plan['image']['ref']}` {_short(plan['image']['digest'])} | {plan['image'].get('class', '')} |",
+    ]
+    for mount in plan["mounts"]:
+        lines.append(f"| mount | `{mount['source']}` → `{mount['target']}` ({mount['mode']}) | {mount.get('class', 'baseline' if mount['kind'] == 'project' else '')} |")
+    for entry in plan["egress"]["allow"]:
+        lines.append(f"| egress | `{entry['scheme']}://{entry['host']}:{entry['port']}` (policy {entry['policy']}) | |")
+    for cred in plan["credentials"]:
+        lines.append(f"| credential | {_cred_line(cred)} | {cred.get('class', '')} |")
+    lines.append(f"| budget | {_budget_line(plan['budget'])} | |")
+    failed = [r for r in plan["policy"] if not r["passed"]]
+    if failed or plan["warnings"]:
+        lines.append("")
+        for result in failed:
+            lines.append(f"- **{result['effect']}** `{result['policy']}`: {result['message']}")
+        for warning in plan["warnings"]:
+            lines.append(f"- warning: {warning}")
+    return "\n".join(lines) + "\n"
