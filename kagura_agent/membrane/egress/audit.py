@@ -1,0 +1,222 @@
+"""Every allow and deny decision of a run's proxy, as structured events.
+
+squid writes one ``KAGURA1`` line per request to stdout (see squid.LOG_FORMAT). The host
+parses each line, names the allowlist entry that matched (computed here from the plan's
+allowlist, with the same semantics squid was configured with), stores it in the state
+store and hands it to the run's event stream. ``seq`` is the line's index in the proxy's
+output, so reading the same log twice (live, then again at teardown or in a crash sweep)
+never stores an event twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import unquote
+
+from kagura_agent.membrane.egress.policy import EgressPolicy, is_ip_literal
+from kagura_agent.membrane.egress.squid import LOG_TAG
+from kagura_agent.state import StateStore
+
+COMPONENT = "egress"
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE egress_runs (
+        run_id TEXT PRIMARY KEY,
+        started TEXT NOT NULL,
+        ended TEXT,
+        allowlist TEXT NOT NULL,
+        proxy TEXT NOT NULL DEFAULT '',
+        networks TEXT NOT NULL DEFAULT '[]'
+    );
+    CREATE TABLE egress_events (
+        run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        time TEXT NOT NULL,
+        client TEXT NOT NULL,
+        method TEXT NOT NULL,
+        scheme TEXT NOT NULL,
+        host TEXT NOT NULL,
+        port INTEGER NOT NULL,
+        status INTEGER NOT NULL,
+        squid_status TEXT NOT NULL,
+        bytes_in INTEGER NOT NULL,
+        bytes_out INTEGER NOT NULL,
+        server TEXT NOT NULL,
+        decision TEXT NOT NULL CHECK (decision IN ('allow', 'deny')),
+        reason TEXT NOT NULL,
+        entry TEXT,
+        PRIMARY KEY (run_id, seq)
+    );
+    CREATE INDEX egress_events_decision ON egress_events(run_id, decision);
+    """,
+)
+
+
+@dataclass(frozen=True)
+class EgressEvent:
+    """One decision of the proxy. ``entry`` is the allowlist entry that matched, if any."""
+
+    run_id: str
+    seq: int
+    time: str
+    client: str
+    method: str
+    scheme: str
+    host: str
+    port: int
+    status: int
+    squid_status: str
+    bytes_in: int
+    bytes_out: int
+    server: str
+    decision: str
+    reason: str
+    entry: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _int(text: str) -> int:
+    return int(text) if text.lstrip("-").isdigit() else 0
+
+
+def _time(text: str) -> str:
+    try:
+        moment = datetime.fromtimestamp(float(text), UTC)
+    except ValueError:
+        return text
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_line(line: str) -> dict[str, str] | None:
+    """The raw fields of one KAGURA1 access-log line, or None for any other line."""
+    parts = line.strip().split(" ")
+    if len(parts) != 13 or parts[0] != LOG_TAG:
+        return None
+    keys = (
+        *("time", "client", "method", "scheme", "host", "port", "status", "squid_status"),
+        *("bytes_in", "bytes_out", "server", "reason"),
+    )
+    raw = dict(zip(keys, parts[1:], strict=True))
+    for key in ("method", "scheme", "host", "reason"):
+        raw[key] = unquote(raw[key])
+    return {k: "" if v == "-" else v for k, v in raw.items()}
+
+
+def classify(raw: dict[str, str], policy: EgressPolicy, run_id: str, seq: int) -> EgressEvent:
+    """Turn raw log fields into an event, naming the entry and the reason for a denial."""
+    host, port = raw["host"].lower(), _int(raw["port"])
+    connect = raw["method"] == "CONNECT"
+    denied = "DENIED" in raw["squid_status"] or raw["reason"] != ""
+    entry = policy.match(host, port, connect)
+    reason = raw["reason"]
+    if denied and reason in ("", "not-allowed"):
+        if is_ip_literal(host):
+            reason = "ip-literal"
+        elif not any(e.matches_host(host) for e in policy.entries):
+            reason = "host-not-listed"
+        elif not any(e.matches_host(host) and e.port == port for e in policy.entries):
+            reason = "port-not-listed"
+        else:
+            reason = "scheme-not-allowed"
+    elif not denied:
+        # squid allowed it, so an entry must match; if none does, say so loudly.
+        reason = "allowed" if entry else "allowed-without-matching-entry"
+    return EgressEvent(
+        run_id=run_id,
+        seq=seq,
+        time=_time(raw["time"]),
+        client=raw["client"],
+        method=raw["method"],
+        scheme=raw["scheme"],
+        host=host,
+        port=port,
+        status=_int(raw["status"]),
+        squid_status=raw["squid_status"],
+        bytes_in=_int(raw["bytes_in"]),
+        bytes_out=_int(raw["bytes_out"]),
+        server=raw["server"],
+        decision="deny" if denied else "allow",
+        reason=reason,
+        entry=entry.label() if entry else None,
+    )
+
+
+def events_from_log(text: str, policy: EgressPolicy, run_id: str) -> list[EgressEvent]:
+    """Every decision in a proxy's stdout, numbered by its position among KAGURA1 lines."""
+    events: list[EgressEvent] = []
+    for line in text.splitlines():
+        raw = parse_line(line)
+        if raw is not None:
+            events.append(classify(raw, policy, run_id, len(events)))
+    return events
+
+
+def open_store(store: StateStore) -> StateStore:
+    store.migrate(COMPONENT, MIGRATIONS)
+    return store
+
+
+def record_events(store: StateStore, events: Iterable[EgressEvent]) -> list[EgressEvent]:
+    """Insert the events not stored yet; return those that were new."""
+    fresh = []
+    columns = list(EgressEvent.__dataclass_fields__)
+    sql = (
+        f"INSERT OR IGNORE INTO egress_events ({', '.join(columns)})"
+        f" VALUES ({', '.join('?' for _ in columns)})"
+    )
+    with store.transaction() as conn:
+        for event in events:
+            cursor = conn.execute(sql, [getattr(event, c) for c in columns])
+            if cursor.rowcount:
+                fresh.append(event)
+    return fresh
+
+
+def record_run(store: StateStore, run_id: str, started: str, allowlist: dict[str, Any]) -> None:
+    with store.transaction() as conn:
+        conn.execute(
+            "INSERT OR REPLACE INTO egress_runs (run_id, started, allowlist) VALUES (?, ?, ?)",
+            (run_id, started, json.dumps(allowlist, sort_keys=True)),
+        )
+
+
+def finish_run(store: StateStore, run_id: str, ended: str) -> None:
+    with store.transaction() as conn:
+        conn.execute("UPDATE egress_runs SET ended = ? WHERE run_id = ?", (ended, run_id))
+
+
+def run_allowlist(store: StateStore, run_id: str) -> dict[str, Any] | None:
+    row = store.conn.execute(
+        "SELECT allowlist FROM egress_runs WHERE run_id = ?", (run_id,)
+    ).fetchone()
+    return json.loads(row["allowlist"]) if row else None
+
+
+def load_events(store: StateStore, run_id: str) -> list[EgressEvent]:
+    rows = store.conn.execute(
+        "SELECT * FROM egress_events WHERE run_id = ? ORDER BY seq", (run_id,)
+    ).fetchall()
+    return [EgressEvent(**dict(row)) for row in rows]
+
+
+def latest_run(store: StateStore) -> str | None:
+    row = store.conn.execute(
+        "SELECT run_id FROM egress_runs ORDER BY started DESC, rowid DESC LIMIT 1"
+    ).fetchone()
+    return str(row["run_id"]) if row else None
+
+
+def denial_summary(events: Sequence[EgressEvent]) -> list[dict[str, Any]]:
+    """Denials grouped by what was tried and why, most frequent first."""
+    counts = Counter((e.method, e.host, e.port, e.reason) for e in events if e.decision == "deny")
+    return [
+        {"method": m, "host": h, "port": p, "reason": r, "count": n}
+        for (m, h, p, r), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]

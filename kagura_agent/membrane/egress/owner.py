@@ -1,0 +1,53 @@
+"""Which process owns a run's Docker objects, and whether that process is still alive.
+
+Every network and proxy an egress session creates carries ``dev.kagura.owner`` =
+``host:pid:start`` where ``start`` is the process start time from /proc (so a reused pid
+is not mistaken for the owner). A crash sweep removes objects whose owner is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+LABEL_OWNER = "dev.kagura.owner"
+LABEL_COMPONENT = "dev.kagura.component"
+COMPONENT_PROXY = "egress-proxy"
+COMPONENT_INTERNAL = "egress-internal"
+COMPONENT_OUTBOUND = "egress-outbound"
+
+
+def _start_time(pid: int) -> str:
+    """Field 22 of /proc/PID/stat (start time in clock ticks); '' where /proc is absent."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    # The command name (field 2) may contain spaces; fields after it follow the last ')'.
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def current_owner() -> str:
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
+
+
+def owner_alive(owner: str) -> bool:
+    """False only when we can tell the owner is gone; objects of other hosts count as alive."""
+    parts = owner.rsplit(":", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return False  # unreadable label: nothing could be waiting on it
+    host, pid_text, start = parts
+    if host != socket.gethostname():
+        return True
+    pid = int(pid_text)
+    if Path("/proc").is_dir():
+        return _start_time(pid) != "" and _start_time(pid) == start
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
