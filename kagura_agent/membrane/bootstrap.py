@@ -109,8 +109,9 @@ def bootstrap(
     log: Callable[[str], None] = print,
     apt_dir: Path = APT_DIR,
     force: bool = False,
+    ref: str = BOOTSTRAP_REF,
 ) -> str:
-    """Build and import ``kagura/bootstrap:bookworm``; return its image ID.
+    """Build and import ``ref`` (``kagura/bootstrap:bookworm``); return its image ID.
 
     Skips (returning the existing ID) when the image exists and ``force`` is false.
     Needs root (debootstrap chroots) and the ``debootstrap`` tool.
@@ -120,9 +121,9 @@ def bootstrap(
     api = client.api
     if not force:
         with docker_errors("looking up the bootstrap image"):
-            existing = api.images(name=BOOTSTRAP_REF, quiet=True)
+            existing = api.images(name=ref, quiet=True)
         if existing:
-            log(f"{BOOTSTRAP_REF} already exists ({existing[0][:19]}); skipping")
+            log(f"{ref} already exists ({existing[0][:19]}); skipping")
             return str(existing[0])
     if shutil.which("debootstrap") is None:
         raise SetupError("debootstrap is not installed", hint="run scripts/docker-up.sh")
@@ -145,9 +146,9 @@ def bootstrap(
             tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
             raise SetupError(f"debootstrap failed (exit {proc.returncode}):\n{tail}")
         _finish_rootfs(rootfs, sources)
-        log(f"importing the rootfs as {BOOTSTRAP_REF}")
-        image_id = _import(api, rootfs)
-    log(f"{BOOTSTRAP_REF} is {image_id}")
+        log(f"importing the rootfs as {ref}")
+        image_id = _import(api, rootfs, ref)
+    log(f"{ref} is {image_id}")
     return image_id
 
 
@@ -164,21 +165,21 @@ def _finish_rootfs(rootfs: Path, sources: list[AptSource]) -> None:
     )
 
 
-def _import(api: Any, rootfs: Path) -> str:
+def _import(api: Any, rootfs: Path, ref: str) -> str:
     """Stream ``tar`` of the rootfs into ``POST /images/create?fromSrc=-``."""
     from kagura_agent.membrane.runtime import docker_errors
 
-    repo, tag = BOOTSTRAP_REF.split(":")
+    repo, tag = ref.rsplit(":", 1)
     tar = subprocess.Popen(
         ["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "-c", "."],
         stdout=subprocess.PIPE,
     )
     assert tar.stdout is not None
-    with docker_errors(f"importing {BOOTSTRAP_REF}"):
+    with docker_errors(f"importing {ref}"):
         api.import_image_from_stream(
             tar.stdout, repository=repo, tag=tag, changes=['CMD ["bash"]']
         )
     if tar.wait() != 0:
         raise SetupError(f"tar of the rootfs failed (exit {tar.returncode})")
-    with docker_errors(f"looking up {BOOTSTRAP_REF}"):
-        return str(api.inspect_image(BOOTSTRAP_REF)["Id"])
+    with docker_errors(f"looking up {ref}"):
+        return str(api.inspect_image(ref)["Id"])

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# CI machine setup: a running Docker Engine, the bootstrapped Debian base, every recipe
+# in images/ built. Prints the wall time of each step. Run as root from the repository
+# root (or anywhere: it changes to the repository root itself).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+python="${PYTHON:-python3}"
+
+step() {
+    local name="$1"; shift
+    local started=$SECONDS
+    printf '==> %s\n' "$name" >&2
+    "$@"
+    printf '==> %s: %ss\n' "$name" "$((SECONDS - started))" >&2
+    timings+=("$name=$((SECONDS - started))s")
+}
+
+timings=()
+total_started=$SECONDS
+step docker-up bash scripts/docker-up.sh
+step images-bootstrap "$python" -m kagura_agent images bootstrap
+step images-build "$python" -m kagura_agent images build
+"$python" -m kagura_agent images list
+printf 'ci-setup timings: %s total=%ss\n' "${timings[*]}" "$((SECONDS - total_started))" >&2
