@@ -2,16 +2,21 @@
 
 scope_spec keys: service_account (email to impersonate, required), scopes (OAuth scopes,
 default cloud-platform), delegates (chain of service accounts), endpoint (IAM Credentials
-API base URL, for tests; the REST transport is used so a plain HTTP fake works).
+API base URL, for tests; the REST transport is used so a plain HTTP fake works),
+revoke_endpoint (OAuth revocation URL, default Google's).
 
 The root secret is a service-account key JSON (its token_uri is honoured) or a bare OAuth
-access token of the caller. Generated access tokens cannot be revoked by id; they lapse
-at their expiry (at most one hour), so release only records it.
+access token of the caller. Revoking an access token needs the token itself, which only
+this process holds: release revokes it at the OAuth revocation endpoint; after a crash
+the sweeper can only record the expiry (at most one hour), hence ``revocable`` False.
 """
 
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -27,6 +32,7 @@ from kagura_agent.membrane.providers import (
 )
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+REVOKE_URL = "https://oauth2.googleapis.com/revoke"
 
 
 def _caller_credentials(root_secret: str) -> Any:
@@ -59,6 +65,8 @@ class GcpProvider:
         options: dict[str, Any] = {}
         if settings.get("endpoint"):
             options["api_endpoint"] = str(settings["endpoint"])
+        self._revoke_url = str(settings.get("revoke_endpoint") or REVOKE_URL)
+        self._tokens: dict[str, str] = {}  # minted id -> token, for in-process revocation
         self._client = iam.IAMCredentialsClient(
             credentials=_caller_credentials(root_secret),
             transport="rest",
@@ -85,8 +93,10 @@ class GcpProvider:
         token = str(response.access_token)
         expires = response.expire_time
         expires_at = datetime.fromtimestamp(expires.timestamp(), UTC)
+        minted_id = f"gcp:{account}:{lease_id}"
+        self._tokens[minted_id] = token
         return Minted(
-            id=f"gcp:{account}:{lease_id}",
+            id=minted_id,
             expires_at=expires_at,
             bundle=Bundle(
                 files={"gcp/access-token": token},
@@ -99,8 +109,24 @@ class GcpProvider:
         )
 
     def revoke(self, minted_id: str) -> bool:
-        """Nothing to revoke by id: the access token lapses at its expiry."""
-        return False
+        """Revoke a token this process minted; others lapse at their expiry."""
+        token = self._tokens.get(minted_id)
+        if token is None:
+            return False
+        data = urllib.parse.urlencode({"token": token}).encode()
+        request = urllib.request.Request(self._revoke_url, data=data, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30):
+                pass
+        except urllib.error.HTTPError as exc:
+            if exc.code != 400:  # 400 invalid_token: already revoked or expired
+                raise http_failure(exc.code, "revoke access token") from None
+        except OSError as exc:
+            raise ProviderError(
+                f"revoke access token: {type(exc).__name__}", transient=True
+            ) from None
+        self._tokens.pop(minted_id, None)
+        return True
 
     def find(self, lease_id: str) -> list[str]:
         return []

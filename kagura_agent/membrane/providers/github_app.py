@@ -78,7 +78,8 @@ class GithubAppProvider:
         minted_id = f"github:{self.installation_id}:{lease_id}"
         self._tokens[minted_id] = token
         granted = dict(data.get("permissions") or {})
-        wider = sorted(set(granted) - set(asked)) if asked else []
+        # GitHub always adds metadata:read; anything else unasked-for is a wider grant.
+        wider = sorted(k for k in granted if k not in asked and k != "metadata") if asked else []
         if wider:
             # Never hand out more than was approved: revoke and fail.
             self.revoke(minted_id)
