@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TextIO
 
@@ -156,3 +156,87 @@ def test_tty_prompt_times_out_and_eof_denies() -> None:
 
 def test_operator_name_is_not_empty() -> None:
     assert approvals.operator_name()
+
+
+def test_obtain_with_flags_needs_no_prompt(store: StateStore, clock: FixedClock) -> None:
+    decisions = approvals.obtain_approvals(
+        store,
+        [DNS, APT],
+        PLAN_A,
+        approve=[DNS, APT],
+        prompt_fn=None,
+        timeout=30,
+        who="ops",
+        clock=clock,
+    )
+    assert [(d.category, d.via) for d in decisions] == [(DNS, "cli-flag"), (APT, "cli-flag")]
+
+
+def test_obtain_refuses_when_nobody_can_be_asked(store: StateStore, clock: FixedClock) -> None:
+    with pytest.raises(RefusedError, match="no approval for this plan"):
+        approvals.obtain_approvals(
+            store,
+            [DNS, APT],
+            PLAN_A,
+            approve=[DNS],
+            prompt_fn=None,
+            timeout=30,
+            who="ops",
+            clock=clock,
+        )
+
+
+def test_obtain_asks_and_a_timeout_refuses(store: StateStore, clock: FixedClock) -> None:
+    with pytest.raises(RefusedError, match="timeout"):
+        approvals.obtain_approvals(
+            store,
+            [DNS],
+            PLAN_A,
+            prompt_fn=lambda _q, _t: None,
+            timeout=1,
+            who="ops",
+            clock=clock,
+        )
+    assert [d.outcome for d in approvals.history(store)] == ["timeout"]
+    approved = approvals.obtain_approvals(
+        store, [DNS], PLAN_A, prompt_fn=lambda _q, _t: True, timeout=1, who="ops", clock=clock
+    )
+    assert [(d.category, d.via, d.outcome) for d in approved] == [(DNS, "cli", "approved")]
+
+
+def test_obtain_does_not_reuse_yesterdays_approval(store: StateStore, clock: FixedClock) -> None:
+    _approve(store, clock, PLAN_A)
+    clock.advance(timedelta(days=1))
+    with pytest.raises(RefusedError):
+        approvals.obtain_approvals(
+            store, [DNS], PLAN_A, prompt_fn=None, timeout=1, who="ops", clock=clock
+        )
+
+
+def test_obtain_accepts_a_chat_approval_for_this_plan(store: StateStore, clock: FixedClock) -> None:
+    posted = clock.now()
+    clock.advance(timedelta(seconds=20))
+    _approve(store, clock, PLAN_A)  # the ✅ button in the thread
+    _approve(store, clock, PLAN_B, APT)  # another plan's approval does not count
+    decisions = approvals.obtain_approvals(
+        store,
+        [DNS],
+        PLAN_A,
+        prompt_fn=None,
+        timeout=1,
+        who="ops",
+        clock=clock,
+        accept_since=posted,
+    )
+    assert [d.via for d in decisions] == ["slack"]
+    with pytest.raises(RefusedError, match="another plan"):
+        approvals.obtain_approvals(
+            store,
+            [APT],
+            PLAN_A,
+            prompt_fn=None,
+            timeout=1,
+            who="ops",
+            clock=clock,
+            accept_since=posted,
+        )

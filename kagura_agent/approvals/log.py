@@ -1,4 +1,4 @@
-"""The approval log: every human decision on a capability, bound to one plan fingerprint.
+"""The approval log in the state store: every decision, bound to one plan fingerprint.
 
 A decision records who decided, when, through which channel (cli, cli-flag, slack, …),
 for which capability category and which plan fingerprint, and the outcome: ``approved``,
@@ -10,15 +10,11 @@ Graduation decisions (a human unlocking a category) are logged here too, with
 
 from __future__ import annotations
 
-import getpass
-import os
-import select
 import sqlite3
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, TextIO
+from typing import Literal
 
 from kagura_agent.clock import Clock, iso, parse_iso
 from kagura_agent.errors import RefusedError, UsageError
@@ -26,8 +22,6 @@ from kagura_agent.state import StateStore
 
 Outcome = Literal["approved", "denied", "timeout"]
 Kind = Literal["capability", "graduation"]
-# prompt_fn(question, timeout_seconds) -> True (yes), False (no) or None (timed out).
-PromptFn = Callable[[str, float], "bool | None"]
 
 MIGRATIONS = [
     """
@@ -157,11 +151,14 @@ def insert_decision(
     return _decision(row)
 
 
-def approval_for(store: StateStore, fingerprint: str, category: str) -> Decision | None:
+def approval_for(
+    store: StateStore, fingerprint: str, category: str, *, since: datetime | None = None
+) -> Decision | None:
     """The approval of ``category`` for exactly this plan, or None.
 
     Only the latest decision for (fingerprint, category) counts, so a later deny revokes
-    an earlier approval. Decisions for any other fingerprint are never returned.
+    an earlier approval. Decisions for any other fingerprint are never returned, nor,
+    with ``since``, decisions made before that moment (one approval per apply).
     """
     migrate(store)
     row = store.conn.execute(
@@ -172,17 +169,23 @@ def approval_for(store: StateStore, fingerprint: str, category: str) -> Decision
     if row is None:
         return None
     decision = _decision(row)
+    if since is not None and decision.decided_at < since:
+        return None
     return decision if decision.approved else None
 
 
 def require_approvals(
-    store: StateStore, fingerprint: str, categories: Sequence[str]
+    store: StateStore,
+    fingerprint: str,
+    categories: Sequence[str],
+    *,
+    since: datetime | None = None,
 ) -> list[Decision]:
     """Every category's approval for this plan, or RefusedError naming what is missing."""
     found: list[Decision] = []
     missing: list[str] = []
     for category in categories:
-        decision = approval_for(store, fingerprint, category)
+        decision = approval_for(store, fingerprint, category, since=since)
         if decision is None:
             missing.append(category + _elsewhere(store, fingerprint, category))
         else:
@@ -222,103 +225,3 @@ def history(
         sql += " LIMIT ?"
         params.append(limit)
     return [_decision(row) for row in store.conn.execute(sql, params)]
-
-
-def preapprove(
-    store: StateStore,
-    approve: Sequence[str],
-    needed: Sequence[str],
-    fingerprint: str,
-    *,
-    who: str,
-    clock: Clock,
-    via: str = "cli-flag",
-) -> list[Decision]:
-    """Record ``--approve CATEGORY`` flags as the operator's decisions for this plan.
-
-    A flag naming a category the plan does not ask about is a usage error: a mistyped
-    category must never pass silently while the real one is left unapproved.
-    """
-    stray = [category for category in approve if category not in needed]
-    if stray:
-        raise UsageError(
-            "--approve names categories this plan does not ask for: " + ", ".join(stray),
-            hint="needs approval: " + (", ".join(needed) or "nothing"),
-        )
-    return [
-        record_decision(
-            store,
-            category=category,
-            fingerprint=fingerprint,
-            outcome="approved",
-            who=who,
-            via=via,
-            clock=clock,
-            reason="approved on the command line",
-        )
-        for category in dict.fromkeys(approve)
-    ]
-
-
-def ask(
-    store: StateStore,
-    categories: Sequence[str],
-    fingerprint: str,
-    *,
-    prompt_fn: PromptFn,
-    timeout: float,
-    who: str,
-    clock: Clock,
-    via: str = "cli",
-    reasons: dict[str, str] | None = None,
-) -> list[Decision]:
-    """Ask a human about each category in turn and record every answer.
-
-    Stops at the first deny or timeout (the run is refused anyway); check the result with
-    ``all(d.approved for d in decisions) and len(decisions) == len(categories)``.
-    """
-    decisions: list[Decision] = []
-    for category in categories:
-        why = (reasons or {}).get(category, "")
-        question = f"Grant {category} to plan {fingerprint[:19]}…?" + (f" ({why})" if why else "")
-        answer = prompt_fn(question, timeout)
-        outcome: Outcome = "timeout" if answer is None else "approved" if answer else "denied"
-        decisions.append(
-            record_decision(
-                store,
-                category=category,
-                fingerprint=fingerprint,
-                outcome=outcome,
-                who=who,
-                via=via,
-                clock=clock,
-                reason=f"no answer within {timeout:g}s" if answer is None else "",
-            )
-        )
-        if outcome != "approved":
-            break
-    return decisions
-
-
-def tty_prompt(
-    question: str, timeout: float, *, stdin: TextIO | None = None, out: TextIO | None = None
-) -> bool | None:
-    """Ask on a terminal: "y"/"yes" approves, anything else or EOF denies, silence times out."""
-    source = stdin if stdin is not None else sys.stdin
-    sink = out if out is not None else sys.stderr
-    sink.write(f"{question} [y/N] (deny in {timeout:g}s) ")
-    sink.flush()
-    ready, _, _ = select.select([source], [], [], timeout)
-    if not ready:
-        sink.write("\ntimed out: denied\n")
-        return None
-    line = source.readline()
-    return line.strip().lower() in ("y", "yes")
-
-
-def operator_name() -> str:
-    """Who is deciding at this terminal (recorded in the approval log)."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return os.environ.get("USER", "unknown")

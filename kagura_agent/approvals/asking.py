@@ -1,0 +1,186 @@
+"""Asking a human: interactive prompts with a deny-on-timeout, and ``--approve`` flags.
+
+``obtain_approvals`` is the one call ``apply`` (or the cockpit) makes before acquiring
+anything: it records ``--approve`` flags, asks about the rest through an injected
+``prompt_fn`` (``tty_prompt`` on a terminal, a chat button elsewhere), and refuses unless
+every capability that needs approval was approved for exactly this plan.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import select
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import TextIO
+
+from kagura_agent.approvals.log import (
+    Decision,
+    Outcome,
+    approval_for,
+    record_decision,
+    require_approvals,
+)
+from kagura_agent.clock import Clock
+from kagura_agent.errors import RefusedError, UsageError
+from kagura_agent.state import StateStore
+
+# prompt_fn(question, timeout_seconds) -> True (yes), False (no) or None (timed out).
+PromptFn = Callable[[str, float], "bool | None"]
+
+
+def preapprove(
+    store: StateStore,
+    approve: Sequence[str],
+    needed: Sequence[str],
+    fingerprint: str,
+    *,
+    who: str,
+    clock: Clock,
+    via: str = "cli-flag",
+) -> list[Decision]:
+    """Record ``--approve CATEGORY`` flags as the operator's decisions for this plan.
+
+    A flag naming a category the plan does not ask about is a usage error: a mistyped
+    category must never pass silently while the real one is left unapproved.
+    """
+    stray = [category for category in approve if category not in needed]
+    if stray:
+        raise UsageError(
+            "--approve names categories this plan does not ask for: " + ", ".join(stray),
+            hint="needs approval: " + (", ".join(needed) or "nothing"),
+        )
+    return [
+        record_decision(
+            store,
+            category=category,
+            fingerprint=fingerprint,
+            outcome="approved",
+            who=who,
+            via=via,
+            clock=clock,
+            reason="approved on the command line",
+        )
+        for category in dict.fromkeys(approve)
+    ]
+
+
+def ask(
+    store: StateStore,
+    categories: Sequence[str],
+    fingerprint: str,
+    *,
+    prompt_fn: PromptFn,
+    timeout: float,
+    who: str,
+    clock: Clock,
+    via: str = "cli",
+    reasons: Mapping[str, str] | None = None,
+) -> list[Decision]:
+    """Ask a human about each category in turn and record every answer.
+
+    Stops at the first deny or timeout (the run is refused anyway); check the result with
+    ``all(d.approved for d in decisions) and len(decisions) == len(categories)``.
+    """
+    decisions: list[Decision] = []
+    for category in categories:
+        why = (reasons or {}).get(category, "")
+        question = f"Grant {category} to plan {fingerprint[:19]}…?" + (f" ({why})" if why else "")
+        answer = prompt_fn(question, timeout)
+        outcome: Outcome = "timeout" if answer is None else "approved" if answer else "denied"
+        decisions.append(
+            record_decision(
+                store,
+                category=category,
+                fingerprint=fingerprint,
+                outcome=outcome,
+                who=who,
+                via=via,
+                clock=clock,
+                reason=f"no answer within {timeout:g}s" if answer is None else "",
+            )
+        )
+        if outcome != "approved":
+            break
+    return decisions
+
+
+def tty_prompt(
+    question: str, timeout: float, *, stdin: TextIO | None = None, out: TextIO | None = None
+) -> bool | None:
+    """Ask on a terminal: "y"/"yes" approves, anything else or EOF denies, silence times out."""
+    source = stdin if stdin is not None else sys.stdin
+    sink = out if out is not None else sys.stderr
+    sink.write(f"{question} [y/N] (deny in {timeout:g}s) ")
+    sink.flush()
+    ready, _, _ = select.select([source], [], [], timeout)
+    if not ready:
+        sink.write("\ntimed out: denied\n")
+        return None
+    line = source.readline()
+    return line.strip().lower() in ("y", "yes")
+
+
+def operator_name() -> str:
+    """Who is deciding at this terminal (recorded in the approval log)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return os.environ.get("USER", "unknown")
+
+
+def obtain_approvals(
+    store: StateStore,
+    needed: Sequence[str],
+    fingerprint: str,
+    *,
+    approve: Sequence[str] = (),
+    prompt_fn: PromptFn | None,
+    timeout: float,
+    who: str,
+    clock: Clock,
+    via: str = "cli",
+    reasons: Mapping[str, str] | None = None,
+    accept_since: datetime | None = None,
+) -> list[Decision]:
+    """Approve every category in ``needed`` for this plan, or raise RefusedError.
+
+    ``approve`` are ``--approve`` flags (recorded as the operator's decisions). Decisions
+    already in the log for this fingerprint count only when made at or after
+    ``accept_since`` (a cockpit passes the moment it posted its request); by default
+    every apply asks afresh. With no ``prompt_fn`` (non-interactive) anything left is
+    refused. A deny or a timeout refuses the run.
+    """
+    # The log keeps whole seconds; compare at that precision so this call's own
+    # decisions are never older than its start.
+    since = (accept_since or clock.now()).replace(microsecond=0)
+    preapprove(store, approve, needed, fingerprint, who=who, clock=clock)
+    remaining = [
+        category
+        for category in needed
+        if approval_for(store, fingerprint, category, since=since) is None
+    ]
+    if remaining and prompt_fn is None:
+        # Nobody can be asked: refuse, naming any approval that was for another plan.
+        require_approvals(store, fingerprint, remaining, since=since)
+    if remaining and prompt_fn is not None:
+        decisions = ask(
+            store,
+            remaining,
+            fingerprint,
+            prompt_fn=prompt_fn,
+            timeout=timeout,
+            who=who,
+            clock=clock,
+            via=via,
+            reasons=reasons,
+        )
+        refused = [decision for decision in decisions if not decision.approved]
+        if refused:
+            first = refused[0]
+            raise RefusedError(
+                f"{first.category} was not approved ({first.outcome}, {first.who} via {first.via})"
+            )
+    return require_approvals(store, fingerprint, needed, since=since)
