@@ -50,8 +50,8 @@ CREATE TABLE memories (
 );
 CREATE INDEX memories_type ON memories(type, trust, created);
 CREATE INDEX memories_trust ON memories(trust, created);
-CREATE INDEX memories_task_kind ON memories(task_kind, type, created);
-CREATE INDEX memories_source ON memories(source_kind, source_id);
+CREATE INDEX memories_task_kind ON memories(task_kind, type, trust, created);
+CREATE INDEX memories_source ON memories(source_kind, source_id, trust, created);
 CREATE INDEX memories_created ON memories(created);
 CREATE VIRTUAL TABLE memories_fts USING fts5(
   summary, details, tags, content='memories', content_rowid='rowid'
