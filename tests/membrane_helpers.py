@@ -11,7 +11,6 @@ from typing import Any
 from kagura_agent.membrane import images
 
 
-
 def make_plan(
     project_root: Path | str,
     *,

@@ -176,9 +176,7 @@ def _import(api: Any, rootfs: Path, ref: str) -> str:
     )
     assert tar.stdout is not None
     with docker_errors(f"importing {ref}"):
-        api.import_image_from_stream(
-            tar.stdout, repository=repo, tag=tag, changes=['CMD ["bash"]']
-        )
+        api.import_image_from_stream(tar.stdout, repository=repo, tag=tag, changes=['CMD ["bash"]'])
     if tar.wait() != 0:
         raise SetupError(f"tar of the rootfs failed (exit {tar.returncode})")
     with docker_errors(f"looking up {ref}"):
