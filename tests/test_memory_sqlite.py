@@ -60,7 +60,9 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
         ({}, "memories_trust"),
     ],
 )
-def test_filtered_recall_uses_an_index(tmp_path: Path, kwargs: dict[str, object], index: str) -> None:
+def test_filtered_recall_uses_an_index(
+    tmp_path: Path, kwargs: dict[str, object], index: str
+) -> None:
     store = SqliteMemoryStore(tmp_path / "m.db")
     for i in range(50):
         store.remember(type="note", summary=f"memory {i}", source=RUN, task_kind="x")
