@@ -8,6 +8,7 @@ them on revoke or exit. Nothing here is ever logged: paths only, never contents.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
@@ -94,10 +95,8 @@ class CredentialDir:
             return  # a later lease rewrote this file; it is theirs to remove
         del self._owner[rel]
         target = self.root.joinpath(*rel.parts)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             target.unlink()
-        except FileNotFoundError:
-            pass
         # Remove now-empty parent directories up to (not including) the root.
         for parent in target.relative_to(self.root).parents[:-1]:
             try:

@@ -8,6 +8,7 @@ each step so a resumed session (``completed_steps``) skips what already ran.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import uuid
@@ -78,7 +79,9 @@ class ScriptBrain:
                     message=f"step {index + 1} failed with exit code {code}", code="step-failed"
                 )
                 return
-            yield CheckpointEvent(step=index + 1, pending=len(steps) - index - 1, session_id=session)
+            yield CheckpointEvent(
+                step=index + 1, pending=len(steps) - index - 1, session_id=session
+            )
         yield CostEvent(usd=0.0, turns=len(steps) - start)
         yield DoneEvent(result=f"{len(steps) - start} step(s) completed", session_id=session)
 
@@ -114,7 +117,5 @@ async def _run_step(argv: list[str], cwd: str | None, env: dict[str, str]) -> tu
 
 
 def _kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -125,9 +125,7 @@ def _result_text(content: Any) -> str:
         return ""
     if isinstance(content, str):
         return content[:MAX_TEXT_CHARS]
-    parts = [
-        str(item.get("text", "")) if isinstance(item, dict) else str(item) for item in content
-    ]
+    parts = [str(item.get("text", "")) if isinstance(item, dict) else str(item) for item in content]
     return "\n".join(parts)[:MAX_TEXT_CHARS]
 
 
@@ -141,16 +139,20 @@ def _memory_server(sdk: Any, memory: MemoryClient) -> Any:
     def reply(value: object) -> dict[str, Any]:
         return {"content": [{"type": "text", "text": json.dumps(value)}]}
 
-    @sdk.tool("recall", "Recall memories relevant to a query", {"query": str, "limit": int})
     async def recall(args: dict[str, Any]) -> dict[str, Any]:
         return reply(await memory.recall(str(args["query"]), int(args.get("limit", 5))))
 
-    @sdk.tool("remember", "Store a memory for later runs", {"text": str})
     async def remember(args: dict[str, Any]) -> dict[str, Any]:
         return reply({"id": await memory.remember(str(args["text"]), list(args.get("tags", [])))})
 
-    @sdk.tool("get", "Fetch one memory by id", {"id": str})
     async def get(args: dict[str, Any]) -> dict[str, Any]:
         return reply(await memory.get(str(args["id"])))
 
-    return sdk.create_sdk_mcp_server(MEMORY_SERVER, tools=[recall, remember, get])
+    tools = [
+        sdk.tool("recall", "Recall memories relevant to a query", {"query": str, "limit": int})(
+            recall
+        ),
+        sdk.tool("remember", "Store a memory for later runs", {"text": str})(remember),
+        sdk.tool("get", "Fetch one memory by id", {"id": str})(get),
+    ]
+    return sdk.create_sdk_mcp_server(MEMORY_SERVER, tools=tools)

@@ -1,0 +1,335 @@
+"""The host side of the brain channel: JSON lines over the container's stdin/stdout.
+
+The host sends turns and credential bundles, yields the container's events, and serves
+its memory requests through a ``MemoryServer`` (which applies trust-tier filters). Every
+line from the container is untrusted: its size is capped before it is parsed, its shape
+is validated, and anything off-contract ends the turn with an error event. Idle time,
+the wall-clock budget and oversize lines all take the same path: an error event, then
+``stop()`` — a polite ``stop`` line, then ``on_stop()``, then ``on_kill()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kagura_agent.brain.events import (
+    BrainEvent,
+    ErrorEvent,
+    EventShapeError,
+    event_from_json,
+    is_terminal,
+)
+from kagura_agent.brain.protocol import Turn
+from kagura_agent.brain.streams import DuplexStream, StreamClosed
+from kagura_agent.errors import SetupError
+
+Callback = Callable[[], Awaitable[None] | None]
+_ACKS = ("credentials-applied", "credentials-revoked")
+
+
+class MemoryServer(Protocol):
+    """Host memory as offered to the container. Implementations apply the trust-tier
+    filters of the run; results must be JSON-serialisable."""
+
+    async def recall(self, query: str, limit: int) -> list[dict[str, Any]]: ...
+
+    async def remember(self, text: str, tags: list[str]) -> str: ...
+
+    async def get(self, memory_id: str) -> dict[str, Any] | None: ...
+
+
+@dataclass(frozen=True)
+class ChannelLimits:
+    """Bounds the host enforces on the container, whatever the brain does."""
+
+    max_line_bytes: int = 1024 * 1024
+    idle_seconds: float = 300.0
+    # Extra host-side time past the turn's wall budget: the entrypoint enforces the
+    # budget itself and reports it cleanly; the host only steps in when it does not.
+    wall_grace_seconds: float = 2.0
+    stop_grace_seconds: float = 5.0
+    kill_grace_seconds: float = 5.0
+    ack_timeout_seconds: float = 10.0
+    max_memory_requests: int = 4
+    max_memory_text: int = 64 * 1024
+
+
+@dataclass(frozen=True)
+class _Violation:
+    code: str
+    message: str
+
+
+class BrainChannel:
+    """One attached container (or local entrypoint process). Use as an async context
+    manager, or call ``start()`` and ``stop()`` yourself."""
+
+    def __init__(
+        self,
+        stream: DuplexStream,
+        *,
+        memory: MemoryServer | None = None,
+        limits: ChannelLimits | None = None,
+        on_stop: Callback | None = None,
+        on_kill: Callback | None = None,
+    ) -> None:
+        self.stream = stream
+        self.memory = memory
+        self.limits = limits or ChannelLimits()
+        self._on_stop = on_stop
+        self._on_kill = on_kill
+        # None marks the end of the container's output.
+        self._events: asyncio.Queue[BrainEvent | _Violation | None] = asyncio.Queue()
+        self._acks: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
+        self._write_lock = asyncio.Lock()
+        self._memory_slots = asyncio.Semaphore(self.limits.max_memory_requests)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._reader: asyncio.Task[None] | None = None
+        self._eof = asyncio.Event()
+        self._stopping: asyncio.Task[str] | None = None
+        self._last_activity = 0.0
+        self.escalation: str | None = None  # "stop-line" | "on_stop" | "on_kill" once stopped
+
+    async def __aenter__(self) -> BrainChannel:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def start(self) -> None:
+        """Start reading the container's output."""
+        if self._reader is None:
+            self._last_activity = asyncio.get_running_loop().time()
+            self._reader = asyncio.create_task(self._read_loop())
+
+    @property
+    def closed(self) -> bool:
+        """True once the container's output reached end of stream."""
+        return self._eof.is_set()
+
+    async def send_credentials(self, lease: str, bundle: Mapping[str, Any]) -> None:
+        """Deliver (or renew) a lease bundle ``{"files": {...}, "env": {...}}`` and wait
+        until the entrypoint has written it. Raises SetupError when it could not."""
+        msg = {"type": "credentials", "lease": lease, **_bundle(bundle)}
+        ack = await self._request_ack("credentials-applied", lease, msg)
+        if ack.get("error"):
+            raise SetupError(f"lease {lease}: the container refused the bundle: {ack['error']}")
+
+    async def revoke_credentials(self, lease: str) -> None:
+        """Wipe a lease's files and env inside the container and wait for the ack."""
+        msg = {"type": "revoke-credentials", "lease": lease}
+        await self._request_ack("credentials-revoked", lease, msg)
+
+    async def run_turn(self, turn: Turn) -> AsyncIterator[BrainEvent]:
+        """Send one turn and yield its events; the last is always done or error.
+
+        A host-side violation (idle, wall budget, oversize or malformed line, the
+        container vanishing) yields an ErrorEvent and then stops the container.
+        """
+        self.start()
+        loop = asyncio.get_running_loop()
+        wall = turn.budget.wall_seconds
+        deadline = None if wall is None else loop.time() + wall + self.limits.wall_grace_seconds
+        self._last_activity = loop.time()
+        try:
+            await self._send({"type": "turn", **turn.to_json()})
+        except StreamClosed as exc:
+            yield ErrorEvent(message=f"the brain channel is closed: {exc}", code="crash")
+            await self.stop()
+            return
+        while True:
+            now = loop.time()
+            wait = self._last_activity + self.limits.idle_seconds - now
+            if deadline is not None:
+                wait = min(wait, deadline - now)
+            try:
+                item = await asyncio.wait_for(self._events.get(), max(wait, 0.0))
+            except TimeoutError:
+                now = loop.time()
+                if deadline is not None and now >= deadline:
+                    item = _Violation("timeout", f"the brain overran its {wall:g}s wall budget")
+                elif now >= self._last_activity + self.limits.idle_seconds:
+                    idle = self.limits.idle_seconds
+                    item = _Violation("idle", f"the brain was silent for {idle:g}s")
+                else:
+                    continue
+            if item is None:
+                item = _Violation("crash", "the brain exited without finishing the turn")
+            if isinstance(item, _Violation):
+                yield ErrorEvent(message=item.message, code=item.code)
+                await self.stop()
+                return
+            yield item
+            if is_terminal(item):
+                return
+
+    async def stop(self) -> str:
+        """Stop the container side, escalating stop line → on_stop() → on_kill().
+
+        Returns the step that ended it. Idempotent: concurrent callers share one run.
+        """
+        if self._stopping is None:
+            self._stopping = asyncio.create_task(self._escalate())
+        return await asyncio.shield(self._stopping)
+
+    async def _escalate(self) -> str:
+        with contextlib.suppress(StreamClosed, OSError):
+            await self._send({"type": "stop"})
+        steps: list[tuple[str, Callback | None, float]] = [
+            ("stop-line", None, self.limits.stop_grace_seconds),
+            ("on_stop", self._on_stop, self.limits.kill_grace_seconds),
+            ("on_kill", self._on_kill, self.limits.kill_grace_seconds),
+        ]
+        result = "unresponsive"
+        for name, callback, grace in steps:
+            if callback is not None:
+                outcome = callback()
+                if inspect.isawaitable(outcome):
+                    await outcome
+            if self._reader is None:
+                result = name
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._eof.wait(), grace)
+                result = name
+                break
+        self.escalation = result
+        for task in list(self._tasks):
+            task.cancel()
+        await self.stream.close()
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        return result
+
+    async def _send(self, obj: dict[str, Any]) -> None:
+        data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+        async with self._write_lock:
+            await self.stream.write(data)
+
+    async def _request_ack(self, kind: str, lease: str, msg: dict[str, Any]) -> dict[str, Any]:
+        self.start()
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._acks[(kind, lease)] = future
+        try:
+            await self._send(msg)
+            return await asyncio.wait_for(future, self.limits.ack_timeout_seconds)
+        except (TimeoutError, StreamClosed) as exc:
+            raise SetupError(f"lease {lease}: the brain channel did not confirm {kind}") from exc
+        finally:
+            self._acks.pop((kind, lease), None)
+
+    async def _read_loop(self) -> None:
+        buffer = bytearray()
+        cap = self.limits.max_line_bytes
+        loop = asyncio.get_running_loop()
+        # After a violation keep draining (and dropping) output, so a container that is
+        # blocked writing to a full pipe can still read our stop line and exit.
+        violated = False
+        try:
+            while chunk := await self.stream.read():
+                if violated:
+                    continue
+                buffer += chunk
+                while not violated and (newline := buffer.find(b"\n")) >= 0:
+                    line = bytes(buffer[:newline])
+                    del buffer[: newline + 1]
+                    self._last_activity = loop.time()
+                    if len(line) > cap:
+                        violated = self._violation("oversize", f"a brain line exceeded {cap} bytes")
+                    else:
+                        violated = not self._dispatch(line)
+                if not violated and len(buffer) > cap:
+                    violated = self._violation("oversize", f"a brain line exceeded {cap} bytes")
+                if violated:
+                    buffer.clear()
+        finally:
+            self._eof.set()
+            self._events.put_nowait(None)
+
+    def _violation(self, code: str, message: str) -> bool:
+        self._events.put_nowait(_Violation(code, message))
+        return True
+
+    def _dispatch(self, line: bytes) -> bool:
+        """Route one complete line; False when it broke the contract."""
+        if not line.strip():
+            return True
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return not self._violation("protocol", "a brain line is not JSON")
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        if kind in _ACKS:
+            future = self._acks.get((str(kind), str(obj.get("lease"))))
+            if future is not None and not future.done():
+                future.set_result(obj)
+            return True
+        if kind == "memory-request":
+            task = asyncio.create_task(self._serve_memory(obj))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return True
+        try:
+            self._events.put_nowait(event_from_json(obj))
+        except EventShapeError as exc:
+            return not self._violation("protocol", f"malformed brain event: {exc}")
+        return True
+
+    async def _serve_memory(self, req: dict[str, Any]) -> None:
+        number = req.get("request")
+        if not isinstance(number, int) or isinstance(number, bool):
+            return
+        async with self._memory_slots:
+            try:
+                reply = {"ok": True, "result": await self._memory_call(req)}
+            except _Refused as exc:
+                reply = {"ok": False, "error": str(exc)}
+            except Exception as exc:  # a memory backend failure must not kill the channel
+                reply = {"ok": False, "error": f"memory backend error: {type(exc).__name__}"}
+        with contextlib.suppress(StreamClosed, OSError):
+            await self._send({"type": "memory-result", "request": number, **reply})
+
+    async def _memory_call(self, req: dict[str, Any]) -> Any:
+        if self.memory is None:
+            raise _Refused("this run has no memory")
+        op, cap = req.get("op"), self.limits.max_memory_text
+        if op == "recall":
+            query, limit = req.get("query"), req.get("limit", 5)
+            if not isinstance(query, str) or len(query) > cap:
+                raise _Refused("recall needs a query string")
+            if not isinstance(limit, int) or not 1 <= limit <= 50:
+                raise _Refused("recall limit must be 1..50")
+            return await self.memory.recall(query, limit)
+        if op == "remember":
+            text, tags = req.get("text"), req.get("tags", [])
+            if not isinstance(text, str) or not text or len(text) > cap:
+                raise _Refused(f"remember needs text of 1..{cap} characters")
+            if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+                raise _Refused("remember tags must be a list of strings")
+            return await self.memory.remember(text, tags[:16])
+        if op == "get":
+            memory_id = req.get("id")
+            if not isinstance(memory_id, str) or not memory_id or len(memory_id) > 256:
+                raise _Refused("get needs a memory id")
+            return await self.memory.get(memory_id)
+        raise _Refused(f"unknown memory op {op!r}")
+
+
+class _Refused(Exception):
+    pass
+
+
+def _bundle(bundle: Mapping[str, Any]) -> dict[str, Any]:
+    files, env = bundle.get("files") or {}, bundle.get("env") or {}
+    return {
+        "files": {str(k): str(v) for k, v in dict(files).items()},
+        "env": {str(k): str(v) for k, v in dict(env).items()},
+    }
