@@ -128,6 +128,8 @@ def _memory_section(task: ResolvedTask) -> dict[str, Any]:
     spec = task.memory.spec if task.memory is not None else {"backend": "sqlite"}
     return {
         "backend": spec["backend"],
-        "location": spec.get("url") if spec["backend"] == "cloud" else spec.get("path", "state-dir"),
+        "location": spec.get("url")
+        if spec["backend"] == "cloud"
+        else spec.get("path", "state-dir"),
         "token_ref": spec.get("token"),
     }

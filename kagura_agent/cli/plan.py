@@ -13,13 +13,17 @@ from kagura_agent.errors import ExitCode, UsageError
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("plan", help="compile tasks into launch plans and show what changed")
+    parser = subparsers.add_parser(
+        "plan", help="compile tasks into launch plans and show what changed"
+    )
     parser.add_argument("paths", nargs="+", metavar="TASK", help="task files or folders of tasks")
     add_manifest_option(parser)
     add_output_options(parser)
     parser.add_argument("-o", "--out", metavar="FILE", help="save the plan (one task only)")
     parser.add_argument("--against", metavar="PLAN", help="diff against a saved plan")
-    parser.add_argument("--base", metavar="REV", help="diff against the manifests at a git revision")
+    parser.add_argument(
+        "--base", metavar="REV", help="diff against the manifests at a git revision"
+    )
     parser.add_argument(
         "--detailed-exitcode", action="store_true", help="exit 5 when any plan has changes"
     )
@@ -81,7 +85,10 @@ def _baseline(args: argparse.Namespace, plan: dict[str, Any]) -> tuple[dict[str,
         from kagura_agent.plan.build import plan_tasks
 
         facts = None if args.facts is None else args.facts
-        old = {p["task"]["name"]: p for p in plan_tasks(args.manifests, args.paths, facts_file=facts, base_rev=args.base)}
+        old = {
+            p["task"]["name"]: p
+            for p in plan_tasks(args.manifests, args.paths, facts_file=facts, base_rev=args.base)
+        }
         return old.get(plan["task"]["name"]), f"the manifests at {args.base}"
     return last_applied(plan["task"]["name"]), "the last applied plan"
 

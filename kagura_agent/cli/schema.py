@@ -9,8 +9,12 @@ from kagura_agent.errors import UsageError
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("schema", help="print a manifest kind's JSON Schema (for editors)")
-    parser.add_argument("kind", nargs="?", help="Brain, Image, CredentialProvider, … (default: list kinds)")
+    parser = subparsers.add_parser(
+        "schema", help="print a manifest kind's JSON Schema (for editors)"
+    )
+    parser.add_argument(
+        "kind", nargs="?", help="Brain, Image, CredentialProvider, … (default: list kinds)"
+    )
     parser.add_argument("--path", action="store_true", help="print the schema file's path instead")
     parser.set_defaults(handler=run)
 

@@ -14,7 +14,9 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "validate", help="check manifests and tasks; report every error with its location"
     )
-    parser.add_argument("paths", nargs="*", metavar="PATH", help="task or manifest files and folders")
+    parser.add_argument(
+        "paths", nargs="*", metavar="PATH", help="task or manifest files and folders"
+    )
     add_manifest_option(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable diagnostics")
     parser.set_defaults(handler=run)

@@ -52,8 +52,11 @@ def check_catalog(catalog: Catalog) -> list[Diagnostic]:
         defaults = [m for m in catalog.of(kind) if m.spec.get("default") is True]
         for extra in defaults[1:]:
             problems.append(
-                extra.diag(("spec", "default"), f"more than one default {kind}",
-                           hint=f"{defaults[0].name} is already the default")
+                extra.diag(
+                    ("spec", "default"),
+                    f"more than one default {kind}",
+                    hint=f"{defaults[0].name} is already the default",
+                )
             )
     for egress in catalog.of("EgressPolicy"):
         problems.extend(check_egress(egress))
@@ -63,8 +66,11 @@ def check_catalog(catalog: Catalog) -> list[Diagnostic]:
         for index, name in enumerate(provider.spec.get("baseline_scopes", [])):
             if name not in provider.spec["scopes"]:
                 problems.append(
-                    provider.diag(("spec", "baseline_scopes", index), f"unknown scope {name!r}",
-                                  hint=_known(provider.spec["scopes"]))
+                    provider.diag(
+                        ("spec", "baseline_scopes", index),
+                        f"unknown scope {name!r}",
+                        hint=_known(provider.spec["scopes"]),
+                    )
                 )
     for policy in catalog.of("Policy"):
         problems.extend(check_policy(policy))
@@ -82,8 +88,11 @@ def check_egress(manifest: Manifest) -> list[Diagnostic]:
                 ipaddress.ip_network(cidr, strict=False)
             except ValueError:
                 problems.append(
-                    manifest.diag(("spec", "allow", index, "allow_addresses", cidr_index),
-                                  f"{cidr!r} is not an address range", hint="use CIDR such as 10.0.0.0/8")
+                    manifest.diag(
+                        ("spec", "allow", index, "allow_addresses", cidr_index),
+                        f"{cidr!r} is not an address range",
+                        hint="use CIDR such as 10.0.0.0/8",
+                    )
                 )
     return problems
 
@@ -99,25 +108,39 @@ def check_brain(manifest: Manifest, catalog: Catalog) -> list[Diagnostic]:
             problems.append(manifest.diag(("spec", "auth"), "api-key auth needs auth.credential"))
         elif provider is None:
             problems.append(
-                manifest.diag(("spec", "auth", "credential"), f"unknown CredentialProvider {name!r}",
-                              hint=_known_names(catalog, "CredentialProvider"))
+                manifest.diag(
+                    ("spec", "auth", "credential"),
+                    f"unknown CredentialProvider {name!r}",
+                    hint=_known_names(catalog, "CredentialProvider"),
+                )
             )
         elif provider.spec["type"] != "static":
             problems.append(
-                manifest.diag(("spec", "auth", "credential"),
-                              f"{name!r} is a {provider.spec['type']} provider; an API key needs a static one")
+                manifest.diag(
+                    ("spec", "auth", "credential"),
+                    f"{name!r} is a {provider.spec['type']} provider; an API key needs a static one",
+                )
             )
     if auth["mode"] == "subscription" and spec.get("runtime", "container") != "host":
         problems.append(
-            manifest.diag(("spec", "auth", "mode"), "subscription auth only works with runtime: host",
-                          hint="inside a container use mode: api-key with a static credential")
+            manifest.diag(
+                ("spec", "auth", "mode"),
+                "subscription auth only works with runtime: host",
+                hint="inside a container use mode: api-key with a static credential",
+            )
         )
     if spec["engine"] != "sdk" and "permission_mode" in spec:
-        problems.append(manifest.diag(("spec", "permission_mode"), "permission_mode applies to the sdk engine only"))
+        problems.append(
+            manifest.diag(
+                ("spec", "permission_mode"), "permission_mode applies to the sdk engine only"
+            )
+        )
     if spec["engine"] != "kagura-brain":
         for key in ("backend", "local_provider", "endpoint"):
             if key in spec:
-                problems.append(manifest.diag(("spec", key), f"{key} applies to the kagura-brain engine only"))
+                problems.append(
+                    manifest.diag(("spec", key), f"{key} applies to the kagura-brain engine only")
+                )
     return problems
 
 
@@ -131,7 +154,9 @@ def check_policy(manifest: Manifest) -> list[Diagnostic]:
             Draft202012Validator.check_schema(rule["schema"])
         except SchemaError as exc:
             problems.append(
-                manifest.diag(("spec", "rules", index, "schema"), f"not a valid JSON Schema: {exc.message}")
+                manifest.diag(
+                    ("spec", "rules", index, "schema"), f"not a valid JSON Schema: {exc.message}"
+                )
             )
     return problems
 

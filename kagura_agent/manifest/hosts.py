@@ -50,4 +50,6 @@ def _is_ip_literal(text: str) -> bool:
     except ValueError:
         pass
     # Integer and dotted forms that resolvers accept as addresses (e.g. 2130706433, 0x7f.1).
-    return bool(re.fullmatch(r"(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}", candidate.lower()))
+    return bool(
+        re.fullmatch(r"(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}", candidate.lower())
+    )

@@ -52,9 +52,7 @@ def display_path(path: Path) -> str:
 
 def yaml_files(path: Path) -> list[Path]:
     if path.is_dir():
-        return sorted(
-            p for p in path.rglob("*") if p.suffix in YAML_SUFFIXES and p.is_file()
-        )
+        return sorted(p for p in path.rglob("*") if p.suffix in YAML_SUFFIXES and p.is_file())
     if path.is_file():
         return [path]
     raise UsageError(f"{path} does not exist")

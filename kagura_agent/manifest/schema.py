@@ -52,7 +52,13 @@ def validate_document(doc: YamlDoc) -> list[Diagnostic]:
     """Check one document against the schema of its kind; every error, located."""
     value = doc.value
     if not isinstance(value, dict):
-        return [_diag(doc, (), "a manifest document must be a mapping with apiVersion, kind, metadata, spec")]
+        return [
+            _diag(
+                doc,
+                (),
+                "a manifest document must be a mapping with apiVersion, kind, metadata, spec",
+            )
+        ]
     kind = value.get("kind")
     if kind not in KINDS:
         where: Path = ("kind",) if "kind" in value else ()
@@ -64,7 +70,9 @@ def validate_document(doc: YamlDoc) -> list[Diagnostic]:
     return problems
 
 
-def _diag(doc: YamlDoc, path: Path, message: str, *, hint: str = "", key: bool = False) -> Diagnostic:
+def _diag(
+    doc: YamlDoc, path: Path, message: str, *, hint: str = "", key: bool = False
+) -> Diagnostic:
     line, col = doc.where(path, key=key)
     return Diagnostic(doc.file, line, col, json_path(path), message, hint)
 
@@ -83,7 +91,8 @@ def _translate(doc: YamlDoc, error: Any) -> Diagnostic:
             return _diag(
                 doc,
                 key_path,
-                f"unknown key {extra[0]!r}" + (f" (and {', '.join(map(repr, extra[1:]))})" if extra[1:] else ""),
+                f"unknown key {extra[0]!r}"
+                + (f" (and {', '.join(map(repr, extra[1:]))})" if extra[1:] else ""),
                 hint=f"known keys here: {known}",
                 key=True,
             )
@@ -91,7 +100,9 @@ def _translate(doc: YamlDoc, error: Any) -> Diagnostic:
         return _diag(doc, path, error.message.replace("is a required property", "is required"))
     if validator == "oneOf" and path == ("spec",) and isinstance(instance, dict):
         both = "prompt" in instance and "steps" in instance
-        message = "give either prompt or steps, not both" if both else "a task needs prompt or steps"
+        message = (
+            "give either prompt or steps, not both" if both else "a task needs prompt or steps"
+        )
         return _diag(doc, path, message)
     if validator == "enum":
         choices = ", ".join(str(c) for c in error.validator_value)

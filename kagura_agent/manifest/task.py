@@ -66,8 +66,11 @@ def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None,
         found = catalog.get("EgressPolicy", name)
         if found is None:
             problems.append(
-                task.diag(("spec", "egress", index), f"unknown EgressPolicy {name!r}",
-                          hint=_names(catalog, "EgressPolicy"))
+                task.diag(
+                    ("spec", "egress", index),
+                    f"unknown EgressPolicy {name!r}",
+                    hint=_names(catalog, "EgressPolicy"),
+                )
             )
         else:
             egress.append(found)
@@ -79,15 +82,26 @@ def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None,
     if brain is not None:
         engine = brain.spec["engine"]
         if steps is not None and engine != "script":
-            problems.append(task.diag(("spec", "steps"), f"steps need the script brain, {brain.name!r} is {engine}"))
+            problems.append(
+                task.diag(
+                    ("spec", "steps"), f"steps need the script brain, {brain.name!r} is {engine}"
+                )
+            )
         if prompt is not None and engine == "script":
-            problems.append(task.diag(("spec", "prompt"), f"brain {brain.name!r} is the script engine: give steps, not a prompt"))
+            problems.append(
+                task.diag(
+                    ("spec", "prompt"),
+                    f"brain {brain.name!r} is the script engine: give steps, not a prompt",
+                )
+            )
     project_root, mounts = _paths(task, problems)
     budget = dict(DEFAULT_BUDGET)
     if brain is not None:
         budget.update(brain.spec.get("budget", {}))
     budget.update(spec.get("budget", {}))
-    runtime = spec.get("runtime") or (brain.spec.get("runtime", "container") if brain else "container")
+    runtime = spec.get("runtime") or (
+        brain.spec.get("runtime", "container") if brain else "container"
+    )
     if problems or brain is None or image is None or project_root is None:
         return None, problems
     return (
@@ -113,43 +127,72 @@ def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None,
     )
 
 
-def _ref(task: Manifest, catalog: Catalog, kind: str, key: str, problems: list[Diagnostic],
-         *, required: bool = True) -> Manifest | None:
+def _ref(
+    task: Manifest,
+    catalog: Catalog,
+    kind: str,
+    key: str,
+    problems: list[Diagnostic],
+    *,
+    required: bool = True,
+) -> Manifest | None:
     name = task.spec.get(key)
     if name is None:
         found = catalog.default(kind)
         if found is None and required:
             problems.append(
-                task.diag(("spec",), f"no {key} given and no default {kind} in the manifests",
-                          hint=f"set spec.{key} or mark one {kind} default: true")
+                task.diag(
+                    ("spec",),
+                    f"no {key} given and no default {kind} in the manifests",
+                    hint=f"set spec.{key} or mark one {kind} default: true",
+                )
             )
         return found
     found = catalog.get(kind, name)
     if found is None:
-        problems.append(task.diag(("spec", key), f"unknown {kind} {name!r}", hint=_names(catalog, kind)))
+        problems.append(
+            task.diag(("spec", key), f"unknown {kind} {name!r}", hint=_names(catalog, kind))
+        )
     return found
 
 
-def _credentials(task: Manifest, catalog: Catalog, problems: list[Diagnostic]) -> list[CredentialRequest]:
+def _credentials(
+    task: Manifest, catalog: Catalog, problems: list[Diagnostic]
+) -> list[CredentialRequest]:
     requests = []
     for index, grant in enumerate(task.spec.get("credentials", [])):
         at = ("spec", "credentials", index)
         provider = catalog.get("CredentialProvider", grant["provider"])
         if provider is None:
-            problems.append(task.diag((*at, "provider"), f"unknown CredentialProvider {grant['provider']!r}",
-                                      hint=_names(catalog, "CredentialProvider")))
+            problems.append(
+                task.diag(
+                    (*at, "provider"),
+                    f"unknown CredentialProvider {grant['provider']!r}",
+                    hint=_names(catalog, "CredentialProvider"),
+                )
+            )
             continue
         scopes = provider.spec["scopes"]
         scope = scopes.get(grant["scope"])
         if scope is None:
-            problems.append(task.diag((*at, "scope"), f"provider {provider.name!r} has no scope {grant['scope']!r}",
-                                      hint="known: " + (", ".join(sorted(scopes)) or "(none)")))
+            problems.append(
+                task.diag(
+                    (*at, "scope"),
+                    f"provider {provider.name!r} has no scope {grant['scope']!r}",
+                    hint="known: " + (", ".join(sorted(scopes)) or "(none)"),
+                )
+            )
             continue
         ttl = parse_duration(grant.get("ttl") or provider.spec.get("ttl") or "15m")
         cap = min(MAX_TTL, parse_duration(scope["max_ttl"])) if "max_ttl" in scope else MAX_TTL
         if not MIN_TTL <= ttl <= cap:
-            problems.append(task.diag((*at, "ttl"), f"lease ttl must be between 15m and {cap // 60}m",
-                                      hint="renewals extend a run past one lease, inside the budget"))
+            problems.append(
+                task.diag(
+                    (*at, "ttl"),
+                    f"lease ttl must be between 15m and {cap // 60}m",
+                    hint="renewals extend a run past one lease, inside the budget",
+                )
+            )
             continue
         renewals = int(grant.get("renewals", 0))
         budget = parse_duration(grant["budget"]) if "budget" in grant else ttl * (renewals + 1)
@@ -160,7 +203,9 @@ def _credentials(task: Manifest, catalog: Catalog, problems: list[Diagnostic]) -
     return requests
 
 
-def _brain_key(brain: Manifest, catalog: Catalog, requested: list[CredentialRequest]) -> list[CredentialRequest]:
+def _brain_key(
+    brain: Manifest, catalog: Catalog, requested: list[CredentialRequest]
+) -> list[CredentialRequest]:
     """An api-key brain in a container needs its key leased in like any credential."""
     auth = brain.spec.get("auth", {})
     if auth.get("mode") != "api-key" or brain.spec.get("runtime", "container") == "host":
@@ -178,12 +223,17 @@ def _render_prompt(task: Manifest, problems: list[Diagnostic]) -> str | None:
     from jinja2 import StrictUndefined, TemplateError, UndefinedError
     from jinja2.sandbox import SandboxedEnvironment
 
-    env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=False)
+    env = SandboxedEnvironment(
+        undefined=StrictUndefined, autoescape=False, keep_trailing_newline=False
+    )
     try:
         return env.from_string(task.spec["prompt"]).render(**task.spec.get("vars", {}))
     except UndefinedError as exc:
-        problems.append(task.diag(("spec", "prompt"), f"template: {exc.message}",
-                                  hint="define it under spec.vars"))
+        problems.append(
+            task.diag(
+                ("spec", "prompt"), f"template: {exc.message}", hint="define it under spec.vars"
+            )
+        )
     except TemplateError as exc:
         problems.append(task.diag(("spec", "prompt"), f"template error: {exc}"))
     return None
@@ -194,7 +244,9 @@ def _paths(task: Manifest, problems: list[Diagnostic]) -> tuple[str | None, list
     written = task.spec.get("project_root", ".")
     root = os.path.realpath(base / os.path.expanduser(written))
     if not os.path.isdir(root):
-        problems.append(task.diag(("spec", "project_root"), f"project root {root} is not a directory"))
+        problems.append(
+            task.diag(("spec", "project_root"), f"project root {root} is not a directory")
+        )
         return None, []
     problem = check_mount(root, root, writable=True)
     if problem:
@@ -212,7 +264,9 @@ def _paths(task: Manifest, problems: list[Diagnostic]) -> tuple[str | None, list
             problems.append(task.diag((*at, "source"), problem))
             continue
         if mount["target"] == "/workspace" or mount["target"].startswith("/workspace/"):
-            problems.append(task.diag((*at, "target"), "/workspace is the project root's mount point"))
+            problems.append(
+                task.diag((*at, "target"), "/workspace is the project root's mount point")
+            )
             continue
         mounts.append({"kind": "extra", "source": real, "target": mount["target"], "mode": "ro"})
     return root, mounts

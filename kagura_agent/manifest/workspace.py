@@ -21,7 +21,9 @@ class Workspace:
     document_count: int
 
 
-def load_workspace(manifests: str | None, paths: list[str], *, base_rev: str | None = None) -> Workspace:
+def load_workspace(
+    manifests: str | None, paths: list[str], *, base_rev: str | None = None
+) -> Workspace:
     """Read the manifest set (or its state at git ``base_rev``) plus ``paths``; check all.
 
     Raises ValidationError carrying every diagnostic when anything is wrong.

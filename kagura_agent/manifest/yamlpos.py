@@ -107,13 +107,23 @@ def _build(node: yaml.Node, path: Path, doc: YamlDoc, problems: list[Diagnostic]
             line, col = key_node.start_mark.line + 1, key_node.start_mark.column + 1
             if key_node.tag == "tag:yaml.org,2002:merge":
                 problems.append(
-                    Diagnostic(doc.file, line, col, json_path(path), "YAML merge keys (<<) are not supported")
+                    Diagnostic(
+                        doc.file,
+                        line,
+                        col,
+                        json_path(path),
+                        "YAML merge keys (<<) are not supported",
+                    )
                 )
                 continue
             if not isinstance(key, str):
                 problems.append(
                     Diagnostic(
-                        doc.file, line, col, json_path(path), f"mapping keys must be strings, got {key!r}"
+                        doc.file,
+                        line,
+                        col,
+                        json_path(path),
+                        f"mapping keys must be strings, got {key!r}",
                     )
                 )
                 continue

@@ -28,12 +28,22 @@ def diff_plans(old: dict[str, Any] | None, new: dict[str, Any]) -> list[Change]:
     changes += _keyed("egress", _egress(base), _egress(new))
     changes += _keyed("credential", _creds(base), _creds(new))
     changes += _keyed("mount", _mounts(base), _mounts(new))
-    changes += _fields("image", base.get("image", {}), new["image"], ("ref", "digest", "recipe_digest"))
-    changes += _fields("brain", base.get("brain", {}), new["brain"],
-                       ("engine", "model", "permission_mode", "runtime"))
+    changes += _fields(
+        "image", base.get("image", {}), new["image"], ("ref", "digest", "recipe_digest")
+    )
+    changes += _fields(
+        "brain",
+        base.get("brain", {}),
+        new["brain"],
+        ("engine", "model", "permission_mode", "runtime"),
+    )
     if base:
-        changes += _fields("hardening", base["hardening"], new["hardening"], tuple(new["hardening"]))
-        changes += _fields("budget", base["budget"], new["budget"], ("turns", "wall_seconds", "cost_usd"))
+        changes += _fields(
+            "hardening", base["hardening"], new["hardening"], tuple(new["hardening"])
+        )
+        changes += _fields(
+            "budget", base["budget"], new["budget"], ("turns", "wall_seconds", "cost_usd")
+        )
     changes += _keyed("class", _classes(base), _classes(new))
     if base and base.get("applyable") != new["applyable"]:
         changes.append(Change("~", "applyable", f"{base.get('applyable')} → {new['applyable']}"))
@@ -68,7 +78,9 @@ def _classes(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
     return {a["category"]: {"": a["class"]} for a in plan.get("approvals", [])}
 
 
-def _keyed(section: str, old: dict[str, dict[str, str]], new: dict[str, dict[str, str]]) -> list[Change]:
+def _keyed(
+    section: str, old: dict[str, dict[str, str]], new: dict[str, dict[str, str]]
+) -> list[Change]:
     changes = []
     for key in sorted(new.keys() - old.keys()):
         detail = _detail(new[key])
@@ -91,7 +103,9 @@ def _detail(values: dict[str, str]) -> str:
     return f" ({', '.join(shown)})" if shown else ""
 
 
-def _fields(section: str, old: dict[str, Any], new: dict[str, Any], keys: tuple[str, ...]) -> list[Change]:
+def _fields(
+    section: str, old: dict[str, Any], new: dict[str, Any], keys: tuple[str, ...]
+) -> list[Change]:
     changes = []
     for key in keys:
         before, after = old.get(key), new.get(key)

@@ -75,7 +75,9 @@ def compile_plan(catalog: Catalog, task: ResolvedTask, facts: Facts) -> dict[str
         )
     if tenancy == "shared" and plan["hardening"]["runtime"] not in SHARED_RUNTIMES:
         warnings.append("tenancy is shared but the runtime is not runsc/kata: refused")
-    if facts.daemon is not None and not (facts.daemon.get("userns") or facts.daemon.get("rootless")):
+    if facts.daemon is not None and not (
+        facts.daemon.get("userns") or facts.daemon.get("rootless")
+    ):
         warnings.append("the Docker daemon uses neither userns-remap nor rootless mode")
     plan["policy"] = evaluate_policies(catalog, plan)
     denials = _denied_categories(plan, policy_denials(plan["policy"]))
@@ -85,9 +87,11 @@ def compile_plan(catalog: Catalog, task: ResolvedTask, facts: Facts) -> dict[str
             warnings.append(f"policy {result['policy']}: {result['message']}")
     plan["warnings"] = warnings
     refused = tenancy == "shared" and plan["hardening"]["runtime"] not in SHARED_RUNTIMES
-    plan["applyable"] = not refused and not any(
-        r["effect"] == "deny" and not r["passed"] for r in plan["policy"]
-    ) and all(a["class"] != "denied" for a in plan["approvals"])
+    plan["applyable"] = (
+        not refused
+        and not any(r["effect"] == "deny" and not r["passed"] for r in plan["policy"])
+        and all(a["class"] != "denied" for a in plan["approvals"])
+    )
     plan["fingerprint"] = fingerprint(plan)
     return plan
 
@@ -224,7 +228,7 @@ def _hardening(task: ResolvedTask, tenancy: str) -> dict[str, Any]:
         "tmpfs": {"/tmp": tmpfs, "/home/agent": tmpfs, "/run/kagura": tmpfs},
         "pids_limit": knobs["pids_limit"],
         "memory_bytes": parse_size(knobs["memory"]),
-        "nano_cpus": int(round(float(knobs["cpus"]) * 1e9)),
+        "nano_cpus": round(float(knobs["cpus"]) * 1e9),
         "nofile": knobs["nofile"],
         "init": True,
         "stop_timeout": knobs["stop_timeout"],
@@ -246,7 +250,9 @@ def _brain(task: ResolvedTask) -> dict[str, Any]:
         "name": task.brain.name,
         "engine": spec["engine"],
         "model": spec.get("model"),
-        "permission_mode": spec.get("permission_mode", "default" if spec["engine"] == "sdk" else None),
+        "permission_mode": spec.get(
+            "permission_mode", "default" if spec["engine"] == "sdk" else None
+        ),
         "runtime": task.runtime,
         "auth": {"mode": auth["mode"], "credential": auth.get("credential")},
         "backend": spec.get("backend"),
@@ -313,7 +319,11 @@ def _denied_categories(plan: dict[str, Any], by_path: dict[str, str]) -> dict[st
 
 
 def _classify_all(
-    catalog: Catalog, task: ResolvedTask, plan: dict[str, Any], facts: Facts, denials: dict[str, str]
+    catalog: Catalog,
+    task: ResolvedTask,
+    plan: dict[str, Any],
+    facts: Facts,
+    denials: dict[str, str],
 ) -> list[dict[str, Any]]:
     graduation_baseline: set[str] = set()
     for graduation in catalog.of("Graduation"):

@@ -59,20 +59,32 @@ def render_text(plan: dict[str, Any], style: Style) -> str:
     out.append(f"  fingerprint  {plan['fingerprint']}")
     model = f", model {brain['model']}" if brain.get("model") else ""
     mode = f", permissions {brain['permission_mode']}" if brain.get("permission_mode") else ""
-    where = "in the container" if brain["runtime"] == "container" else style("ON THE HOST, UNSANDBOXED", "red", "bold")
+    where = (
+        "in the container"
+        if brain["runtime"] == "container"
+        else style("ON THE HOST, UNSANDBOXED", "red", "bold")
+    )
     out.append(f"  brain        {brain['name']} ({brain['engine']}{model}{mode}) {where}")
-    out.append(f"  image        {image['ref']}  {_short(image['digest'])}  {_tag(image.get('class'), style)}")
+    out.append(
+        f"  image        {image['ref']}  {_short(image['digest'])}  {_tag(image.get('class'), style)}"
+    )
     project = plan["mounts"][0]
-    out.append(f"  writes       {project['source']} -> {project['target']} (the only writable mount)")
+    out.append(
+        f"  writes       {project['source']} -> {project['target']} (the only writable mount)"
+    )
     for mount in plan["mounts"][1:]:
-        out.append(f"  reads        {mount['source']} -> {mount['target']} (ro)  {_tag(mount.get('class'), style)}")
+        out.append(
+            f"  reads        {mount['source']} -> {mount['target']} (ro)  {_tag(mount.get('class'), style)}"
+        )
     egress = plan["egress"]
     if egress["mode"] == "none":
         out.append("  network      none (no interfaces but loopback)")
     else:
         out.append("  network      only through this run's proxy, default deny:")
         for entry in egress["allow"]:
-            out.append(f"                 {entry['scheme']}://{entry['host']}:{entry['port']}  (policy {entry['policy']})")
+            out.append(
+                f"                 {entry['scheme']}://{entry['host']}:{entry['port']}  (policy {entry['policy']})"
+            )
     if not plan["credentials"]:
         out.append("  credentials  none")
     for index, cred in enumerate(plan["credentials"]):
@@ -82,7 +94,9 @@ def render_text(plan: dict[str, Any], style: Style) -> str:
     memory = plan["memory"]
     out.append(f"  memory       {memory['name']} ({memory['backend']})")
     for failure in memory.get("known_failures", []):
-        out.append(f"  known failure  {failure.get('failure', '')}  -> fix: {failure.get('fix') or '(none yet)'}")
+        out.append(
+            f"  known failure  {failure.get('failure', '')}  -> fix: {failure.get('fix') or '(none yet)'}"
+        )
     hard = plan["hardening"]
     caps = ",".join(hard["cap_add"]) or "none"
     out.append(
@@ -92,10 +106,10 @@ def render_text(plan: dict[str, Any], style: Style) -> str:
     )
     pending = [a for a in plan["approvals"] if a["class"] in ("needs-approval", "denied")]
     for approval in pending:
-        unmet = f"; unmet: {', '.join(approval['unmet'])}" if approval.get("unmet") else ""
+        # The reason already carries the evidence count and the unmet knobs (see
+        # graduation.classify); repeating them made every line say it twice.
         out.append(
             f"  {_tag(approval['class'], style)} {approval['category']}: {approval['reason']}"
-            f" (evidence {approval['evidence']}{unmet})"
         )
     failed = [r for r in plan["policy"] if not r["passed"]]
     passed = len(plan["policy"]) - len(failed)
@@ -103,7 +117,13 @@ def render_text(plan: dict[str, Any], style: Style) -> str:
     for result in failed:
         where_text = ", ".join(v["path"] for v in result["violations"])
         colour = ("red", "bold") if result["effect"] == "deny" else ("yellow",)
-        out.append("  " + style(f"{result['effect'].upper()} {result['policy']}: {result['message']} at {where_text}", *colour))
+        out.append(
+            "  "
+            + style(
+                f"{result['effect'].upper()} {result['policy']}: {result['message']} at {where_text}",
+                *colour,
+            )
+        )
     for warning in plan["warnings"]:
         out.append("  " + style(f"warning: {warning}", "yellow"))
     verdict = style("yes", "green") if plan["applyable"] else style("NO", "red", "bold")
@@ -131,9 +151,13 @@ def render_markdown(plan: dict[str, Any]) -> str:
         f"| image | `{plan['image']['ref']}` {_short(plan['image']['digest'])} | {plan['image'].get('class', '')} |",
     ]
     for mount in plan["mounts"]:
-        lines.append(f"| mount | `{mount['source']}` → `{mount['target']}` ({mount['mode']}) | {mount.get('class', 'baseline' if mount['kind'] == 'project' else '')} |")
+        lines.append(
+            f"| mount | `{mount['source']}` → `{mount['target']}` ({mount['mode']}) | {mount.get('class', 'baseline' if mount['kind'] == 'project' else '')} |"
+        )
     for entry in plan["egress"]["allow"]:
-        lines.append(f"| egress | `{entry['scheme']}://{entry['host']}:{entry['port']}` (policy {entry['policy']}) | |")
+        lines.append(
+            f"| egress | `{entry['scheme']}://{entry['host']}:{entry['port']}` (policy {entry['policy']}) | |"
+        )
     for cred in plan["credentials"]:
         lines.append(f"| credential | {_cred_line(cred)} | {cred.get('class', '')} |")
     lines.append(f"| budget | {_budget_line(plan['budget'])} | |")
