@@ -181,3 +181,24 @@ def test_images_list_knows_built_recipes(docker_client: Any) -> None:
     assert base["built"] and base["id"] == images.local_image_digest("kagura/base:0.1.0")
     assert base["stale"] is False, base["reason"]
     assert base["recipe_digest"] == images.recipe_digest(images.recipes_dir() / "base")
+
+
+def test_bootstrap_is_skipped_when_the_image_exists(docker_client: Any) -> None:
+    from kagura_agent.membrane.bootstrap import BOOTSTRAP_REF, bootstrap
+
+    existing = images.local_image_digest(BOOTSTRAP_REF)
+    if existing is None:
+        pytest.skip(f"{BOOTSTRAP_REF} not built here (scripts/ci-setup.sh builds it in CI)")
+    messages: list[str] = []
+    assert bootstrap(docker_client, log=messages.append) == existing
+    assert "skipping" in messages[0]
+
+
+def test_runtime_errors_become_kagura_errors(docker_client: Any) -> None:
+    from kagura_agent.membrane.runtime import ContainerError
+
+    rt = DockerRuntime(docker_client)
+    with pytest.raises(ContainerError, match="not found") as info:
+        rt.start("kagura-no-such-container")
+    assert info.value.exit_code == ExitCode.SETUP
+    rt.remove("kagura-no-such-container")  # absent is fine

@@ -226,3 +226,19 @@ def test_attach_frames_demultiplex() -> None:
     left.close()
     assert list(attach.stdout_lines(right)) == [b'{"a": 1}', b'{"b": 2}']
     right.close()
+
+
+def test_unreachable_daemon_is_a_setup_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kagura_agent.membrane.runtime import DockerRuntime, connect
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(SetupError, match="unreachable") as info:
+        connect(timeout=2)
+    assert info.value.exit_code == ExitCode.SETUP
+    import docker
+
+    rt = DockerRuntime(
+        docker.DockerClient(base_url="unix:///nonexistent/docker.sock", version="1.41")
+    )
+    with pytest.raises(SetupError):
+        rt.list()

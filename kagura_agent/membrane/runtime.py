@@ -12,7 +12,7 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-from kagura_agent.errors import KaguraError, RefusedError, SetupError
+from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError
 from kagura_agent.membrane import hardening, mounts
 from kagura_agent.membrane.images import local_image_digest
 from kagura_agent.membrane.isolation import check_tenancy
@@ -38,7 +38,9 @@ _CREATE_KEYS = frozenset(
 
 
 class ContainerError(KaguraError):
-    """Docker refused or failed an operation on a container (not a setup problem)."""
+    """Docker refused or failed an operation (the daemon answered; exit 3 like setup)."""
+
+    exit_code = ExitCode.SETUP
 
 
 @contextlib.contextmanager
