@@ -1,0 +1,230 @@
+"""The broker against the Cloudflare fake: default deny, budgets, renewal, fail closed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kagura_agent.clock import FixedClock
+from kagura_agent.errors import ExitCode, RefusedError, SetupError
+from kagura_agent.membrane.leases import Broker, Budget, LeaseRequest, Ledger
+from kagura_agent.state import StateStore
+from testing.fake_cloudflare import ROOT_TOKEN, FakeCloudflare
+
+SCOPE = {
+    "permission_groups": ["4755a26eedb94da69e1066d98aa820be"],
+    "resources": {"com.cloudflare.api.account.zone.0123456789abcdef": "*"},
+}
+
+
+@pytest.fixture()
+def cloudflare() -> Iterator[FakeCloudflare]:
+    fake = FakeCloudflare().start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture()
+def store(state_dir: Path) -> Iterator[StateStore]:
+    db = StateStore()
+    yield db
+    db.close()
+
+
+@pytest.fixture()
+def clock() -> FixedClock:
+    return FixedClock(datetime.now(UTC).replace(microsecond=0))
+
+
+def entry(cloudflare: FakeCloudflare, **overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "name": "cf-dns",
+        "provider": "cloudflare-main",
+        "type": "cloudflare",
+        "scope": "dns-edit",
+        "scope_spec": {**SCOPE, "endpoint": cloudflare.url + "/client/v4", "max_retries": 0},
+        "ttl_seconds": 900,
+        "renewals": 2,
+        "budget_seconds": 3600,
+        "secret_ref": "env:KAGURA_TEST_CF_ROOT",
+        "standing": False,
+        "class": "baseline",
+        "category": "credential:cloudflare-main/dns-edit",
+    }
+    base.update(overrides)
+    return base
+
+
+@pytest.fixture()
+def broker(store: StateStore, clock: FixedClock, monkeypatch: pytest.MonkeyPatch) -> Broker:
+    monkeypatch.setenv("KAGURA_TEST_CF_ROOT", ROOT_TOKEN)
+    return Broker(store, run_id="run-test", clock=clock)
+
+
+def states(store: StateStore) -> list[str]:
+    rows = Ledger(store, FixedClock(datetime.now(UTC))).rows()
+    return sorted(row.state for row in rows)
+
+
+def test_acquire_mints_exactly_the_scope_and_records_the_ledger(
+    broker: Broker, cloudflare: FakeCloudflare, store: StateStore, clock: FixedClock
+) -> None:
+    lease = broker.acquire(LeaseRequest.from_plan(entry(cloudflare)))
+    [mint] = cloudflare.ops("mint")
+    assert mint["policies"] == [
+        {
+            "effect": "allow",
+            "permission_groups": [{"id": SCOPE["permission_groups"][0]}],
+            "resources": SCOPE["resources"],
+        }
+    ]
+    assert mint["name"] == f"kagura-{lease.grant}"
+    expires = datetime.fromisoformat(mint["expires_on"].replace("Z", "+00:00"))
+    assert timedelta(seconds=850) < expires - clock.now() <= timedelta(seconds=905)
+    token = lease.bundle.files["cloudflare/token"]
+    assert lease.bundle.env["CLOUDFLARE_API_TOKEN"] == token
+    [row] = Ledger(store, clock).rows()
+    assert (row.state, row.minted_id, row.run_id) == ("live", mint["id"], "run-test")
+    assert row.expires_at == expires
+
+
+def test_tick_renews_before_expiry_and_revokes_the_old_credential(
+    broker: Broker, cloudflare: FakeCloudflare, store: StateStore, clock: FixedClock
+) -> None:
+    lease = broker.acquire(LeaseRequest.from_plan(entry(cloudflare)))
+    first = lease.bundle.files["cloudflare/token"]
+    assert lease.tick() is None  # not yet due
+    clock.advance(timedelta(minutes=11))  # 4 minutes left: inside the 5-minute margin
+    renewed = lease.tick()
+    assert renewed is not None and lease.renewals_used == 1
+    assert renewed.bundle.files["cloudflare/token"] != first
+    mints = cloudflare.ops("mint")
+    assert len(mints) == 2
+    assert [e["id"] for e in cloudflare.ops("revoke")] == [mints[0]["id"]]
+    assert states(store) == ["live", "released"]
+    lease.release()
+    assert [e["id"] for e in cloudflare.ops("revoke")] == [m["id"] for m in mints]
+    assert states(store) == ["released", "released"]
+    assert cloudflare.live_tokens() == []
+
+
+def test_renewals_exhausted_fails_closed_with_exit_6(
+    broker: Broker, cloudflare: FakeCloudflare, store: StateStore
+) -> None:
+    lease = broker.acquire(LeaseRequest.from_plan(entry(cloudflare, renewals=1)))
+    lease.renew()
+    with pytest.raises(RefusedError) as caught:
+        lease.renew()
+    assert caught.value.exit_code == ExitCode.REFUSED == 6
+    assert "budget exhausted" in caught.value.message and "1 renewals" in caught.value.message
+    # Fail closed: nothing stays live, and the lease no longer hands out a bundle.
+    assert cloudflare.live_tokens() == []
+    assert lease.closed
+    with pytest.raises(RefusedError):
+        _ = lease.bundle
+    assert "live" not in states(store)
+
+
+def test_budget_seconds_exhausted_fails_closed(
+    broker: Broker, cloudflare: FakeCloudflare, clock: FixedClock
+) -> None:
+    lease = broker.acquire(
+        LeaseRequest.from_plan(entry(cloudflare, budget_seconds=1200, renewals=5))
+    )
+    clock.advance(timedelta(seconds=1170))  # 30 s of budget left: under any useful lease
+    with pytest.raises(RefusedError, match="budget exhausted"):
+        lease.tick()
+    assert cloudflare.live_tokens() == []
+
+
+def test_lease_never_outlives_its_budget(
+    broker: Broker, cloudflare: FakeCloudflare, clock: FixedClock
+) -> None:
+    lease = broker.acquire(
+        LeaseRequest.from_plan(entry(cloudflare, ttl_seconds=3600, budget_seconds=600))
+    )
+    assert lease.expires_at <= clock.now() + timedelta(seconds=600)
+    [mint] = cloudflare.ops("mint")
+    expires = datetime.fromisoformat(mint["expires_on"].replace("Z", "+00:00"))
+    assert expires - clock.now() <= timedelta(seconds=605)
+
+
+def test_explicit_budget_narrower_than_plan_is_honoured(
+    broker: Broker, cloudflare: FakeCloudflare
+) -> None:
+    lease = broker.acquire(LeaseRequest.from_plan(entry(cloudflare)), Budget(3600, 0))
+    with pytest.raises(RefusedError, match="all 0 renewals used"):
+        lease.renew()
+
+
+@pytest.mark.parametrize("klass", ["needs-approval", "denied", "unknown"])
+def test_default_deny_refuses_and_records(
+    broker: Broker, cloudflare: FakeCloudflare, store: StateStore, klass: str
+) -> None:
+    with pytest.raises(RefusedError) as caught:
+        broker.acquire(LeaseRequest.from_plan(entry(cloudflare, **{"class": klass})))
+    assert caught.value.exit_code == 6
+    assert "default deny" in caught.value.message
+    assert cloudflare.ops("mint") == []
+    [row] = Ledger(store, FixedClock(datetime.now(UTC))).rows()
+    assert row.state == "refused" and row.closed_at is not None and row.klass == klass
+
+
+@pytest.mark.parametrize("klass", ["graduated", "approved"])
+def test_graduated_and_approved_are_minted(
+    broker: Broker, cloudflare: FakeCloudflare, klass: str
+) -> None:
+    broker.acquire(LeaseRequest.from_plan(entry(cloudflare, **{"class": klass})))
+    assert len(cloudflare.ops("mint")) == 1
+
+
+def test_static_needs_standing(
+    broker: Broker, cloudflare: FakeCloudflare, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KAGURA_TEST_LLM_KEY", "sk-ant-canary-standing-key-0000000000")
+    static = entry(
+        cloudflare,
+        name="anthropic",
+        type="static",
+        scope_spec={"env": "ANTHROPIC_API_KEY"},
+        secret_ref="env:KAGURA_TEST_LLM_KEY",
+    )
+    with pytest.raises(RefusedError, match="standing: true"):
+        broker.acquire(LeaseRequest.from_plan(static))
+    lease = broker.acquire(LeaseRequest.from_plan({**static, "standing": True}))
+    assert lease.bundle.env == {"ANTHROPIC_API_KEY": "sk-ant-canary-standing-key-0000000000"}
+    lease.release()
+
+
+def test_permanent_mint_failure_closes_the_row(
+    broker: Broker, cloudflare: FakeCloudflare, store: StateStore
+) -> None:
+    cloudflare.fail("POST", "/client/v4/user/tokens", 403)
+    with pytest.raises(SetupError, match="HTTP 403"):
+        broker.acquire(LeaseRequest.from_plan(entry(cloudflare)))
+    assert states(store) == ["failed"]
+
+
+def test_ambiguous_mint_failure_leaves_intent_for_the_sweeper(
+    broker: Broker, cloudflare: FakeCloudflare, store: StateStore
+) -> None:
+    cloudflare.fail("POST", "/client/v4/user/tokens", 503)
+    with pytest.raises(SetupError, match="HTTP 503"):
+        broker.acquire(LeaseRequest.from_plan(entry(cloudflare)))
+    [row] = Ledger(store, FixedClock(datetime.now(UTC))).open_rows()
+    assert row.state == "intent" and row.last_error and "503" in row.last_error
+
+
+def test_failed_release_stays_open_for_the_sweeper(
+    broker: Broker, cloudflare: FakeCloudflare, store: StateStore
+) -> None:
+    lease = broker.acquire(LeaseRequest.from_plan(entry(cloudflare)))
+    cloudflare.fail("DELETE", "/client/v4/user/tokens/", 502)
+    with pytest.raises(SetupError, match="could not revoke"):
+        lease.release()
+    [row] = Ledger(store, FixedClock(datetime.now(UTC))).open_rows()
+    assert row.state == "live" and row.attempts == 1
