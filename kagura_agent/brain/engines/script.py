@@ -37,8 +37,8 @@ def _argv(step: Step) -> list[str]:
     return ["bash", "-c", step] if isinstance(step, str) else list(step)
 
 
-def _cap(text: str) -> str:
-    if len(text) <= MAX_TEXT_CHARS:
+def _cap(text: str, truncated: bool) -> str:
+    if len(text) <= MAX_TEXT_CHARS and not truncated:
         return text
     # Keep the tail: the end of a failing command's output is where the error is.
     return "[… truncated …]\n" + text[-MAX_TEXT_CHARS:]
@@ -65,13 +65,13 @@ class ScriptBrain:
             call_id = f"step-{index + 1}"
             yield ToolCallEvent(id=call_id, name="bash", input={"argv": argv})
             try:
-                code, output = await _run_step(argv, turn.cwd, env)
+                code, output, truncated = await _run_step(argv, turn.cwd, env)
             except OSError as exc:
                 yield ToolResultEvent(id=call_id, output=str(exc), is_error=True, exit_code=127)
                 yield ErrorEvent(message=f"step {index + 1} could not start: {exc}", code="setup")
                 return
             yield ToolResultEvent(
-                id=call_id, output=_cap(output), is_error=code != 0, exit_code=code
+                id=call_id, output=_cap(output, truncated), is_error=code != 0, exit_code=code
             )
             if code != 0:
                 yield CostEvent(usd=0.0, turns=index + 1 - start)
@@ -86,8 +86,8 @@ class ScriptBrain:
         yield DoneEvent(result=f"{len(steps) - start} step(s) completed", session_id=session)
 
 
-async def _run_step(argv: list[str], cwd: str | None, env: dict[str, str]) -> tuple[int, str]:
-    """Run one step in its own process group and return (exit code, merged output)."""
+async def _run_step(argv: list[str], cwd: str | None, env: dict[str, str]) -> tuple[int, str, bool]:
+    """Run one step in its own process group; return (exit code, output tail, truncated)."""
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=cwd,
@@ -101,6 +101,7 @@ async def _run_step(argv: list[str], cwd: str | None, env: dict[str, str]) -> tu
     )
     assert proc.stdout is not None
     tail = bytearray()
+    truncated = False
     try:
         # Read incrementally and keep only the tail, so a step that floods its output
         # cannot grow this process's memory without bound.
@@ -108,12 +109,13 @@ async def _run_step(argv: list[str], cwd: str | None, env: dict[str, str]) -> tu
             tail += chunk
             if len(tail) > 2 * MAX_TEXT_CHARS:
                 del tail[: len(tail) - MAX_TEXT_CHARS]
+                truncated = True
         code = await proc.wait()
     except asyncio.CancelledError:
         _kill_group(proc.pid)
         await proc.wait()
         raise
-    return code, tail.decode(errors="replace")
+    return code, tail.decode(errors="replace"), truncated
 
 
 def _kill_group(pid: int) -> None:
