@@ -82,8 +82,12 @@ def render_text(plan: dict[str, Any], style: Style) -> str:
     else:
         out.append("  network      only through this run's proxy, default deny:")
         for entry in egress["allow"]:
+            # A private range widens what the host may resolve to: the reviewer must see it.
+            private = entry.get("allow_addresses") or []
+            also = f"; may resolve to {', '.join(private)}" if private else ""
             out.append(
-                f"                 {entry['scheme']}://{entry['host']}:{entry['port']}  (policy {entry['policy']})"
+                f"                 {entry['scheme']}://{entry['host']}:{entry['port']}"
+                f"  (policy {entry['policy']}{also})"
             )
     if not plan["credentials"]:
         out.append("  credentials  none")
