@@ -76,6 +76,10 @@ class FakeServer:
         with self._lock:
             self._failures.append(Failure(method, path, status, count))
 
+    def clear_failures(self) -> None:
+        with self._lock:
+            self._failures.clear()
+
     @property
     def url(self) -> str:
         assert self._server is not None, "start() first"
@@ -95,7 +99,9 @@ class FakeServer:
 
         self._server = ThreadingHTTPServer((self.host, self.port), _Handler)
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
         return self
 
     def stop(self) -> None:
