@@ -46,7 +46,7 @@ def _run(env_dir: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[st
         text=True,
         env={
             "PATH": "/usr/bin:/bin",
-            "HOME": str(cwd),
+            "HOME": str(cwd / "home"),
             "KAGURA_AGENT_STATE_DIR": str(cwd / "state"),
         },
     )
