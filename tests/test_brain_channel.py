@@ -35,7 +35,7 @@ def test_script_turn_over_pipes(tmp_path: Path) -> None:
             results = [e for e in events if isinstance(e, ToolResultEvent)]
             assert results[-1].output == "hello\n"
             assert await channel.stop() == "stop-line"  # exited on the polite stop line
-            assert rec.calls == []
+            assert rec.calls == [] and await rec.proc.wait() == 0
 
     asyncio.run(scenario())
 

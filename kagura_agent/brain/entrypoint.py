@@ -51,26 +51,37 @@ class Outbox:
             self._stream.flush()
 
 
-def _reader(stream: BinaryIO, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue[Any]) -> None:
-    """Thread: parse stdin lines into the inbox; None marks EOF."""
-    while True:
-        line = stream.readline(MAX_INPUT_LINE)
-        if not line:
-            break
-        if not line.endswith(b"\n") and len(line) >= MAX_INPUT_LINE:
-            # Oversized input: drop the rest of the line rather than buffer it.
-            while (rest := stream.readline(MAX_INPUT_LINE)) and not rest.endswith(b"\n"):
-                pass
+def _reader(fd: int, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue[Any]) -> None:
+    """Thread: parse stdin lines into the inbox; None marks EOF.
+
+    Reads the raw fd (not sys.stdin.buffer): a daemon thread blocked inside a buffered
+    reader makes the interpreter abort at shutdown, while a blocked os.read does not.
+    """
+    buffer = bytearray()
+    dropping = False  # inside an oversized line: discard up to its newline
+    while chunk := os.read(fd, 65536):
+        buffer += chunk
+        while (newline := buffer.find(b"\n")) >= 0:
+            line = bytes(buffer[:newline])
+            del buffer[: newline + 1]
+            if dropping:
+                dropping = False
+            elif (msg := _parse(line)) is not None:
+                loop.call_soon_threadsafe(inbox.put_nowait, msg)
+        if len(buffer) > MAX_INPUT_LINE:
             print("entrypoint: dropped an oversized input line", file=sys.stderr)
-            continue
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            print("entrypoint: ignored a non-JSON input line", file=sys.stderr)
-            continue
-        if isinstance(msg, dict):
-            loop.call_soon_threadsafe(inbox.put_nowait, msg)
+            buffer.clear()
+            dropping = True
     loop.call_soon_threadsafe(inbox.put_nowait, None)
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        print("entrypoint: ignored a non-JSON input line", file=sys.stderr)
+        return None
+    return msg if isinstance(msg, dict) else None
 
 
 class Entrypoint:
@@ -166,7 +177,7 @@ class Entrypoint:
             self._emit(ErrorEvent(message="the engine ended without a result", code="protocol"))
 
 
-async def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
+async def serve(stdin_fd: int, stdout: BinaryIO) -> int:
     """Serve the channel until stop or EOF; always wipe credentials on the way out."""
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[Any] = asyncio.Queue()
@@ -176,7 +187,7 @@ async def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
     sock_dir = tempfile.mkdtemp(prefix="kagura-mem-")  # mkdtemp makes it 0700
     app.socket_path = str(Path(sock_dir) / "memory.sock")
     server = await serve_socket(app.socket_path, memory)
-    threading.Thread(target=_reader, args=(stdin, loop, inbox), daemon=True).start()
+    threading.Thread(target=_reader, args=(stdin_fd, loop, inbox), daemon=True).start()
     try:
         while (msg := await inbox.get()) is not None and app.handle(msg):
             pass
@@ -197,7 +208,7 @@ def main() -> int:
     real_stdout = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything else printing to fd 1 now lands on stderr
     sys.stdout = sys.stderr
-    return asyncio.run(serve(sys.stdin.buffer, real_stdout))
+    return asyncio.run(serve(sys.stdin.fileno(), real_stdout))
 
 
 if __name__ == "__main__":
