@@ -64,7 +64,9 @@ def test_wheel_carries_schemas_and_default_manifests(installed: Path, tmp_path: 
 
 
 def test_wheel_plans_a_task_outside_the_checkout(installed: Path, tmp_path: Path) -> None:
-    task = tmp_path / "task.yml"
+    project = tmp_path / "project"
+    project.mkdir()
+    task = project / "task.yml"
     task.write_text(
         "apiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: outside}\n"
         "spec: {steps: [echo hi > hi.txt], verify: [test -f hi.txt]}\n"
