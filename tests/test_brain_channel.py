@@ -249,3 +249,28 @@ def test_resume_skips_completed_steps(tmp_path: Path) -> None:
         assert (tmp_path / "log").read_text() == "one\nthree\n"
 
     asyncio.run(scenario())
+
+
+def test_stop_mid_turn_kills_the_step(tmp_path: Path) -> None:
+    """Ctrl-C path: the caller abandons the turn and stops; no step process survives."""
+    pid_file = tmp_path / "pid"
+
+    async def scenario() -> None:
+        env = {"KAGURA_CREDS_DIR": str(tmp_path / "c")}
+        async with attached(env=env) as (channel, rec):
+            turn = Turn(steps=(f"sleep 60 & echo $! > {pid_file}; wait",))
+            async for event in channel.run_turn(turn):
+                assert event.type == "tool_call"
+                break  # abandon the turn as soon as it is running
+            await asyncio.sleep(0.3)
+            assert await channel.stop() == "stop-line" and rec.calls == []
+            assert await rec.proc.wait() == 0
+
+    asyncio.run(scenario())
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 3
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (
+        not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    )

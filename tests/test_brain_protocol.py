@@ -21,6 +21,7 @@ from kagura_agent.brain.events import (
     event_from_json,
     event_to_json,
 )
+from kagura_agent.brain.plan_turn import turn_from_plan
 from kagura_agent.brain.protocol import PERMISSION_MODES, Budget, Turn, TurnContext
 from kagura_agent.brain.streams import STDERR, STDOUT, DockerAttachStream, FrameDemuxer
 from kagura_agent.errors import ExitCode, SetupError, UsageError
@@ -145,3 +146,32 @@ def test_docker_attach_stream_over_a_socket() -> None:
         await stream.close()
 
     asyncio.run(scenario())
+
+
+def _plan(**brain: object) -> dict[str, object]:
+    return {
+        "task": {
+            "project_root": "/abs/project",
+            "prompt": None,
+            "steps": [["sh", "-c", "echo hi"]],
+            "parent": {"run": "r1", "context_memories": ["mem-7"]},
+        },
+        "brain": {"engine": "script", "runtime": "container", **brain},
+        "memory": {"known_failures": [{"failure": "pip needs a proxy", "fix": "set HTTPS_PROXY"}]},
+        "budget": {"turns": 20, "wall_seconds": 600, "cost_usd": None},
+        "hardening": {"workdir": "/workspace"},
+    }
+
+
+def test_turn_from_plan() -> None:
+    turn = turn_from_plan(_plan(), completed_steps=1)
+    assert turn.steps == (("sh", "-c", "echo hi"),) and turn.prompt is None
+    assert turn.cwd == "/workspace" and turn.completed_steps == 1
+    assert turn.budget == Budget(turns=20, wall_seconds=600, cost_usd=None)
+    assert turn.context.memory_ids == ("mem-7",)
+    assert "pip needs a proxy (fix: set HTTPS_PROXY)" in turn.context.known_failures
+    host = turn_from_plan(
+        _plan(engine="sdk", runtime="host", permission_mode="plan"), prompt="and now?"
+    )
+    assert host.cwd == "/abs/project" and host.prompt == "and now?" and host.steps is None
+    assert host.engine == "sdk" and host.permission_mode == "plan"

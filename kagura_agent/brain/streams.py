@@ -68,6 +68,29 @@ class ProcessStream:
             self._stdin.close()
 
 
+async def start_local_entrypoint(
+    *, env: dict[str, str], cwd: str | None = None, python: str | None = None
+) -> ProcessStream:
+    """Run the entrypoint as a local process (``runtime: host``) and attach to it.
+
+    ``env`` is the whole child environment (pass KAGURA_CREDS_DIR pointing at a private
+    0700 directory: the host default /run/kagura/creds is rarely writable). Stop it with
+    the channel's escalation: ``on_stop=stream.proc.terminate, on_kill=stream.proc.kill``.
+    """
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        python or sys.executable,
+        "-m",
+        "kagura_agent.brain.entrypoint",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=cwd,
+    )
+    return ProcessStream(proc)
+
+
 class FrameDemuxer:
     """Incremental parser for Docker's multiplexed attach stream."""
 
