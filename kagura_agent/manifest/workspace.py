@@ -33,6 +33,8 @@ def load_workspace(
     extra = read_paths([Path(p) for p in paths])
     sources.extend(extra)
     catalog, task_manifests, problems = build_catalog(sources)
+    # Syntax errors, duplicate keys and unreadable files were found while reading.
+    problems = [*sources.problems, *problems]
     for doc in sources.docs:
         problems.extend(inline_secrets(doc))
     problems.extend(check_catalog(catalog))

@@ -1,0 +1,94 @@
+"""The invalid-input corpus: tests/invalid/<case>.yml, each declaring its exact diagnostics.
+
+Every case starts with comment lines ``# expect: LINE:COL JSON.PATH  message fragment``,
+one per error the case must produce. The test runs
+``kagura-agent validate --json --manifests _manifests <case>.yml`` in-process from
+tests/invalid and asserts exit code 2, that every reported error is in the case file at
+exactly the declared line, column and JSON path (the fragment must occur in the
+message), and that nothing else is reported. ``_manifests/`` is a minimal valid set
+whose names appear in the "known names" hints.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kagura_agent.cli.main import main
+
+CORPUS = Path(__file__).parent / "invalid"
+CASES = sorted(p.name for p in CORPUS.glob("*.yml"))
+EXPECT = re.compile(r"^# expect: (\d+):(\d+) (\S+)(?:  (.*))?$")
+
+
+def expectations(case: str) -> list[tuple[int, int, str, str]]:
+    found = []
+    for line in (CORPUS / case).read_text(encoding="utf-8").splitlines():
+        match = EXPECT.match(line)
+        if match:
+            found.append((int(match[1]), int(match[2]), match[3], (match[4] or "").strip()))
+    return found
+
+
+@pytest.fixture()
+def in_corpus(monkeypatch: pytest.MonkeyPatch, state_dir: Path) -> Iterator[Path]:
+    """Run from tests/invalid, with the socket that mount-socket.yml names in place."""
+    monkeypatch.chdir(CORPUS)
+    monkeypatch.delenv("KAGURA_AGENT_MANIFESTS", raising=False)
+    sock_path = CORPUS / "_fixtures" / "agent.sock"
+    sock_path.unlink(missing_ok=True)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock_path))
+    try:
+        yield CORPUS
+    finally:
+        server.close()
+        sock_path.unlink(missing_ok=True)
+
+
+def test_corpus_is_large_enough() -> None:
+    assert len(CASES) >= 40
+    for case in CASES:
+        assert expectations(case), f"{case} declares no '# expect:' line"
+
+
+def test_minimal_manifest_set_is_valid(in_corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--manifests", "_manifests"]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_invalid_case(case: str, in_corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["validate", "--json", "--manifests", "_manifests", case])
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    report = json.loads(out)
+    assert report["valid"] is False
+    errors = report["errors"]
+    assert all(e["file"] == case for e in errors), errors
+    got = sorted((e["line"], e["col"], e["path"]) for e in errors)
+    want = sorted((line, col, path) for line, col, path, _ in expectations(case))
+    assert got == want, "\n".join(
+        f"{e['line']}:{e['col']} {e['path']}  {e['message']}" for e in errors
+    )
+    for line, col, path, fragment in expectations(case):
+        messages = [
+            e["message"] for e in errors if (e["line"], e["col"], e["path"]) == (line, col, path)
+        ]
+        assert any(fragment in m for m in messages), (fragment, messages)
+
+
+@pytest.mark.parametrize("case", ["yaml-syntax-error.yml", "unknown-brain.yml"])
+def test_human_output_is_located(
+    case: str, in_corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --json the same errors print as ``file:line:col  $.path  message`` lines."""
+    assert main(["validate", "--manifests", "_manifests", case]) == 2
+    err = capsys.readouterr().err
+    line, col, path, _ = expectations(case)[0]
+    assert f"{case}:{line}:{col}  {path}  " in err
+    assert "Traceback" not in err
