@@ -2,7 +2,7 @@
 
 scope_spec keys: role_arn (required), session_policy (IAM policy object, optional),
 external_id, region (default us-east-1), endpoint (STS endpoint URL, for tests and
-partitions), bundle_endpoint (endpoint_url written into the container's AWS config).
+partitions), max_retries (default 2), bundle_endpoint (endpoint_url written into the container's AWS config).
 
 The root secret is JSON {"aws_access_key_id": …, "aws_secret_access_key": …} or the
 short form "ACCESS_KEY_ID:SECRET_ACCESS_KEY". STS credentials cannot be revoked one by
@@ -61,6 +61,7 @@ class AwsStsProvider:
 
     def __init__(self, settings: Mapping[str, Any], root_secret: str) -> None:
         boto3 = require_extra("boto3", "aws")
+        botocore_config = require_extra("botocore.config", "aws")
         key_id, secret_key = _root_keys(root_secret)
         self.region = str(settings.get("region") or "us-east-1")
         self._client = boto3.client(
@@ -69,6 +70,14 @@ class AwsStsProvider:
             aws_secret_access_key=secret_key,
             region_name=self.region,
             endpoint_url=settings.get("endpoint") or None,
+            config=botocore_config.Config(
+                connect_timeout=10,
+                read_timeout=30,
+                retries={
+                    "mode": "standard",
+                    "total_max_attempts": 1 + int(settings.get("max_retries", 2)),
+                },
+            ),
         )
 
     def mint(self, scope_spec: Mapping[str, Any], ttl_seconds: int, lease_id: str) -> Minted:

@@ -1,0 +1,133 @@
+"""aws-sts through real boto3 against moto_server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import configparser
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from kagura_agent.clock import FixedClock
+from kagura_agent.errors import UsageError
+from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger
+from kagura_agent.membrane.providers import ProviderError, build_provider
+from kagura_agent.state import StateStore
+from testing.moto import moto_server
+
+ROOT_KEY_ID = "AKIAKAGURACANARY0001"
+ROOT_SECRET = "rootcanary/0123456789abcdefghijklmnopqrstuv"
+ROOT = json.dumps({"aws_access_key_id": ROOT_KEY_ID, "aws_secret_access_key": ROOT_SECRET})
+SESSION_POLICY = {
+    "Version": "2012-10-17",
+    "Statement": [{"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}],
+}
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[str]:
+    with moto_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def role_arn(moto: str) -> str:
+    iam = boto3.client(
+        "iam",
+        endpoint_url=moto,
+        region_name="us-east-1",
+        aws_access_key_id=ROOT_KEY_ID,
+        aws_secret_access_key=ROOT_SECRET,
+    )
+    trust = {"Version": "2012-10-17", "Statement": []}
+    role = iam.create_role(RoleName="deployer", AssumeRolePolicyDocument=json.dumps(trust))
+    return str(role["Role"]["Arn"])
+
+
+def caller_of(bundle_ini: str, endpoint: str) -> str:
+    parser = configparser.ConfigParser()
+    parser.read_string(bundle_ini)
+    section = parser["default"]
+    sts = boto3.client(
+        "sts",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=section["aws_access_key_id"],
+        aws_secret_access_key=section["aws_secret_access_key"],
+        aws_session_token=section["aws_session_token"],
+    )
+    return str(sts.get_caller_identity()["Arn"])
+
+
+def test_mint_assumes_the_role_with_policy_and_external_id(moto: str, role_arn: str) -> None:
+    provider = build_provider("aws-sts", {"endpoint": moto}, ROOT)
+    assert not provider.revocable
+    minted = provider.mint(
+        {"role_arn": role_arn, "session_policy": SESSION_POLICY, "external_id": "ext-1"},
+        900,
+        "g-abc",
+    )
+    assert minted.id.endswith("assumed-role/deployer/kagura-g-abc")
+    remaining = minted.expires_at - datetime.now(UTC)
+    assert timedelta(minutes=14) < remaining <= timedelta(minutes=15)
+    files, env = minted.bundle.files, minted.bundle.env
+    assert set(files) == {"aws/credentials", "aws/config"}
+    assert env["AWS_SHARED_CREDENTIALS_FILE"] == "/run/kagura/creds/aws/credentials"
+    assert ROOT_SECRET not in files["aws/credentials"]
+    assert caller_of(files["aws/credentials"], moto).endswith("/deployer/kagura-g-abc")
+    assert provider.revoke(minted.id) is False  # STS has nothing to revoke: lapses
+
+
+def test_root_secret_short_form_and_bad_forms(moto: str) -> None:
+    build_provider("aws-sts", {"endpoint": moto}, f"{ROOT_KEY_ID}:{ROOT_SECRET}")
+    with pytest.raises(UsageError) as caught:
+        build_provider("aws-sts", {"endpoint": moto}, ROOT_SECRET)
+    assert ROOT_SECRET not in caught.value.message
+
+
+def test_broker_renews_aws_before_expiry(
+    moto: str, role_arn: str, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KAGURA_TEST_AWS_ROOT", ROOT)
+    clock = FixedClock(datetime.now(UTC))
+    store = StateStore()
+    entry: dict[str, Any] = {
+        "name": "aws-deployer",
+        "provider": "aws-main",
+        "type": "aws-sts",
+        "scope": "deployer",
+        "scope_spec": {"role_arn": role_arn, "endpoint": moto},
+        "ttl_seconds": 900,
+        "renewals": 3,
+        "budget_seconds": 3600,
+        "secret_ref": "env:KAGURA_TEST_AWS_ROOT",
+        "standing": False,
+        "class": "baseline",
+    }
+    lease = Broker(store, clock=clock).acquire(LeaseRequest.from_plan(entry))
+    first = lease.bundle.files["aws/credentials"]
+    clock.advance(timedelta(minutes=11))
+    renewed = lease.tick()
+    assert renewed is not None
+    second = renewed.bundle.files["aws/credentials"]
+    assert second != first
+    assert caller_of(second, moto).endswith(f"/deployer/kagura-{lease.grant}")
+    lease.release()
+    rows = Ledger(store, clock).rows()
+    assert {r.state for r in rows} == {"released"}
+    assert all("lapses at" in (r.note or "") for r in rows)
+    store.close()
+
+
+def test_sts_failure_is_translated(moto: str) -> None:
+    provider = build_provider("aws-sts", {"endpoint": "http://127.0.0.1:9", "max_retries": 0}, ROOT)
+
+    with pytest.raises(ProviderError) as caught:
+        provider.mint({"role_arn": "arn:aws:iam::123456789012:role/x"}, 900, "g-1")
+    assert caught.value.transient
+    with pytest.raises(UsageError):
+        provider.mint({}, 900, "g-1")
