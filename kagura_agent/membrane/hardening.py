@@ -111,6 +111,7 @@ def container_kwargs(
     environment: dict[str, str] | None = None,
     network: str | None = None,
     name: str | None = None,
+    dns: list[str] | None = None,
 ) -> dict[str, Any]:
     """Translate a launch plan into docker-py keyword arguments for creating its container.
 
@@ -166,4 +167,7 @@ def container_kwargs(
     }
     if name:
         kwargs["name"] = name
+    if dns is not None:
+        # The egress session points the resolver at loopback: no name resolves inside.
+        kwargs["dns"] = list(dns)
     return kwargs

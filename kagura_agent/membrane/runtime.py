@@ -128,6 +128,7 @@ class DockerRuntime:
         environment: dict[str, str] | None = None,
         network: str | None = None,
         name: str | None = None,
+        dns: list[str] | None = None,
     ) -> str:
         """Create the plan's container (not started); returns its id.
 
@@ -139,7 +140,13 @@ class DockerRuntime:
         check_image_digest(plan)
         check_plan_mounts(plan)
         kwargs = hardening.container_kwargs(
-            plan, run_id, command=command, environment=environment, network=network, name=name
+            plan,
+            run_id,
+            command=command,
+            environment=environment,
+            network=network,
+            name=name,
+            dns=dns,
         )
         create, host = split_kwargs(kwargs)
         api = self.client.api
