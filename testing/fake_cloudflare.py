@@ -45,6 +45,9 @@ class FakeCloudflare(FakeServer):
         self.route("GET", rf"{PREFIX}/user/tokens/verify", self._verify)
         self.route("DELETE", rf"{PREFIX}/user/tokens/(?P<id>[0-9a-f]+)", self._delete)
 
+    def error_body(self, status: int) -> Any:
+        return _error(status, 10000, "injected failure")[1]
+
     def live_tokens(self) -> list[dict[str, Any]]:
         with self._tokens_lock:
             return [dict(t) for t in self.tokens.values()]

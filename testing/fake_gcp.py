@@ -47,6 +47,9 @@ class FakeGcp(FakeServer):
         )
         self.route("POST", r"/revoke", self._revoke)
 
+    def error_body(self, status: int) -> Any:
+        return _google_error(status, "injected failure", "UNAVAILABLE")[1]
+
     def register_key(self, key_id: str, public_key_pem: str) -> None:
         """Trust a service-account key (its ``private_key_id`` and public half)."""
         self.keys[key_id] = public_key_pem

@@ -76,6 +76,10 @@ class FakeServer:
         with self._lock:
             self._failures.append(Failure(method, path, status, count))
 
+    def error_body(self, status: int) -> Any:
+        """The body of an injected failure, in the faked API's error shape."""
+        return {"message": f"injected failure {status}"}
+
     def clear_failures(self) -> None:
         with self._lock:
             self._failures.clear()
@@ -134,7 +138,7 @@ class FakeServer:
             self.fail(spec["method"], spec["path"], int(spec["status"]), int(spec.get("count", 1)))
             status, payload = 200, {"ok": True}
         elif (injected := self._injected(method, parts.path)) is not None:
-            status, payload = injected, {"error": "injected failure", "status": injected}
+            status, payload = injected, self.error_body(injected)
         else:
             status, payload = 404, {"message": "Not Found"}
             for route_method, pattern, handler in self._routes:

@@ -1,0 +1,107 @@
+"""github-app through httpx + PyJWT against a fake that verifies the app JWT."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kagura_agent.clock import FixedClock
+from kagura_agent.errors import UsageError
+from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger
+from kagura_agent.membrane.providers import ProviderError, build_provider
+from kagura_agent.state import StateStore
+from testing.fake_github import FakeGithub
+from testing.keys import rsa_pair
+
+
+@pytest.fixture()
+def github() -> Iterator[FakeGithub]:
+    fake = FakeGithub().start()
+    fake.add_app(
+        "4242",
+        rsa_pair("github")[1],
+        77,
+        ["site", "infra"],
+        {"contents": "write", "issues": "write"},
+    )
+    yield fake
+    fake.stop()
+
+
+def settings(fake: FakeGithub) -> dict[str, object]:
+    return {"endpoint": fake.url, "app_id": "4242", "installation_id": 77}
+
+
+def test_token_is_limited_to_listed_repositories_and_permissions(github: FakeGithub) -> None:
+    provider = build_provider("github-app", settings(github), rsa_pair("github")[0])
+    minted = provider.mint(
+        {"repositories": ["site"], "permissions": {"contents": "read"}}, 900, "g-1"
+    )
+    [mint] = github.ops("mint")
+    assert mint["repositories"] == ["site"] and mint["permissions"] == {"contents": "read"}
+    token = minted.bundle.files["github/token"]
+    assert token.startswith("ghs_") and minted.bundle.env["GH_TOKEN"] == token
+    repos = httpx.get(
+        github.url + "/installation/repositories", headers={"Authorization": f"Bearer {token}"}
+    ).json()
+    assert [r["name"] for r in repos["repositories"]] == ["site"]
+    assert provider.revoke(minted.id) is True
+    assert len(github.ops("revoke")) == 1
+    # The revoked token no longer works.
+    gone = httpx.get(
+        github.url + "/installation/repositories", headers={"Authorization": f"Bearer {token}"}
+    )
+    assert gone.status_code == 401
+
+
+def test_a_wrong_key_is_refused(github: FakeGithub) -> None:
+    provider = build_provider("github-app", settings(github), rsa_pair("other")[0])
+    with pytest.raises(ProviderError) as caught:
+        provider.mint({"repositories": ["site"]}, 900, "g-1")
+    assert "401" in str(caught.value) and not caught.value.transient
+    with pytest.raises(UsageError, match="not a usable RSA private key"):
+        build_provider("github-app", settings(github), "not-a-key").mint({}, 900, "g-2")
+
+
+def test_repositories_outside_the_installation_are_refused(github: FakeGithub) -> None:
+    provider = build_provider("github-app", settings(github), rsa_pair("github")[0])
+    with pytest.raises(ProviderError, match="422"):
+        provider.mint({"repositories": ["secret-repo"]}, 900, "g-1")
+    assert github.ops("mint") == []
+
+
+def test_broker_mint_renew_revoke(
+    github: FakeGithub, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KAGURA_TEST_GH_KEY", rsa_pair("github")[0])
+    clock = FixedClock(datetime.now(UTC))
+    store = StateStore()
+    entry = {
+        "name": "gh-site",
+        "provider": "github-main",
+        "type": "github-app",
+        "scope": "site-read",
+        "scope_spec": {
+            **settings(github),
+            "repositories": ["site"],
+            "permissions": {"contents": "read"},
+        },
+        "ttl_seconds": 3600,
+        "renewals": 2,
+        "budget_seconds": 7200,
+        "secret_ref": "env:KAGURA_TEST_GH_KEY",
+        "standing": False,
+        "class": "graduated",
+    }
+    lease = Broker(store, clock=clock).acquire(LeaseRequest.from_plan(entry))
+    clock.advance(timedelta(minutes=56))
+    assert lease.tick() is not None
+    lease.release()
+    assert len(github.ops("mint")) == 2 and len(github.ops("revoke")) == 2
+    assert github.tokens == {}
+    assert {r.state for r in Ledger(store, clock).rows()} == {"released"}
+    store.close()
