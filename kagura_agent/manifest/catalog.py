@@ -34,6 +34,7 @@ class Manifest:
 class Catalog:
     by_kind: MappingProxyType[str, MappingProxyType[str, Manifest]]
     digests: MappingProxyType[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    origin: str = ""  # the manifest directory (absolute), or "<dir>@<git rev>"
 
     def get(self, kind: str, name: str) -> Manifest | None:
         return self.by_kind.get(kind, MappingProxyType({})).get(name)

@@ -54,6 +54,11 @@ class ResolvedTask:
     def name(self) -> str:
         return self.manifest.name
 
+    @property
+    def path(self) -> str:
+        """The task file's absolute path (apply re-plans from it to check freshness)."""
+        return str(Path(self.manifest.file).resolve())
+
 
 def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None, list[Diagnostic]]:
     spec = task.spec

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kagura_agent.errors import Diagnostic, UsageError, ValidationError
@@ -33,6 +33,8 @@ def load_workspace(
     extra = read_paths([Path(p) for p in paths])
     sources.extend(extra)
     catalog, task_manifests, problems = build_catalog(sources)
+    origin = str(directory.resolve()) + (f"@{base_rev}" if base_rev else "")
+    catalog = replace(catalog, origin=origin)
     # Syntax errors, duplicate keys and unreadable files were found while reading.
     problems = [*sources.problems, *problems]
     for doc in sources.docs:

@@ -93,8 +93,22 @@ def load_documents(text: str, file: str) -> tuple[list[YamlDoc], list[Diagnostic
         problems.append(
             Diagnostic(file, line, col, "$", f"YAML syntax error: {exc.problem or exc}")
         )
+    except yaml.reader.ReaderError as exc:
+        # Raised before parsing (a control character, invalid UTF-8): locate it from the
+        # character offset, and keep the message on one line like every diagnostic.
+        line = text.count("\n", 0, exc.position) + 1
+        col = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        problems.append(
+            Diagnostic(
+                file,
+                line,
+                col,
+                "$",
+                f"YAML error: unacceptable character #x{exc.character:04x}: {exc.reason}",
+            )
+        )
     except yaml.YAMLError as exc:
-        problems.append(Diagnostic(file, 1, 1, "$", f"YAML error: {exc}"))
+        problems.append(Diagnostic(file, 1, 1, "$", "YAML error: " + " ".join(str(exc).split())))
     return docs, problems
 
 

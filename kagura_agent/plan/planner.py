@@ -82,9 +82,6 @@ def compile_plan(catalog: Catalog, task: ResolvedTask, facts: Facts) -> dict[str
     plan["policy"] = evaluate_policies(catalog, plan)
     denials = _denied_categories(plan, policy_denials(plan["policy"]))
     plan["approvals"] = _classify_all(catalog, task, plan, facts, denials)
-    for result in plan["policy"]:
-        if not result["passed"] and result["effect"] == "warn":
-            warnings.append(f"policy {result['policy']}: {result['message']}")
     plan["warnings"] = warnings
     refused = tenancy == "shared" and plan["hardening"]["runtime"] not in SHARED_RUNTIMES
     plan["applyable"] = (
@@ -112,6 +109,7 @@ def _tenancy(catalog: Catalog) -> str:
 
 def _inputs(catalog: Catalog, task: ResolvedTask, facts: Facts) -> dict[str, Any]:
     return {
+        "manifests_dir": catalog.origin,
         "files": dict(sorted(catalog.digests.items())),
         "tool_version": __version__,
         "schema_version": schema_version(),
@@ -127,6 +125,7 @@ def _task(task: ResolvedTask) -> dict[str, Any]:
         "name": task.name,
         "kind": task.kind,
         "file": task.manifest.file,
+        "path": task.path,
         "project_root": task.project_root,
         "session": task.session,
         "prompt": task.prompt,
@@ -199,8 +198,12 @@ def _credential(request: Any) -> dict[str, Any]:
         "provider": provider.name,
         "type": spec["type"],
         "scope": request.scope,
-        "scope_spec": spec["scopes"][request.scope],
-        "settings": {k: v for k, v in spec.get(_settings_key(spec["type"]), {}).items()},
+        # Provider settings (endpoint, region, app id…) then the scope's own keys: what the
+        # provider needs to mint, and nothing secret (the root secret is a reference).
+        "scope_spec": {
+            **spec.get(_settings_key(spec["type"]), {}),
+            **{k: v for k, v in spec["scopes"][request.scope].items() if k != "description"},
+        },
         "ttl_seconds": request.ttl_seconds,
         "renewals": request.renewals,
         "budget_seconds": request.budget_seconds,
