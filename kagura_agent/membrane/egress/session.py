@@ -60,10 +60,17 @@ class AgentNetworkConfig:
     # The embedded resolver forwards names it does not know to these servers, from inside
     # the agent's network namespace: loopback answers nothing, so no name resolves.
     dns: list[str] = field(default_factory=lambda: ["127.0.0.1"])
+    # Fail a lookup after one short try instead of stalling tools for tens of seconds.
+    dns_opt: list[str] = field(default_factory=lambda: ["timeout:1", "attempts:1"])
 
     def docker_kwargs(self) -> dict[str, Any]:
         """docker-py ``containers.create`` keywords (merge into the hardened kwargs)."""
-        return {"network_mode": self.network, "environment": self.environment, "dns": self.dns}
+        return {
+            "network_mode": self.network,
+            "environment": dict(self.environment),
+            "dns": list(self.dns),
+            "dns_opt": list(self.dns_opt),
+        }
 
 
 def _safe(run_id: str) -> str:

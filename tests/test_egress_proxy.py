@@ -1,0 +1,304 @@
+"""The per-run egress proxy against real containers: upstreams on the run's outbound network
+under aliases such as ``allowed.test``; the agent is a hardened kagura/base container on the
+internal network only. Nothing is ever sent beyond these containers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from kagura_agent.errors import RefusedError, SetupError
+from kagura_agent.membrane import build, images
+from kagura_agent.membrane.egress import EgressSession, audit
+from kagura_agent.membrane.egress.owner import LABEL_COMPONENT
+from kagura_agent.state import StateStore
+
+pytestmark = pytest.mark.docker
+
+TEST_LABEL = {"dev.kagura.test": "egress"}
+PRIVATE = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+ALIASES = [
+    "allowed.test",
+    "private.test",
+    "plain.test",
+    "unlisted.test",
+    "a.wild.test",
+    "wild.test",
+]
+# One upstream serving HTTP on three ports; it prints "ready" once all are bound.
+UPSTREAM = """
+import http.server, threading
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"hello from upstream"
+        self.send_response(200); self.send_header("Content-Length", str(len(body)))
+        self.end_headers(); self.wfile.write(body)
+    def log_message(self, *args): pass
+servers = [http.server.ThreadingHTTPServer(("", p), H) for p in (8443, 8080, 8081)]
+for s in servers: threading.Thread(target=s.serve_forever, daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+"""
+PLAN_EGRESS: dict[str, Any] = {
+    "mode": "proxy",
+    "allow": [
+        {"host": "allowed.test", "port": 8443, "allow_addresses": PRIVATE, "policy": "t"},
+        {"host": "plain.test", "port": 8080, "scheme": "http", "allow_addresses": PRIVATE},
+        {"host": "*.wild.test", "port": 8443, "allow_addresses": PRIVATE},
+        {"host": "private.test", "port": 8443},
+    ],
+}
+
+
+@pytest.fixture(scope="session")
+def egress_images(docker_client: Any) -> dict[str, str]:
+    """kagura/base (agent and upstream) and kagura/egress-proxy, built once if missing."""
+    wanted = {"base": images.image_ref("base"), "proxy": images.image_ref("egress-proxy")}
+    missing = [
+        name
+        for name, ref in (("base", wanted["base"]), ("egress-proxy", wanted["proxy"]))
+        if images.local_image_digest(ref) is None
+    ]
+    if missing:
+        build.build(docker_client, missing, log=lambda _name, _line: None)
+    return wanted
+
+
+def _wait_log(container: Any, marker: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while marker not in container.logs().decode():
+        assert time.monotonic() < deadline, f"{container.name} never printed {marker!r}"
+        time.sleep(0.05)
+
+
+@dataclass
+class World:
+    client: Any
+    session: EgressSession
+    upstream: Any
+    agent: Any
+    events: list[dict[str, Any]]
+
+    def sh(self, command: str) -> tuple[int, str]:
+        result = self.agent.exec_run(["sh", "-c", command])
+        return result.exit_code, result.output.decode(errors="replace")
+
+    def through_proxy(self, url: str, *, tunnel: bool = True) -> tuple[int, str]:
+        """curl via the proxy; the last output line is the HTTP status curl saw."""
+        flags = "-p " if tunnel else ""
+        return self.sh(
+            f"curl -sS {flags}--connect-timeout 3 --max-time 10 -w '\\n%{{http_code}}' {url} 2>&1"
+        )
+
+    def upstream_ip(self) -> str:
+        self.upstream.reload()
+        return str(
+            self.upstream.attrs["NetworkSettings"]["Networks"][self.session.outbound_network][
+                "IPAddress"
+            ]
+        )
+
+
+def _leftovers(client: Any, run_id: str) -> list[str]:
+    label = f"dev.kagura.run={run_id}"
+    found = [c.name for c in client.containers.list(all=True, filters={"label": label})]
+    return found + [n.name for n in client.networks.list(filters={"label": label})]
+
+
+@pytest.fixture()
+def world(docker_client: Any, egress_images: dict[str, str], state_dir: Any) -> Iterator[World]:
+    run_id = f"test-{time.monotonic_ns()}"
+    events: list[dict[str, Any]] = []
+    session = EgressSession.start(docker_client, {"egress": PLAN_EGRESS}, run_id, events.append)
+    created: list[Any] = []
+    try:
+        upstream = docker_client.containers.create(
+            egress_images["base"],
+            ["python3", "-c", UPSTREAM],
+            labels=TEST_LABEL,
+            network=session.outbound_network,
+            networking_config={
+                session.outbound_network: docker_client.api.create_endpoint_config(aliases=ALIASES)
+            },
+        )
+        created.append(upstream)
+        net = session.agent_network_config()
+        agent = docker_client.containers.create(
+            egress_images["base"],
+            ["sleep", "600"],
+            labels=TEST_LABEL,
+            user="1000:1000",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges:true"],
+            read_only=True,
+            tmpfs={"/tmp": "rw,size=16m"},
+            **net.docker_kwargs(),
+        )
+        created.append(agent)
+        upstream.start()
+        agent.start()
+        _wait_log(upstream, "ready")
+        yield World(docker_client, session, upstream, agent, events)
+    finally:
+        for container in created:
+            container.remove(force=True)
+        session.close()
+    assert _leftovers(docker_client, run_id) == []
+
+
+def _status(output: str) -> str:
+    return output.strip().splitlines()[-1]
+
+
+def test_allowed_host_and_port_passes_and_is_audited(world: World) -> None:
+    code, out = world.through_proxy("http://allowed.test:8443/")
+    assert code == 0, out
+    assert "hello from upstream" in out
+    assert _status(out) == "200"
+    world.session.close()
+    stored = audit.load_events(StateStore(), world.session.run_id)
+    assert [(e.decision, e.host, e.port, e.entry) for e in stored] == [
+        ("allow", "allowed.test", 8443, "allowed.test:8443/https")
+    ]
+    assert stored[0].method == "CONNECT" and stored[0].bytes_out > 0
+    kinds = [e["type"] for e in world.events]
+    assert kinds == ["egress.decision", "egress.summary"]
+
+
+def test_denied_host_gets_a_clear_denial(world: World) -> None:
+    code, out = world.through_proxy("http://unlisted.test:8443/")
+    assert code != 0 and "CONNECT tunnel failed, response 403" in out
+    world.session.close()
+    summary = world.events[-1]
+    assert summary["type"] == "egress.summary" and summary["denied"] == 1
+    assert summary["denials"][0]["host"] == "unlisted.test"
+    assert summary["denials"][0]["reason"] == "host-not-listed"
+
+
+def test_allowed_host_on_unlisted_port_is_denied(world: World) -> None:
+    code, out = world.through_proxy("http://allowed.test:8081/")
+    assert code != 0 and "response 403" in out
+    world.session.close()
+    assert world.events[0]["reason"] == "port-not-listed"
+
+
+def test_ip_literal_is_denied(world: World) -> None:
+    code, out = world.through_proxy(f"http://{world.upstream_ip()}:8443/")
+    assert code != 0 and "response 403" in out
+    world.session.close()
+    assert world.events[0]["reason"] == "ip-literal"
+
+
+def test_listed_name_resolving_to_a_private_address_is_denied(world: World) -> None:
+    code, out = world.through_proxy("http://private.test:8443/")
+    assert code != 0 and "response 403" in out
+    # Same upstream, same address: allowed.test passes only because its entry allows it.
+    code, out = world.through_proxy("http://allowed.test:8443/")
+    assert code == 0 and _status(out) == "200", out
+    world.session.close()
+    denied = [e for e in world.events if e.get("decision") == "deny"]
+    assert [(e["host"], e["reason"], e["entry"]) for e in denied] == [
+        ("private.test", "private-address", "private.test:8443/https")
+    ]
+
+
+def test_plain_http_only_where_an_entry_says_so(world: World) -> None:
+    code, out = world.through_proxy("http://allowed.test:8443/", tunnel=False)
+    assert _status(out) == "403", out
+    code, out = world.through_proxy("http://plain.test:8080/", tunnel=False)
+    assert code == 0 and _status(out) == "200", out
+    # An http entry does not open a CONNECT tunnel either.
+    code, out = world.through_proxy("http://plain.test:8080/")
+    assert "response 403" in out
+    world.session.close()
+    reasons = [e["reason"] for e in world.events if e["type"] == "egress.decision"]
+    assert reasons == ["scheme-not-allowed", "allowed", "scheme-not-allowed"]
+
+
+def test_wildcard_allows_subdomains_not_the_domain_itself(world: World) -> None:
+    code, out = world.through_proxy("http://a.wild.test:8443/")
+    assert code == 0 and _status(out) == "200", out
+    code, out = world.through_proxy("http://wild.test:8443/")
+    assert "response 403" in out
+
+
+def test_direct_tcp_from_the_agent_fails(world: World) -> None:
+    ip = world.upstream_ip()
+    code, out = world.sh(f"curl -sS --noproxy '*' --connect-timeout 3 http://{ip}:8443/ 2>&1")
+    assert code != 0, out
+    probe = (
+        f"import socket; s = socket.socket(); s.settimeout(3); print(s.connect_ex(('{ip}', 8443)))"
+    )
+    code, out = world.sh(f'python3 -c "{probe}"')
+    assert out.strip() != "0", out
+
+
+def test_dns_lookup_from_the_agent_fails(world: World) -> None:
+    for name in ("allowed.test", "unlisted.test"):
+        code, out = world.sh(f"getent hosts {name}")
+        assert code != 0 and out == "", out
+    code, out = world.sh(
+        "python3 -c \"import socket; socket.getaddrinfo('allowed.test', 443)\" 2>&1"
+    )
+    assert code != 0 and "gaierror" in out
+
+
+def test_killing_the_proxy_leaves_no_route_out(world: World) -> None:
+    code, out = world.through_proxy("http://allowed.test:8443/")
+    assert code == 0, out
+    world.session.proxy.kill()
+    code, out = world.through_proxy("http://allowed.test:8443/")
+    assert code != 0, out
+    ip = world.upstream_ip()
+    code, out = world.sh(f"curl -sS --noproxy '*' --connect-timeout 3 http://{ip}:8443/ 2>&1")
+    assert code != 0, out
+
+
+def test_unbuilt_proxy_image_refuses_to_start_and_leaves_nothing(
+    docker_client: Any, state_dir: Any
+) -> None:
+    run_id = f"test-noimage-{time.monotonic_ns()}"
+    with pytest.raises(SetupError, match="not built"):
+        EgressSession.start(
+            docker_client, {"egress": PLAN_EGRESS}, run_id, image="kagura/egress-proxy:none"
+        )
+    assert _leftovers(docker_client, run_id) == []
+
+
+def test_unrenderable_allowlist_refuses_before_any_docker_object(
+    docker_client: Any, state_dir: Any
+) -> None:
+    run_id = f"test-bad-{time.monotonic_ns()}"
+    plan = {"egress": {"mode": "proxy", "allow": [{"host": "10.0.0.1"}]}}
+    with pytest.raises(RefusedError, match="IP literal"):
+        EgressSession.start(docker_client, plan, run_id)
+    assert _leftovers(docker_client, run_id) == []
+
+
+def test_proxy_that_exits_at_start_is_a_setup_error(
+    docker_client: Any, egress_images: dict[str, str], state_dir: Any
+) -> None:
+    # kagura/base has no squid entry point: the "proxy" exits at once.
+    run_id = f"test-exit-{time.monotonic_ns()}"
+    with pytest.raises(SetupError, match=r"exited|not ready"):
+        EgressSession.start(
+            docker_client,
+            {"egress": PLAN_EGRESS},
+            run_id,
+            image=egress_images["base"],
+            ready_timeout=5,
+        )
+    assert _leftovers(docker_client, run_id) == []
+
+
+def test_components_are_labelled(world: World) -> None:
+    label = f"dev.kagura.run={world.session.run_id}"
+    nets = world.client.networks.list(filters={"label": label})
+    components = sorted(n.attrs["Labels"][LABEL_COMPONENT] for n in nets)
+    assert components == ["egress-internal", "egress-outbound"]
+    internal = world.client.networks.get(world.session.internal_network)
+    assert internal.attrs["Internal"] is True
