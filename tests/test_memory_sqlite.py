@@ -121,3 +121,19 @@ def test_sigkill_mid_write_loses_no_committed_memory(tmp_path: Path) -> None:
     assert set(committed) <= stored
     assert len(committed) >= 200
     store.close()
+
+
+def test_recall_ranks_better_matches_first_within_the_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kagura_agent.memory.sqlite as sqlite_module
+
+    store = SqliteMemoryStore(tmp_path / "m.db")
+    best = store.remember(type="note", summary="flaky timeout in integration tests", source=RUN)
+    for i in range(30):
+        store.remember(type="note", summary=f"integration note {i}", source=RUN)
+    assert store.recall("flaky integration", k=1)[0].id == best.id
+    # With a window smaller than the matches, only the newest matches are ranked.
+    monkeypatch.setattr(sqlite_module, "RANK_WINDOW", 5)
+    assert best.id not in {m.id for m in store.recall("flaky integration", k=5)}
+    store.close()

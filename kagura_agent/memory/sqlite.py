@@ -101,6 +101,8 @@ CREATE TABLE health (id INTEGER PRIMARY KEY CHECK (id = 1), checked TEXT NOT NUL
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 
+RANK_WINDOW = 1000
+
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
@@ -271,13 +273,20 @@ class SqliteMemoryStore:
             params.append(tag)
         match = fts_query(query)
         if match:
+            # bm25 costs about a microsecond per matching row, so a word found in most
+            # memories would make recall scale with the store. Rank only the newest
+            # RANK_WINDOW matches that pass the filters: exact below that many matches,
+            # recency-biased above it — and bounded either way.
             sql = (
-                "SELECT m.* FROM memories_fts JOIN memories m ON m.rowid = memories_fts.rowid"
+                "SELECT m.* FROM (SELECT memories_fts.rowid AS rid, bm25(memories_fts) AS score"
+                " FROM memories_fts JOIN memories m ON m.rowid = memories_fts.rowid"
                 " WHERE memories_fts MATCH ?"
                 + "".join(f" AND {w}" for w in where)
-                + " ORDER BY memories_fts.rank LIMIT ?"
+                + " ORDER BY memories_fts.rowid DESC LIMIT ?) ranked"
+                " JOIN memories m ON m.rowid = ranked.rid"
+                " ORDER BY ranked.score, m.rowid DESC LIMIT ?"
             )
-            params = [match, *params, k]
+            params = [match, *params, RANK_WINDOW, k]
         else:
             sql = (
                 "SELECT m.* FROM memories m"
