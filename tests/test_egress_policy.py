@@ -1,0 +1,163 @@
+"""Allowlist checking, squid.conf rendering and log parsing: pure, no Docker."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+from kagura_agent.errors import RefusedError
+from kagura_agent.membrane.egress import audit, load_policy, render_squid_conf
+from kagura_agent.membrane.egress.policy import is_ip_literal, subtract
+from kagura_agent.state import StateStore
+
+
+def test_defaults_are_https_on_443() -> None:
+    policy = load_policy({"mode": "proxy", "allow": [{"host": "API.GitHub.com."}]})
+    (entry,) = policy.entries
+    assert (entry.host, entry.port, entry.scheme) == ("api.github.com", 443, "https")
+    assert policy.match("api.github.com", 443, connect=True) is entry
+    assert policy.match("api.github.com", 80, connect=True) is None
+    assert policy.match("api.github.com", 443, connect=False) is None  # plain http
+
+
+def test_wildcard_matches_below_the_domain_only() -> None:
+    policy = load_policy({"mode": "proxy", "allow": [{"host": "*.example.com"}]})
+    assert policy.match("a.example.com", 443, True) is not None
+    assert policy.match("a.b.example.com", 443, True) is not None
+    assert policy.match("example.com", 443, True) is None
+    assert policy.match("badexample.com", 443, True) is None
+    conf = render_squid_conf(policy, ["172.30.0.0/16"])
+    assert r"dstdom_regex -n -i ^([a-z0-9_-]+\.)+example\.com\.?$" in conf
+    assert "dstdomain -n .example.com" not in conf
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"host": "10.0.0.1"}, "IP literal"),
+        ({"host": "[::1]"}, "IP literal"),
+        ({"host": "2130706433"}, "IP literal"),
+        ({"host": "*.com"}, "top-level domain"),
+        ({"host": "exa mple.com"}, "not a DNS name"),
+        ({"host": "a.*.example.com"}, "not a DNS name"),
+        ({"host": "example.com", "port": 0}, "port"),
+        ({"host": "example.com", "port": True}, "port"),
+        ({"host": "example.com", "scheme": "ftp"}, "scheme"),
+        ({"host": "example.com", "prot": 443}, "unknown keys"),
+        ({"host": "example.com", "allow_addresses": ["10.0.0.1/8"]}, "CIDR"),
+    ],
+)
+def test_bad_entries_are_refused(entry: dict[str, object], message: str) -> None:
+    with pytest.raises(RefusedError, match=message):
+        load_policy({"mode": "proxy", "allow": [entry]})
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(RefusedError) as caught:
+        load_policy({"mode": "proxy", "allow": [{"host": "1.2.3.4"}, {"host": "x.y", "port": -1}]})
+    assert "allow[0]" in caught.value.message and "allow[1]" in caught.value.message
+
+
+def test_ip_literal_forms() -> None:
+    for text in ("127.0.0.1", "0x7f.1", "017700000001", "::ffff:10.0.0.1", "[fe80::1]"):
+        assert is_ip_literal(text), text
+    for text in ("example.com", "cafe.example", "1password.com"):
+        assert not is_ip_literal(text), text
+
+
+def test_forbidden_ranges_minus_explicit_allowances() -> None:
+    policy = load_policy(
+        {
+            "mode": "proxy",
+            "allow": [{"host": "a.test", "allow_addresses": ["10.1.0.0/16"]}, {"host": "b.test"}],
+            "allow_addresses": ["192.168.0.0/16"],
+        }
+    )
+    a, b = (set(map(str, policy.forbidden_for(e))) for e in policy.entries)
+    assert "192.168.0.0/16" not in a | b
+    assert "10.0.0.0/8" in b and "10.0.0.0/8" not in a
+    assert "10.0.0.0/16" in a and "10.2.0.0/15" in a  # the rest of 10/8 stays forbidden
+    assert {"169.254.0.0/16", "127.0.0.0/8", "fc00::/7", "fe80::/10"} <= a & b
+
+
+def test_subtract_whole_and_partial() -> None:
+    nets = [ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("fc00::/7")]
+    assert subtract(nets, [ipaddress.ip_network("0.0.0.0/0")]) == [nets[1]]
+    left = subtract(nets[:1], [ipaddress.ip_network("10.128.0.0/9")])
+    assert left == [ipaddress.ip_network("10.0.0.0/9")]
+
+
+def test_rendered_rules_deny_by_default_and_check_resolved_addresses() -> None:
+    policy = load_policy(
+        {
+            "mode": "proxy",
+            "allow": [
+                {"host": "api.github.com"},
+                {"host": "plain.test", "port": 8080, "scheme": "http"},
+            ],
+        }
+    )
+    conf = render_squid_conf(policy, ["172.30.0.0/16"])
+    lines = [line for line in conf.splitlines() if line.startswith("http_access")]
+    assert lines[0] == "http_access deny !agents why_client"
+    assert lines[1] == "http_access deny ip_literal why_ip_literal"
+    assert lines[-1] == "http_access deny all why_not_allowed"
+    assert "http_access allow e0_host e0_port CONNECT" in lines
+    assert "http_access deny e0_host e0_port CONNECT e0_forbidden why_private_address" in lines
+    assert "http_access allow e1_host e1_port !CONNECT plain_http" in lines
+    assert "acl e0_host dstdomain -n api.github.com" in conf
+    assert "acl agents src 172.30.0.0/16" in conf
+    with pytest.raises(ValueError):
+        render_squid_conf(policy, [])
+
+
+def test_no_entries_renders_deny_all() -> None:
+    conf = render_squid_conf(load_policy({"mode": "proxy", "allow": []}), ["10.9.0.0/24"])
+    assert [x for x in conf.splitlines() if x.startswith("http_access allow")] == []
+
+
+LOG = (
+    "2026/01/01 squid started\n"
+    "KAGURA1 1767225600.123 172.18.0.3 CONNECT - api.github.com 443 200 TCP_TUNNEL 120 5000"
+    " 140.82.0.1 -\n"
+    "KAGURA1 1767225601.000 172.18.0.3 CONNECT - evil.test 443 403 TCP_DENIED 118 3400 - "
+    "not-allowed\n"
+    "KAGURA1 1767225602.000 172.18.0.3 GET http api.github.com 443 403 TCP_DENIED 130 3400 - "
+    "not-allowed\n"
+    "KAGURA1 1767225603.000 172.18.0.3 CONNECT - api.github.com 443 403 TCP_DENIED 118 3400 - "
+    "private-address\n"
+)
+
+
+def test_log_lines_become_events_with_the_matching_entry() -> None:
+    policy = load_policy({"mode": "proxy", "allow": [{"host": "api.github.com"}]})
+    events = audit.events_from_log(LOG, policy, "r1")
+    assert [(e.seq, e.decision, e.reason, e.entry) for e in events] == [
+        (0, "allow", "allowed", "api.github.com:443/https"),
+        (1, "deny", "host-not-listed", None),
+        (2, "deny", "scheme-not-allowed", None),
+        (3, "deny", "private-address", "api.github.com:443/https"),
+    ]
+    assert events[0].time == "2026-01-01T00:00:00.123Z" and events[0].bytes_out == 5000
+    assert audit.parse_line("KAGURA1 too few fields") is None
+
+
+def test_events_are_stored_once_and_summarised(tmp_path: Path) -> None:
+    store = audit.open_store(StateStore(tmp_path / "state.db"))
+    policy = load_policy({"mode": "proxy", "allow": [{"host": "api.github.com"}]})
+    audit.record_run(store, "r1", "2026-01-01T00:00:00Z", {"mode": "proxy", "allow": []})
+    events = audit.events_from_log(LOG + LOG.splitlines()[2] + "\n", policy, "r1")
+    assert len(audit.record_events(store, events)) == 5
+    assert audit.record_events(store, events) == []  # re-reading the log adds nothing
+    assert [e.seq for e in audit.load_events(store, "r1")] == [0, 1, 2, 3, 4]
+    assert audit.latest_run(store) == "r1"
+    summary = audit.denial_summary(audit.load_events(store, "r1"))
+    assert summary[0] == {
+        "method": "CONNECT",
+        "host": "evil.test",
+        "port": 443,
+        "reason": "host-not-listed",
+        "count": 2,
+    }
