@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 from collections.abc import Iterator
+from functools import cache
 from typing import Any
 
 from kagura_agent.errors import Diagnostic
@@ -145,20 +147,33 @@ def check_brain(manifest: Manifest, catalog: Catalog) -> list[Diagnostic]:
 
 
 def check_policy(manifest: Manifest) -> list[Diagnostic]:
-    from jsonschema import Draft202012Validator
-    from jsonschema.exceptions import SchemaError
-
     problems = []
     for index, rule in enumerate(manifest.spec.get("rules", [])):
-        try:
-            Draft202012Validator.check_schema(rule["schema"])
-        except SchemaError as exc:
+        problem = _schema_problem(json.dumps(rule["schema"], sort_keys=True))
+        if problem:
             problems.append(
                 manifest.diag(
-                    ("spec", "rules", index, "schema"), f"not a valid JSON Schema: {exc.message}"
+                    ("spec", "rules", index, "schema"), f"not a valid JSON Schema: {problem}"
                 )
             )
     return problems
+
+
+@cache
+def _schema_problem(schema_json: str) -> str | None:
+    """Check a rule schema against the metaschema, once per distinct schema per process.
+
+    The metaschema check dominates repeated in-process validation (tests, the cockpit
+    re-planning); keyed on canonical JSON so equal schemas share one check.
+    """
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(json.loads(schema_json))
+    except SchemaError as exc:
+        return str(exc.message)
+    return None
 
 
 def _known(mapping: dict[str, Any]) -> str:
