@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
+import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -204,12 +207,41 @@ def new_id(prefix: str) -> str:
 
 
 class Ledger:
-    """Reads and writes lease_grants; every write is one committed transaction."""
+    """Reads and writes lease_grants; every write is one committed transaction.
+
+    The ledger keeps its own connection to the state database, usable from any thread
+    (the lease keeper renews off the event loop), serialised by a lock.
+    """
 
     def __init__(self, store: StateStore, clock: Clock) -> None:
         store.migrate(COMPONENT, MIGRATIONS)
-        self.store = store
         self.clock = clock
+        self._lock = threading.RLock()
+        self._conn = sqlite3.connect(
+            store.path, timeout=30.0, isolation_level=None, check_same_thread=False
+        )
+        self._conn.row_factory = sqlite3.Row
+        self._conn.execute("PRAGMA synchronous=FULL")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def disconnect(self) -> None:
+        """Close the ledger's own connection (the StateStore keeps its own)."""
+        with self._lock:
+            self._conn.close()
 
     def record_intent(
         self,
@@ -225,7 +257,7 @@ class Ledger:
         grant = new_id("g-")
         now = iso(self.clock.now())
         closed = now if state not in OPEN_STATES else None
-        with self.store.transaction() as conn:
+        with self._transaction() as conn:
             conn.execute(
                 "INSERT INTO lease_grants(id, lease, name, provider, type, scope, scope_spec,"
                 " secret_ref, class, ttl_seconds, state, created_at, closed_at, run_id,"
@@ -264,7 +296,7 @@ class Ledger:
     def record_failure(
         self, grant: str, error: str, *, poison: bool, next_attempt_at: datetime | None
     ) -> None:
-        with self.store.transaction() as conn:
+        with self._transaction() as conn:
             conn.execute(
                 "UPDATE lease_grants SET attempts = attempts + 1, last_error = ?,"
                 " next_attempt_at = ?, state = CASE WHEN ? THEN 'poison' ELSE state END"
@@ -273,33 +305,32 @@ class Ledger:
             )
 
     def heartbeat(self, lease: str) -> None:
-        with self.store.transaction() as conn:
+        with self._transaction() as conn:
             conn.execute(
                 "UPDATE lease_grants SET heartbeat_at = ? WHERE lease = ? AND closed_at IS NULL",
                 (iso(self.clock.now()), lease),
             )
 
     def get(self, grant: str) -> GrantRow | None:
-        raw = self.store.conn.execute("SELECT * FROM lease_grants WHERE id = ?", (grant,))
-        found = raw.fetchone()
-        return _row(found) if found else None
+        found = self._query("SELECT * FROM lease_grants WHERE id = ?", (grant,))
+        return _row(found[0]) if found else None
 
     def open_rows(self) -> list[GrantRow]:
-        rows = self.store.conn.execute(
+        rows = self._query(
             "SELECT * FROM lease_grants WHERE closed_at IS NULL ORDER BY created_at, id"
         )
-        return [_row(r) for r in rows.fetchall()]
+        return [_row(r) for r in rows]
 
     def rows(self, *, include_closed: bool = True, limit: int = 200) -> list[GrantRow]:
         where = "" if include_closed else "WHERE closed_at IS NULL"
-        rows = self.store.conn.execute(
+        rows = self._query(
             f"SELECT * FROM lease_grants {where} ORDER BY created_at DESC, id LIMIT ?", (limit,)
         )
-        return [_row(r) for r in rows.fetchall()]
+        return [_row(r) for r in rows]
 
     def _update(self, grant: str, **fields: Any) -> None:
         columns = ", ".join(f"{name} = ?" for name in fields)
-        with self.store.transaction() as conn:
+        with self._transaction() as conn:
             conn.execute(
                 f"UPDATE lease_grants SET {columns} WHERE id = ?", (*fields.values(), grant)
             )
