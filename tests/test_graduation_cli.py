@@ -28,6 +28,30 @@ def only_graduation(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli_main, "COMMAND_MODULES", ("graduation",))
 
 
+GRADUATION = """\
+apiVersion: kagura.dev/v1
+kind: Graduation
+metadata:
+  name: default
+spec:
+  min_successes: {successes}
+  min_distinct_tasks: 3
+  cooldown: 7d
+"""
+
+
+@pytest.fixture()
+def manifests(tmp_path: Path) -> Path:
+    """A manifest set holding the design-default Graduation knobs."""
+    return _manifests(tmp_path / "manifests", successes=5)
+
+
+def _manifests(directory: Path, *, successes: int) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "graduation.yml").write_text(GRADUATION.format(successes=successes))
+    return directory
+
+
 def _seed(state_dir: Path) -> None:
     """DNS earns a proposal (5 successes, 3 tasks, 8 days); APT has two successes."""
     clock = FixedClock(datetime(2025, 3, 1, tzinfo=UTC))
@@ -59,10 +83,11 @@ def test_registered_in_the_real_module_list() -> None:
 
 
 def test_status_proposals_approve_reset_history(
-    state_dir: Path, capsys: pytest.CaptureFixture[str]
+    state_dir: Path, manifests: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _seed(state_dir)
-    status = _json(capsys, ["graduation", "status", "--json"])
+    flag = f"--manifests={manifests}"
+    status = _json(capsys, ["graduation", "status", "--json", flag])
     assert isinstance(status, dict)
     categories = status["categories"]
     assert categories[DNS]["state"] == "proposed"
@@ -73,28 +98,28 @@ def test_status_proposals_approve_reset_history(
         "cooldown 0s/7d",
     ]
 
-    assert cli_main.main(["graduation", "status"]) == 0
+    assert cli_main.main(["graduation", "status", flag]) == 0
     text = capsys.readouterr().out
     assert "graduation approve " + DNS in text and "min_successes 2/5" in text
 
-    found = _json(capsys, ["graduation", "proposals", "--json"])
+    found = _json(capsys, ["graduation", "proposals", "--json", flag])
     assert [item["category"] for item in found] == [DNS]
 
-    assert cli_main.main(["graduation", "approve", APT, "--who", "alice"]) == 6
+    assert cli_main.main(["graduation", "approve", APT, "--who", "alice", flag]) == 6
     assert "no graduation proposal" in capsys.readouterr().err
 
-    assert cli_main.main(["graduation", "approve", DNS, "--who", "alice"]) == 0
+    assert cli_main.main(["graduation", "approve", DNS, "--who", "alice", flag]) == 0
     capsys.readouterr()
-    status = _json(capsys, ["graduation", "status", "--json"])
+    status = _json(capsys, ["graduation", "status", "--json", flag])
     assert status["categories"][DNS]["state"] == "graduated"
     assert status["categories"][DNS]["graduated_by"] == "alice"
 
-    assert cli_main.main(["graduation", "proposals"]) == 0
+    assert cli_main.main(["graduation", "proposals", flag]) == 0
     assert "no graduation proposals" in capsys.readouterr().out
 
     assert cli_main.main(["graduation", "reset", DNS, "--who", "bob"]) == 0
     capsys.readouterr()
-    status = _json(capsys, ["graduation", "status", "--json"])
+    status = _json(capsys, ["graduation", "status", "--json", flag])
     assert status["categories"][DNS]["state"] == "locked"
     assert status["categories"][DNS]["successes"] == 0
 
@@ -109,9 +134,30 @@ def test_status_proposals_approve_reset_history(
     assert "timeout" in text and "reset by bob" in text
 
 
-def test_empty_state(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_main.main(["graduation", "status"]) == 0
+def test_empty_state(state_dir: Path, manifests: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main.main(["graduation", "status", f"--manifests={manifests}"]) == 0
     assert "no capability category has evidence yet" in capsys.readouterr().out
     assert cli_main.main(["graduation", "history"]) == 0
     assert "no approval decisions" in capsys.readouterr().out
     assert cli_main.main(["graduation"]) == 2
+
+
+def test_manifest_knobs_bind_the_cli(
+    state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A manifest that raises the bar cannot be bypassed by approving from the CLI.
+    _seed(state_dir)
+    strict = f"--manifests={_manifests(tmp_path / 'strict', successes=10)}"
+    status = _json(capsys, ["graduation", "status", "--json", strict])
+    assert status["knobs"]["min_successes"] == 10
+    assert status["categories"][DNS]["unmet"] == ["min_successes 5/10"]
+    assert cli_main.main(["graduation", "approve", DNS, "--who", "alice", strict]) == 6
+    assert "min_successes 5/10" in capsys.readouterr().err
+
+
+def test_invalid_manifests_refuse(
+    state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = _manifests(tmp_path / "broken", successes=0)
+    assert cli_main.main(["graduation", "status", f"--manifests={broken}"]) == 2
+    assert "min_successes" in capsys.readouterr().err

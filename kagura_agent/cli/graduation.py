@@ -12,7 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from kagura_agent.cli.common import add_manifest_option
+
+if TYPE_CHECKING:
+    from kagura_agent.graduation import Knobs
 
 
 def register(subparsers: Any) -> None:
@@ -28,15 +33,18 @@ def register(subparsers: Any) -> None:
 
     status = actions.add_parser("status", help="per category: state, evidence, knobs unmet")
     status.add_argument("--json", action="store_true", help="print JSON")
+    add_manifest_option(status)
     status.set_defaults(handler=_status)
 
     proposals = actions.add_parser("proposals", help="categories proposed for graduation")
     proposals.add_argument("--json", action="store_true", help="print JSON")
+    add_manifest_option(proposals)
     proposals.set_defaults(handler=_proposals)
 
     approve = actions.add_parser("approve", help="graduate a proposed category")
     approve.add_argument("category", metavar="CATEGORY")
     approve.add_argument("--who", help="recorded as the approver (default: your user name)")
+    add_manifest_option(approve)
     approve.set_defaults(handler=_approve)
 
     reset = actions.add_parser("reset", help="lock a category and restart its count")
@@ -57,19 +65,20 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
-def _knobs() -> Any:
-    # The Graduation manifest's knobs will be wired here by the manifest loader; until
-    # then the CLI uses the design defaults (5 successes, 3 tasks, 7 days).
-    from kagura_agent.graduation import Knobs
+def _knobs(args: argparse.Namespace) -> Knobs:
+    # The same knobs the planner uses: a manifest raising the bar must not be bypassed by
+    # approving from the CLI, so an invalid manifest set refuses here as it does in plan.
+    from kagura_agent.facts import graduation_knobs
+    from kagura_agent.manifest.workspace import load_workspace
 
-    return Knobs()
+    return graduation_knobs(load_workspace(args.manifests, []).catalog)
 
 
 def _status(args: argparse.Namespace) -> int:
     from kagura_agent.graduation import snapshot
     from kagura_agent.state import StateStore
 
-    snap = snapshot(StateStore(), _knobs())
+    snap = snapshot(StateStore(), _knobs(args))
     if args.json:
         print(json.dumps(snap.to_json(), indent=2))
         return 0
@@ -103,7 +112,7 @@ def _proposals(args: argparse.Namespace) -> int:
     from kagura_agent.graduation import proposals
     from kagura_agent.state import StateStore
 
-    found = proposals(StateStore(), _knobs())
+    found = proposals(StateStore(), _knobs(args))
     if args.json:
         print(json.dumps([status.to_json() for status in found], indent=2))
         return 0
@@ -127,7 +136,9 @@ def _approve(args: argparse.Namespace) -> int:
     from kagura_agent.state import StateStore
 
     who = args.who or operator_name()
-    approve_graduation(StateStore(), args.category, who=who, clock=SystemClock(), knobs=_knobs())
+    approve_graduation(
+        StateStore(), args.category, who=who, clock=SystemClock(), knobs=_knobs(args)
+    )
     print(f"{args.category} graduated by {who}; one failed run demotes it again")
     return 0
 
