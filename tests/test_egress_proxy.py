@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from kagura_agent.errors import RefusedError, SetupError
-from kagura_agent.membrane import build, images
 from kagura_agent.membrane.egress import EgressSession, audit
 from kagura_agent.membrane.egress.owner import LABEL_COMPONENT
 from kagura_agent.state import StateStore
+from testing.egress_images import ensure_egress_images
 
 pytestmark = pytest.mark.docker
 
@@ -56,16 +56,7 @@ PLAN_EGRESS: dict[str, Any] = {
 
 @pytest.fixture(scope="session")
 def egress_images(docker_client: Any) -> dict[str, str]:
-    """kagura/base (agent and upstream) and kagura/egress-proxy, built once if missing."""
-    wanted = {"base": images.image_ref("base"), "proxy": images.image_ref("egress-proxy")}
-    missing = [
-        name
-        for name, ref in (("base", wanted["base"]), ("egress-proxy", wanted["proxy"]))
-        if images.local_image_digest(ref) is None
-    ]
-    if missing:
-        build.build(docker_client, missing, log=lambda _name, _line: None)
-    return wanted
+    return ensure_egress_images(docker_client)
 
 
 def _wait_log(container: Any, marker: str, timeout: float = 15.0) -> None:

@@ -22,10 +22,13 @@ COMMAND_MODULES: tuple[str, ...] = (
     "plan",
     "show",
     "schema",
+    "apply",
+    "run",
     "images",
     "graduation",
     "memory",
     "leases",
+    "egress",
 )
 
 

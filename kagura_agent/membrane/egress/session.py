@@ -125,7 +125,8 @@ class EgressSession:
         if policy.mode != "proxy":
             raise SetupError("egress mode is 'none': the agent gets network_mode none, no proxy")
         store = audit.open_store(store or StateStore())
-        sweep_orphans(client, store)
+        with docker_errors("sweeping egress orphans"):
+            sweep_orphans(client, store)
         session = cls(client, policy, run_id, store, on_event or (lambda _event: None))
         audit.record_run(store, run_id, iso((clock or SystemClock()).now()), plan["egress"])
         try:

@@ -1,0 +1,69 @@
+"""``kagura-agent egress``: the proxy's allow/deny decisions of a run, and the crash sweep."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add ``egress log [RUN]`` and ``egress sweep``."""
+    parser = subparsers.add_parser("egress", help="egress proxy audit log and cleanup")
+    sub = parser.add_subparsers(dest="egress_command", metavar="ACTION", required=True)
+
+    log = sub.add_parser("log", help="every allow/deny decision of a run (latest by default)")
+    log.add_argument("run", nargs="?", metavar="RUN", help="run id (default: the latest run)")
+    log.add_argument("--denied", action="store_true", help="only denials")
+    log.add_argument("--json", action="store_true", help="one JSON object: events + summary")
+    log.set_defaults(handler=_log)
+
+    sweep = sub.add_parser("sweep", help="remove proxies and networks of runs that are gone")
+    sweep.add_argument("--json", action="store_true", help="print removed names as JSON")
+    sweep.set_defaults(handler=_sweep)
+
+
+def _log(args: argparse.Namespace) -> int:
+    from kagura_agent.errors import UsageError
+    from kagura_agent.membrane.egress import audit
+    from kagura_agent.state import StateStore
+
+    store = audit.open_store(StateStore())
+    run_id = args.run or audit.latest_run(store)
+    if run_id is None:
+        raise UsageError("no egress runs recorded yet")
+    if audit.run_allowlist(store, run_id) is None:
+        raise UsageError(f"no egress record for run {run_id!r}")
+    events = audit.load_events(store, run_id)
+    summary = audit.denial_summary(events)
+    if args.denied:
+        events = [e for e in events if e.decision == "deny"]
+    if args.json:
+        body = {"run_id": run_id, "events": [e.to_json() for e in events], "denials": summary}
+        print(json.dumps(body, indent=2, sort_keys=True))
+        return 0
+    print(f"egress decisions of run {run_id}: {len(events)}")
+    for e in events:
+        why = e.entry if e.decision == "allow" else e.reason
+        print(
+            f"{e.time}  {e.decision.upper():<5} {e.method:<7} {e.host}:{e.port:<6}"
+            f" {e.status:>3}  in={e.bytes_in} out={e.bytes_out}  {why}"
+        )
+    if summary:
+        print("denied (what the agent tried to reach):")
+        for row in summary:
+            print(
+                f"  {row['count']:>4}x {row['method']} {row['host']}:{row['port']} ({row['reason']})"
+            )
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from kagura_agent.membrane.egress import audit, sweep_orphans
+    from kagura_agent.membrane.runtime import connect, docker_errors
+    from kagura_agent.state import StateStore
+
+    with docker_errors("sweeping egress orphans"):
+        removed = sweep_orphans(connect(), audit.open_store(StateStore()))
+    print(json.dumps(removed) if args.json else "\n".join(removed) or "nothing to sweep")
+    return 0

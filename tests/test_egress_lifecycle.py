@@ -1,0 +1,110 @@
+"""Teardown on Ctrl-C, the crash sweep after kill -9, and ``kagura-agent egress log``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kagura_agent.cli.main import main
+from kagura_agent.membrane.egress import audit, sweep_orphans
+from kagura_agent.state import StateStore
+from testing.egress_images import ensure_egress_images
+
+# A stand-in for the applying process: it starts a run's egress, says so, and waits.
+CHILD = """
+import sys, time, docker
+from kagura_agent.membrane.egress import EgressSession
+plan = {"egress": {"mode": "proxy", "allow": [{"host": "allowed.test", "port": 8443}]}}
+with EgressSession.start(docker.from_env(), plan, sys.argv[1]) as egress:
+    print("ready", egress.proxy_name, flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.fixture(scope="session")
+def egress_images(docker_client: Any) -> dict[str, str]:
+    return ensure_egress_images(docker_client)
+
+
+def _objects(client: Any, run_id: str) -> list[str]:
+    label = f"dev.kagura.run={run_id}"
+    found = [c.name for c in client.containers.list(all=True, filters={"label": label})]
+    return found + [n.name for n in client.networks.list(filters={"label": label})]
+
+
+def _start_child(run_id: str) -> subprocess.Popen[str]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, run_id], stdout=subprocess.PIPE, text=True, env=os.environ
+    )
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    assert line.startswith("ready"), line
+    return child
+
+
+@pytest.mark.docker
+def test_ctrl_c_removes_proxy_and_networks(
+    docker_client: Any, egress_images: dict[str, str], state_dir: Path
+) -> None:
+    run_id = f"test-sigint-{time.monotonic_ns()}"
+    child = _start_child(run_id)
+    assert len(_objects(docker_client, run_id)) == 3
+    child.send_signal(signal.SIGINT)
+    assert child.wait(timeout=30) != 0
+    assert _objects(docker_client, run_id) == []
+
+
+@pytest.mark.docker
+def test_kill_9_leftovers_are_swept_on_next_start(
+    docker_client: Any, egress_images: dict[str, str], state_dir: Path
+) -> None:
+    run_id = f"test-kill9-{time.monotonic_ns()}"
+    child = _start_child(run_id)
+    child.kill()  # SIGKILL: no finally, no __exit__
+    child.wait(timeout=30)
+    assert len(_objects(docker_client, run_id)) == 3
+    store = audit.open_store(StateStore())
+    removed = sweep_orphans(docker_client, store)
+    assert _objects(docker_client, run_id) == []
+    assert any(name.endswith("-proxy") for name in removed)
+    # A live owner's objects are never touched.
+    live = f"test-live-{time.monotonic_ns()}"
+    child = _start_child(live)
+    try:
+        sweep_orphans(docker_client, store)
+        assert len(_objects(docker_client, live)) == 3
+    finally:
+        child.send_signal(signal.SIGINT)
+        child.wait(timeout=30)
+    assert _objects(docker_client, live) == []
+
+
+def test_egress_log_cli(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kagura_agent.membrane.egress import load_policy
+
+    store = audit.open_store(StateStore())
+    allow = {"mode": "proxy", "allow": [{"host": "api.github.com"}]}
+    audit.record_run(store, "run-a", "2026-01-01T00:00:00Z", allow)
+    log = (
+        "KAGURA1 1767225600.000 172.18.0.3 CONNECT - api.github.com 443 200 TCP_TUNNEL 1 2 - -\n"
+        "KAGURA1 1767225601.000 172.18.0.3 CONNECT - evil.test 443 403 TCP_DENIED 1 2 - "
+        "not-allowed\n"
+    )
+    audit.record_events(store, audit.events_from_log(log, load_policy(allow), "run-a"))
+    assert main(["egress", "log"]) == 0
+    text = capsys.readouterr().out
+    assert "ALLOW CONNECT api.github.com:443" in text and "api.github.com:443/https" in text
+    assert "1x CONNECT evil.test:443 (host-not-listed)" in text
+    assert main(["egress", "log", "run-a", "--json", "--denied"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert [e["host"] for e in body["events"]] == ["evil.test"]
+    assert body["denials"][0]["reason"] == "host-not-listed"
+    assert main(["egress", "log", "nope"]) == 2
