@@ -144,6 +144,16 @@ def test_tty_prompt_answers(typed: bytes, expected: bool) -> None:
     assert "[y/N]" in out.getvalue()
 
 
+def test_tty_prompt_reads_piped_answers_one_line_at_a_time() -> None:
+    reader, write_fd = _pipe()
+    os.write(write_fd, b"y\nn\n")
+    out = io.StringIO()
+    with reader:
+        assert approvals.tty_prompt("First?", 1, stdin=reader, out=out) is True
+        assert approvals.tty_prompt("Second?", 1, stdin=reader, out=out) is False
+    os.close(write_fd)
+
+
 def test_tty_prompt_times_out_and_eof_denies() -> None:
     reader, write_fd = _pipe()
     out = io.StringIO()

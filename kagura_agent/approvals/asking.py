@@ -12,6 +12,7 @@ import getpass
 import os
 import select
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TextIO
@@ -110,17 +111,28 @@ def ask(
 def tty_prompt(
     question: str, timeout: float, *, stdin: TextIO | None = None, out: TextIO | None = None
 ) -> bool | None:
-    """Ask on a terminal: "y"/"yes" approves, anything else or EOF denies, silence times out."""
-    source = stdin if stdin is not None else sys.stdin
+    """Ask on a terminal: "y"/"yes" approves, anything else or EOF denies, silence times out.
+
+    The timeout covers the whole answer line. Bytes are read straight from the file
+    descriptor so that no answer sits unseen in a Python buffer while select() waits.
+    """
+    fd = (stdin if stdin is not None else sys.stdin).fileno()
     sink = out if out is not None else sys.stderr
     sink.write(f"{question} [y/N] (deny in {timeout:g}s) ")
     sink.flush()
-    ready, _, _ = select.select([source], [], [], timeout)
-    if not ready:
-        sink.write("\ntimed out: denied\n")
-        return None
-    line = source.readline()
-    return line.strip().lower() in ("y", "yes")
+    deadline = time.monotonic() + timeout
+    answer = b""
+    while not answer.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(0.0, left))
+        if not ready:
+            sink.write("\ntimed out: denied\n")
+            return None
+        chunk = os.read(fd, 1)
+        if not chunk:  # EOF: nobody will answer
+            break
+        answer += chunk
+    return answer.decode(errors="replace").strip().lower() in ("y", "yes")
 
 
 def operator_name() -> str:
