@@ -24,6 +24,7 @@ class Facts:
     cost_history: dict[str, Any] | None = None
     untrusted_inputs: list[str] = field(default_factory=list)
     daemon: dict[str, Any] | None = None
+    project_owner: list[int] | None = None  # [uid, gid] of the project root
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -34,6 +35,7 @@ class Facts:
             "cost_history": self.cost_history,
             "untrusted_inputs": list(self.untrusted_inputs),
             "daemon": self.daemon,
+            "project_owner": self.project_owner,
         }
 
     @classmethod
@@ -46,6 +48,7 @@ class Facts:
             cost_history=data.get("cost_history"),
             untrusted_inputs=list(data.get("untrusted_inputs", [])),
             daemon=data.get("daemon"),
+            project_owner=data.get("project_owner"),
         )
 
 
@@ -64,8 +67,19 @@ def gather_facts(catalog: Catalog, task: ResolvedTask) -> Facts:
             recipe: recipe_digest(recipe_path) if recipe_path and recipe_path.is_dir() else None
         },
         graduation=_graduation(catalog),
+        project_owner=_owner(task.project_root),
         **_memory_facts(task),
     )
+
+
+def _owner(path: str) -> list[int] | None:
+    import os
+
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return [info.st_uid, info.st_gid]
 
 
 def graduation_knobs(catalog: Catalog) -> Knobs:

@@ -34,6 +34,7 @@ HARDENING_DEFAULTS: dict[str, Any] = {
     "tmpfs_size": "256m",
 }
 DEFAULT_RESERVE = 0.3
+DEFAULT_USER = "1000:1000"
 
 
 def compile_plan(catalog: Catalog, task: ResolvedTask, facts: Facts) -> dict[str, Any]:
@@ -51,7 +52,7 @@ def compile_plan(catalog: Catalog, task: ResolvedTask, facts: Facts) -> dict[str
         ],
         "egress": _egress(task.egress),
         "credentials": [_credential(request) for request in task.credentials],
-        "hardening": _hardening(task, tenancy),
+        "hardening": _hardening(task, tenancy, facts),
         "brain": _brain(task),
         "memory": _memory(task, facts),
         "budget": _budget(task, facts, catalog),
@@ -68,6 +69,12 @@ def compile_plan(catalog: Catalog, task: ResolvedTask, facts: Facts) -> dict[str
                 f"credential {cred['provider']}/{cred['scope']} is a standing secret (static);"
                 " it does not expire on its own"
             )
+    owner = facts.project_owner
+    if owner is not None and owner[0] == 0 and plan["brain"]["runtime"] == "container":
+        warnings.append(
+            f"the project root is owned by root; the agent runs as {DEFAULT_USER} and cannot"
+            " write it (chown it to a non-root user)"
+        )
     if plan["brain"]["runtime"] == "host":
         warnings.append(
             "brain runtime is host: the brain runs UNSANDBOXED on this machine;"
@@ -218,11 +225,19 @@ def _settings_key(kind: str) -> str:
     return {"aws-sts": "aws", "github-app": "github"}.get(kind, kind)
 
 
-def _hardening(task: ResolvedTask, tenancy: str) -> dict[str, Any]:
+def _container_user(facts: Facts) -> str:
+    """The project root's owner, so the agent can write it — but never root."""
+    owner = facts.project_owner
+    if owner and owner[0] != 0 and owner[1] != 0:
+        return f"{owner[0]}:{owner[1]}"
+    return DEFAULT_USER
+
+
+def _hardening(task: ResolvedTask, tenancy: str, facts: Facts) -> dict[str, Any]:
     knobs = {**HARDENING_DEFAULTS, **task.image.spec.get("hardening", {})}
     tmpfs = f"rw,nosuid,nodev,size={parse_size(knobs['tmpfs_size'])}"
     return {
-        "user": "1000:1000",
+        "user": _container_user(facts),
         "cap_drop": ["ALL"],
         "cap_add": sorted(knobs["cap_add"]),
         "no_new_privileges": True,

@@ -1,0 +1,358 @@
+"""Apply a launch plan: the only place that sequences side effects.
+
+    refuse (not applyable, host runtime not allowed)  → memory gate → approvals
+    → lock → sweep what crashed runs left → run row
+    → leases (ledger first) → egress (network + proxy) → container (hardened, no secrets
+      in its config) → brain over the attached stdin/stdout → verify inside the container
+    → record (memory, cost, graduation evidence, last applied plan)
+    → release leases, remove container, proxy and networks
+
+Every exit — success, failure, Ctrl-C, SIGTERM, a brain crash, a budget overrun, a
+Docker error — leaves through the same ExitStack, so clean-up is one code path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from kagura_agent.apply.live import LiveView
+from kagura_agent.apply.runs import apply_lock, close_run, new_run_id, open_run, sweep_dead_runs
+from kagura_agent.clock import Clock, SystemClock
+from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError
+from kagura_agent.membrane.secrets import Redactor
+from kagura_agent.state import StateStore
+
+MINTED_CLASSES = ("baseline", "graduated")
+
+
+class Terminated(BaseException):
+    """SIGTERM, turned into an exception so it takes the same clean-up path as Ctrl-C."""
+
+
+@dataclass
+class ApplyOptions:
+    approve: tuple[str, ...] = ()
+    allow_host_runtime: bool = False
+    interactive: bool = False
+    approval_timeout: float = 120.0
+    as_json: bool = False
+    who: str = ""
+    clock: Clock = field(default_factory=SystemClock)
+    prompt: str | None = None  # a follow-up prompt (repl) instead of the task's
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    outcome: str  # success | failed | interrupted | terminated
+    exit_code: int
+    verify: list[tuple[str, int, str]] = field(default_factory=list)
+    brain_error: str | None = None
+    cost_usd: float | None = None
+    turns: int = 0
+    wall_seconds: float = 0.0
+    denials: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: int | None = None
+    brain_session_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "verify": [{"command": c, "exit_code": code} for c, code, _ in self.verify],
+        }
+
+
+def refuse_unapplyable(plan: dict[str, Any], options: ApplyOptions) -> None:
+    """Refusals that need no side effect at all (exit 6)."""
+    if not plan["applyable"]:
+        reasons = [
+            f"policy {r['policy']} ({r['message']})"
+            for r in plan["policy"]
+            if not r["passed"] and r["effect"] == "deny"
+        ]
+        reasons += [
+            f"{a['category']} {a['reason']}" for a in plan["approvals"] if a["class"] == "denied"
+        ]
+        reasons += [w for w in plan["warnings"] if "refused" in w]
+        raise RefusedError("plan is not applyable: " + "; ".join(reasons or ["see the plan"]))
+    if plan["brain"]["runtime"] == "host" and not options.allow_host_runtime:
+        raise RefusedError(
+            "this plan runs the brain on the host, unsandboxed",
+            hint="re-run with --allow-host-runtime if that is really what you want",
+        )
+
+
+def apply_plan(plan: dict[str, Any], options: ApplyOptions) -> RunResult:
+    """Execute ``plan`` exactly; returns the run's result (exit code inside)."""
+    from kagura_agent.memory.gate import check_ready
+
+    refuse_unapplyable(plan, options)
+    store = StateStore()
+    live = LiveView(Redactor(), as_json=options.as_json)
+    check_ready(plan["memory"])
+    approved = _approvals(store, plan, options, live)
+    runtime = _runtime() if plan["brain"]["runtime"] == "container" else None
+    clock = options.clock
+    with apply_lock(plan), _sigterm_as_exception():
+        _sweep(store, runtime, clock, live)
+        run_id = new_run_id()
+        open_run(store, plan, run_id, clock)
+        result = RunResult(run_id, "failed", int(ExitCode.TASK_FAILED))
+        try:
+            _run(store, plan, run_id, approved, runtime, options, live, result)
+        except KeyboardInterrupt:
+            result.outcome, result.exit_code = "interrupted", 130
+            live.note("interrupted: everything of this run was released and removed", "yellow")
+        except Terminated:
+            result.outcome, result.exit_code = "terminated", 143
+            live.note("terminated: everything of this run was released and removed", "yellow")
+        except KaguraError as exc:
+            result.outcome = "refused" if exc.exit_code == ExitCode.REFUSED else "failed"
+            result.exit_code = int(exc.exit_code)
+            close_run(store, run_id, result.outcome, result.exit_code, clock)
+            raise
+        close_run(store, run_id, result.outcome, result.exit_code, clock)
+    return result
+
+
+def _runtime() -> Any:
+    from kagura_agent.membrane.runtime import DockerRuntime
+
+    return DockerRuntime()
+
+
+def _approvals(
+    store: StateStore, plan: dict[str, Any], options: ApplyOptions, live: LiveView
+) -> set[str]:
+    from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_prompt
+
+    needed = [a["category"] for a in plan["approvals"] if a["class"] == "needs-approval"]
+    if not needed:
+        return set()
+    live.phase(f"approval needed for {len(needed)} capabilit{'y' if len(needed) == 1 else 'ies'}")
+    obtain_approvals(
+        store,
+        needed,
+        plan["fingerprint"],
+        approve=options.approve,
+        prompt_fn=tty_prompt if options.interactive else None,
+        timeout=options.approval_timeout,
+        who=options.who or operator_name(),
+        clock=options.clock,
+        reasons={a["category"]: a["reason"] for a in plan["approvals"]},
+    )
+    return set(needed)
+
+
+def _sweep(store: StateStore, runtime: Any, clock: Clock, live: LiveView) -> None:
+    """Whatever a killed apply left behind goes first: containers, networks, leases."""
+    from kagura_agent.membrane.leases import Sweeper
+
+    report = Sweeper(store, clock=clock).sweep()
+    if report.summary():
+        live.note(f"lease sweep: {report.summary()}")
+    if runtime is None:
+        return
+    swept = sweep_dead_runs(store, runtime, clock)
+    from kagura_agent.membrane.egress import sweep_orphans
+
+    removed = sweep_orphans(runtime.client, store)
+    if swept or removed:
+        live.note(
+            f"removed what crashed runs left: {len(swept)} runs, {len(removed)} egress objects"
+        )
+
+
+@contextlib.contextmanager
+def _sigterm_as_exception() -> Iterator[None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(
+    store: StateStore,
+    plan: dict[str, Any],
+    run_id: str,
+    approved: set[str],
+    runtime: Any,
+    options: ApplyOptions,
+    live: LiveView,
+    result: RunResult,
+) -> None:
+    from kagura_agent.apply.record import record_outcome
+    from kagura_agent.membrane.leases import Broker, LeaseRequest
+
+    started = time.monotonic()
+    redactor = live.redactor
+    with contextlib.ExitStack() as cleanup:
+        broker = Broker(store, run_id=run_id, clock=options.clock, redactor=redactor)
+        cleanup.callback(_release, broker, live)
+        leases = []
+        for entry in plan["credentials"]:
+            klass = "approved" if entry["category"] in approved else entry["class"]
+            live.phase(
+                f"leasing {entry['provider']}/{entry['scope']} ({entry['ttl_seconds'] // 60}m)"
+            )
+            leases.append(broker.acquire(LeaseRequest.from_plan({**entry, "class": klass})))
+        if runtime is None:
+            from kagura_agent.apply.hostrun import run_on_host
+
+            run_on_host(store, plan, run_id, leases, options, live, result)
+        else:
+            _run_in_container(store, plan, run_id, leases, runtime, options, live, result, cleanup)
+        result.wall_seconds = round(time.monotonic() - started, 3)
+        record_outcome(store, plan, run_id, approved, result, options.clock, live)
+
+
+def _release(broker: Any, live: LiveView) -> None:
+    if not broker.leases:
+        return
+    problems = broker.release_all()
+    live.phase(f"released {len(broker.leases)} lease(s)")
+    for problem in problems:
+        live.note(f"release problem (kept for the sweeper): {problem}", "red")
+
+
+def _run_in_container(
+    store: StateStore,
+    plan: dict[str, Any],
+    run_id: str,
+    leases: list[Any],
+    runtime: Any,
+    options: ApplyOptions,
+    live: LiveView,
+    result: RunResult,
+    cleanup: contextlib.ExitStack,
+) -> None:
+    from kagura_agent.apply.verify import verify_in_container
+
+    network: str | None = None
+    environment: dict[str, str] = {}
+    dns: list[str] | None = None
+    if plan["egress"]["mode"] == "proxy":
+        from kagura_agent.membrane.egress import EgressSession
+
+        live.phase(f"starting this run's egress proxy ({len(plan['egress']['allow'])} allowed)")
+        egress = EgressSession.start(
+            runtime.client, plan, run_id, live.egress, store=store, clock=options.clock
+        )
+        cleanup.callback(_close_egress, egress, result, live)
+        config = egress.agent_network_config()
+        network, environment, dns = config.network, dict(config.environment), list(config.dns)
+    live.phase(f"starting container from {plan['image']['ref']}")
+    container_id = runtime.create(plan, run_id, environment=environment, network=network, dns=dns)
+    cleanup.callback(_remove_container, runtime, container_id, live)
+    sock = runtime.attach_socket(container_id)
+    cleanup.callback(_close_quietly, sock)
+    runtime.start(container_id)
+    asyncio.run(
+        _drive(store, plan, run_id, leases, runtime, container_id, sock, options, live, result)
+    )
+    if plan["task"]["verify"]:
+        live.phase(f"verifying: {len(plan['task']['verify'])} command(s) in the container")
+        result.verify = verify_in_container(
+            runtime, container_id, plan["task"]["verify"], plan["hardening"]["workdir"]
+        )
+        _show_verify(result, live)
+
+
+async def _drive(
+    store: StateStore,
+    plan: dict[str, Any],
+    run_id: str,
+    leases: list[Any],
+    runtime: Any,
+    container_id: str,
+    sock: Any,
+    options: ApplyOptions,
+    live: LiveView,
+    result: RunResult,
+) -> None:
+    from kagura_agent.apply.session import BrainRun
+    from kagura_agent.brain.channel import BrainChannel, ChannelLimits
+    from kagura_agent.brain.streams import DockerAttachStream
+
+    brain = plan["brain"]
+    limits = ChannelLimits(
+        max_line_bytes=int(brain.get("max_line_bytes", 1024 * 1024)),
+        idle_seconds=float(brain.get("idle_timeout_seconds", 300)),
+    )
+    memory = _host_memory(plan, run_id)
+    channel = BrainChannel(
+        DockerAttachStream(sock),
+        memory=memory,
+        limits=limits,
+        on_stop=lambda: asyncio.to_thread(runtime.stop, container_id, 2),
+        on_kill=lambda: asyncio.to_thread(runtime.kill, container_id),
+    )
+    channel.start()
+    try:
+        await BrainRun(store, plan, leases, channel, options, live, result).run()
+    finally:
+        # After the turn the container stays up for verify: revoke credentials first.
+        for lease in leases:
+            with contextlib.suppress(KaguraError, OSError, asyncio.TimeoutError):
+                if not channel.closed:
+                    await channel.revoke_credentials(lease.id)
+
+
+def _host_memory(plan: dict[str, Any], run_id: str) -> Any:
+    from kagura_agent.apply.hostmem import HostMemory
+    from kagura_agent.memory.factory import open_memory
+
+    store = open_memory(plan["memory"])
+    include = bool(plan["task"].get("context", {}).get("include_untrusted"))
+    return HostMemory(
+        store, run_id, plan["task"].get("kind") or plan["task"]["name"], include_untrusted=include
+    )
+
+
+def _show_verify(result: RunResult, live: LiveView) -> None:
+    for command, code, output in result.verify:
+        mark = "✓" if code == 0 else "✗"
+        live.note(f"{mark} verify {command!r} exited {code}", "green" if code == 0 else "red")
+        if code != 0 and output.strip():
+            for line in output.strip().splitlines()[-5:]:
+                live.note(f"    {line}", "dim")
+
+
+def _close_egress(egress: Any, result: RunResult, live: LiveView) -> None:
+    egress.close()
+    result.denials = egress.denial_summary()
+    live.phase("egress proxy and networks removed")
+    for denial in result.denials:
+        live.note(
+            f"egress denied: {denial.get('host')}:{denial.get('port')} ({denial.get('count', 1)} times)",
+            "yellow",
+        )
+
+
+def _remove_container(runtime: Any, container_id: str, live: LiveView) -> None:
+    try:
+        runtime.remove(container_id, force=True)
+    except KaguraError as exc:
+        live.note(f"could not remove container {container_id[:12]}: {exc.message}", "red")
+        raise
+    live.phase("container removed")
+
+
+def _close_quietly(sock: Any) -> None:
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+__all__ = ["ApplyOptions", "RunResult", "SetupError", "apply_plan"]

@@ -1,0 +1,40 @@
+"""Is a saved plan still what the current inputs would produce? If not, say what changed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kagura_agent.errors import RefusedError
+
+
+def check_fresh(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """Raise RefusedError (exit 6) naming the inputs that changed since ``saved`` was made."""
+    if saved["fingerprint"] == current["fingerprint"]:
+        return
+    changed = changed_inputs(saved["inputs"], current["inputs"])
+    if not changed:
+        changed = ["the compiled plan differs (facts or planner output)"]
+    raise RefusedError(
+        "saved plan is stale: " + "; ".join(changed),
+        hint="run `kagura-agent plan -o` again and review the new plan",
+    )
+
+
+def changed_inputs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    changes = []
+    old_files, new_files = old.get("files", {}), new.get("files", {})
+    for name in sorted(set(old_files) | set(new_files)):
+        if name not in new_files:
+            changes.append(f"{name} was removed")
+        elif name not in old_files:
+            changes.append(f"{name} was added")
+        elif old_files[name] != new_files[name]:
+            changes.append(f"{name} changed")
+    for key in ("tool_version", "schema_version"):
+        if old.get(key) != new.get(key):
+            changes.append(f"{key} {old.get(key)} → {new.get(key)}")
+    old_facts, new_facts = old.get("facts", {}), new.get("facts", {})
+    for key in sorted(set(old_facts) | set(new_facts)):
+        if old_facts.get(key) != new_facts.get(key):
+            changes.append(f"fact {key} {old_facts.get(key)} → {new_facts.get(key)}")
+    return changes

@@ -1,0 +1,59 @@
+"""The host's memory, as served to the brain in the container over the channel.
+
+The container never holds a memory credential: it asks, the host answers. Recall returns
+trusted memories only unless the task asked for untrusted ones, and what the brain writes
+is recorded as coming from this run (untrusted: the agent's own words).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kagura_agent.memory.model import Memory, Source
+
+
+class HostMemory:
+    def __init__(self, store: Any, run_id: str, task_kind: str, *, include_untrusted: bool) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.task_kind = task_kind
+        self.include_untrusted = include_untrusted
+
+    async def recall(self, query: str, limit: int) -> list[dict[str, Any]]:
+        found = await asyncio.to_thread(
+            self.store.recall,
+            query,
+            k=max(1, min(limit, 20)),
+            include_untrusted=self.include_untrusted,
+        )
+        return [_public(m) for m in found]
+
+    async def remember(self, text: str, tags: list[str]) -> str:
+        memory = await asyncio.to_thread(
+            self.store.remember,
+            type="note",
+            summary=text[:200],
+            details={"text": text},
+            tags=tags,
+            source=Source("run", self.run_id),
+            task_kind=self.task_kind,
+            trust="untrusted",
+        )
+        return str(memory.id)
+
+    async def get(self, memory_id: str) -> dict[str, Any] | None:
+        found = await asyncio.to_thread(self.store.get, memory_id)
+        if found is None or (found.untrusted and not self.include_untrusted):
+            return None
+        return _public(found)
+
+
+def _public(memory: Memory) -> dict[str, Any]:
+    return {
+        "id": memory.id,
+        "type": memory.type,
+        "summary": memory.summary,
+        "details": memory.details,
+        "trust": "untrusted" if memory.untrusted else "trusted",
+    }

@@ -1,0 +1,132 @@
+"""The live view of a run: phases, tool calls as they happen, text in readable chunks.
+
+Text from the brain is buffered and shown a paragraph at a time (never token by token);
+tool calls and results are shown as they happen, with long output cut to a few lines.
+Everything shown passes the run's redactor first. ``--json`` turns each item into one
+JSON line instead.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, TextIO
+
+from kagura_agent.brain.events import (
+    BrainEvent,
+    CheckpointEvent,
+    CostEvent,
+    DoneEvent,
+    ErrorEvent,
+    TextEvent,
+    ToolCallEvent,
+    ToolResultEvent,
+    event_to_json,
+)
+from kagura_agent.membrane.secrets import Redactor
+from kagura_agent.ui import Style
+
+RESULT_LINES = 6
+
+
+class LiveView:
+    def __init__(
+        self, redactor: Redactor, *, stream: TextIO | None = None, as_json: bool = False
+    ) -> None:
+        self.out = stream or sys.stderr
+        self.style = Style.for_stream(self.out)
+        self.redactor = redactor
+        self.as_json = as_json
+        self.started = time.monotonic()
+        self._text = ""
+
+    def _write(self, line: str) -> None:
+        self.out.write(self.redactor.scrub(line) + "\n")
+        self.out.flush()
+
+    def _json(self, kind: str, payload: dict[str, Any]) -> None:
+        self._write(json.dumps({"kind": kind, **payload}, ensure_ascii=False, default=str))
+
+    def _elapsed(self) -> str:
+        return f"{time.monotonic() - self.started:6.1f}s"
+
+    def phase(self, message: str) -> None:
+        if self.as_json:
+            self._json("phase", {"message": message})
+        else:
+            self._write(self.style(f"{self._elapsed()} ● {message}", "dim"))
+
+    def note(self, message: str, *styles: str) -> None:
+        if self.as_json:
+            self._json("note", {"message": message})
+        else:
+            self._write(self.style(f"        {message}", *styles))
+
+    def egress(self, event: dict[str, Any]) -> None:
+        if self.as_json:
+            self._json("egress", event)
+        elif event.get("decision") == "deny":
+            where = f"{event.get('host')}:{event.get('port')}"
+            self._write(self.style(f"{self._elapsed()} ⊘ egress denied {where}", "yellow"))
+
+    def brain(self, event: BrainEvent) -> None:
+        if self.as_json:
+            self._json("brain", event_to_json(event))
+            return
+        if isinstance(event, TextEvent):
+            self._text += event.text
+            while "\n\n" in self._text:
+                paragraph, self._text = self._text.split("\n\n", 1)
+                self._paragraph(paragraph)
+            return
+        self.flush_text()
+        if isinstance(event, ToolCallEvent):
+            argv = event.input.get("argv")
+            detail = event.input.get("command") or event.input.get("description") or ""
+            if isinstance(argv, list) and argv:
+                detail = str(argv[-1]) if argv[:2] == ["bash", "-c"] else " ".join(map(str, argv))
+            detail = str(detail)[:200] if detail else json.dumps(event.input)[:200]
+            self._write(f"{self._elapsed()} ▸ {event.name}: {detail}")
+        elif isinstance(event, ToolResultEvent):
+            self._result(event)
+        elif isinstance(event, CostEvent):
+            usd = f"${event.usd:.4f}" if event.usd is not None else "cost unknown"
+            self._write(self.style(f"{self._elapsed()} $ {usd}, {event.turns or 0} turns", "dim"))
+        elif isinstance(event, CheckpointEvent):
+            self._write(
+                self.style(
+                    f"{self._elapsed()} ✓ checkpoint: step {event.step} done,"
+                    f" {event.pending} pending",
+                    "dim",
+                )
+            )
+        elif isinstance(event, DoneEvent):
+            if event.result:
+                self._paragraph(event.result)
+            self._write(f"{self._elapsed()} ● brain finished")
+        elif isinstance(event, ErrorEvent):
+            self._write(
+                self.style(
+                    f"{self._elapsed()} ✗ brain error ({event.code}): {event.message}", "red"
+                )
+            )
+
+    def flush_text(self) -> None:
+        if self._text.strip():
+            self._paragraph(self._text)
+        self._text = ""
+
+    def _paragraph(self, text: str) -> None:
+        for line in text.strip().splitlines():
+            self._write(f"        {line}")
+
+    def _result(self, event: ToolResultEvent) -> None:
+        code = f"exit {event.exit_code}" if event.exit_code is not None else "done"
+        colour = ("red",) if event.is_error or (event.exit_code or 0) != 0 else ("green",)
+        lines = event.output.rstrip().splitlines()
+        self._write(self.style(f"{self._elapsed()}   {code} ({len(lines)} lines)", *colour))
+        for line in lines[:RESULT_LINES]:
+            self._write(self.style(f"          {line[:200]}", "dim"))
+        if len(lines) > RESULT_LINES:
+            self._write(self.style(f"          … {len(lines) - RESULT_LINES} more lines", "dim"))

@@ -1,0 +1,109 @@
+"""After a run: decide the outcome from verify exit codes, then remember everything.
+
+Memory gets the cost and, for failures, the failure (a later success of the same task
+kind is linked to it as its fix); graduation gets evidence from the verify exit codes
+only; the state store keeps the plan as the last applied one for the next diff.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kagura_agent.clock import Clock, iso
+from kagura_agent.state import StateStore
+
+
+def record_outcome(
+    store: StateStore,
+    plan: dict[str, Any],
+    run_id: str,
+    approved: set[str],
+    result: Any,
+    clock: Clock,
+    live: Any,
+) -> None:
+    from kagura_agent.graduation.ledger import record_outcome as graduation_evidence
+    from kagura_agent.memory.factory import open_memory
+    from kagura_agent.patterns.checkpoint import clear_checkpoint
+    from kagura_agent.patterns.cost_history import RunCost, record_run
+    from kagura_agent.patterns.failure_learning import record_failure, record_success
+    from kagura_agent.plan.history import record_applied
+
+    verify_ok = all(code == 0 for _, code, _ in result.verify)
+    success = result.brain_error is None and verify_ok
+    result.outcome = "success" if success else "failed"
+    result.exit_code = 0 if success else 1
+    task_kind = plan["task"].get("kind") or plan["task"]["name"]
+    memory = open_memory(plan["memory"], clock=clock)
+    try:
+        record_run(
+            memory,
+            RunCost(
+                run_id=run_id,
+                task_kind=task_kind,
+                turns=result.turns,
+                wall_seconds=result.wall_seconds,
+                cost_usd=result.cost_usd,
+                retries=0,
+                outcome="success" if success else "failure",
+            ),
+        )
+        if success:
+            fixed = record_success(
+                memory,
+                run_id=run_id,
+                task_kind=task_kind,
+                summary=f"{plan['task']['name']} succeeded: " + _what_ran(plan),
+                details={"verify": [c for c, _, _ in result.verify]},
+            )
+            if fixed.fix is not None:
+                live.note(f"linked this run as the fix of {len(fixed.prevents)} earlier failure(s)")
+        else:
+            record_failure(
+                memory,
+                run_id=run_id,
+                task_kind=task_kind,
+                summary=_failure_summary(result),
+                details={"verify": [[c, code] for c, code, _ in result.verify]},
+            )
+    finally:
+        close = getattr(memory, "close", None)
+        if close is not None:
+            close()
+    # Evidence comes only from the host-side verify exit codes; a brain error counts
+    # against the run (fail closed), a brain's claim of success counts for nothing.
+    evidence = [(c, code) for c, code, _ in result.verify]
+    if result.brain_error is not None:
+        evidence.append(("brain finished without error", 1))
+    categories = [a["category"] for a in plan["approvals"] if a["class"] != "baseline"]
+    if categories:
+        recorded = graduation_evidence(
+            store, categories, run_id, plan["task"]["name"], plan["fingerprint"], evidence, clock
+        )
+        for category in getattr(recorded, "demoted", []) or []:
+            live.note(f"graduation: {category} demoted to ask-every-time after this failure", "red")
+    if success and plan["task"].get("session") and plan["brain"]["engine"] == "script":
+        clear_checkpoint(store, plan["task"]["session"])
+    record_applied(store, plan, iso(clock.now()))
+    verdict = "succeeded" if success else "FAILED"
+    live.phase(
+        f"run {run_id} {verdict} in {result.wall_seconds:.1f}s"
+        + (f", cost ${result.cost_usd:.4f}" if result.cost_usd is not None else "")
+    )
+
+
+def _what_ran(plan: dict[str, Any]) -> str:
+    steps = plan["task"].get("steps")
+    if steps:
+        return "; ".join(steps)[:300]
+    return (plan["task"].get("prompt") or "")[:300]
+
+
+def _failure_summary(result: Any) -> str:
+    if result.brain_error:
+        return f"brain error {result.brain_error}"[:300]
+    failed = [(c, code) for c, code, _ in result.verify if code != 0]
+    if failed:
+        command, code = failed[0]
+        return f"verify {command!r} exited {code}"[:300]
+    return "run failed"

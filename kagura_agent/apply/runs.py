@@ -1,0 +1,126 @@
+"""Runs in the state store, the apply lock, and clean-up of runs a crash left behind.
+
+Every apply writes a ``runs`` row (owner pid and start time) before it creates anything,
+so the next start can tell a live run from one whose process was killed, and remove the
+containers of the dead one. The lock is an ``flock`` on a file per project root and per
+session: the kernel drops it when the process dies, so a crash never leaves it held.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from kagura_agent.clock import Clock, iso
+from kagura_agent.errors import RefusedError
+from kagura_agent.paths import state_dir
+from kagura_agent.state import StateStore
+
+MIGRATIONS = [
+    """
+    CREATE TABLE runs (
+        run_id TEXT PRIMARY KEY,
+        task TEXT NOT NULL,
+        session TEXT,
+        fingerprint TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        pid_start TEXT,
+        started_at TEXT NOT NULL,
+        ended_at TEXT,
+        outcome TEXT,
+        exit_code INTEGER
+    );
+    CREATE INDEX runs_open ON runs(ended_at);
+    """
+]
+
+
+def new_run_id() -> str:
+    return "run-" + secrets.token_hex(6)
+
+
+def open_run(store: StateStore, plan: dict[str, Any], run_id: str, clock: Clock) -> None:
+    from kagura_agent.membrane.leases.ledger import process_start
+
+    store.migrate("runs", MIGRATIONS)
+    with store.transaction() as conn:
+        conn.execute(
+            "INSERT INTO runs(run_id, task, session, fingerprint, pid, pid_start, started_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                run_id,
+                plan["task"]["name"],
+                plan["task"].get("session"),
+                plan["fingerprint"],
+                os.getpid(),
+                process_start(os.getpid()),
+                iso(clock.now()),
+            ),
+        )
+
+
+def close_run(store: StateStore, run_id: str, outcome: str, exit_code: int, clock: Clock) -> None:
+    with store.transaction() as conn:
+        conn.execute(
+            "UPDATE runs SET ended_at = ?, outcome = ?, exit_code = ? WHERE run_id = ?",
+            (iso(clock.now()), outcome, exit_code, run_id),
+        )
+
+
+def sweep_dead_runs(store: StateStore, runtime: Any, clock: Clock) -> list[str]:
+    """Remove the containers of runs whose applying process died; close their rows."""
+    from kagura_agent.membrane.hardening import LABEL_RUN
+    from kagura_agent.membrane.leases.ledger import owner_alive
+
+    store.migrate("runs", MIGRATIONS)
+    swept = []
+    rows = store.conn.execute(
+        "SELECT run_id, pid, pid_start FROM runs WHERE ended_at IS NULL"
+    ).fetchall()
+    for row in rows:
+        if owner_alive(row["pid"], row["pid_start"]):
+            continue
+        for container_id in runtime.list({LABEL_RUN: row["run_id"]}):
+            runtime.remove(container_id, force=True)
+        close_run(store, row["run_id"], "crashed", -1, clock)
+        swept.append(row["run_id"])
+    return swept
+
+
+@contextmanager
+def apply_lock(plan: dict[str, Any]) -> Iterator[None]:
+    """Hold the project-root lock (and the session lock) for the duration of a run."""
+    keys = [("project root", plan["task"]["project_root"])]
+    if plan["task"].get("session"):
+        keys.append(("session", plan["task"]["session"]))
+    folder = state_dir() / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    handles = []
+    try:
+        for what, value in keys:
+            digest = hashlib.sha256(value.encode()).hexdigest()[:24]
+            path = folder / f"{digest}.lock"
+            handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held across yield
+            handles.append(handle)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as exc:
+                handle.seek(0)
+                holder = handle.read().strip() or "another process"
+                raise RefusedError(
+                    f"{what} {value} is already being applied ({holder})",
+                    hint="wait for that run to finish, or stop it",
+                ) from exc
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()}")
+            handle.flush()
+        yield
+    finally:
+        for handle in handles:
+            handle.close()

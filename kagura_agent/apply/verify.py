@@ -1,0 +1,52 @@
+"""The independent success check: the task's verify commands, run by the host.
+
+They run inside the run's container (as uid 1000, in the project root) through Docker's
+exec API after the brain has finished; their exit codes — never the agent's report —
+decide success. Each command is bounded by ``timeout`` inside the container.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+from kagura_agent.membrane.runtime import docker_errors
+
+VERIFY_SECONDS = 300
+OUTPUT_CAP = 4000
+
+
+def verify_in_container(
+    runtime: Any, container_id: str, commands: list[str], workdir: str
+) -> list[tuple[str, int, str]]:
+    results = []
+    api = runtime.client.api
+    for command in commands:
+        argv = ["timeout", str(VERIFY_SECONDS), "bash", "-c", command]
+        with docker_errors(f"running verify {command!r}"):
+            exec_id = api.exec_create(
+                container_id, argv, user="1000:1000", workdir=workdir, stdout=True, stderr=True
+            )["Id"]
+            output = api.exec_start(exec_id, demux=False) or b""
+            code = api.exec_inspect(exec_id).get("ExitCode")
+        text = output.decode("utf-8", "replace")[-OUTPUT_CAP:]
+        results.append((command, int(code if code is not None else -1), text))
+    return results
+
+
+def verify_on_host(commands: list[str], workdir: str) -> list[tuple[str, int, str]]:
+    """For ``runtime: host`` plans (the operator allowed an unsandboxed brain)."""
+    results = []
+    for command in commands:
+        try:
+            done = subprocess.run(
+                ["bash", "-c", command],
+                cwd=workdir,
+                capture_output=True,
+                text=True,
+                timeout=VERIFY_SECONDS,
+            )
+            results.append((command, done.returncode, (done.stdout + done.stderr)[-OUTPUT_CAP:]))
+        except subprocess.TimeoutExpired:
+            results.append((command, 124, "verify timed out"))
+    return results

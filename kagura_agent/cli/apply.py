@@ -1,0 +1,106 @@
+"""kagura-agent apply TASK|PLAN: run exactly the plan that was shown."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from kagura_agent.cli.common import add_manifest_option
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("apply", help="execute a task's plan (or a saved plan)")
+    parser.add_argument("target", metavar="TASK|PLAN", help="a task file, or a plan saved with -o")
+    add_manifest_option(parser)
+    add_apply_options(parser)
+    parser.set_defaults(handler=run)
+
+
+def add_apply_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-y", "--yes", action="store_true", help="apply without asking")
+    parser.add_argument(
+        "--approve",
+        action="append",
+        default=[],
+        metavar="CAP",
+        help="approve a needs-approval capability category (repeatable)",
+    )
+    parser.add_argument(
+        "--allow-host-runtime",
+        action="store_true",
+        help="allow a plan whose brain runs on the host, unsandboxed",
+    )
+    parser.add_argument(
+        "--approval-timeout", type=float, default=120.0, metavar="S", help="deny after S seconds"
+    )
+    parser.add_argument("--json", action="store_true", help="events as JSON lines; result as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kagura_agent.plan import planfile
+
+    target = Path(args.target)
+    if target.suffix == ".json":
+        plan = planfile.load(target)
+        check_saved_plan_fresh(plan)
+        return execute(plan, args, confirm=False)
+    from kagura_agent.errors import UsageError
+    from kagura_agent.plan.build import plan_tasks
+
+    plans = plan_tasks(args.manifests, [str(target)])
+    if len(plans) != 1:
+        raise UsageError(f"{target} holds {len(plans)} tasks; apply one task at a time")
+    return execute(plans[0], args, confirm=not args.yes)
+
+
+def check_saved_plan_fresh(plan: dict[str, Any]) -> None:
+    from kagura_agent.apply.freshness import check_fresh
+    from kagura_agent.errors import RefusedError
+    from kagura_agent.plan.build import plan_tasks
+
+    inputs = plan["inputs"]
+    manifests = inputs.get("manifests_dir", "")
+    task_path = plan["task"].get("path")
+    if "@" in manifests or not task_path or not Path(task_path).exists():
+        raise RefusedError(
+            "saved plan is stale: its task file or manifest directory is gone",
+            hint="make a new plan",
+        )
+    current = [
+        p for p in plan_tasks(manifests, [task_path]) if p["task"]["name"] == plan["task"]["name"]
+    ]
+    if not current:
+        raise RefusedError(f"saved plan is stale: task {plan['task']['name']} no longer exists")
+    check_fresh(plan, current[0])
+
+
+def execute(plan: dict[str, Any], args: argparse.Namespace, *, confirm: bool) -> int:
+    from kagura_agent.apply.executor import ApplyOptions, apply_plan
+    from kagura_agent.cli.common import print_json
+    from kagura_agent.errors import RefusedError
+    from kagura_agent.plan.render import render_text
+    from kagura_agent.ui import Style
+
+    interactive = sys.stdin.isatty()
+    if not args.json:
+        sys.stderr.write(render_text(plan, Style.for_stream(sys.stderr)))
+    if confirm:
+        if not interactive:
+            raise RefusedError("not confirmed: stdin is not a terminal", hint="pass --yes")
+        answer = input("Apply this plan? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            raise RefusedError("not confirmed")
+    options = ApplyOptions(
+        approve=tuple(args.approve),
+        allow_host_runtime=args.allow_host_runtime,
+        interactive=interactive,
+        approval_timeout=args.approval_timeout,
+        as_json=args.json,
+        prompt=getattr(args, "follow_up", None),
+    )
+    result = apply_plan(plan, options)
+    if args.json:
+        print_json(result.to_json())
+    return result.exit_code

@@ -1,0 +1,138 @@
+"""kagura-agent run "task" | --prompt-file F | -  (and repl): a task from the defaults.
+
+They write a Task document for the current directory and go through the same
+plan → show → apply path as ``apply``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kagura_agent.cli.apply import add_apply_options
+from kagura_agent.cli.common import add_manifest_option
+from kagura_agent.errors import UsageError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "run", help='run a one-off task: run "text", --prompt-file F, or -'
+    )
+    parser.add_argument("text", nargs="?", help='the task text, or "-" to read it from stdin')
+    parser.add_argument("--prompt-file", metavar="FILE", help="read the task text from a file")
+    parser.add_argument("--session", metavar="NAME", help="a named, resumable session")
+    parser.add_argument(
+        "--brain", metavar="NAME", help="brain manifest (default: the first LLM brain)"
+    )
+    parser.add_argument(
+        "--egress", action="append", default=[], metavar="POLICY", help="egress policy"
+    )
+    add_manifest_option(parser)
+    add_apply_options(parser)
+    parser.set_defaults(handler=run)
+
+    repl = subparsers.add_parser("repl", help="interactive: each line continues the same session")
+    repl.add_argument("--session", metavar="NAME", help="session name (default: a new one)")
+    repl.add_argument("--brain", metavar="NAME", help="brain manifest")
+    repl.add_argument("--egress", action="append", default=[], metavar="POLICY")
+    add_manifest_option(repl)
+    add_apply_options(repl)
+    repl.set_defaults(handler=run_repl)
+
+
+def task_text(args: argparse.Namespace) -> str:
+    if args.prompt_file and args.text:
+        raise UsageError("give the task inline or with --prompt-file, not both")
+    if args.prompt_file:
+        try:
+            text = Path(args.prompt_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot read {args.prompt_file}: {exc.strerror}") from exc
+    elif args.text == "-":
+        text = sys.stdin.read()
+    elif args.text:
+        text = args.text
+    else:
+        raise UsageError('no task given: run "text", run --prompt-file F, or run -')
+    if not text.strip():
+        raise UsageError("task must not be empty")
+    return text
+
+
+def write_task(text: str, args: argparse.Namespace, session: str | None) -> Path:
+    """The one-off task as a Task document in the state directory (kept for review)."""
+    import yaml
+
+    from kagura_agent.paths import state_dir
+
+    brain = args.brain or _llm_brain(args.manifests)
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower())[:40].strip("-") or "task"
+    spec: dict[str, Any] = {
+        "brain": brain,
+        "prompt": "{% raw %}" + text + "{% endraw %}",
+        "project_root": str(Path.cwd().resolve()),
+        "kind": "adhoc",
+    }
+    if session:
+        spec["session"] = session
+    if args.egress:
+        spec["egress"] = list(args.egress)
+    document = {
+        "apiVersion": "kagura.dev/v1",
+        "kind": "Task",
+        "metadata": {"name": f"run-{name}"[:63].rstrip("-")},
+        "spec": spec,
+    }
+    folder = state_dir() / "adhoc"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{int(time.time() * 1000)}.yml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _llm_brain(manifests: str | None) -> str:
+    from kagura_agent.manifest.workspace import load_workspace
+
+    catalog = load_workspace(manifests, []).catalog
+    default = catalog.default("Brain")
+    if default is not None and default.spec["engine"] != "script":
+        return default.name
+    for brain in catalog.of("Brain"):
+        if brain.spec["engine"] != "script":
+            return brain.name
+    raise UsageError(
+        "no LLM brain in the manifests", hint="add a Brain with engine sdk or kagura-brain"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from kagura_agent.cli.apply import execute
+    from kagura_agent.plan.build import plan_tasks
+
+    path = write_task(task_text(args), args, args.session)
+    plan = plan_tasks(args.manifests, [str(path)])[0]
+    return execute(plan, args, confirm=not args.yes)
+
+
+def run_repl(args: argparse.Namespace) -> int:
+    from kagura_agent.cli.apply import execute
+    from kagura_agent.plan.build import plan_tasks
+
+    session = args.session or f"repl-{int(time.time())}"
+    print(f"session {session}: one line per turn; Ctrl-D ends", file=sys.stderr)
+    code = 0
+    while True:
+        try:
+            line = input("kagura> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return code
+        if not line.strip():
+            continue
+        path = write_task(line, args, session)
+        plan = plan_tasks(args.manifests, [str(path)])[0]
+        code = execute(plan, args, confirm=False)
