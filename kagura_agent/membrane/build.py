@@ -11,6 +11,7 @@ checkout with the agent extras, run on the host, so the image build needs no net
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -65,8 +66,11 @@ def _wheelhouse(target: Path, log: Log, name: str) -> None:
     root = images.recipes_dir().parent
     log(name, f"pip wheel kagura-agent[{WHEELHOUSE_EXTRAS}] into the build context")
     cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(target)]
+    # A fixed SOURCE_DATE_EPOCH makes our own wheel byte-identical while the source is
+    # unchanged, so the image build's COPY layer (and everything after it) stays cached.
+    env = {**os.environ, "SOURCE_DATE_EPOCH": "315532800"}
     proc = subprocess.run(
-        [*cmd, f"{root}[{WHEELHOUSE_EXTRAS}]"], capture_output=True, text=True, check=False
+        [*cmd, f"{root}[{WHEELHOUSE_EXTRAS}]"], capture_output=True, text=True, check=False, env=env
     )
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.splitlines()[-10:])
