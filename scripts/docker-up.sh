@@ -40,7 +40,16 @@ if docker info >/dev/null 2>&1; then
     exit 0
 fi
 
-if pgrep -x dockerd >/dev/null 2>&1; then
+dockerd_running() {
+    # pgrep (procps) is not on every minimal machine; /proc is.
+    local comm
+    for comm in /proc/[0-9]*/comm; do
+        [ "$(cat "$comm" 2>/dev/null)" = dockerd ] && return 0
+    done
+    return 1
+}
+
+if dockerd_running; then
     say "dockerd is running but not answering yet; waiting"
 else
     say "starting dockerd (log: $log)"
