@@ -8,6 +8,7 @@ $KAGURA_AGENT_STATE_DIR. POINT is one of:
     after-intent   die inside mint, before the provider is called (intent row only)
     after-mint     die right after the provider minted, before the ledger records it
     after-renew    die after a renewal minted and was recorded, before the old one is revoked
+    after-revoke   die on release after the provider revoked, before the row is closed
     hold           print "LIVE <lease>" and block until killed (kill -9 from the test)
 
 Dying is ``os._exit(137)``: no finally blocks, no atexit — the same as SIGKILL for the ledger.
@@ -75,7 +76,10 @@ class Crashing:
     def revoke(self, minted_id: str) -> bool:
         if self.crash == "after-renew" and self.mints == 2:
             os._exit(137)
-        return self.inner.revoke(minted_id)
+        revoked = self.inner.revoke(minted_id)
+        if self.crash == "after-revoke":
+            os._exit(137)
+        return revoked
 
     def find(self, lease_id: str) -> list[str]:
         return self.inner.find(lease_id)
@@ -94,6 +98,8 @@ def main(argv: list[str]) -> int:
     lease = broker.acquire(request(args.endpoint))
     if args.crash == "after-renew":
         lease.renew()
+    if args.crash == "after-revoke":
+        lease.release()
     print(f"LIVE {lease.id}", flush=True)
     threading.Event().wait()
     return 0

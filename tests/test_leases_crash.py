@@ -66,6 +66,9 @@ def test_kill_9_with_live_lease_is_revoked_by_next_start(
     [row] = _rows(state_dir)
     assert row["state"] == "live" and row["minted_id"] == minted["id"]
     assert owner_alive(int(str(row["owner_pid"])), None)
+    # The root secret reached the child by reference only: not on its command line.
+    cmdline = Path(f"/proc/{child.pid}/cmdline").read_bytes()
+    assert root_env.encode() not in cmdline
 
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=10)
@@ -81,10 +84,14 @@ def test_kill_9_with_live_lease_is_revoked_by_next_start(
 
 
 @pytest.mark.parametrize(
-    ("crash", "minted", "closed_as"),
+    ("crash", "state", "minted", "revoked", "closed_as"),
     [
-        ("after-intent", 0, "failed"),  # nothing minted: the row closes, nothing to revoke
-        ("after-mint", 1, "revoked"),  # minted but unrecorded: found by its name, revoked
+        # Nothing minted: the row closes, nothing to revoke.
+        ("after-intent", "intent", 0, 0, "failed"),
+        # Minted but unrecorded: found by its name at the provider, revoked.
+        ("after-mint", "intent", 1, 1, "revoked"),
+        # Revoked but not closed: the second revoke finds it gone and closes the row.
+        ("after-revoke", "live", 1, 1, "revoked"),
     ],
 )
 def test_crash_between_ledger_steps_leaves_a_row_the_sweeper_resolves(
@@ -92,20 +99,22 @@ def test_crash_between_ledger_steps_leaves_a_row_the_sweeper_resolves(
     cloudflare: FakeCloudflare,
     root_env: str,
     crash: str,
+    state: str,
     minted: int,
+    revoked: int,
     closed_as: str,
 ) -> None:
     child = _child(cloudflare.url + "/client/v4", crash)
     assert child.wait(timeout=60) == 137
     assert len(cloudflare.ops("mint")) == minted
     [row] = _rows(state_dir)
-    assert row["state"] == "intent" and row["minted_id"] is None and not row["closed_at"]
+    assert row["state"] == state and not row["closed_at"]
 
     store = StateStore(state_dir / "state.db")
     report = sweep(store)
     store.close()
 
-    assert len(cloudflare.ops("revoke")) == minted
+    assert len(cloudflare.ops("revoke")) == revoked
     assert cloudflare.live_tokens() == []
     [row] = _rows(state_dir)
     assert row["state"] == closed_as and row["closed_at"]

@@ -14,6 +14,7 @@ wider credential.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -156,8 +157,6 @@ class Broker:
         return problems
 
     def provider_for(self, request: LeaseRequest) -> CredentialProvider:
-        import json
-
         key = (request.type, request.secret_ref, json.dumps(request.scope_spec, sort_keys=True))
         if key not in self._providers:
             secret = self._resolver(request.secret_ref)

@@ -15,6 +15,7 @@ and shown by ``leases list`` until an operator acts, never dropped.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -153,8 +154,6 @@ class Sweeper:
         return "revoked" if minted_ids else "expired"
 
     def _provider(self, row: GrantRow) -> CredentialProvider:
-        import json
-
         key = (row.type, row.secret_ref, json.dumps(row.scope_spec, sort_keys=True))
         if key not in self._providers:
             secret = self._resolver(row.secret_ref)
