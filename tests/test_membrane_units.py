@@ -92,8 +92,6 @@ def test_proxy_egress_needs_a_network(tmp_path: Path) -> None:
         hardening.container_kwargs(plan, "r")
     kw = hardening.container_kwargs(plan, "r", network="kagura-r", dns=["10.9.0.2"])
     assert kw["network_mode"] == "kagura-r" and kw["dns"] == ["10.9.0.2"]
-    none_plan = make_plan(tmp_path, digest=DIGEST)
-    assert "dns" not in hardening.container_kwargs(none_plan, "r", dns=["10.9.0.2"])
 
 
 def test_split_kwargs_separates_host_config(tmp_path: Path) -> None:

@@ -120,8 +120,8 @@ def container_kwargs(
     ``containers.create`` cannot set ``stop_timeout``).
 
     ``network`` is the run's internal network; required when the plan's egress mode is
-    ``proxy`` and ignored (``none``) otherwise; ``dns`` (the resolvers the egress side
-    provides) only applies with that network. ``environment`` must hold no secrets:
+    ``proxy`` and ignored (``none``) otherwise; ``dns`` is the resolver setting the
+    egress session provides. ``environment`` must hold no secrets:
     credentials reach the container through /run/kagura, never through its config.
     """
     h = plan["hardening"]
