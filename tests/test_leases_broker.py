@@ -228,3 +228,28 @@ def test_failed_release_stays_open_for_the_sweeper(
         lease.release()
     [row] = Ledger(store, FixedClock(datetime.now(UTC))).open_rows()
     assert row.state == "live" and row.attempts == 1
+
+
+def test_failed_renewal_retries_while_valid_then_fails_closed_at_expiry(
+    broker: Broker, cloudflare: FakeCloudflare, clock: FixedClock
+) -> None:
+    lease = broker.acquire(LeaseRequest.from_plan(entry(cloudflare)))
+    cloudflare.fail("POST", "/client/v4/user/tokens", 503, count=100)
+    clock.advance(timedelta(minutes=11))
+    assert lease.tick() is None  # the mint failed, but the credential is still good
+    assert not lease.closed and lease.bundle
+    clock.advance(timedelta(minutes=5))  # now past its expiry
+    with pytest.raises(RefusedError, match="expired and could not be renewed"):
+        lease.tick()
+    assert lease.closed and cloudflare.live_tokens() == []
+
+
+def test_exhaustion_stays_a_refusal_when_the_revoke_fails(
+    broker: Broker, cloudflare: FakeCloudflare, store: StateStore
+) -> None:
+    lease = broker.acquire(LeaseRequest.from_plan(entry(cloudflare, renewals=0)))
+    cloudflare.fail("DELETE", "/client/v4/user/tokens/", 503)
+    with pytest.raises(RefusedError, match="the sweeper retries"):
+        lease.renew()
+    [row] = Ledger(store, FixedClock(datetime.now(UTC))).open_rows()
+    assert row.state == "live" and row.attempts == 1

@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from kagura_agent.clock import Clock, SystemClock, iso
 from kagura_agent.errors import KaguraError, RefusedError, SetupError
@@ -222,7 +222,16 @@ class Lease:
         if self.closed:
             return None
         self.broker.ledger.heartbeat(self.id)
-        return self.renew() if self.due(margin) else None
+        if not self.due(margin):
+            return None
+        try:
+            return self.renew()
+        except SetupError as exc:
+            # A failed mint: retry on the next tick while the current credential is still
+            # good; once it has expired, fail closed.
+            if self.broker.clock.now() < self.expires_at:
+                return None
+            self._exhaust(f"it expired and could not be renewed: {exc.message}")
 
     def renew(self) -> Minted:
         """Mint a fresh credential and revoke the previous one; fail closed past the budget."""
@@ -299,8 +308,11 @@ class Lease:
             note = f"{note}; not revocable, lapses at {iso(minted.expires_at)}"
         broker.ledger.close(grant, "released", note=note)
 
-    def _exhaust(self, why: str) -> None:
-        self.release()
+    def _exhaust(self, why: str) -> NoReturn:
+        try:
+            self.release()
+        except KaguraError:
+            why += "; revoking it failed, the sweeper retries"
         raise RefusedError(
             f"credential {self.name}: budget exhausted ({why}); the run must stop",
             hint="re-plan and approve a larger budget (budget_seconds / renewals)",
