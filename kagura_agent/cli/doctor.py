@@ -1,0 +1,34 @@
+"""kagura-agent doctor: preflight checks; exit 4 when any check fails."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kagura_agent.cli.common import add_manifest_option
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("doctor", help="check that this machine is ready to apply plans")
+    add_manifest_option(parser)
+    parser.add_argument("--json", action="store_true", help="machine-readable results")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kagura_agent.cli.common import print_json
+    from kagura_agent.doctor import run_checks
+    from kagura_agent.errors import ExitCode
+    from kagura_agent.ui import stdout_style
+
+    checks = run_checks(args.manifests)
+    failed = any(c.status == "FAIL" for c in checks)
+    if args.json:
+        print_json({"ok": not failed, "checks": [c.to_json() for c in checks]})
+    else:
+        style = stdout_style()
+        colours = {"PASS": "green", "WARN": "yellow", "FAIL": "red"}
+        for check in checks:
+            print(f"{style(check.status, colours[check.status])}  {check.name:<32} {check.detail}")
+        print("doctor: " + ("FAILING checks above" if failed else "ready"))
+    return int(ExitCode.DOCTOR) if failed else 0

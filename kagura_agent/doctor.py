@@ -1,0 +1,161 @@
+"""Preflight: is this machine ready to apply plans? Each check is PASS, WARN or FAIL.
+
+FAIL means an apply would be refused or could not run (exit 4); WARN means it would run
+with less protection or a feature is unavailable. No check prints a secret value: secret
+references are checked for presence only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from kagura_agent.errors import KaguraError
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # PASS | WARN | FAIL
+    detail: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "status": self.status, "detail": self.detail}
+
+
+EXTRAS = {
+    "sdk": ("claude_agent_sdk", "claude"),
+    "kagura-brain": ("kagura_brain", "brain"),
+    "aws-sts": ("boto3", "aws"),
+    "gcp": ("google.cloud.iam_credentials_v1", "gcp"),
+    "cloudflare": ("cloudflare", "cloudflare"),
+    "github-app": ("jwt", "github"),
+}
+
+
+def run_checks(manifests: str | None) -> list[Check]:
+    checks: list[Check] = []
+    catalog = None
+    try:
+        from kagura_agent.manifest.workspace import load_workspace
+
+        catalog = load_workspace(manifests, []).catalog
+        checks.append(Check("manifests", "PASS", f"valid ({catalog.origin})"))
+    except KaguraError as exc:
+        checks.append(Check("manifests", "FAIL", exc.message))
+    checks.append(_state_dir())
+    checks.extend(_docker())
+    if catalog is not None:
+        checks.append(_memory(catalog))
+        checks.extend(_extras(catalog))
+        checks.extend(_secrets(catalog))
+    return checks
+
+
+def _state_dir() -> Check:
+    from kagura_agent.paths import state_dir
+
+    path = state_dir()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".doctor-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        return Check("state directory", "FAIL", f"{path} is not writable: {exc.strerror}")
+    return Check("state directory", "PASS", str(path))
+
+
+def _docker() -> list[Check]:
+    from kagura_agent.membrane.images import list_images
+
+    try:
+        from kagura_agent.membrane.isolation import daemon_isolation_report
+        from kagura_agent.membrane.runtime import connect
+
+        client = connect(timeout=10)
+        report = daemon_isolation_report(client)
+    except KaguraError as exc:
+        return [Check("docker engine", "FAIL", exc.message + " (bash scripts/docker-up.sh)")]
+    checks = [Check("docker engine", "PASS", f"runtimes: {', '.join(report['runtimes'])}")]
+    mode = "userns-remap" if report["userns_remap"] else "rootless" if report["rootless"] else ""
+    checks.append(
+        Check("user namespaces", "PASS", mode)
+        if mode
+        else Check("user namespaces", "WARN", "; ".join(report["warnings"][:1]))
+    )
+    try:
+        rows = list_images()
+    except KaguraError as exc:
+        return [*checks, Check("images", "WARN", exc.message)]
+    for row in rows:
+        if not row["built"]:
+            checks.append(
+                Check(f"image {row['ref']}", "FAIL", "not built: kagura-agent images build")
+            )
+        elif row["stale"]:
+            checks.append(Check(f"image {row['ref']}", "WARN", f"stale: {row['reason']}"))
+        else:
+            checks.append(Check(f"image {row['ref']}", "PASS", str(row["id"])[:19]))
+    return checks
+
+
+def _memory(catalog: Any) -> Check:
+    from kagura_agent.memory.gate import check_ready
+
+    memory = catalog.default("Memory")
+    spec = memory.spec if memory is not None else {"backend": "sqlite"}
+    section = {
+        "backend": spec["backend"],
+        "location": spec.get("url")
+        if spec["backend"] == "cloud"
+        else spec.get("path", "state-dir"),
+        "token_ref": spec.get("token"),
+    }
+    try:
+        check_ready(section)
+    except KaguraError as exc:
+        return Check("memory", "FAIL", exc.message)
+    return Check("memory", "PASS", f"{spec['backend']} ready")
+
+
+def _extras(catalog: Any) -> list[Check]:
+    needed: dict[str, str] = {}
+    for brain in catalog.of("Brain"):
+        if brain.spec["engine"] in EXTRAS:
+            needed[brain.spec["engine"]] = f"brain {brain.name}"
+    for provider in catalog.of("CredentialProvider"):
+        if provider.spec["type"] in EXTRAS:
+            needed[provider.spec["type"]] = f"provider {provider.name}"
+    checks = []
+    for kind, user in sorted(needed.items()):
+        module, extra = EXTRAS[kind]
+        try:
+            present = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            present = False
+        if present:
+            checks.append(Check(f"extra {extra}", "PASS", f"{module} importable ({user})"))
+        else:
+            fix = f"pip install 'kagura-agent[{extra}]'"
+            checks.append(Check(f"extra {extra}", "WARN", f"{user} needs it: {fix}"))
+    return checks
+
+
+def _secrets(catalog: Any) -> list[Check]:
+    checks = []
+    for provider in catalog.of("CredentialProvider"):
+        ref = provider.spec["secret"]
+        kind, _, target = ref.partition(":")
+        if kind == "env":
+            present = bool(os.environ.get(target))
+        elif kind == "file":
+            present = os.path.isfile(os.path.expanduser(target))
+        else:
+            continue  # keyring look-ups may prompt; apply checks them
+        status = "PASS" if present else "WARN"
+        detail = f"{ref} is set" if present else f"{ref} is not set (needed only by tasks using it)"
+        checks.append(Check(f"secret {provider.name}", status, detail))
+    return checks

@@ -1,0 +1,50 @@
+"""doctor: PASS/WARN/FAIL per check, exit 4 on any FAIL, no secret values printed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kagura_agent.cli.main import main
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
+    code = main(["doctor", "--json", *args])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_doctor_fails_without_a_docker_engine(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    code, report = _run(capsys)
+    assert code == 4
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert statuses["docker engine"] == "FAIL"
+    assert statuses["manifests"] == "PASS"
+    assert statuses["memory"] == "PASS"
+
+
+def test_doctor_never_prints_secret_values(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    canary = "CANARY-doctor-7f3a9c1e5b"
+    monkeypatch.setenv("ANTHROPIC_API_KEY", canary)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    code = main(["doctor"])
+    out = capsys.readouterr()
+    assert code == 4
+    assert "env:ANTHROPIC_API_KEY is set" in out.out
+    assert canary not in out.out + out.err
+
+
+def test_doctor_passes_with_a_daemon(
+    state_dir: Path, docker_client: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, report = _run(capsys)
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert statuses["docker engine"] == "PASS"
+    assert statuses["user namespaces"] in ("PASS", "WARN")
