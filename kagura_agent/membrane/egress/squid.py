@@ -49,6 +49,8 @@ via off
 forwarded_for delete
 httpd_suppress_version_string on
 shutdown_lifetime 0 seconds
+# Larger socket buffers: with the default, CONNECT tunnels ran at ~55% of a direct path.
+tcp_recv_bufsize 4 MB
 connect_timeout 15 seconds
 pinger_enable off
 """

@@ -35,8 +35,7 @@ def remove_network(client: Any, name_or_id: str) -> None:
         network.remove()
 
 
-def _salvage(container: Any, store: StateStore) -> None:
-    run_id = container.labels.get(LABEL_RUN, "")
+def _salvage(client: Any, container_id: str, run_id: str, store: StateStore) -> None:
     if not run_id:
         return
     allowlist = audit.run_allowlist(store, run_id)
@@ -44,7 +43,7 @@ def _salvage(container: Any, store: StateStore) -> None:
         policy = load_policy(allowlist) if allowlist else EgressPolicy(mode="proxy")
     except Exception:
         policy = EgressPolicy(mode="proxy")
-    text = container.logs(stdout=True, stderr=False).decode(errors="replace")
+    text = client.api.logs(container_id, stdout=True, stderr=False).decode(errors="replace")
     audit.record_events(store, audit.events_from_log(text, policy, run_id))
 
 
@@ -57,25 +56,29 @@ def sweep_orphans(
     """Remove egress proxies and networks whose owning process is gone; return their names.
 
     With ``store``, each dead proxy's decisions are saved (idempotently) before removal.
+    Uses the list endpoints only (no per-object inspect), so objects that other runs
+    remove concurrently cannot make the sweep fail.
     """
+    import docker.errors
+
     removed: list[str] = []
-    proxies = client.containers.list(
-        all=True, filters={"label": f"{owner.LABEL_COMPONENT}={owner.COMPONENT_PROXY}"}
-    )
-    for container in proxies:
-        if is_alive(container.labels.get(owner.LABEL_OWNER, "")):
+    label = f"{owner.LABEL_COMPONENT}={owner.COMPONENT_PROXY}"
+    for summary in client.api.containers(all=True, filters={"label": label}):
+        labels = summary.get("Labels") or {}
+        if is_alive(labels.get(owner.LABEL_OWNER, "")):
             continue
         if store is not None:
             # Salvage is best effort; removing the orphan is not.
             with contextlib.suppress(Exception):
-                _salvage(container, store)
-        container.remove(force=True)
-        removed.append(container.name)
+                _salvage(client, summary["Id"], labels.get(LABEL_RUN, ""), store)
+        with contextlib.suppress(docker.errors.NotFound):
+            client.api.remove_container(summary["Id"], force=True)
+        removed.append((summary.get("Names") or [summary["Id"]])[0].lstrip("/"))
     for component in _COMPONENTS:
-        networks = client.networks.list(filters={"label": f"{owner.LABEL_COMPONENT}={component}"})
-        for network in networks:
-            if is_alive(network.attrs.get("Labels", {}).get(owner.LABEL_OWNER, "")):
+        label = f"{owner.LABEL_COMPONENT}={component}"
+        for summary in client.api.networks(filters={"label": label}):
+            if is_alive((summary.get("Labels") or {}).get(owner.LABEL_OWNER, "")):
                 continue
-            remove_network(client, network.id)
-            removed.append(network.name)
+            remove_network(client, summary["Id"])
+            removed.append(summary["Name"])
     return removed
