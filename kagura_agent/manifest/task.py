@@ -49,15 +49,13 @@ class ResolvedTask:
     session: str | None
     verify: list[str]
     context: dict[str, Any] = field(default_factory=dict)
+    # The task file's absolute path (apply re-plans from it to check freshness). Resolved
+    # here, not in a property: the planner must not touch the file system or the cwd.
+    path: str = ""
 
     @property
     def name(self) -> str:
         return self.manifest.name
-
-    @property
-    def path(self) -> str:
-        """The task file's absolute path (apply re-plans from it to check freshness)."""
-        return str(Path(self.manifest.file).resolve())
 
 
 def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None, list[Diagnostic]]:
@@ -119,6 +117,7 @@ def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None,
             prompt=prompt,
             steps=steps,
             project_root=project_root,
+            path=str(Path(task.file).resolve()),
             mounts=mounts,
             egress=egress,
             credentials=credentials,

@@ -74,14 +74,15 @@ def _git_sources(directory: Path, rev: str) -> Sources:
     try:
         top = _git(directory, "rev-parse", "--show-toplevel").strip()
         prefix = str(directory.resolve().relative_to(Path(top).resolve()))
-        listing = _git(directory, "ls-tree", "-r", "--name-only", rev, "--", prefix)
+        # From the top level: in a subdirectory git reads the pathspec relative to it.
+        listing = _git(Path(top), "ls-tree", "-r", "--name-only", rev, "--", prefix)
     except (subprocess.CalledProcessError, ValueError, OSError) as exc:
         raise UsageError(f"cannot read manifests at git revision {rev!r}: {exc}") from exc
     sources = Sources()
     for name in sorted(listing.splitlines()):
         if not name.endswith((".yml", ".yaml")):
             continue
-        text = _git(directory, "show", f"{rev}:{name}")
+        text = _git(Path(top), "show", f"{rev}:{name}")
         sources.extend(read_text_source(text, f"{rev}:{name}"))
     if not sources.digests:
         raise UsageError(f"no manifests under {prefix} at git revision {rev}")
