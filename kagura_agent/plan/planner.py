@@ -34,6 +34,10 @@ HARDENING_DEFAULTS: dict[str, Any] = {
     "tmpfs_size": "256m",
 }
 DEFAULT_RESERVE = 0.3
+# A wall budget learnt from history never drops below this: a run that took under a second
+# must not get a one-second budget that container start-up jitter alone would blow (and a
+# blown budget is a failed run, which demotes a graduated capability).
+MIN_HISTORY_WALL_SECONDS = 30
 DEFAULT_USER = "1000:1000"
 
 
@@ -292,7 +296,7 @@ def _memory(task: ResolvedTask, facts: Facts) -> dict[str, Any]:
         "backend": backend,
         "location": location,
         "token_ref": spec.get("token"),
-        "untrusted_inputs": list(facts.untrusted_inputs),
+        "untrusted_inputs": untrusted_inputs(task, facts),
         "known_failures": list(facts.known_failures),
     }
 
@@ -310,7 +314,8 @@ def _budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> dict[str, Any
     if history and history.get("count"):
         shown_history = {**history, "reserve": reserve}
         if not explicit:
-            wall = max(1, math.ceil(float(history["mean_wall_seconds"]) * (1 + reserve)))
+            learnt = math.ceil(float(history["mean_wall_seconds"]) * (1 + reserve))
+            wall = max(MIN_HISTORY_WALL_SECONDS, learnt)
             source = "history"
     return {
         "turns": budget.get("turns"),
@@ -319,6 +324,18 @@ def _budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> dict[str, Any
         "source": source,
         "history": shown_history,
     }
+
+
+def untrusted_inputs(task: ResolvedTask, facts: Facts) -> list[str]:
+    """The run's untrusted inputs: untrusted context memories, and recall of untrusted ones.
+
+    ``include_untrusted`` lets the brain recall untrusted memories during the run, so it is
+    an untrusted input whatever the store holds today.
+    """
+    found = list(facts.untrusted_inputs)
+    if task.context.get("include_untrusted"):
+        found.append("context.include_untrusted")
+    return found
 
 
 def _denied_categories(plan: dict[str, Any], by_path: dict[str, str]) -> dict[str, str]:
@@ -357,7 +374,7 @@ def _classify_all(
         requested.append((cred["category"], base, cred))
     for mount in plan["mounts"][1:]:
         requested.append((mount["category"], False, mount))
-    untrusted = list(facts.untrusted_inputs)
+    untrusted = untrusted_inputs(task, facts)
     results = []
     for category, baseline, target in requested:
         found = classify(
