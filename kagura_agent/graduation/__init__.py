@@ -9,20 +9,51 @@ one failure.
 
 from __future__ import annotations
 
-from kagura_agent.graduation.classify import CapabilityClass, Classification, classify
-from kagura_agent.graduation.knobs import Knobs, format_duration, knobs_from_spec, parse_duration
-from kagura_agent.graduation.ledger import (
-    RecordedOutcome,
-    approve_graduation,
-    events,
-    judge,
-    migrate,
-    proposals,
-    record_outcome,
-    reset,
-    snapshot,
-)
-from kagura_agent.graduation.model import CategoryStatus, GraduationSnapshot
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kagura_agent.graduation.classify import CapabilityClass, Classification, classify
+    from kagura_agent.graduation.knobs import (
+        Knobs,
+        format_duration,
+        knobs_from_spec,
+        parse_duration,
+    )
+    from kagura_agent.graduation.ledger import (
+        RecordedOutcome,
+        approve_graduation,
+        events,
+        judge,
+        migrate,
+        proposals,
+        record_outcome,
+        reset,
+        snapshot,
+    )
+    from kagura_agent.graduation.model import CategoryStatus, GraduationSnapshot
+
+# Exported names resolve lazily: the planner imports the pure modules (knobs, model,
+# classify) on every `plan`, and must not pay for the state-store side (ledger).
+_HOME = {
+    "CapabilityClass": "classify",
+    "Classification": "classify",
+    "classify": "classify",
+    "Knobs": "knobs",
+    "format_duration": "knobs",
+    "knobs_from_spec": "knobs",
+    "parse_duration": "knobs",
+    "CategoryStatus": "model",
+    "GraduationSnapshot": "model",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name, "ledger" if name in __all__ else None)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"kagura_agent.graduation.{module}"), name)
+
 
 __all__ = [
     "CapabilityClass",

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from kagura_agent.errors import Diagnostic
 from kagura_agent.manifest.loader import Sources
-from kagura_agent.manifest.schema import KINDS, validate_document
+from kagura_agent.manifest.schema import KINDS, schema_version, validate_document
 from kagura_agent.manifest.yamlpos import Path, YamlDoc, json_path
 
 
@@ -53,17 +53,33 @@ class Catalog:
         return found[0] if len(found) == 1 else None
 
 
-def schema_valid(docs: Iterable[YamlDoc]) -> tuple[list[Manifest], list[Diagnostic]]:
-    """Schema-check documents; the valid ones become manifests."""
+def schema_valid(
+    docs: Iterable[YamlDoc], digests: Mapping[str, str] | None = None
+) -> tuple[list[Manifest], list[Diagnostic]]:
+    """Schema-check documents; the valid ones become manifests.
+
+    A document whose file digest (``digests``) passed this exact check before is not
+    checked again (see kagura_agent.manifest.cache).
+    """
+    from kagura_agent.manifest.cache import PassCache, key
+
     manifests: list[Manifest] = []
     problems: list[Diagnostic] = []
+    passed = PassCache("schema-pass")
+    version = schema_version()
     for doc in docs:
-        found = validate_document(doc)
-        if found:
-            problems.extend(found)
-            continue
+        file_digest = (digests or {}).get(doc.file)
+        doc_key = key(version, file_digest, str(doc.index)) if file_digest else None
+        if doc_key is None or doc_key not in passed:
+            found = validate_document(doc)
+            if found:
+                problems.extend(found)
+                continue
+            if doc_key is not None:
+                passed.add(doc_key)
         value = doc.value
         manifests.append(Manifest(value["kind"], value["metadata"]["name"], value["spec"], doc))
+    passed.save()
     return manifests, problems
 
 
@@ -73,7 +89,7 @@ def build_catalog(sources: Sources) -> tuple[Catalog, list[Manifest], list[Diagn
     Returns the catalog, the task manifests, and every problem (schema errors, duplicate
     names). Invalid documents are left out of the catalog so later checks do not cascade.
     """
-    manifests, problems = schema_valid(sources.docs)
+    manifests, problems = schema_valid(sources.docs, sources.digests)
     index: dict[str, dict[str, Manifest]] = {kind: {} for kind in KINDS if kind != "Task"}
     tasks: list[Manifest] = []
     seen_tasks: dict[str, Manifest] = {}

@@ -159,8 +159,23 @@ def check_policy(manifest: Manifest) -> list[Diagnostic]:
     return problems
 
 
-@cache
 def _schema_problem(schema_json: str) -> str | None:
+    """A rule schema's metaschema problem, or None; passes are remembered on disk."""
+    from kagura_agent.manifest.cache import PassCache, key
+
+    passed = PassCache("metaschema-pass")
+    digest = key("metaschema", schema_json)
+    if digest in passed:
+        return None
+    problem = _metaschema_problem(schema_json)
+    if problem is None:
+        passed.add(digest)
+        passed.save()
+    return problem
+
+
+@cache
+def _metaschema_problem(schema_json: str) -> str | None:
     """Check a rule schema against the metaschema, once per distinct schema per process.
 
     The metaschema check dominates repeated in-process validation (tests, the cockpit

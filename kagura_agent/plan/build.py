@@ -27,7 +27,40 @@ def plan_tasks(
 
         fixed = Facts.from_json(load_facts_file(facts_file))
     plans = []
+    checker = CachedRuleChecker()
     for task in workspace.tasks:
         facts = fixed if fixed is not None else gather_facts(workspace.catalog, task)
-        plans.append(compile_plan(workspace.catalog, task, facts))
+        plans.append(compile_plan(workspace.catalog, task, facts, check_rule=checker))
+    checker.passed.save()
     return plans
+
+
+class CachedRuleChecker:
+    """``policy.check_rule``, remembering on disk which (rule, plan) pairs passed.
+
+    Passing is a pure function of the rule schema and the plan JSON, so the key is their
+    canonical JSON; violations are always recomputed so they are reported in full.
+    """
+
+    def __init__(self) -> None:
+        from kagura_agent.manifest.cache import PassCache
+
+        self.passed = PassCache("policy-pass")
+
+    def __call__(self, schema: dict[str, Any], plan: dict[str, Any]) -> list[dict[str, str]]:
+        import json
+
+        from kagura_agent.manifest.cache import key
+        from kagura_agent.plan.policy import check_rule
+
+        digest = key(
+            "policy",
+            json.dumps(schema, sort_keys=True, separators=(",", ":")),
+            json.dumps(plan, sort_keys=True, separators=(",", ":"), default=str),
+        )
+        if digest in self.passed:
+            return []
+        violations = check_rule(schema, plan)
+        if not violations:
+            self.passed.add(digest)
+        return violations

@@ -18,7 +18,7 @@ from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.manifest.schema import schema_version
 from kagura_agent.manifest.task import ResolvedTask
-from kagura_agent.plan.policy import evaluate_policies, policy_denials
+from kagura_agent.plan.policy import RuleChecker, evaluate_policies, policy_denials
 from kagura_agent.units import parse_duration, parse_size
 
 FORMAT_VERSION = 1
@@ -41,8 +41,14 @@ MIN_HISTORY_WALL_SECONDS = 30
 DEFAULT_USER = "1000:1000"
 
 
-def compile_plan(catalog: Catalog, task: ResolvedTask, facts: Facts) -> dict[str, Any]:
-    """Compile a resolved task into a launch plan."""
+def compile_plan(
+    catalog: Catalog, task: ResolvedTask, facts: Facts, *, check_rule: RuleChecker | None = None
+) -> dict[str, Any]:
+    """Compile a resolved task into a launch plan.
+
+    ``check_rule`` evaluates one policy rule on the plan; it must be a pure function of
+    its arguments (the default runs jsonschema; ``plan.build`` passes a memoised one).
+    """
     warnings: list[str] = []
     tenancy = _tenancy(catalog)
     plan: dict[str, Any] = {
@@ -90,7 +96,7 @@ def compile_plan(catalog: Catalog, task: ResolvedTask, facts: Facts) -> dict[str
         facts.daemon.get("userns") or facts.daemon.get("rootless")
     ):
         warnings.append("the Docker daemon uses neither userns-remap nor rootless mode")
-    plan["policy"] = evaluate_policies(catalog, plan)
+    plan["policy"] = evaluate_policies(catalog, plan, check_rule)
     denials = _denied_categories(plan, policy_denials(plan["policy"]))
     plan["approvals"] = _classify_all(catalog, task, plan, facts, denials)
     plan["warnings"] = warnings

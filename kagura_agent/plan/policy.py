@@ -8,25 +8,37 @@ same JSON Schema the manifests use.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from kagura_agent.manifest.catalog import Catalog
 
+RuleChecker = Callable[[dict[str, Any], dict[str, Any]], list[dict[str, str]]]
 
-def evaluate_policies(catalog: Catalog, plan: dict[str, Any]) -> list[dict[str, Any]]:
+
+def check_rule(schema: dict[str, Any], plan: dict[str, Any]) -> list[dict[str, str]]:
+    """The violations of one rule: every place the plan does not satisfy ``schema``."""
     from jsonschema import Draft202012Validator
 
+    violations = []
+    for error in Draft202012Validator(schema).iter_errors(plan):
+        path = "$" + "".join(
+            f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path
+        )
+        violations.append({"path": path, "message": error.message})
+    violations.sort(key=lambda v: v["path"])
+    return violations
+
+
+def evaluate_policies(
+    catalog: Catalog, plan: dict[str, Any], check: RuleChecker | None = None
+) -> list[dict[str, Any]]:
+    """Evaluate every Policy rule on ``plan``; ``check`` defaults to ``check_rule``."""
+    checker = check or check_rule
     results = []
     for policy in sorted(catalog.of("Policy"), key=lambda m: m.name):
         for rule in policy.spec.get("rules", []):
-            validator = Draft202012Validator(rule["schema"])
-            violations = []
-            for error in validator.iter_errors(plan):
-                path = "$" + "".join(
-                    f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path
-                )
-                violations.append({"path": path, "message": error.message})
-            violations.sort(key=lambda v: v["path"])
+            violations = checker(rule["schema"], plan)
             results.append(
                 {
                     "policy": f"{policy.name}/{rule['name']}",
