@@ -256,7 +256,9 @@ class Lease:
         self._revoke(self.grant, self.minted, note="released", strict=True)
 
     def _ttl(self) -> int:
-        remaining = int((self.budget_ends_at - self.broker.clock.now()).total_seconds())
+        # round, not int: microseconds after started_at must not cost a whole second
+        # (a 15m budget holding one 15m lease would be refused as 899 s < 900 s).
+        remaining = round((self.budget_ends_at - self.broker.clock.now()).total_seconds())
         wanted = max(LEASE_MIN_SECONDS, min(LEASE_MAX_SECONDS, self.request.ttl_seconds))
         return min(wanted, remaining)
 

@@ -1,0 +1,210 @@
+"""The script brain end to end through ``kagura-agent apply``, in real containers.
+
+The STS lease is minted by the host (broker → boto3 → moto_server bound to the gateway
+of a test network) and used inside the agent container: boto3 there reads the leased
+files and reaches moto through the run's egress proxy. The proxy's upstream is a small
+TCP relay container the test attaches, under the alias ``sts.test``, to the run's
+outbound network as soon as apply creates it; the task's step waits for a marker file
+the test writes into the project root after that, so the proxy never caches a miss.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from apply_helpers import (
+    TEST_LABEL,
+    all_leases,
+    cli_env,
+    json_lines,
+    last_json,
+    leftovers,
+    live_leases,
+    make_project,
+    manifest_set,
+    run_ids,
+    spawn,
+    wait_for_run,
+    write_task,
+)
+
+from kagura_agent.membrane import images
+from kagura_agent.membrane.egress.owner import COMPONENT_OUTBOUND, LABEL_COMPONENT
+from kagura_agent.membrane.hardening import LABEL_RUN
+from testing.moto import moto_server
+
+pytestmark = pytest.mark.docker
+
+ROOT_KEY = "AKIAKAGURAAPPLY00001:apply/root/" + "q" * 29
+RELAY_PORT = 8080
+# A TCP relay: the upstream the proxy connects to, forwarding to moto on the host.
+RELAY = """
+import socket, sys, threading
+target = (sys.argv[1], int(sys.argv[2]))
+def pipe(src, dst):
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+server = socket.create_server(("", 8080))
+print("ready", flush=True)
+while True:
+    client, _ = server.accept()
+    upstream = socket.create_connection(target)
+    for a, b in ((client, upstream), (upstream, client)):
+        threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+"""
+WHOAMI = (
+    'python3 -c \'import boto3; print(boto3.client("sts").get_caller_identity()["Arn"])\' > arn.txt'
+)
+
+
+@pytest.fixture()
+def sts_world(docker_client: Any) -> Iterator[tuple[str, Any]]:
+    """moto_server on a test network's gateway, and a relay container on that network."""
+    network = docker_client.networks.create(
+        f"kagura-apply-moto-{uuid.uuid4().hex[:8]}",
+        driver="bridge",
+        internal=True,
+        labels=TEST_LABEL,
+    )
+    relay = None
+    try:
+        network.reload()
+        gateway = network.attrs["IPAM"]["Config"][0]["Gateway"]
+        with moto_server(host=gateway) as endpoint:
+            port = endpoint.rsplit(":", 1)[1]
+            relay = docker_client.containers.run(
+                images.image_ref("base"),
+                ["python3", "-c", RELAY, gateway, port],
+                detach=True,
+                labels=TEST_LABEL,
+                network=network.name,
+                user="1000:1000",
+            )
+            deadline = time.monotonic() + 15
+            while b"ready" not in relay.logs():
+                assert time.monotonic() < deadline, "relay never started"
+                time.sleep(0.05)
+            yield endpoint, relay
+    finally:
+        if relay is not None:
+            relay.remove(force=True)
+        network.remove()
+
+
+def _attach_when_outbound_exists(client: Any, relay: Any, state_dir: Path, proc: Any) -> str:
+    """Connect the relay to this run's outbound network as sts.test; then signal the step."""
+    run_id = wait_for_run(state_dir)
+    labels = [f"{LABEL_RUN}={run_id}", f"{LABEL_COMPONENT}={COMPONENT_OUTBOUND}"]
+    deadline = time.monotonic() + 60
+    while not (nets := client.networks.list(filters={"label": labels})):
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "apply never created its outbound network"
+        time.sleep(0.05)
+    nets[0].connect(relay, aliases=["sts.test"])
+    return str(nets[0].name)
+
+
+def test_script_brain_with_egress_and_sts_lease(
+    docker_client: Any, tmp_path: Path, state_dir: Path, sts_world: tuple[str, Any]
+) -> None:
+    endpoint, relay = sts_world
+    key_id, secret = ROOT_KEY.split(":")
+    iam = boto3.client(
+        "iam",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=key_id,
+        aws_secret_access_key=secret,
+    )
+    role_arn = iam.create_role(RoleName="apply-test", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    manifests = manifest_set(
+        tmp_path,
+        {
+            "kind": "CredentialProvider",
+            "metadata": {"name": "aws-test"},
+            "spec": {
+                "type": "aws-sts",
+                "secret": "env:KAGURA_TEST_AWS_ROOT",
+                "ttl": "15m",
+                "aws": {
+                    "region": "us-east-1",
+                    "endpoint": endpoint,
+                    "bundle_endpoint": f"http://sts.test:{RELAY_PORT}",
+                },
+                "scopes": {"tester": {"description": "apply test", "role_arn": role_arn}},
+            },
+        },
+        {
+            "kind": "EgressPolicy",
+            "metadata": {"name": "sts-test"},
+            "spec": {
+                "allow": [
+                    {
+                        "host": "sts.test",
+                        "ports": [RELAY_PORT],
+                        "http": True,
+                        "allow_addresses": ["172.16.0.0/12", "10.0.0.0/8", "192.168.0.0/16"],
+                    }
+                ]
+            },
+        },
+    )
+    project = make_project(tmp_path)
+    task = write_task(
+        project,
+        "sts-e2e",
+        {
+            "egress": ["sts-test"],
+            "credentials": [{"provider": "aws-test", "scope": "tester"}],
+            "steps": [
+                "for i in $(seq 600); do test -e .upstream-ready && break; sleep 0.1; done",
+                'test "$AWS_SHARED_CREDENTIALS_FILE" = /run/kagura/creds/aws/credentials',
+                "grep -c aws_session_token /run/kagura/creds/aws/credentials > token-lines.txt",
+                WHOAMI,
+            ],
+            "verify": ["grep -q assumed-role/apply-test/ arn.txt", "test -s token-lines.txt"],
+        },
+    )
+    env = cli_env(state_dir, KAGURA_TEST_AWS_ROOT=ROOT_KEY)
+    args = ["apply", "--yes", "--json", "--manifests", str(manifests), str(task)]
+    args += ["--approve", "egress:sts-test", "--approve", "credential:aws-test/tester"]
+    proc = spawn(args, env)
+    try:
+        outbound = _attach_when_outbound_exists(docker_client, relay, state_dir, proc)
+        (project / ".upstream-ready").write_text("go\n")
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output + relay.logs().decode()
+    assert outbound.endswith("-outbound")
+    arn = (project / "arn.txt").read_text().strip()
+    assert ":assumed-role/apply-test/kagura-" in arn, arn
+    # The host never handed the root key to the container: the ARN is the leased role's.
+    assert key_id not in (project / "arn.txt").read_text()
+    lines = json_lines(output)
+    egress = [item for item in lines if item.get("kind") == "egress"]
+    assert any(e.get("decision") == "allow" and e.get("host") == "sts.test" for e in egress), egress
+    [run_id] = run_ids(state_dir)
+    assert leftovers(docker_client, run_id) == []
+    assert live_leases(env) == []
+    [row] = all_leases(env)
+    assert row["state"] == "released" and row["run_id"] == run_id, row
+    result = last_json(output)
+    assert result["outcome"] == "success" and result["run_id"] == run_id
+    assert [v["exit_code"] for v in result["verify"]] == [0, 0]
