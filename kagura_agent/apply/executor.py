@@ -243,6 +243,7 @@ def _run_in_container(
     network: str | None = None
     environment: dict[str, str] = {}
     dns: list[str] | None = None
+    dns_opt: list[str] | None = None
     if plan["egress"]["mode"] == "proxy":
         from kagura_agent.membrane.egress import EgressSession
 
@@ -252,9 +253,12 @@ def _run_in_container(
         )
         cleanup.callback(_close_egress, egress, result, live)
         config = egress.agent_network_config()
-        network, environment, dns = config.network, dict(config.environment), list(config.dns)
+        network, environment = config.network, dict(config.environment)
+        dns, dns_opt = list(config.dns), list(config.dns_opt)
     live.phase(f"starting container from {plan['image']['ref']}")
-    container_id = runtime.create(plan, run_id, environment=environment, network=network, dns=dns)
+    container_id = runtime.create(
+        plan, run_id, environment=environment, network=network, dns=dns, dns_opt=dns_opt
+    )
     cleanup.callback(_remove_container, runtime, container_id, live)
     sock = runtime.attach_socket(container_id)
     cleanup.callback(_close_quietly, sock)
@@ -303,11 +307,11 @@ async def _drive(
     try:
         await BrainRun(store, plan, leases, channel, options, live, result).run()
     finally:
-        # After the turn the container stays up for verify: revoke credentials first.
-        for lease in leases:
-            with contextlib.suppress(KaguraError, OSError, asyncio.TimeoutError):
-                if not channel.closed:
-                    await channel.revoke_credentials(lease.id)
+        # The container stays up for verify: wipe and release the credentials first.
+        from kagura_agent.membrane.leases import withdraw
+
+        for problem in await withdraw(None if channel.closed else channel, leases):
+            live.note(f"release problem (kept for the sweeper): {problem}", "red")
 
 
 def _host_memory(plan: dict[str, Any], run_id: str) -> Any:

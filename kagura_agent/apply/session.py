@@ -58,9 +58,11 @@ class BrainRun:
             turn = dataclasses.replace(
                 turn, context=dataclasses.replace(turn.context, memory_ids=memories)
             )
+        from kagura_agent.membrane.leases import deliver
+
         for lease in self.leases:
-            await self.channel.send_credentials(lease.id, lease.bundle.to_json())
-        renewer = asyncio.create_task(self._renew_loop())
+            await deliver(self.channel, lease)
+        renewer = asyncio.create_task(self._keep_fresh())
         try:
             async for event in self.channel.run_turn(turn):
                 self.live.brain(event)
@@ -111,19 +113,13 @@ class BrainRun:
             clock=self.options.clock,
         )
 
-    async def _renew_loop(self) -> None:
-        """Renew leases before they expire, inside their budget; exhaustion stops the run."""
-        while True:
-            await asyncio.sleep(RENEW_CHECK_SECONDS)
-            for lease in self.leases:
-                try:
-                    minted = await asyncio.to_thread(lease.tick)
-                except RefusedError as exc:
-                    self.live.note(f"credential budget exhausted: {exc.message}; stopping", "red")
-                    self.result.brain_error = f"budget: {exc.message}"
-                    await self.channel.revoke_credentials(lease.id)
-                    await self.channel.stop()
-                    return
-                if minted is not None:
-                    self.live.phase(f"renewed {lease.name} (renewal {lease.renewals_used})")
-                    await self.channel.send_credentials(lease.id, minted.bundle.to_json())
+    async def _keep_fresh(self) -> None:
+        """Renew leases inside their budget; exhaustion (already wiped) stops the run."""
+        from kagura_agent.membrane.leases import keep_fresh
+
+        try:
+            await keep_fresh(self.channel, self.leases, poll_seconds=RENEW_CHECK_SECONDS)
+        except RefusedError as exc:
+            self.live.note(f"credential budget exhausted: {exc.message}; stopping", "red")
+            self.result.brain_error = f"budget: {exc.message}"
+            await self.channel.stop()

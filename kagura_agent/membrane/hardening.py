@@ -112,6 +112,7 @@ def container_kwargs(
     network: str | None = None,
     name: str | None = None,
     dns: list[str] | None = None,
+    dns_opt: list[str] | None = None,
 ) -> dict[str, Any]:
     """Translate a launch plan into docker-py keyword arguments for creating its container.
 
@@ -171,4 +172,6 @@ def container_kwargs(
     if dns is not None:
         # The egress session points the resolver at loopback: no name resolves inside.
         kwargs["dns"] = list(dns)
+    if dns_opt is not None:
+        kwargs["dns_opt"] = list(dns_opt)
     return kwargs

@@ -129,6 +129,7 @@ class DockerRuntime:
         network: str | None = None,
         name: str | None = None,
         dns: list[str] | None = None,
+        dns_opt: list[str] | None = None,
     ) -> str:
         """Create the plan's container (not started); returns its id.
 
@@ -147,6 +148,7 @@ class DockerRuntime:
             network=network,
             name=name,
             dns=dns,
+            dns_opt=dns_opt,
         )
         create, host = split_kwargs(kwargs)
         api = self.client.api
