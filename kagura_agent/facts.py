@@ -54,7 +54,7 @@ class Facts:
 
 def gather_facts(catalog: Catalog, task: ResolvedTask) -> Facts:
     """Look everything up that the planner needs; never fails on a missing resource."""
-    from kagura_agent.membrane.images import local_image_digest, recipe_digest
+    from kagura_agent.membrane.images import daemon_info, local_image_digest, recipe_digest
     from kagura_agent.paths import repo_root
 
     tag = task.image.spec["tag"]
@@ -68,8 +68,19 @@ def gather_facts(catalog: Catalog, task: ResolvedTask) -> Facts:
         },
         graduation=_graduation(catalog),
         project_owner=_owner(task.project_root),
+        daemon=_daemon(daemon_info()) if task.runtime == "container" else None,
         **_memory_facts(task),
     )
+
+
+def _daemon(info: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Only what the plan shows: whether container root is host root."""
+    if info is None:
+        return None
+    from kagura_agent.membrane.isolation import isolation_report
+
+    report = isolation_report(info)
+    return {"userns_remap": report["userns_remap"], "rootless": report["rootless"]}
 
 
 def _owner(path: str) -> list[int] | None:

@@ -112,6 +112,24 @@ def _inspect_image_fast(ref: str, timeout: float) -> dict[str, Any] | None:
         conn.close()
 
 
+def daemon_info(timeout: float = 3.0) -> dict[str, Any] | None:
+    """``docker info`` over the unix socket (no docker-py); None when no daemon answers."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if not host.startswith("unix://"):
+        return None
+    conn = _UnixHTTPConnection(host.removeprefix("unix://"), timeout)
+    try:
+        conn.request("GET", "/info")
+        response = conn.getresponse()
+        body = response.read()
+        found: dict[str, Any] | None = json.loads(body) if response.status == 200 else None
+        return found
+    except (OSError, http.client.HTTPException, ValueError):
+        return None
+    finally:
+        conn.close()
+
+
 def _inspect_image_docker_py(ref: str, timeout: float) -> dict[str, Any] | None:
     try:
         import docker

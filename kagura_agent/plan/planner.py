@@ -93,9 +93,12 @@ def compile_plan(
     if tenancy == "shared" and plan["hardening"]["runtime"] not in SHARED_RUNTIMES:
         warnings.append("tenancy is shared but the runtime is not runsc/kata: refused")
     if facts.daemon is not None and not (
-        facts.daemon.get("userns") or facts.daemon.get("rootless")
+        facts.daemon.get("userns_remap") or facts.daemon.get("rootless")
     ):
-        warnings.append("the Docker daemon uses neither userns-remap nor rootless mode")
+        warnings.append(
+            "the Docker daemon uses neither userns-remap nor rootless mode:"
+            " the container's uid is the same uid on the host"
+        )
     plan["policy"] = evaluate_policies(catalog, plan, check_rule)
     denials = _denied_categories(plan, policy_denials(plan["policy"]))
     plan["approvals"] = _classify_all(catalog, task, plan, facts, denials)
