@@ -10,6 +10,7 @@ the test writes into the project root after that, so the proxy never caches a mi
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from apply_helpers import (
     all_leases,
     cli_env,
     json_lines,
+    kagura,
     last_json,
     leftovers,
     live_leases,
@@ -30,6 +32,7 @@ from apply_helpers import (
     manifest_set,
     run_ids,
     spawn,
+    wait_for_container,
     wait_for_run,
     write_task,
 )
@@ -208,3 +211,102 @@ def test_script_brain_with_egress_and_sts_lease(
     result = last_json(output)
     assert result["outcome"] == "success" and result["run_id"] == run_id
     assert [v["exit_code"] for v in result["verify"]] == [0, 0]
+
+
+def _expected_host_config(plan: dict[str, Any], internal_network: str) -> dict[str, Any]:
+    h = plan["hardening"]
+    return {
+        "CapDrop": ["ALL"],
+        "CapAdd": h["cap_add"] or None,
+        "SecurityOpt": ["no-new-privileges:true"],
+        "ReadonlyRootfs": True,
+        "Privileged": False,
+        "PidsLimit": h["pids_limit"],
+        "Memory": h["memory_bytes"],
+        "MemorySwap": h["memory_bytes"],
+        "NanoCpus": h["nano_cpus"],
+        "Ulimits": [{"Name": "nofile", "Soft": h["nofile"], "Hard": h["nofile"]}],
+        "Init": h["init"],
+        "NetworkMode": internal_network,
+        "IpcMode": h["ipc_mode"],
+        "PidMode": "",
+        "Runtime": h["runtime"],
+        "Devices": h["devices"] or None,
+        "Dns": ["127.0.0.1"],
+    }
+
+
+def _tmpfs_targets(plan: dict[str, Any]) -> set[str]:
+    return {"/tmp", "/home/agent", "/run/kagura"} | set(plan["hardening"]["tmpfs"])
+
+
+def test_the_container_that_runs_equals_the_plan(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    manifests = manifest_set(
+        tmp_path,
+        {
+            "kind": "EgressPolicy",
+            "metadata": {"name": "nowhere"},
+            "spec": {"allow": [{"host": "nowhere.test"}]},
+        },
+    )
+    project = make_project(tmp_path)
+    # Extra mounts live inside the project root and are mounted read-only.
+    (project / "reference").mkdir()
+    (project / "reference" / "notes.txt").write_text("read me\n")
+    task = write_task(
+        project,
+        "inspected",
+        {
+            "egress": ["nowhere"],
+            "mounts": [{"source": "reference", "target": "/reference"}],
+            "steps": ["for i in $(seq 1200); do test -e .done && break; sleep 0.1; done"],
+            "verify": ["test -e .done", "cat /reference/notes.txt"],
+        },
+    )
+    env = cli_env(state_dir)
+    planned = kagura(["plan", "--json", "--manifests", str(manifests), str(task)], env)
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    plan = plan[0] if isinstance(plan, list) else plan
+    needed = [a["category"] for a in plan["approvals"] if a["class"] == "needs-approval"]
+    args = ["apply", "--yes", "--manifests", str(manifests), str(task)]
+    proc = spawn(args + [arg for cat in needed for arg in ("--approve", cat)], env)
+    try:
+        run_id = wait_for_run(state_dir)
+        container = wait_for_container(docker_client, run_id)
+        info = docker_client.api.inspect_container(container.id)
+        internal = f"kagura-egress-{run_id}-internal"
+        (project / ".done").write_text("done\n")
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output
+
+    config, host = info["Config"], info["HostConfig"]
+    assert info["Image"] == plan["image"]["digest"]
+    assert config["User"] == plan["hardening"]["user"]
+    assert config["WorkingDir"] == plan["hardening"]["workdir"]
+    assert config["Labels"]["dev.kagura.plan"] == plan["fingerprint"]
+    assert config["Labels"]["dev.kagura.task"] == plan["task"]["name"]
+    assert config["Labels"]["dev.kagura.run"] == run_id
+    assert config["OpenStdin"] is True and config["Tty"] is False
+    assert config["StopSignal"] == "SIGTERM"
+    assert config["StopTimeout"] == plan["hardening"]["stop_timeout"]
+    for key, value in _expected_host_config(plan, internal).items():
+        assert host.get(key) == value, (key, host.get(key), value)
+    assert set(host["Tmpfs"]) == _tmpfs_targets(plan)
+    for target, options in plan["hardening"]["tmpfs"].items():
+        assert set(options.split(",")) <= set(host["Tmpfs"][target].split(",")), target
+    mounted = sorted((m["Source"], m["Destination"], m["RW"]) for m in info["Mounts"])
+    # Tmpfs mounts are not in Mounts; the plan's binds are all there is.
+    wanted = sorted((m["source"], m["target"], m["mode"] == "rw") for m in plan["mounts"])
+    assert mounted == wanted
+    assert [m["target"] for m in plan["mounts"]] == ["/workspace", "/reference"]
+    # No credential or proxy secret in the config: the environment is only the proxy's.
+    env_names = {item.split("=", 1)[0] for item in config["Env"]}
+    assert {"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"} <= env_names
+    assert not any(name.startswith(("AWS_", "ANTHROPIC_")) for name in env_names)
+    assert leftovers(docker_client, run_id) == []
