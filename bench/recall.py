@@ -3,7 +3,8 @@
 Measures ``SqliteMemoryStore.recall`` (FTS5, bm25, trusted-only default, sometimes a
 type filter) against a full-scan baseline in the same run: a LIKE over every row
 followed by ranking in Python, which is what a store without an index must do.
-Target: p95 < 5 ms at 100,000 memories.
+Target: p95 < 5 ms at 100,000 memories. Query words follow the text's Zipf-like
+distribution, so many are in most memories; recall ranks by the others (memory/terms.py).
 
     python bench/recall.py        # ends with: RESULT recall p50_10k_ms=… …
 """

@@ -3,13 +3,13 @@
 The file (``<state_dir>/memory.db`` by default) is opened through ``StateStore``, so it
 gets WAL, synchronous=FULL and versioned migrations. Full-text recall goes through an
 external-content FTS5 index kept in step by triggers; every filter column has an index,
-so recall never scans the table (the original's recall was a full scan).
+so recall never scans the table (the original's recall was a full scan). Query terms in
+more than half the memories are left out of bm25 ranking (terms.py keeps the counts).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
@@ -18,6 +18,7 @@ from typing import Any, Literal, cast
 
 from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
 from kagura_agent.errors import SetupError
+from kagura_agent.memory import terms
 from kagura_agent.memory.model import (
     Edge,
     Memory,
@@ -99,17 +100,15 @@ CREATE TABLE tombstones (
 CREATE TABLE health (id INTEGER PRIMARY KEY CHECK (id = 1), checked TEXT NOT NULL);
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+# v3: document frequencies, so recall can leave out terms too common to rank by.
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, terms.MIGRATION)
 
 RANK_WINDOW = 1000
 
-_WORD = re.compile(r"\w+", re.UNICODE)
-
 
 def fts_query(text: str) -> str:
-    """Turn free text into a safe FTS5 query: every word quoted, any word may match."""
-    words = _WORD.findall(text)
-    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+    """Turn free text into a safe FTS5 query: every term quoted, any term may match."""
+    return terms.match_expression(terms.tokens(text))
 
 
 class SqliteMemoryStore:
@@ -158,6 +157,11 @@ class SqliteMemoryStore:
             tags=tuple(dict.fromkeys(tags)),
             task_kind=task_kind,
         )
+        row_text = (
+            memory.summary,
+            json.dumps(memory.details, sort_keys=True),
+            json.dumps(list(memory.tags)),
+        )
         with self._state.transaction() as conn:
             cursor = conn.execute(
                 "INSERT INTO memories(id, type, summary, details, tags, source_kind, source_id,"
@@ -165,9 +169,7 @@ class SqliteMemoryStore:
                 (
                     memory.id,
                     memory.type,
-                    memory.summary,
-                    json.dumps(memory.details, sort_keys=True),
-                    json.dumps(list(memory.tags)),
+                    *row_text,
                     source.kind,
                     source.id,
                     memory.trust,
@@ -179,6 +181,7 @@ class SqliteMemoryStore:
                 "INSERT INTO memory_tags(memory_rowid, tag) VALUES (?, ?)",
                 [(cursor.lastrowid, tag) for tag in memory.tags],
             )
+            terms.count_added(conn, terms.document_terms(row_text))
         return memory
 
     def create_edge(self, source_id: str, target_id: str, type: str) -> Edge:
@@ -221,6 +224,9 @@ class SqliteMemoryStore:
             )
             conn.execute("DELETE FROM memory_tags WHERE memory_rowid = ?", (row["rowid"],))
             conn.execute("DELETE FROM memories WHERE rowid = ?", (row["rowid"],))
+            terms.count_removed(
+                conn, terms.document_terms((row["summary"], row["details"], row["tags"]))
+            )
             conn.execute(
                 "DELETE FROM edges WHERE source_id = ? OR target_id = ?", (memory_id, memory_id)
             )
@@ -271,30 +277,56 @@ class SqliteMemoryStore:
         for tag in tags:
             where.append("m.rowid IN (SELECT memory_rowid FROM memory_tags WHERE tag = ?)")
             params.append(tag)
-        match = fts_query(query)
-        if match:
-            # bm25 costs about a microsecond per matching row, so a word found in most
-            # memories would make recall scale with the store. Rank only the newest
-            # RANK_WINDOW matches that pass the filters: exact below that many matches,
-            # recency-biased above it — and bounded either way.
-            sql = (
-                "SELECT m.* FROM (SELECT memories_fts.rowid AS rid, bm25(memories_fts) AS score"
-                " FROM memories_fts JOIN memories m ON m.rowid = memories_fts.rowid"
-                " WHERE memories_fts MATCH ?"
-                + "".join(f" AND {w}" for w in where)
-                + " ORDER BY memories_fts.rowid DESC LIMIT ?) ranked"
-                " JOIN memories m ON m.rowid = ranked.rid"
-                " ORDER BY ranked.score, m.rowid DESC LIMIT ?"
-            )
-            params = [match, *params, RANK_WINDOW, k]
-        else:
+        query_terms = terms.tokens(query)
+        if not query_terms:
             sql = (
                 "SELECT m.* FROM memories m"
                 + (" WHERE " + " AND ".join(where) if where else "")
                 + " ORDER BY m.created DESC, m.rowid DESC LIMIT ?"
             )
-            params.append(k)
-        return [_memory(row) for row in self.conn.execute(sql, params)]
+            return [_memory(row) for row in self.conn.execute(sql, [*params, k])]
+        # Terms in more than half the memories carry no bm25 weight (see terms.py) but
+        # would cost a read of their whole posting list: rank by the others, then fill
+        # up with the newest memories that match only the common ones.
+        weighted, common = terms.split_by_weight(self.conn, query_terms)
+        found = self._ranked(weighted, where, params, k) if weighted else []
+        if len(found) < k and common:
+            seen = {m.id for m in found}
+            newest = self._newest_matching(common, where, params, k + len(found))
+            found += [m for m in newest if m.id not in seen][: k - len(found)]
+        return found
+
+    def _ranked(
+        self, query_terms: list[str], where: list[str], params: list[Any], k: int
+    ) -> list[Memory]:
+        # bm25 costs about a microsecond per matching row, so a word found in many
+        # memories would make recall scale with the store. Rank only the newest
+        # RANK_WINDOW matches that pass the filters: exact below that many matches,
+        # recency-biased above it — and bounded either way.
+        sql = (
+            "SELECT m.* FROM (SELECT memories_fts.rowid AS rid, bm25(memories_fts) AS score"
+            " FROM memories_fts JOIN memories m ON m.rowid = memories_fts.rowid"
+            " WHERE memories_fts MATCH ?"
+            + "".join(f" AND {w}" for w in where)
+            + " ORDER BY memories_fts.rowid DESC LIMIT ?) ranked"
+            " JOIN memories m ON m.rowid = ranked.rid"
+            " ORDER BY ranked.score, m.rowid DESC LIMIT ?"
+        )
+        args = [terms.match_expression(query_terms), *params, RANK_WINDOW, k]
+        return [_memory(row) for row in self.conn.execute(sql, args)]
+
+    def _newest_matching(
+        self, query_terms: list[str], where: list[str], params: list[Any], k: int
+    ) -> list[Memory]:
+        # No bm25 here: walking the index newest first stops after k rows that pass.
+        sql = (
+            "SELECT m.* FROM memories_fts JOIN memories m ON m.rowid = memories_fts.rowid"
+            " WHERE memories_fts MATCH ?"
+            + "".join(f" AND {w}" for w in where)
+            + " ORDER BY memories_fts.rowid DESC LIMIT ?"
+        )
+        args = [terms.match_expression(query_terms), *params, k]
+        return [_memory(row) for row in self.conn.execute(sql, args)]
 
     def get(self, memory_id: str) -> Memory | None:
         row = self.conn.execute("SELECT * FROM memories WHERE id = ?", (memory_id,)).fetchone()
