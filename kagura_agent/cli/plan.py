@@ -54,8 +54,9 @@ def run(args: argparse.Namespace) -> int:
     fmt = output_format(args)
     any_changes = False
     outputs: list[dict[str, Any]] = []
+    base_plans = _base_plans(args) if args.base else {}
     for plan in plans:
-        old, label = _baseline(args, plan)
+        old, label = _baseline(args, plan, base_plans)
         from kagura_agent.plan.diff import diff_plans
 
         changes = diff_plans(old, plan)
@@ -75,21 +76,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _baseline(args: argparse.Namespace, plan: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+def _base_plans(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Every task planned against the manifests at ``--base``, once for all tasks."""
+    from kagura_agent.errors import ValidationError
+    from kagura_agent.plan.build import plan_tasks
+
+    try:
+        found = plan_tasks(args.manifests, args.paths, facts_file=args.facts, base_rev=args.base)
+    except ValidationError as exc:
+        exc.message = f"against the manifests at {args.base}: {exc.message}"
+        raise
+    return {p["task"]["name"]: p for p in found}
+
+
+def _baseline(
+    args: argparse.Namespace, plan: dict[str, Any], base_plans: dict[str, dict[str, Any]]
+) -> tuple[dict[str, Any] | None, str]:
     from kagura_agent.plan import planfile
     from kagura_agent.plan.history import last_applied
 
     if args.against:
         return planfile.load(Path(args.against)), f"the saved plan {args.against}"
     if args.base:
-        from kagura_agent.plan.build import plan_tasks
-
-        facts = None if args.facts is None else args.facts
-        old = {
-            p["task"]["name"]: p
-            for p in plan_tasks(args.manifests, args.paths, facts_file=facts, base_rev=args.base)
-        }
-        return old.get(plan["task"]["name"]), f"the manifests at {args.base}"
+        return base_plans.get(plan["task"]["name"]), f"the manifests at {args.base}"
     return last_applied(plan["task"]["name"]), "the last applied plan"
 
 

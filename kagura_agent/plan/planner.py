@@ -318,7 +318,13 @@ def _budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> dict[str, Any
     reserve = DEFAULT_RESERVE
     for graduation in catalog.of("Graduation"):
         reserve = float(graduation.spec.get("reserve", reserve))
-    source = "task" if task.manifest.spec.get("budget") else "default"
+    source = (
+        "task"
+        if task.manifest.spec.get("budget")
+        else "brain"
+        if task.brain.spec.get("budget")
+        else "default"
+    )
     shown_history = None
     if history and history.get("count"):
         shown_history = {**history, "reserve": reserve}
