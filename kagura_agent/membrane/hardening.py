@@ -164,6 +164,9 @@ def container_kwargs(
         "privileged": False,
         "devices": [],
         "runtime": h.get("runtime", "runc"),
+        # The agent's stdout is the event stream, which may carry what a tool printed; with
+        # no log driver it is never written to the host's disk (attach still works).
+        "log_config": {"type": h.get("log_driver", "json-file"), "config": {}},
         "stdin_open": True,
         "tty": False,
     }

@@ -102,10 +102,13 @@ def compile_plan(
     plan["policy"] = evaluate_policies(catalog, plan, check_rule)
     denials = _denied_categories(plan, policy_denials(plan["policy"]))
     plan["approvals"] = _classify_all(catalog, task, plan, facts, denials)
+    widened = _dispatch_check(plan, task, facts)
+    warnings += [f"refused: {reason}" for reason in widened]
     plan["warnings"] = warnings
     refused = tenancy == "shared" and plan["hardening"]["runtime"] not in SHARED_RUNTIMES
     plan["applyable"] = (
         not refused
+        and not widened
         and not any(r["effect"] == "deny" and not r["passed"] for r in plan["policy"])
         and all(a["class"] != "denied" for a in plan["approvals"])
     )
@@ -269,6 +272,7 @@ def _hardening(task: ResolvedTask, tenancy: str, facts: Facts) -> dict[str, Any]
         "privileged": False,
         "devices": [],
         "runtime": knobs["runtime"],
+        "log_driver": "none",
         "tenancy": tenancy,
         "workdir": "/workspace",
     }
@@ -351,6 +355,33 @@ def untrusted_inputs(task: ResolvedTask, facts: Facts) -> list[str]:
     if task.context.get("include_untrusted"):
         found.append("context.include_untrusted")
     return found
+
+
+def _dispatch_check(plan: dict[str, Any], task: ResolvedTask, facts: Facts) -> list[str]:
+    """A dispatched child: record ``task.parent`` and return why the plan cannot run.
+
+    The child may only narrow its parent's last applied plan (egress, credential scopes,
+    mounts; patterns.dispatch.narrowing_violations). A parent that never applied a plan
+    bounds nothing, so that refuses the child too. Plans without a parent are unchanged.
+    """
+    if task.parent is None:
+        return []
+    from kagura_agent.patterns.dispatch import narrowing_violations
+
+    name = task.parent["task"]
+    parent: dict[str, Any] = {
+        "task": name,
+        "run": facts.parent_run,
+        "context_memories": list(task.parent["context"]),
+        "narrowing": None,  # not checked: no parent plan to check against
+    }
+    plan["task"]["parent"] = parent
+    if facts.parent_plan is None:
+        return [
+            f"parent task {name!r} has no applied plan; a child can only narrow a plan that ran"
+        ]
+    parent["narrowing"] = narrowing_violations(facts.parent_plan, plan)
+    return [f"child widens parent {name!r}: {v}" for v in parent["narrowing"]]
 
 
 def _denied_categories(plan: dict[str, Any], by_path: dict[str, str]) -> dict[str, str]:

@@ -1,0 +1,92 @@
+"""Canary secrets through a whole apply: never in output, state, memory, inspect or ps.
+
+A static provider's root secret is the canary (it is also what the agent's tools
+receive). The task's step prints it on purpose, the way a hijacked agent would try to
+leak it into the operator's terminal; while the run is live the test reads `docker
+inspect` of the agent container and every `/proc/*/cmdline` on the host.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from apply_helpers import (
+    cli_env,
+    kagura,
+    make_project,
+    manifest_set,
+    spawn,
+    wait_for_container,
+    wait_for_run,
+    write_task,
+)
+
+CANARY = "CANARY-root-5d1e9a7f3b2c8e4a"
+
+
+def _cmdlines() -> str:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except OSError:
+                continue
+    return "\n".join(found)
+
+
+def test_canary_never_leaks(tmp_path: Path, state_dir: Path, docker_client: Any) -> None:
+    provider = {
+        "kind": "CredentialProvider",
+        "metadata": {"name": "canary"},
+        "spec": {
+            "type": "static",
+            "standing": True,
+            "secret": "env:CANARY_ROOT",
+            "static": {"env": "CANARY_KEY"},
+            "baseline_scopes": ["api"],
+            "scopes": {"api": {"description": "a canary"}},
+        },
+    }
+    manifests = manifest_set(tmp_path, provider)
+    project = make_project(tmp_path)
+    task = write_task(
+        project,
+        "canary",
+        {
+            "credentials": [{"provider": "canary", "scope": "api"}],
+            "steps": [
+                'echo "the key is $CANARY_KEY"',
+                'test -n "$CANARY_KEY" && touch seen-key',
+                "sleep 4",
+            ],
+            "verify": ["test -f seen-key"],
+        },
+    )
+    env = cli_env(state_dir, CANARY_ROOT=CANARY)
+    plan = kagura(["plan", "--json", "--manifests", str(manifests), str(task)], env)
+    assert plan.returncode == 0, plan.stderr
+    assert CANARY not in plan.stdout + plan.stderr
+
+    proc = spawn(["apply", "--yes", "--manifests", str(manifests), str(task)], env)
+    run_id = wait_for_run(state_dir)
+    container = wait_for_container(docker_client, run_id)
+    details = docker_client.api.inspect_container(container.id)
+    inspected = str(details)
+    # The event stream (what tools print) is never written to the host's disk.
+    assert details["HostConfig"]["LogConfig"]["Type"] == "none"
+    seen_in_ps = _cmdlines()
+    time.sleep(0.5)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert (project / "seen-key").exists(), "the tool did receive the key"
+    assert "the key is (sensitive)" in out
+    assert CANARY not in out
+    assert CANARY not in inspected
+    assert CANARY not in seen_in_ps
+    for stored in state_dir.rglob("*"):
+        if stored.is_file():
+            assert CANARY.encode() not in stored.read_bytes(), stored
+    assert CANARY not in (project / "task.yml").read_text()
