@@ -25,6 +25,9 @@ class Facts:
     untrusted_inputs: list[str] = field(default_factory=list)
     daemon: dict[str, Any] | None = None
     project_owner: list[int] | None = None  # [uid, gid] of the project root
+    # A dispatched child (task.parent): the parent's last applied plan and its run.
+    parent_plan: dict[str, Any] | None = None
+    parent_run: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -36,6 +39,8 @@ class Facts:
             "untrusted_inputs": list(self.untrusted_inputs),
             "daemon": self.daemon,
             "project_owner": self.project_owner,
+            "parent_plan": self.parent_plan,
+            "parent_run": self.parent_run,
         }
 
     @classmethod
@@ -49,6 +54,8 @@ class Facts:
             untrusted_inputs=list(data.get("untrusted_inputs", [])),
             daemon=data.get("daemon"),
             project_owner=data.get("project_owner"),
+            parent_plan=data.get("parent_plan"),
+            parent_run=data.get("parent_run"),
         )
 
 
@@ -134,7 +141,8 @@ def _memory_facts(task: ResolvedTask) -> dict[str, Any]:
     store = open_memory(section)
     try:
         untrusted = []
-        for memory_id in task.context.get("memories", []):
+        parent_context = task.parent["context"] if task.parent else []
+        for memory_id in [*task.context.get("memories", []), *parent_context]:
             found = store.get(memory_id)
             if found is not None and found.untrusted:
                 untrusted.append(f"memory:{memory_id}")
@@ -147,6 +155,40 @@ def _memory_facts(task: ResolvedTask) -> dict[str, Any]:
         close = getattr(store, "close", None)
         if close is not None:
             close()
+
+
+def _parent_facts(task: ResolvedTask) -> dict[str, Any]:
+    """For a dispatched child: the parent's last applied plan and the run that applied it."""
+    if task.parent is None:
+        return {}
+    from kagura_agent.plan.history import last_applied
+
+    parent_plan = last_applied(task.parent["task"])
+    if parent_plan is None:
+        return {}
+    return {"parent_plan": parent_plan, "parent_run": _applying_run(parent_plan)}
+
+
+def _applying_run(plan: dict[str, Any]) -> str | None:
+    """The newest run of ``plan`` (same task, same fingerprint) in the runs table."""
+    import sqlite3
+    from contextlib import closing
+
+    from kagura_agent.paths import state_dir
+    from kagura_agent.state import STATE_FILE
+
+    path = state_dir() / STATE_FILE
+    # Read-only: planning must never create or migrate the state store.
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+            row = conn.execute(
+                "SELECT run_id FROM runs WHERE task = ? AND fingerprint = ?"
+                " ORDER BY started_at DESC LIMIT 1",
+                (plan["task"]["name"], plan["fingerprint"]),
+            ).fetchone()
+    except sqlite3.Error:
+        return None
+    return str(row[0]) if row else None
 
 
 def _memory_section(task: ResolvedTask) -> dict[str, Any]:

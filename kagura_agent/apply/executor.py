@@ -62,6 +62,7 @@ class RunResult:
     denials: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: int | None = None
     brain_session_id: str | None = None
+    output_memory: str | None = None  # a dispatched child's output, for its parent to recall
 
     def to_json(self) -> dict[str, Any]:
         return {

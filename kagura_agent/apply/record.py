@@ -66,6 +66,8 @@ def record_outcome(
                 summary=_failure_summary(result),
                 details={"verify": [[c, code] for c, code, _ in result.verify]},
             )
+        if plan["task"].get("parent"):
+            result.output_memory = _record_child_output(memory, plan, run_id, result, success)
     finally:
         close = getattr(memory, "close", None)
         if close is not None:
@@ -90,6 +92,31 @@ def record_outcome(
         f"run {run_id} {verdict} in {result.wall_seconds:.1f}s"
         + (f", cost ${result.cost_usd:.4f}" if result.cost_usd is not None else "")
     )
+    if result.output_memory:
+        live.note(
+            f"output memory {result.output_memory} (the parent recalls it:"
+            f" kagura-agent memory show {result.output_memory})"
+        )
+
+
+def _record_child_output(
+    memory: Any, plan: dict[str, Any], run_id: str, result: Any, success: bool
+) -> str:
+    """A dispatched child's result, citing the context memories its parent handed over."""
+    from kagura_agent.patterns.dispatch import record_output
+
+    outcome = "succeeded" if success else "failed"
+    output = record_output(
+        memory,
+        child_run=run_id,
+        parent=plan["task"]["parent"],
+        summary=f"{plan['task']['name']} {outcome}: " + _what_ran(plan),
+        details={
+            "outcome": "success" if success else "failure",
+            "verify": [[c, code, out[-500:]] for c, code, out in result.verify],
+        },
+    )
+    return str(output.id)
 
 
 def _what_ran(plan: dict[str, Any]) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from typing import Any
 
 from kagura_agent.brain.events import (
@@ -53,11 +52,6 @@ class BrainRun:
         turn = turn_from_plan(
             self.plan, session_id=session_id, completed_steps=completed, prompt=self.options.prompt
         )
-        memories = tuple(self.plan["task"].get("context", {}).get("memories", []))
-        if memories:
-            turn = dataclasses.replace(
-                turn, context=dataclasses.replace(turn.context, memory_ids=memories)
-            )
         from kagura_agent.membrane.leases import deliver
 
         for lease in self.leases:

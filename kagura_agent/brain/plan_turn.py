@@ -37,13 +37,20 @@ def turn_from_plan(
     steps = task.get("steps")
     use_prompt = prompt if prompt is not None else task.get("prompt")
     parent = task.get("parent") or {}
+    # The parent's handoff first, then the task's own context; each id once.
+    memory_ids = dict.fromkeys(
+        [
+            *(parent.get("context_memories") or ()),
+            *((task.get("context") or {}).get("memories") or ()),
+        ]
+    )
     return Turn(
         engine=brain.get("engine", "script"),
         prompt=None if steps is not None and prompt is None else (use_prompt or ""),
         steps=None if steps is None or prompt is not None else tuple(_step(s) for s in steps),
         context=TurnContext(
             known_failures=known_failures_text(memory.get("known_failures") or []),
-            memory_ids=tuple(parent.get("context_memories") or ()),
+            memory_ids=tuple(memory_ids),
         ),
         budget=Budget(
             turns=budget.get("turns"),

@@ -52,6 +52,7 @@ class ResolvedTask:
     # The task file's absolute path (apply re-plans from it to check freshness). Resolved
     # here, not in a property: the planner must not touch the file system or the cwd.
     path: str = ""
+    parent: dict[str, Any] | None = None  # a dispatched child: {"task": name, "context": [ids]}
 
     @property
     def name(self) -> str:
@@ -126,9 +127,17 @@ def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None,
             session=spec.get("session"),
             verify=list(spec.get("verify", [])),
             context=dict(spec.get("context", {})),
+            parent=_parent(spec),
         ),
         [],
     )
+
+
+def _parent(spec: dict[str, Any]) -> dict[str, Any] | None:
+    parent = spec.get("parent")
+    if parent is None:
+        return None
+    return {"task": parent["task"], "context": list(parent.get("context", []))}
 
 
 def _ref(

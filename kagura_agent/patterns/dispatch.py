@@ -52,14 +52,27 @@ def record_output(
     summary: str,
     details: Mapping[str, Any] | None = None,
 ) -> Memory:
-    """Store a child's result, citing its context (``derived_from`` edges and details.cites)."""
-    cites = list(parent.get("context_memories", []))
+    """Store a child's result, citing its context (``derived_from`` edges and details.cites).
+
+    ``parent`` is the plan's ``task.parent`` (``run``, ``task``, ``context_memories``).
+    A context memory forgotten since planning is listed as missing rather than cited.
+    """
+    context = list(parent.get("context_memories") or [])
+    cites = [memory_id for memory_id in context if store.get(memory_id) is not None]
+    missing = [memory_id for memory_id in context if memory_id not in cites]
+    tags = [f"parent:{parent[key]}" for key in ("run", "task") if parent.get(key)]
     output = store.remember(
         type=OUTPUT,
         summary=summary,
         source=Source("run", child_run),
-        details={**(details or {}), "cites": cites, "parent_run": parent.get("run")},
-        tags=[f"parent:{parent.get('run')}"],
+        details={
+            **(details or {}),
+            "cites": cites,
+            "parent_run": parent.get("run"),
+            "parent_task": parent.get("task"),
+            **({"missing_context": missing} if missing else {}),
+        },
+        tags=tags,
     )
     for memory_id in cites:
         store.create_edge(output.id, memory_id, "derived_from")

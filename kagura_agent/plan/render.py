@@ -101,6 +101,7 @@ def render_text(plan: dict[str, Any], style: Style) -> str:
         out.append(
             f"  known failure  {failure.get('failure', '')}  -> fix: {failure.get('fix') or '(none yet)'}"
         )
+    out.extend(_parent_lines(task, style))
     hard = plan["hardening"]
     caps = ",".join(hard["cap_add"]) or "none"
     out.append(
@@ -135,6 +136,27 @@ def render_text(plan: dict[str, Any], style: Style) -> str:
     return "\n".join(out) + "\n"
 
 
+def _parent_lines(task: dict[str, Any], style: Style) -> list[str]:
+    """A dispatched child: its parent, the context memory ids, and whether it only narrows."""
+    parent = task.get("parent")
+    if not parent:
+        return []
+    run = f", run {parent['run']}" if parent.get("run") else ""
+    context = ", ".join(parent["context_memories"]) or "none"
+    lines = [f"  parent       task {parent['task']}{run}; context memories: {context}"]
+    if parent["narrowing"] is None:
+        lines.append(
+            "  " + style("narrowing    not checked: the parent never applied a plan", "red")
+        )
+    elif parent["narrowing"]:
+        lines += [
+            "  " + style(f"WIDENS the parent: {v}", "red", "bold") for v in parent["narrowing"]
+        ]
+    else:
+        lines.append("  narrowing    ok: a subset of the parent's egress, credentials and mounts")
+    return lines
+
+
 def _tag(klass: str | None, style: Style) -> str:
     if not klass:
         return ""
@@ -165,6 +187,15 @@ def render_markdown(plan: dict[str, Any]) -> str:
     for cred in plan["credentials"]:
         lines.append(f"| credential | {_cred_line(cred)} | {cred.get('class', '')} |")
     lines.append(f"| budget | {_budget_line(plan['budget'])} | |")
+    parent = task.get("parent")
+    if parent:
+        narrowing = parent["narrowing"]
+        widens = (
+            "not checked: the parent never applied a plan"
+            if narrowing is None
+            else "; ".join(narrowing) or "narrows the parent"
+        )
+        lines.append(f"| parent | task `{parent['task']}` ({widens}) | |")
     failed = [r for r in plan["policy"] if not r["passed"]]
     if failed or plan["warnings"]:
         lines.append("")

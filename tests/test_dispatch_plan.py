@@ -1,0 +1,136 @@
+"""Sub-agent dispatch in the planner: a child task (spec.parent) may only narrow its
+parent's last applied plan. The parent plan arrives through facts (``parent_plan``), so
+these tests plan in-process with a facts file and never touch the state store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kagura_agent.brain.plan_turn import turn_from_plan
+from kagura_agent.cli.main import main
+from kagura_agent.paths import repo_root
+from kagura_agent.plan.build import plan_tasks
+from kagura_agent.plan.planner import fingerprint
+
+ROOT = repo_root()
+assert ROOT is not None
+MANIFESTS = str(ROOT / "manifests")
+
+
+def _task(folder: Path, name: str, extra: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "task.yml"
+    path.write_text(
+        "apiVersion: kagura.dev/v1\nkind: Task\n"
+        f"metadata: {{name: {name}}}\n"
+        'spec:\n  steps: ["echo hi > out.txt"]\n  verify: ["test -f out.txt"]\n' + extra,
+        encoding="utf-8",
+    )
+    return path
+
+
+def _plan(task: Path, facts: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    facts_file = tmp_path / "facts.json"
+    facts_file.write_text(json.dumps(facts), encoding="utf-8")
+    [plan] = plan_tasks(MANIFESTS, [str(task)], facts_file=str(facts_file))
+    return plan
+
+
+@pytest.fixture()
+def parent_plan(tmp_path: Path) -> dict[str, Any]:
+    """The parent: its project root holds the child's, and it may reach pypi."""
+    task = _task(tmp_path / "proj", "parent", "  egress: [pypi]\n")
+    return _plan(task, {}, tmp_path)
+
+
+CHILD = "  parent: {task: parent, context: [mem-a, mem-b]}\n"
+
+
+def test_a_narrower_child_is_applyable_and_records_its_parent(
+    tmp_path: Path, parent_plan: dict[str, Any]
+) -> None:
+    child_task = _task(tmp_path / "proj" / "sub", "child", CHILD)
+    facts = {"parent_plan": parent_plan, "parent_run": "run-parent1"}
+    plan = _plan(child_task, facts, tmp_path)
+    assert plan["task"]["parent"] == {
+        "task": "parent",
+        "run": "run-parent1",
+        "context_memories": ["mem-a", "mem-b"],
+        "narrowing": [],
+    }
+    assert plan["applyable"] is True
+    assert not [w for w in plan["warnings"] if "refused" in w]
+    # The brain receives the context by id, never as prompt text.
+    assert turn_from_plan(plan).context.memory_ids == ("mem-a", "mem-b")
+    # Pure: the same inputs give the same plan.
+    assert _plan(child_task, facts, tmp_path)["fingerprint"] == plan["fingerprint"]
+    assert plan["fingerprint"] == fingerprint(plan)
+
+
+def test_a_child_that_widens_egress_is_not_applyable(
+    tmp_path: Path, parent_plan: dict[str, Any]
+) -> None:
+    child_task = _task(tmp_path / "proj" / "sub", "child", CHILD + "  egress: [github]\n")
+    plan = _plan(child_task, {"parent_plan": parent_plan}, tmp_path)
+    narrowing = plan["task"]["parent"]["narrowing"]
+    assert narrowing and all("not allowed to the parent" in v for v in narrowing)
+    assert any("api.github.com" in v for v in narrowing)
+    assert plan["applyable"] is False
+    refused = [w for w in plan["warnings"] if w.startswith("refused: child widens parent")]
+    assert len(refused) == len(narrowing)
+
+
+def test_a_child_outside_the_parents_mounts_is_not_applyable(
+    tmp_path: Path, parent_plan: dict[str, Any]
+) -> None:
+    child_task = _task(tmp_path / "elsewhere", "child", CHILD)
+    plan = _plan(child_task, {"parent_plan": parent_plan}, tmp_path)
+    [violation] = plan["task"]["parent"]["narrowing"]
+    assert "outside every parent mount" in violation
+    assert plan["applyable"] is False
+
+
+def test_a_parent_that_never_applied_bounds_nothing_so_the_child_is_refused(
+    tmp_path: Path,
+) -> None:
+    child_task = _task(tmp_path / "proj" / "sub", "child", CHILD)
+    plan = _plan(child_task, {}, tmp_path)
+    assert plan["task"]["parent"]["narrowing"] is None
+    assert plan["applyable"] is False
+    assert any("has no applied plan" in w for w in plan["warnings"])
+
+
+def test_plans_without_a_parent_are_unchanged(tmp_path: Path) -> None:
+    plan = _plan(_task(tmp_path / "solo", "solo"), {}, tmp_path)
+    assert "parent" not in plan["task"]  # golden plans keep their exact JSON
+
+
+def test_widening_is_rendered_and_refused_by_apply(
+    tmp_path: Path,
+    parent_plan: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")
+    child_task = _task(tmp_path / "proj" / "sub", "child", CHILD + "  egress: [github]\n")
+    facts_file = tmp_path / "facts.json"
+    facts_file.write_text(json.dumps({"parent_plan": parent_plan}), encoding="utf-8")
+    args = [str(child_task), "--manifests", MANIFESTS, "--facts", str(facts_file)]
+    assert main(["plan", *args]) == 0
+    out = capsys.readouterr().out
+    assert "parent       task parent; context memories: mem-a, mem-b" in out
+    assert "WIDENS the parent: egress https://api.github.com:443" in out
+    assert "applyable    NO" in out
+    assert main(["plan", "--format", "markdown", *args]) == 0
+    assert "| parent | task `parent` (egress https://api.github.com:443" in capsys.readouterr().out
+
+    from kagura_agent.apply.executor import ApplyOptions, refuse_unapplyable
+    from kagura_agent.errors import RefusedError
+
+    plan = _plan(child_task, {"parent_plan": parent_plan}, tmp_path)
+    with pytest.raises(RefusedError, match="child widens parent 'parent'"):
+        refuse_unapplyable(plan, ApplyOptions())
