@@ -325,27 +325,31 @@ def test_approval_for_one_plan_is_refused_for_another(scene: Scene) -> None:
     assert "for another plan" in done.stderr
 
 
-def test_recalling_untrusted_memories_loses_graduated_trust(
-    tmp_path: Path, state_dir: Path
-) -> None:
+def _graduate(category: str) -> None:
+    """Evidence written straight to the ledger (a simulated week), then a human's unlock."""
     from kagura_agent import graduation
     from kagura_agent.state import StateStore
 
-    scene = _make_scene(tmp_path)
-    cat = scene.category
     clock = FixedClock(datetime(2030, 1, 1, tzinfo=UTC))
     store = StateStore()
     try:
         for index, name in enumerate(("a", "b", "c", "a", "b")):
             clock.advance(timedelta(days=2))
             graduation.record_outcome(
-                store, [cat], f"run-{index}", f"grad-{name}", "sha256:x", [("true", 0)], clock
+                store, [category], f"run-{index}", f"grad-{name}", "sha256:x", [("true", 0)], clock
             )
-        graduation.approve_graduation(
-            store, cat, who="carol", clock=clock, knobs=graduation.Knobs()
-        )
+        knobs = graduation.Knobs()
+        graduation.approve_graduation(store, category, who="carol", clock=clock, knobs=knobs)
     finally:
         store.close()
+
+
+def test_recalling_untrusted_memories_loses_graduated_trust(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    scene = _make_scene(tmp_path)
+    cat = scene.category
+    _graduate(cat)
     assert _entry(_plan(scene, "a"), cat)["class"] == "graduated"
     scene.write_task(
         "a-recall",
@@ -359,3 +363,19 @@ def test_recalling_untrusted_memories_loses_graduated_trust(
     assert entry["class"] == "needs-approval"
     assert "untrusted inputs (context.include_untrusted)" in entry["reason"]
     assert plan["memory"]["untrusted_inputs"] == ["context.include_untrusted"]
+
+
+@pytest.mark.docker
+def test_brain_that_takes_its_container_down_is_a_recorded_failure(scene: Scene) -> None:
+    # Verify cannot run in a container that is gone; that must demote, not skip recording.
+    cat = scene.category
+    _graduate(cat)
+    scene.write_task("crash", "crash", "kill -9 $PPID", "test -d /ref")
+    clock = FixedClock(datetime(2030, 2, 1, tzinfo=UTC))
+    result = _apply(scene, "crash", clock, approve=False)
+    assert (result.outcome, result.exit_code) == ("failed", 1)
+    assert result.brain_error is not None
+    assert [(command, code) for command, code, _ in result.verify] == [("test -d /ref", -1)]
+    status = _status(scene)
+    assert (status["state"], status["successes"]) == ("locked", 0)
+    assert "verify 'test -d /ref' exited -1" in status["last_reset_reason"]
