@@ -1,9 +1,12 @@
-"""``kagura-agent memory``: search, show, forget and export the embedded memory store.
+"""``kagura-agent memory``: search, show, forget and export memories.
 
 memory search QUERY [--type T] [--untrusted] [-k N] [--json]
 memory show ID [--json]
 memory forget ID [--cascade] [--reason TEXT]
 memory export [--json]
+
+Every subcommand opens the store the plan would: the default Memory manifest of the
+manifest set (``--manifests DIR``), or the one named with ``--memory NAME``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,17 @@ def register(subparsers: Any) -> None:
     export = commands.add_parser("export", help="every memory, oldest first")
     export.add_argument("--json", action="store_true", help="print one JSON document")
     export.set_defaults(handler=_export)
+    _store_options(search, show, forget, export)
+
+
+def _store_options(*parsers: argparse.ArgumentParser) -> None:
+    from kagura_agent.cli.common import add_manifest_option
+
+    for parser in parsers:
+        add_manifest_option(parser)
+        parser.add_argument(
+            "--memory", metavar="NAME", help="a Memory manifest other than the default"
+        )
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -51,10 +65,26 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
-def _open() -> Any:
+def memory_section(manifests: str | None, name: str | None = None) -> dict[str, Any]:
+    """The memory section a plan made from ``manifests`` would carry (default manifest)."""
+    from kagura_agent.errors import UsageError
+    from kagura_agent.manifest.workspace import load_workspace
+    from kagura_agent.memory.factory import section_from_manifest
+
+    catalog = load_workspace(manifests, []).catalog
+    manifest = catalog.get("Memory", name) if name else catalog.default("Memory")
+    if name and manifest is None:
+        known = ", ".join(catalog.names("Memory")) or "(none)"
+        raise UsageError(f"unknown Memory {name!r}", hint=f"known Memory names: {known}")
+    if manifest is None:
+        return section_from_manifest(None, None)
+    return section_from_manifest(manifest.name, manifest.spec)
+
+
+def _open(args: argparse.Namespace) -> Any:
     from kagura_agent.memory import open_memory
 
-    return open_memory()
+    return open_memory(memory_section(args.manifests, args.memory))
 
 
 def _line(memory: Any) -> str:
@@ -67,7 +97,7 @@ def _search(args: argparse.Namespace) -> int:
 
     if args.k < 1:
         raise UsageError("-k must be at least 1")
-    store = _open()
+    store = _open(args)
     try:
         found = store.recall(args.query, k=args.k, type=args.type, include_untrusted=args.untrusted)
         if args.json:
@@ -86,7 +116,7 @@ def _show(args: argparse.Namespace) -> int:
     from kagura_agent.clock import iso
     from kagura_agent.errors import UsageError
 
-    store = _open()
+    store = _open(args)
     try:
         memory = store.get(args.id)
         if memory is None:
@@ -116,7 +146,7 @@ def _forget(args: argparse.Namespace) -> int:
     from kagura_agent.errors import UsageError
     from kagura_agent.patterns.erasure import forget
 
-    store = _open()
+    store = _open(args)
     try:
         tombstones = forget(store, args.id, cascade=args.cascade, reason=args.reason)
     finally:
@@ -133,7 +163,7 @@ def _forget(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    store = _open()
+    store = _open(args)
     try:
         memories = [m.to_json() for m in store.export()]
         tombstones = [t.to_json() for t in store.tombstones()]

@@ -26,6 +26,19 @@ DEFAULT_CONTEXT = "kagura-agent"
 DEFAULT_SECTION: dict[str, Any] = {"name": "default", "backend": "sqlite", "location": "state-dir"}
 
 
+def section_from_manifest(name: str | None, spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The plan's ``memory`` section for a Memory manifest (None: the embedded default)."""
+    if spec is None:
+        return {**DEFAULT_SECTION, "name": name or "embedded", "token_ref": None}
+    backend = spec["backend"]
+    return {
+        "name": name,
+        "backend": backend,
+        "location": spec.get("url") if backend == "cloud" else spec.get("path", "state-dir"),
+        "token_ref": spec.get("token"),
+    }
+
+
 def sqlite_path(section: Mapping[str, Any]) -> Path:
     """Where the embedded store lives: ``state-dir`` means ``<state_dir>/memory.db``."""
     from kagura_agent.memory.sqlite import MEMORY_FILE
