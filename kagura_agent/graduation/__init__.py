@@ -12,14 +12,15 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+# The pure modules are imported eagerly. Importing a submodule binds its name on this
+# package, and ``classify`` is both a submodule and a function: binding the function here,
+# after the submodule import, is what makes ``from kagura_agent.graduation import
+# classify`` the function whichever module imported ``graduation.classify`` first.
+from kagura_agent.graduation.classify import CapabilityClass, Classification, classify
+from kagura_agent.graduation.knobs import Knobs, format_duration, knobs_from_spec, parse_duration
+from kagura_agent.graduation.model import CategoryStatus, GraduationSnapshot
+
 if TYPE_CHECKING:
-    from kagura_agent.graduation.classify import CapabilityClass, Classification, classify
-    from kagura_agent.graduation.knobs import (
-        Knobs,
-        format_duration,
-        knobs_from_spec,
-        parse_duration,
-    )
     from kagura_agent.graduation.ledger import (
         RecordedOutcome,
         approve_graduation,
@@ -31,28 +32,13 @@ if TYPE_CHECKING:
         reset,
         snapshot,
     )
-    from kagura_agent.graduation.model import CategoryStatus, GraduationSnapshot
-
-# Exported names resolve lazily: the planner imports the pure modules (knobs, model,
-# classify) on every `plan`, and must not pay for the state-store side (ledger).
-_HOME = {
-    "CapabilityClass": "classify",
-    "Classification": "classify",
-    "classify": "classify",
-    "Knobs": "knobs",
-    "format_duration": "knobs",
-    "knobs_from_spec": "knobs",
-    "parse_duration": "knobs",
-    "CategoryStatus": "model",
-    "GraduationSnapshot": "model",
-}
 
 
 def __getattr__(name: str) -> Any:
-    module = _HOME.get(name, "ledger" if name in __all__ else None)
-    if module is None:
+    # The state-store side (ledger) resolves lazily: `plan` must not pay for it.
+    if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"kagura_agent.graduation.{module}"), name)
+    return getattr(import_module("kagura_agent.graduation.ledger"), name)
 
 
 __all__ = [
