@@ -111,10 +111,12 @@ def run_row(state_dir: Path, run_id: str) -> dict[str, Any]:
     return dict(row)
 
 
-def wait_for_run(state_dir: Path, timeout: float = 30) -> str:
-    """The run id of the first run, once the applying process has recorded it."""
+def wait_for_run(state_dir: Path, proc: Any = None, timeout: float = 30) -> str:
+    """The run id of the first run, once the applying process ``proc`` has recorded it."""
     deadline = time.monotonic() + timeout
     while not (ids := run_ids(state_dir)):
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"apply exited {proc.returncode}: {proc.stdout.read()}")
         assert time.monotonic() < deadline, "apply never opened a run"
         time.sleep(0.05)
     return ids[0]

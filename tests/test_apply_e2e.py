@@ -111,7 +111,7 @@ def sts_world(docker_client: Any) -> Iterator[tuple[str, Any]]:
 
 def _attach_when_outbound_exists(client: Any, relay: Any, state_dir: Path, proc: Any) -> str:
     """Connect the relay to this run's outbound network as sts.test; then signal the step."""
-    run_id = wait_for_run(state_dir)
+    run_id = wait_for_run(state_dir, proc)
     labels = [f"{LABEL_RUN}={run_id}", f"{LABEL_COMPONENT}={COMPONENT_OUTBOUND}"]
     deadline = time.monotonic() + 60
     while not (nets := client.networks.list(filters={"label": labels})):
@@ -274,7 +274,7 @@ def test_the_container_that_runs_equals_the_plan(
     args = ["apply", "--yes", "--manifests", str(manifests), str(task)]
     proc = spawn(args + [arg for cat in needed for arg in ("--approve", cat)], env)
     try:
-        run_id = wait_for_run(state_dir)
+        run_id = wait_for_run(state_dir, proc)
         container = wait_for_container(docker_client, run_id)
         info = docker_client.api.inspect_container(container.id)
         internal = f"kagura-egress-{run_id}-internal"

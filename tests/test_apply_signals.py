@@ -1,0 +1,180 @@
+"""Every way a run can end early takes the same clean-up path.
+
+Each run here has the full set of things to clean up: a leased credential (a static
+provider, so its ledger row must be closed), this run's egress proxy and networks, and
+the agent container. Ctrl-C, SIGTERM, a brain past its wall budget and a brain flooding
+its channel each end with none of them left and the documented exit code; after
+``kill -9`` the next apply sweeps what the dead run left.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apply_helpers import (
+    cli_env,
+    json_lines,
+    leftovers,
+    live_leases,
+    make_project,
+    manifest_set,
+    run_ids,
+    run_row,
+    spawn,
+    wait_for_container,
+    wait_for_run,
+    write_task,
+)
+
+pytestmark = pytest.mark.docker
+
+TOKEN = "kagura-apply-canary-" + "t" * 24
+TEST_MANIFESTS: tuple[dict[str, Any], ...] = (
+    {
+        "kind": "CredentialProvider",
+        "metadata": {"name": "token"},
+        "spec": {
+            "type": "static",
+            "standing": True,
+            "secret": "env:KAGURA_TEST_TOKEN",
+            "static": {"env": "TEST_TOKEN"},
+            "baseline_scopes": ["use"],
+            "scopes": {"use": {"description": "a canary token"}},
+        },
+    },
+    {
+        "kind": "EgressPolicy",
+        "metadata": {"name": "nowhere"},
+        "spec": {"baseline": True, "allow": [{"host": "nowhere.test"}]},
+    },
+    {
+        "kind": "Brain",
+        "metadata": {"name": "strict"},
+        "spec": {"engine": "script", "max_line_bytes": 65536, "budget": {"wall_time": "3s"}},
+    },
+)
+
+
+def _start(
+    tmp_path: Path, state_dir: Path, steps: list[str], *, brain: str = "script"
+) -> tuple[Any, dict[str, str]]:
+    manifests = manifest_set(tmp_path, *TEST_MANIFESTS)
+    project = make_project(tmp_path)
+    spec = {
+        "brain": brain,
+        "egress": ["nowhere"],
+        "credentials": [{"provider": "token", "scope": "use"}],
+        "steps": steps,
+    }
+    task = write_task(project, "ends-early", spec)
+    env = cli_env(state_dir, KAGURA_TEST_TOKEN=TOKEN)
+    proc = spawn(["apply", "--yes", "--json", "--manifests", str(manifests), str(task)], env)
+    return proc, env
+
+
+def _finish(proc: Any, timeout: float = 90) -> str:
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return str(output)
+
+
+def _assert_nothing_left(client: Any, run_id: str, env: dict[str, str], output: str) -> None:
+    assert leftovers(client, run_id) == [], output
+    assert live_leases(env) == [], output
+    assert TOKEN not in output  # the live view redacts the leased value
+
+
+@pytest.mark.parametrize(
+    ("signum", "exit_code", "outcome"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+)
+def test_signal_mid_run_cleans_up(
+    docker_client: Any,
+    tmp_path: Path,
+    state_dir: Path,
+    signum: signal.Signals,
+    exit_code: int,
+    outcome: str,
+) -> None:
+    proc, env = _start(tmp_path, state_dir, ['test -n "$TEST_TOKEN"', "sleep 600"])
+    run_id = wait_for_run(state_dir, proc)
+    wait_for_container(docker_client, run_id)
+    assert len(leftovers(docker_client, run_id)) == 4  # agent, proxy, two networks
+    assert len(live_leases(env)) == 1
+    time.sleep(0.5)  # let the brain reach the sleeping step
+    proc.send_signal(signum)
+    output = _finish(proc)
+    assert proc.returncode == exit_code, output
+    _assert_nothing_left(docker_client, run_id, env, output)
+    assert run_row(state_dir, run_id)["outcome"] == outcome
+
+
+def test_brain_past_its_wall_budget_is_stopped(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    started = time.monotonic()
+    proc, env = _start(tmp_path, state_dir, ["sleep 600"], brain="strict")
+    output = _finish(proc)
+    assert proc.returncode == 1, output
+    assert time.monotonic() - started < 60, "the 3 s budget was not enforced"
+    errors = [e for e in json_lines(output) if e.get("type") == "error"]
+    assert errors and errors[0]["code"] == "timeout", errors
+    [run_id] = run_ids(state_dir)
+    _assert_nothing_left(docker_client, run_id, env, output)
+    assert run_row(state_dir, run_id)["outcome"] == "failed"
+
+
+# A step that writes straight onto the brain channel (the stdout docker attached to),
+# past the engine: what a compromised or broken brain could do.
+FLOODS = {
+    "huge-line": ("head -c 50000000 /dev/zero | tr '\\0' x > /proc/1/fd/1", "oversize"),
+    "endless-lines": ("yes flood > /proc/1/fd/1", "protocol"),
+}
+
+
+@pytest.mark.parametrize("flood", sorted(FLOODS))
+def test_brain_flooding_its_channel_is_stopped(
+    docker_client: Any, tmp_path: Path, state_dir: Path, flood: str
+) -> None:
+    command, code = FLOODS[flood]
+    proc, env = _start(tmp_path, state_dir, [command, "sleep 600"], brain="strict")
+    output = _finish(proc)
+    assert proc.returncode == 1, output[-3000:]
+    assert len(output) < 2_000_000, "the flood reached the terminal"
+    errors = [e for e in json_lines(output) if e.get("type") == "error"]
+    assert errors and errors[0]["code"] == code, errors
+    [run_id] = run_ids(state_dir)
+    _assert_nothing_left(docker_client, run_id, env, output[-3000:])
+
+
+def test_after_kill_9_the_next_apply_sweeps_the_dead_run(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    proc, env = _start(tmp_path / "first", state_dir, ["sleep 600"])
+    dead = wait_for_run(state_dir, proc)
+    wait_for_container(docker_client, dead)
+    proc.kill()
+    proc.wait(timeout=30)
+    assert leftovers(docker_client, dead) != []  # nothing could clean up after SIGKILL
+    assert len(live_leases(env)) == 1
+
+    again, env = _start(tmp_path / "second", state_dir, ["true"])
+    output = _finish(again)
+    assert again.returncode == 0, output
+    assert "removed what crashed runs left" in output
+    assert leftovers(docker_client, dead) == []
+    assert run_row(state_dir, dead)["outcome"] == "crashed"
+    # A static secret cannot be revoked: the sweep keeps the dead run's row in view as
+    # lapsing (closed at its expiry by a later sweep), and the second run's row is closed.
+    assert "1 lapsing" in output
+    [orphan] = live_leases(env)
+    assert orphan["run_id"] == dead and orphan["owner_pid"] == proc.pid
+    [_, second] = run_ids(state_dir)
+    assert leftovers(docker_client, second) == []
