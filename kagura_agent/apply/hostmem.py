@@ -8,9 +8,12 @@ is recorded as coming from this run (untrusted: the agent's own words).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from kagura_agent.memory.model import Memory, Source
+
+T = TypeVar("T")
 
 
 class HostMemory:
@@ -20,8 +23,16 @@ class HostMemory:
         self.task_kind = task_kind
         self.include_untrusted = include_untrusted
 
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        # A SQLite connection may only be used by the thread that opened it (this loop's
+        # thread), and its calls take well under a millisecond; a network backend would
+        # stall the channel, so it gets a worker thread.
+        if getattr(self.store, "backend", "") == "sqlite":
+            return fn(*args, **kwargs)
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
     async def recall(self, query: str, limit: int) -> list[dict[str, Any]]:
-        found = await asyncio.to_thread(
+        found = await self._call(
             self.store.recall,
             query,
             k=max(1, min(limit, 20)),
@@ -30,7 +41,7 @@ class HostMemory:
         return [_public(m) for m in found]
 
     async def remember(self, text: str, tags: list[str]) -> str:
-        memory = await asyncio.to_thread(
+        memory = await self._call(
             self.store.remember,
             type="note",
             summary=text[:200],
@@ -43,7 +54,7 @@ class HostMemory:
         return str(memory.id)
 
     async def get(self, memory_id: str) -> dict[str, Any] | None:
-        found = await asyncio.to_thread(self.store.get, memory_id)
+        found = await self._call(self.store.get, memory_id)
         if found is None or (found.untrusted and not self.include_untrusted):
             return None
         return _public(found)
