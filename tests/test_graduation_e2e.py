@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import shutil
 import subprocess
 import sys
@@ -379,3 +380,37 @@ def test_brain_that_takes_its_container_down_is_a_recorded_failure(scene: Scene)
     status = _status(scene)
     assert (status["state"], status["successes"]) == ("locked", 0)
     assert "verify 'test -d /ref' exited -1" in status["last_reset_reason"]
+
+
+@pytest.mark.docker
+def test_interactive_approval_timeout_denies_and_yes_approves(scene: Scene) -> None:
+    cat = scene.category
+    leader, follower = pty.openpty()  # apply asks only on a terminal
+    try:
+        command = [sys.executable, "-m", "kagura_agent", "apply", "--yes", "--approval-timeout"]
+        command += ["1", "--manifests", str(scene.manifests), str(scene.task("a"))]
+
+        def run() -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                command, stdin=follower, capture_output=True, text=True, timeout=180, check=False
+            )
+
+        silent = run()  # nobody answers
+        assert silent.returncode == ExitCode.REFUSED, silent.stderr
+        assert "timed out: denied" in silent.stderr
+        assert f"{cat} was not approved (timeout" in silent.stderr
+        os.write(leader, b"y\n")
+        answered = run()
+        assert answered.returncode == 0, answered.stderr
+    finally:
+        os.close(leader)
+        os.close(follower)
+    done = _cli(scene, "graduation", "history", "--json", "--category", cat)
+    decisions = json.loads(done.stdout)["decisions"]
+    assert [(d["outcome"], d["via"], d["reason"]) for d in decisions] == [
+        ("approved", "cli", ""),
+        ("timeout", "cli", "no answer within 1s"),
+    ]
+    # Both decisions are for the same plan: the refused apply changed nothing.
+    assert decisions[0]["fingerprint"] == decisions[1]["fingerprint"]
+    assert _status(scene)["successes"] == 1
