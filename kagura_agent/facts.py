@@ -77,6 +77,7 @@ def gather_facts(catalog: Catalog, task: ResolvedTask) -> Facts:
         project_owner=_owner(task.project_root),
         daemon=_daemon(daemon_info()) if task.runtime == "container" else None,
         **_memory_facts(task),
+        **_parent_facts(task),
     )
 
 
