@@ -34,6 +34,19 @@ def record_outcome(
     result.outcome = "success" if success else "failed"
     result.exit_code = 0 if success else 1
     task_kind = plan["task"].get("kind") or plan["task"]["name"]
+    # Graduation evidence goes first, so no later failure (a memory backend down, say) can
+    # skip it. It comes only from the host-side verify exit codes; a brain error counts
+    # against the run (fail closed), a brain's claim of success counts for nothing.
+    evidence = [(c, code) for c, code, _ in result.verify]
+    if result.brain_error is not None:
+        evidence.append(("brain finished without error", 1))
+    categories = [a["category"] for a in plan["approvals"] if a["class"] != "baseline"]
+    if categories:
+        recorded = graduation_evidence(
+            store, categories, run_id, plan["task"]["name"], plan["fingerprint"], evidence, clock
+        )
+        for category in getattr(recorded, "demoted", []) or []:
+            live.note(f"graduation: {category} demoted to ask-every-time after this failure", "red")
     memory = open_memory(plan["memory"], clock=clock)
     try:
         record_run(
@@ -72,18 +85,6 @@ def record_outcome(
         close = getattr(memory, "close", None)
         if close is not None:
             close()
-    # Evidence comes only from the host-side verify exit codes; a brain error counts
-    # against the run (fail closed), a brain's claim of success counts for nothing.
-    evidence = [(c, code) for c, code, _ in result.verify]
-    if result.brain_error is not None:
-        evidence.append(("brain finished without error", 1))
-    categories = [a["category"] for a in plan["approvals"] if a["class"] != "baseline"]
-    if categories:
-        recorded = graduation_evidence(
-            store, categories, run_id, plan["task"]["name"], plan["fingerprint"], evidence, clock
-        )
-        for category in getattr(recorded, "demoted", []) or []:
-            live.note(f"graduation: {category} demoted to ask-every-time after this failure", "red")
     if success and plan["task"].get("session") and plan["brain"]["engine"] == "script":
         clear_checkpoint(store, plan["task"]["session"])
     record_applied(store, plan, iso(clock.now()))
