@@ -1,0 +1,101 @@
+"""kagura/agent-test: the agent image plus the fake CLIs and this checkout's kagura_agent.
+
+Built FROM kagura/agent:<version> so apply runs its real entrypoint, hardening and
+channel; the fake ``claude`` and ``codex`` (testing/fake_claude) go on PATH and the SDK
+is pointed at the fake with KAGURA_CLAUDE_CLI (its bundled CLI would win over PATH).
+The current source is copied to /opt/src (first on PYTHONPATH), so tests exercise this
+checkout even when the agent image predates it. Fakes log each call to /workspace so a
+test can read them from the project root. Rebuilt when any input changes (a content
+digest label), otherwise reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from kagura_agent.membrane import images
+from testing.fake_claude import FAKE_DIR
+
+REPO = Path(__file__).resolve().parents[1]
+LABEL_INPUTS = "dev.kagura.test-inputs"
+FAKE_LOG = "/workspace/.fake-calls.jsonl"
+DOCKERFILE = """\
+ARG AGENT_IMAGE
+FROM ${{AGENT_IMAGE}}
+COPY fakes/ /opt/fakes/
+COPY src/ /opt/src/kagura_agent/
+ENV PATH=/opt/fakes:/opt/kagura/bin:/usr/local/bin:/usr/bin:/bin \\
+    PYTHONPATH=/opt/src \\
+    KAGURA_CLAUDE_CLI=/opt/fakes/claude \\
+    KAGURA_FAKE_LOG={log}
+LABEL {label}={digest}
+"""
+
+
+def test_image_ref() -> str:
+    return images.image_ref("agent-test")
+
+
+def _files() -> dict[str, Path]:
+    files = {f"fakes/{name}": FAKE_DIR / name for name in ("claude", "codex")}
+    source = REPO / "kagura_agent"
+    for path in sorted(source.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            files[f"src/{path.relative_to(source)}"] = path
+    return files
+
+
+def _digest(agent_id: str, files: dict[str, Path]) -> str:
+    digest = hashlib.sha256(agent_id.encode())
+    for name, path in files.items():
+        digest.update(name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:32]
+
+
+def _context(files: dict[str, Path], dockerfile: str) -> io.BytesIO:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, path in files.items():
+            info = tar.gettarinfo(str(path), arcname=name)
+            info.uid = info.gid = 0
+            info.mode = 0o755 if name.startswith("fakes/") else 0o644
+            with path.open("rb") as handle:
+                tar.addfile(info, handle)
+        data = dockerfile.encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    buffer.seek(0)
+    return buffer
+
+
+def ensure_agent_test_image(client: Any) -> str:
+    """The test image's ref, built from the local agent image when missing or stale."""
+    agent = images.image_ref("agent")
+    agent_id = images.local_image_digest(agent)
+    if agent_id is None:
+        raise RuntimeError(f"{agent} is not built (kagura-agent images build agent)")
+    ref = test_image_ref()
+    files = _files()
+    digest = _digest(agent_id, files)
+    try:
+        labels = client.images.get(ref).labels or {}
+    except Exception:  # docker.errors.ImageNotFound: build it
+        labels = {}
+    if labels.get(LABEL_INPUTS) == digest:
+        return ref
+    dockerfile = DOCKERFILE.format(log=FAKE_LOG, label=LABEL_INPUTS, digest=digest)
+    client.images.build(
+        fileobj=_context(files, dockerfile),
+        custom_context=True,
+        tag=ref,
+        buildargs={"AGENT_IMAGE": agent},
+        rm=True,
+        forcerm=True,
+        network_mode="none",
+    )
+    return ref
