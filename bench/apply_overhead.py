@@ -93,10 +93,11 @@ def _label(line: str) -> str | None:
 
 def apply_once(manifests: Path, task: Path, env: dict[str, str]) -> tuple[float, dict[str, float]]:
     """One apply; (total seconds, seconds per phase)."""
+    argv = [sys.executable, "-m", "kagura_agent", "apply", "--yes", "--json"]
+    argv += ["--manifests", str(manifests), str(task)]
     started = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kagura_agent", "apply", "--yes", "--json"]
-        + ["--manifests", str(manifests), str(task)],
+        argv,
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
