@@ -46,8 +46,7 @@ TASK = {
 }
 # (phase, the line that ends it); each phase starts where the previous one ended.
 MARKS = [
-    ("start-up, plan, approvals, lease sweep", "lease sweep"),
-    ("container/egress sweep, run row", "starting this run's egress proxy"),
+    ("start-up, plan, approvals, sweeps, run row", "starting this run's egress proxy"),
     ("egress networks + proxy start", "starting container from"),
     ("container create/start/attach", "first brain event"),
     ("brain (one step)", "brain finished"),

@@ -158,7 +158,8 @@ def _sweep(store: StateStore, runtime: Any, clock: Clock, live: LiveView) -> Non
     from kagura_agent.membrane.leases import Sweeper
 
     report = Sweeper(store, clock=clock).sweep()
-    if report.summary():
+    # Leases still held by other live applies are theirs, not news for this run.
+    if report.revoked or report.expired or report.retry_later or report.poison or report.lapsing:
         live.note(f"lease sweep: {report.summary()}")
     if runtime is None:
         return
