@@ -178,3 +178,38 @@ def test_after_kill_9_the_next_apply_sweeps_the_dead_run(
     assert orphan["run_id"] == dead and orphan["owner_pid"] == proc.pid
     [_, second] = run_ids(state_dir)
     assert leftovers(docker_client, second) == []
+
+
+def test_docker_error_mid_run_takes_the_same_clean_up_path(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    # An OCI runtime this daemon does not have: Docker refuses the container only after
+    # the lease is minted and the egress proxy is up.
+    assert "kata" not in (docker_client.info().get("Runtimes") or {})
+    broken = {
+        "kind": "Image",
+        "metadata": {"name": "agent-kata"},
+        "spec": {
+            "recipe": "images/agent",
+            "tag": "kagura/agent:0.1.0",
+            "baseline": True,
+            "hardening": {"runtime": "kata"},
+        },
+    }
+    manifests = manifest_set(tmp_path, *TEST_MANIFESTS, broken)
+    project = make_project(tmp_path)
+    spec = {
+        "image": "agent-kata",
+        "egress": ["nowhere"],
+        "credentials": [{"provider": "token", "scope": "use"}],
+        "steps": ["true"],
+    }
+    task = write_task(project, "docker-error", spec)
+    env = cli_env(state_dir, KAGURA_TEST_TOKEN=TOKEN)
+    proc = spawn(["apply", "--yes", "--json", "--manifests", str(manifests), str(task)], env)
+    output = _finish(proc)
+    assert proc.returncode == 3, output
+    assert "kata" in output
+    [run_id] = run_ids(state_dir)
+    _assert_nothing_left(docker_client, run_id, env, output)
+    assert run_row(state_dir, run_id)["outcome"] == "failed"
