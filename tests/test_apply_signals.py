@@ -2,9 +2,9 @@
 
 Each run here has the full set of things to clean up: a leased credential (a static
 provider, so its ledger row must be closed), this run's egress proxy and networks, and
-the agent container. Ctrl-C, SIGTERM, a brain past its wall budget and a brain flooding
-its channel each end with none of them left and the documented exit code; after
-``kill -9`` the next apply sweeps what the dead run left.
+the agent container. Ctrl-C, SIGTERM, a brain past its wall budget, a brain flooding
+its channel, a brain crash and a Docker error each end with none of them left and the
+documented exit code; after ``kill -9`` the next apply sweeps what the dead run left.
 """
 
 from __future__ import annotations
@@ -213,3 +213,14 @@ def test_docker_error_mid_run_takes_the_same_clean_up_path(
     [run_id] = run_ids(state_dir)
     _assert_nothing_left(docker_client, run_id, env, output)
     assert run_row(state_dir, run_id)["outcome"] == "failed"
+
+
+def test_brain_crash_mid_run_cleans_up(docker_client: Any, tmp_path: Path, state_dir: Path) -> None:
+    # The step kills its parent, the in-container entrypoint: the channel ends mid-turn.
+    proc, env = _start(tmp_path, state_dir, ["kill -9 $PPID; sleep 600"])
+    output = _finish(proc)
+    assert proc.returncode == 1, output
+    errors = [e for e in json_lines(output) if e.get("type") == "error"]
+    assert errors and errors[0]["code"] == "crash", errors
+    [run_id] = run_ids(state_dir)
+    _assert_nothing_left(docker_client, run_id, env, output)
