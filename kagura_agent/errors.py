@@ -107,3 +107,8 @@ class RefusedError(KaguraError):
 
 class TaskFailed(KaguraError):
     exit_code = ExitCode.TASK_FAILED
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised by apply's signal handler so it takes the same clean-up path as
+    Ctrl-C; the CLI exits 143 for it wherever it surfaces."""

@@ -26,15 +26,11 @@ from typing import Any
 from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.runs import apply_lock, close_run, new_run_id, open_run, sweep_dead_runs
 from kagura_agent.clock import Clock, SystemClock
-from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError
+from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError, Terminated
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.state import StateStore
 
 MINTED_CLASSES = ("baseline", "graduated")
-
-
-class Terminated(BaseException):
-    """SIGTERM, turned into an exception so it takes the same clean-up path as Ctrl-C."""
 
 
 @dataclass

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from kagura_agent import __version__
-from kagura_agent.errors import ExitCode, KaguraError
+from kagura_agent.errors import ExitCode, KaguraError, Terminated
 
 # Command modules in the order --help lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -63,6 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return 143
     except BrokenPipeError:
         return int(ExitCode.OK)
 
