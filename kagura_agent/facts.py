@@ -28,6 +28,7 @@ class Facts:
     # A dispatched child (task.parent): the parent's last applied plan and its run.
     parent_plan: dict[str, Any] | None = None
     parent_run: str | None = None
+    missing_memories: list[str] = field(default_factory=list)  # context ids not in the store
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -41,6 +42,7 @@ class Facts:
             "project_owner": self.project_owner,
             "parent_plan": self.parent_plan,
             "parent_run": self.parent_run,
+            "missing_memories": list(self.missing_memories),
         }
 
     @classmethod
@@ -56,6 +58,7 @@ class Facts:
             project_owner=data.get("project_owner"),
             parent_plan=data.get("parent_plan"),
             parent_run=data.get("parent_run"),
+            missing_memories=list(data.get("missing_memories", [])),
         )
 
 
@@ -141,16 +144,19 @@ def _memory_facts(task: ResolvedTask) -> dict[str, Any]:
 
     store = open_memory(section)
     try:
-        untrusted = []
+        untrusted, missing = [], []
         parent_context = task.parent["context"] if task.parent else []
         for memory_id in [*task.context.get("memories", []), *parent_context]:
             found = store.get(memory_id)
-            if found is not None and found.untrusted:
+            if found is None:
+                missing.append(memory_id)
+            elif found.untrusted:
                 untrusted.append(f"memory:{memory_id}")
         return {
             "known_failures": known_failures(store, task.kind),
             "cost_history": history(store, task.kind),
             "untrusted_inputs": untrusted,
+            "missing_memories": missing,
         }
     finally:
         close = getattr(store, "close", None)

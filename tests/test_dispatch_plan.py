@@ -134,3 +134,16 @@ def test_widening_is_rendered_and_refused_by_apply(
     plan = _plan(child_task, {"parent_plan": parent_plan}, tmp_path)
     with pytest.raises(RefusedError, match="child widens parent 'parent'"):
         refuse_unapplyable(plan, ApplyOptions())
+
+
+def test_a_forgotten_context_memory_is_a_warning(
+    tmp_path: Path, parent_plan: dict[str, Any]
+) -> None:
+    child_task = _task(tmp_path / "proj" / "sub", "child", CHILD)
+    facts = {"parent_plan": parent_plan, "missing_memories": ["mem-b"]}
+    plan = _plan(child_task, facts, tmp_path)
+    assert (
+        "context memory mem-b does not exist (forgotten?); the brain will not find it"
+        in (plan["warnings"])
+    )
+    assert plan["applyable"] is True  # the handoff is thinner, not wider

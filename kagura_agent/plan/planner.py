@@ -103,6 +103,10 @@ def compile_plan(
     denials = _denied_categories(plan, policy_denials(plan["policy"]))
     plan["approvals"] = _classify_all(catalog, task, plan, facts, denials)
     widened = _dispatch_check(plan, task, facts)
+    warnings += [
+        f"context memory {memory_id} does not exist (forgotten?); the brain will not find it"
+        for memory_id in facts.missing_memories
+    ]
     warnings += [f"refused: {reason}" for reason in widened]
     plan["warnings"] = warnings
     refused = tenancy == "shared" and plan["hardening"]["runtime"] not in SHARED_RUNTIMES
