@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from kagura_agent.memory import Source
+from kagura_agent.memory import Source, terms
 from kagura_agent.memory.sqlite import COMPONENT, MIGRATIONS, SqliteMemoryStore
 from kagura_agent.memory.terms import tokens
 from kagura_agent.state import StateStore
@@ -63,9 +63,10 @@ def test_existing_store_is_backfilled_from_the_index(tmp_path: Path) -> None:
     with state.transaction() as conn:  # back to schema v2, as written before v3 existed
         conn.execute("DROP TABLE memory_terms")
         conn.execute("DROP TABLE memory_totals")
+        conn.execute("DROP INDEX memories_filter")  # v4
         conn.execute(
             "UPDATE schema_versions SET version = ? WHERE component = ?",
-            (len(MIGRATIONS) - 1, COMPONENT),
+            (MIGRATIONS.index(terms.MIGRATION), COMPONENT),
         )
     state.close()
     store = SqliteMemoryStore(path)

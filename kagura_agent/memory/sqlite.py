@@ -100,8 +100,14 @@ CREATE TABLE tombstones (
 CREATE TABLE health (id INTEGER PRIMARY KEY CHECK (id = 1), checked TEXT NOT NULL);
 """
 
+# v4: every filter column next to the rowid, so the ranking window checks a match's
+# filters in a narrow covering index instead of reading its (wide) row: half the cost.
+_V4 = """
+CREATE INDEX memories_filter ON memories(rowid, trust, type, task_kind, source_kind, source_id);
+"""
+
 # v3: document frequencies, so recall can leave out terms too common to rank by.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, terms.MIGRATION)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, terms.MIGRATION, _V4)
 
 RANK_WINDOW = 1000
 
@@ -305,8 +311,8 @@ class SqliteMemoryStore:
         # recency-biased above it — and bounded either way.
         sql = (
             "SELECT m.* FROM (SELECT memories_fts.rowid AS rid, bm25(memories_fts) AS score"
-            " FROM memories_fts JOIN memories m ON m.rowid = memories_fts.rowid"
-            " WHERE memories_fts MATCH ?"
+            " FROM memories_fts JOIN memories m INDEXED BY memories_filter"
+            " ON m.rowid = memories_fts.rowid WHERE memories_fts MATCH ?"
             + "".join(f" AND {w}" for w in where)
             + " ORDER BY memories_fts.rowid DESC LIMIT ?) ranked"
             " JOIN memories m ON m.rowid = ranked.rid"
