@@ -31,6 +31,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--egress", action="append", default=[], metavar="POLICY", help="egress policy"
     )
+    parser.add_argument("--image", metavar="NAME", help="image manifest (default: the default one)")
     add_manifest_option(parser)
     add_apply_options(parser)
     parser.set_defaults(handler=run)
@@ -39,6 +40,7 @@ def register(subparsers: Any) -> None:
     repl.add_argument("--session", metavar="NAME", help="session name (default: a new one)")
     repl.add_argument("--brain", metavar="NAME", help="brain manifest")
     repl.add_argument("--egress", action="append", default=[], metavar="POLICY")
+    repl.add_argument("--image", metavar="NAME", help="image manifest")
     add_manifest_option(repl)
     add_apply_options(repl)
     repl.set_defaults(handler=run_repl)
@@ -81,6 +83,8 @@ def write_task(text: str, args: argparse.Namespace, session: str | None) -> Path
         spec["session"] = session
     if args.egress:
         spec["egress"] = list(args.egress)
+    if args.image:
+        spec["image"] = args.image
     document = {
         "apiVersion": "kagura.dev/v1",
         "kind": "Task",
