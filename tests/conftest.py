@@ -6,12 +6,12 @@ they skip with the reason, except when KAGURA_REQUIRE_DOCKER=1 (CI), where they 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from resources import missing
 
 
 def _docker_or_reason() -> tuple[Any, str]:
@@ -29,9 +29,7 @@ def _docker_or_reason() -> tuple[Any, str]:
 def docker_client() -> Iterator[Any]:
     client, reason = _docker_or_reason()
     if client is None:
-        if os.environ.get("KAGURA_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"KAGURA_REQUIRE_DOCKER=1 but {reason}")
-        pytest.skip(reason)
+        missing(reason)
     yield client
     client.close()
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from brain_helpers import DictMemory
 from membrane_helpers import make_plan, new_run_id
+from resources import missing
 
 from kagura_agent.brain.channel import BrainChannel, ChannelLimits
 from kagura_agent.brain.events import BrainEvent, CostEvent, DoneEvent, ToolResultEvent
@@ -35,7 +36,7 @@ def _agent_image(client: Any) -> None:
     try:
         client.images.get(ref)
     except Exception:
-        pytest.skip(f"{ref} is not built (kagura-agent images build agent)")
+        missing(f"{ref} is not built (kagura-agent images build agent)")
 
 
 async def _events(channel: BrainChannel, turn: Turn) -> list[BrainEvent]:
