@@ -21,19 +21,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kagura_agent.manifest.schema import KINDS  # noqa: E402 - after the path is set
+
 SCHEMAS = ROOT / "schemas"
 OUTPUT = ROOT / "docs" / "manifests.md"
-KINDS = (
-    "Brain",
-    "Image",
-    "CredentialProvider",
-    "EgressPolicy",
-    "Graduation",
-    "Transport",
-    "Memory",
-    "Policy",
-    "Task",
-)
 _DEFAULT = re.compile(r"\(default:? ([^)]+)\)")
 
 Row = tuple[str, str, str, str, str, str]
