@@ -26,7 +26,7 @@ def test_a_cached_pass_is_rechecked_when_a_byte_changes(
     extra = manifests / "extra.yml"
     extra.write_text(VALID)
     assert main(["validate", "--manifests", str(manifests)]) == 0
-    assert (tmp_path / "cache" / "schema-pass.json").exists()
+    assert any((tmp_path / "cache" / "schema-pass").glob("*/*"))
     # Same length, one byte different: a mistyped key must still be reported, located.
     extra.write_text(VALID.replace("  allow:", "  alloW:"))
     capsys.readouterr()
@@ -42,3 +42,20 @@ def test_an_unwritable_cache_only_costs_time(
     monkeypatch.setenv("KAGURA_AGENT_STATE_DIR", str(tmp_path / "state"))
     assert main(["plan", "--json", "examples/hello/task.yml"]) == 0
     assert '"applyable": true' in capsys.readouterr().out
+
+
+def test_old_entries_are_pruned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import time
+
+    from kagura_agent.manifest.cache import PassCache
+
+    monkeypatch.setenv("KAGURA_AGENT_CACHE_DIR", str(tmp_path))
+    cache = PassCache("probe")
+    cache.add("ab" * 32)
+    cache.add("cd" * 32)
+    old = time.time() - 40 * 86400
+    os.utime(cache.folder / "ab" / ("ab" * 32), (old, old))
+    assert cache.prune() == 1
+    assert "ab" * 32 not in cache
+    assert "cd" * 32 in cache

@@ -13,14 +13,15 @@ if it cannot be read or written, everything is simply checked.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import tempfile
+import time
 from pathlib import Path
 
 from kagura_agent import __version__
 
-_MAX_ENTRIES = 5000
+# Entries not written for this long are pruned (a pass is then simply checked again).
+_MAX_AGE_SECONDS = 30 * 86400
+_PRUNE_EVERY = 200  # adds
 
 
 def cache_dir() -> Path:
@@ -39,35 +40,45 @@ def key(*parts: str) -> str:
 
 
 class PassCache:
-    """A set of keys known to pass, loaded once and written back when it grew."""
+    """Keys known to pass, one empty file per key: a look-up is one ``stat``.
+
+    (A single JSON file of keys grew to hundreds of kilobytes and cost more to parse on
+    every run than the checks it saved.)
+    """
 
     def __init__(self, name: str) -> None:
-        self.path = cache_dir() / f"{name}.json"
-        self._keys: set[str] = set()
-        self._dirty = False
-        try:
-            self._keys = set(json.loads(self.path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError):
-            self._keys = set()
+        self.folder = cache_dir() / name
+        self._added = 0
+
+    def _path(self, item: str) -> Path:
+        return self.folder / item[:2] / item
 
     def __contains__(self, item: str) -> bool:
-        return item in self._keys
+        return self._path(item).exists()
 
     def add(self, item: str) -> None:
-        if item not in self._keys:
-            self._keys.add(item)
-            self._dirty = True
+        path = self._path(item)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+        except OSError:
+            return  # a cache that cannot be written only costs time
+        self._added += 1
+        if self._added % _PRUNE_EVERY == 0:
+            self.prune()
+
+    def prune(self, now: float | None = None) -> int:
+        """Remove entries older than the maximum age; returns how many."""
+        cutoff = (now if now is not None else time.time()) - _MAX_AGE_SECONDS
+        removed = 0
+        for entry in self.folder.glob("*/*"):
+            try:
+                if entry.stat().st_mtime < cutoff:
+                    entry.unlink()
+                    removed += 1
+            except OSError:
+                continue
+        return removed
 
     def save(self) -> None:
-        if not self._dirty:
-            return
-        keys = sorted(self._keys)[-_MAX_ENTRIES:]
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            handle, temp = tempfile.mkstemp(prefix=".cache-", dir=self.path.parent)
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
-                json.dump(keys, out)
-            os.replace(temp, self.path)
-            self._dirty = False
-        except OSError:
-            pass  # a cache that cannot be written only costs time
+        """Entries are written as they are added; kept so callers need not know."""
