@@ -266,8 +266,9 @@ def _run_in_container(
     )
     if plan["task"]["verify"]:
         live.phase(f"verifying: {len(plan['task']['verify'])} command(s) in the container")
+        hardening = plan["hardening"]
         result.verify = verify_in_container(
-            runtime, container_id, plan["task"]["verify"], plan["hardening"]["workdir"]
+            runtime, container_id, plan["task"]["verify"], hardening["workdir"], hardening["user"]
         )
         _show_verify(result, live)
 

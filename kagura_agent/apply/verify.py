@@ -1,6 +1,6 @@
 """The independent success check: the task's verify commands, run by the host.
 
-They run inside the run's container (as uid 1000, in the project root) through Docker's
+They run inside the run's container (as the plan's container user, in the project root) through Docker's
 exec API after the brain has finished; their exit codes — never the agent's report —
 decide success. Each command is bounded by ``timeout`` inside the container.
 """
@@ -18,7 +18,7 @@ OUTPUT_CAP = 4000
 
 
 def verify_in_container(
-    runtime: Any, container_id: str, commands: list[str], workdir: str
+    runtime: Any, container_id: str, commands: list[str], workdir: str, user: str
 ) -> list[tuple[str, int, str]]:
     """Run each command; one that cannot run at all counts as failed (exit code -1).
 
@@ -33,7 +33,7 @@ def verify_in_container(
         try:
             with docker_errors(f"running verify {command!r}"):
                 exec_id = api.exec_create(
-                    container_id, argv, user="1000:1000", workdir=workdir, stdout=True, stderr=True
+                    container_id, argv, user=user, workdir=workdir, stdout=True, stderr=True
                 )["Id"]
                 output = api.exec_start(exec_id, demux=False) or b""
                 code = api.exec_inspect(exec_id).get("ExitCode")
