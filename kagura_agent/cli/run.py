@@ -75,7 +75,9 @@ def write_task(text: str, args: argparse.Namespace, session: str | None) -> Path
     name = re.sub(r"[^a-z0-9-]+", "-", text.lower())[:40].strip("-") or "task"
     spec: dict[str, Any] = {
         "brain": brain,
-        "prompt": "{% raw %}" + text + "{% endraw %}",
+        # The text is a value, never template source: nothing in it is interpreted.
+        "prompt": "{{ text }}",
+        "vars": {"text": text},
         "project_root": str(Path.cwd().resolve()),
         "kind": "adhoc",
     }
