@@ -224,8 +224,31 @@ class DockerRuntime:
             with docker_errors(f"removing container {container_id[:12]}"):
                 self.client.api.remove_container(container_id, force=force, v=True)
         except ContainerError as exc:
-            if not isinstance(exc.__cause__, docker.errors.NotFound):
+            cause = exc.__cause__
+            if isinstance(cause, docker.errors.NotFound):
+                return
+            # Another remover (a concurrent sweep, the daemon) got there first: wait for it.
+            if "already in progress" in str(getattr(cause, "explanation", "") or cause):
+                self._wait_gone(container_id)
+                return
+            raise
+
+    def _wait_gone(self, container_id: str, timeout: float = 30.0) -> None:
+        import time
+
+        import docker.errors
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with docker_errors(f"waiting for container {container_id[:12]} to go"):
+                    self.client.api.inspect_container(container_id)
+            except ContainerError as exc:
+                if isinstance(exc.__cause__, docker.errors.NotFound):
+                    return
                 raise
+            time.sleep(0.1)
+        raise ContainerError(f"container {container_id[:12]} is still being removed")
 
     def list(self, labels: dict[str, str] | None = None, *, all: bool = True) -> list[str]:
         """Ids of containers carrying every given label (any value when the value is "")."""
