@@ -270,7 +270,7 @@ def _run_in_container(
         result.verify = verify_in_container(
             runtime, container_id, plan["task"]["verify"], hardening["workdir"], hardening["user"]
         )
-        _show_verify(result, live)
+        live.verify(result.verify)
 
 
 async def _drive(
@@ -285,6 +285,7 @@ async def _drive(
     live: LiveView,
     result: RunResult,
 ) -> None:
+    from kagura_agent.apply.hostmem import open_host_memory
     from kagura_agent.apply.session import BrainRun
     from kagura_agent.brain.channel import BrainChannel, ChannelLimits
     from kagura_agent.brain.streams import DockerAttachStream
@@ -294,7 +295,7 @@ async def _drive(
         max_line_bytes=int(brain.get("max_line_bytes", 1024 * 1024)),
         idle_seconds=float(brain.get("idle_timeout_seconds", 300)),
     )
-    memory = _host_memory(plan, run_id)
+    memory = open_host_memory(plan, run_id)
     channel = BrainChannel(
         DockerAttachStream(sock),
         memory=memory,
@@ -311,26 +312,6 @@ async def _drive(
 
         for problem in await withdraw(None if channel.closed else channel, leases):
             live.note(f"release problem (kept for the sweeper): {problem}", "red")
-
-
-def _host_memory(plan: dict[str, Any], run_id: str) -> Any:
-    from kagura_agent.apply.hostmem import HostMemory
-    from kagura_agent.memory.factory import open_memory
-
-    store = open_memory(plan["memory"])
-    include = bool(plan["task"].get("context", {}).get("include_untrusted"))
-    return HostMemory(
-        store, run_id, plan["task"].get("kind") or plan["task"]["name"], include_untrusted=include
-    )
-
-
-def _show_verify(result: RunResult, live: LiveView) -> None:
-    for command, code, output in result.verify:
-        mark = "✓" if code == 0 else "✗"
-        live.note(f"{mark} verify {command!r} exited {code}", "green" if code == 0 else "red")
-        if code != 0 and output.strip():
-            for line in output.strip().splitlines()[-5:]:
-                live.note(f"    {line}", "dim")
 
 
 def _close_egress(egress: Any, result: RunResult, live: LiveView) -> None:

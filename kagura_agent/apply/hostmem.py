@@ -60,6 +60,16 @@ class HostMemory:
         return _public(found)
 
 
+def open_host_memory(plan: dict[str, Any], run_id: str) -> HostMemory:
+    """The memory server for ``plan``'s run, with the task's trust filter."""
+    from kagura_agent.memory.factory import open_memory
+
+    store = open_memory(plan["memory"])
+    include = bool(plan["task"].get("context", {}).get("include_untrusted"))
+    kind = plan["task"].get("kind") or plan["task"]["name"]
+    return HostMemory(store, run_id, kind, include_untrusted=include)
+
+
 def _public(memory: Memory) -> dict[str, Any]:
     return {
         "id": memory.id,

@@ -24,7 +24,6 @@ def run_on_host(
     live: Any,
     result: Any,
 ) -> None:
-    from kagura_agent.apply.executor import _show_verify
     from kagura_agent.apply.verify import verify_on_host
 
     creds = tempfile.mkdtemp(prefix="kagura-creds-")
@@ -37,7 +36,7 @@ def run_on_host(
     if plan["task"]["verify"]:
         live.phase(f"verifying: {len(plan['task']['verify'])} command(s) on the host")
         result.verify = verify_on_host(plan["task"]["verify"], plan["task"]["project_root"])
-        _show_verify(result, live)
+        live.verify(result.verify)
 
 
 async def _drive(
@@ -50,7 +49,7 @@ async def _drive(
     live: Any,
     result: Any,
 ) -> None:
-    from kagura_agent.apply.executor import _host_memory
+    from kagura_agent.apply.hostmem import open_host_memory
     from kagura_agent.apply.session import BrainRun
     from kagura_agent.brain.channel import BrainChannel
     from kagura_agent.brain.streams import start_local_entrypoint
@@ -63,7 +62,7 @@ async def _drive(
     stream = await start_local_entrypoint(env=env, cwd=plan["task"]["project_root"])
     channel = BrainChannel(
         stream,
-        memory=_host_memory(plan, run_id),
+        memory=open_host_memory(plan, run_id),
         on_stop=stream.proc.terminate,
         on_kill=stream.proc.kill,
     )

@@ -112,6 +112,15 @@ class LiveView:
                 )
             )
 
+    def verify(self, results: list[tuple[str, int, str]]) -> None:
+        """Each verify command's exit code; the tail of the output of those that failed."""
+        for command, code, output in results:
+            mark = "✓" if code == 0 else "✗"
+            self.note(f"{mark} verify {command!r} exited {code}", "green" if code == 0 else "red")
+            if code != 0 and output.strip():
+                for line in output.strip().splitlines()[-5:]:
+                    self.note(f"    {line}", "dim")
+
     def flush_text(self) -> None:
         if self._text.strip():
             self._paragraph(self._text)
