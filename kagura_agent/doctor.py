@@ -103,22 +103,16 @@ def _docker() -> list[Check]:
 
 
 def _memory(catalog: Any) -> Check:
+    from kagura_agent.memory.factory import section_from_manifest
     from kagura_agent.memory.gate import check_ready
 
     memory = catalog.default("Memory")
-    spec = memory.spec if memory is not None else {"backend": "sqlite"}
-    section = {
-        "backend": spec["backend"],
-        "location": spec.get("url")
-        if spec["backend"] == "cloud"
-        else spec.get("path", "state-dir"),
-        "token_ref": spec.get("token"),
-    }
+    section = section_from_manifest(*((memory.name, memory.spec) if memory else (None, None)))
     try:
         check_ready(section)
     except KaguraError as exc:
         return Check("memory", "FAIL", exc.message)
-    return Check("memory", "PASS", f"{spec['backend']} ready")
+    return Check("memory", "PASS", f"{section['backend']} ready")
 
 
 def _extras(catalog: Any) -> list[Check]:

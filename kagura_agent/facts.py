@@ -199,11 +199,7 @@ def _applying_run(plan: dict[str, Any]) -> str | None:
 
 
 def _memory_section(task: ResolvedTask) -> dict[str, Any]:
-    spec = task.memory.spec if task.memory is not None else {"backend": "sqlite"}
-    return {
-        "backend": spec["backend"],
-        "location": spec.get("url")
-        if spec["backend"] == "cloud"
-        else spec.get("path", "state-dir"),
-        "token_ref": spec.get("token"),
-    }
+    from kagura_agent.memory.factory import section_from_manifest
+
+    memory = task.memory
+    return section_from_manifest(*((memory.name, memory.spec) if memory else (None, None)))

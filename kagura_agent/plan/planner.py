@@ -304,15 +304,11 @@ def _brain(task: ResolvedTask) -> dict[str, Any]:
 
 
 def _memory(task: ResolvedTask, facts: Facts) -> dict[str, Any]:
+    from kagura_agent.memory.factory import section_from_manifest
+
     memory = task.memory
-    spec = memory.spec if memory is not None else {"backend": "sqlite"}
-    backend = spec["backend"]
-    location = spec.get("url") if backend == "cloud" else spec.get("path", "state-dir")
     return {
-        "name": memory.name if memory is not None else "embedded",
-        "backend": backend,
-        "location": location,
-        "token_ref": spec.get("token"),
+        **section_from_manifest(*((memory.name, memory.spec) if memory else (None, None))),
         "untrusted_inputs": untrusted_inputs(task, facts),
         "known_failures": list(facts.known_failures),
     }
