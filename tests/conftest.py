@@ -35,6 +35,16 @@ def docker_client() -> Iterator[Any]:
 
 
 @pytest.fixture()
+def cloudflare() -> Iterator[Any]:
+    """A local fake of the Cloudflare API on 127.0.0.1 (testing/fake_cloudflare.py)."""
+    from testing.fake_cloudflare import FakeCloudflare
+
+    fake = FakeCloudflare().start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture()
 def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An isolated state directory for the test (KAGURA_AGENT_STATE_DIR)."""
     path = tmp_path / "state"

@@ -22,13 +22,6 @@ SCOPE = {
 
 
 @pytest.fixture()
-def cloudflare() -> Iterator[FakeCloudflare]:
-    fake = FakeCloudflare().start()
-    yield fake
-    fake.stop()
-
-
-@pytest.fixture()
 def store(state_dir: Path) -> Iterator[StateStore]:
     db = StateStore()
     yield db

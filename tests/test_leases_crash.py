@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,6 @@ from kagura_agent.state import StateStore
 from testing.fake_cloudflare import ROOT_TOKEN, FakeCloudflare
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture()
-def cloudflare() -> Iterator[FakeCloudflare]:
-    fake = FakeCloudflare().start()
-    yield fake
-    fake.stop()
 
 
 @pytest.fixture()

@@ -4,7 +4,7 @@ real brain channel); budgets run out → wiped in the container, revoked, Refuse
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,13 +27,6 @@ class RecordingChannel:
 
     async def revoke_credentials(self, lease: str) -> None:
         self.calls.append(("revoke", lease, None))
-
-
-@pytest.fixture()
-def cloudflare() -> Iterator[FakeCloudflare]:
-    fake = FakeCloudflare().start()
-    yield fake
-    fake.stop()
 
 
 def request(fake: FakeCloudflare, renewals: int) -> LeaseRequest:

@@ -26,13 +26,6 @@ SCOPE = {
 
 
 @pytest.fixture()
-def cloudflare() -> Iterator[FakeCloudflare]:
-    fake = FakeCloudflare().start()
-    yield fake
-    fake.stop()
-
-
-@pytest.fixture()
 def store(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StateStore]:
     monkeypatch.setenv("KAGURA_TEST_CF_ROOT", ROOT_TOKEN)
     db = StateStore()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
@@ -16,13 +14,6 @@ POLICY = {
     "permission_groups": [{"id": "c8fed203ed3043cba015a93ad1616f1f"}],
     "resources": {"com.cloudflare.api.account.zone.0123456789abcdef": "*"},
 }
-
-
-@pytest.fixture()
-def cloudflare() -> Iterator[FakeCloudflare]:
-    fake = FakeCloudflare().start()
-    yield fake
-    fake.stop()
 
 
 def settings(fake: FakeCloudflare) -> dict[str, object]:
