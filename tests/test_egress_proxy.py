@@ -4,6 +4,7 @@ internal network only. Nothing is ever sent beyond these containers."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import pytest
 from kagura_agent.errors import RefusedError, SetupError
 from kagura_agent.membrane.egress import EgressSession, audit
 from kagura_agent.membrane.egress.owner import LABEL_COMPONENT
+from kagura_agent.membrane.egress.session import INTERNAL_MTU
 from kagura_agent.state import StateStore
 from testing.egress_images import ensure_egress_images
 
@@ -34,7 +36,9 @@ UPSTREAM = """
 import http.server, threading
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = b"hello from upstream"
+        # /big: 8 MB of a repeating, position-dependent pattern (a dropped or reordered
+        # segment changes the digest).
+        body = bytes(range(251)) * 33421 if self.path == "/big" else b"hello from upstream"
         self.send_response(200); self.send_header("Content-Length", str(len(body)))
         self.end_headers(); self.wfile.write(body)
     def log_message(self, *args): pass
@@ -284,6 +288,24 @@ def test_proxy_that_exits_at_start_is_a_setup_error(
             ready_timeout=5,
         )
     assert _leftovers(docker_client, run_id) == []
+
+
+def test_tunnel_carries_large_bodies_intact_over_the_jumbo_internal_network(
+    world: World,
+) -> None:
+    expected = hashlib.sha256(bytes(range(251)) * 33421).hexdigest()
+    code, out = world.sh(
+        "curl -sS -p --max-time 20 http://allowed.test:8443/big | sha256sum | cut -d' ' -f1"
+    )
+    assert (code, out.strip()) == (0, expected)
+    # Only the host-local agent <-> proxy network takes the large MTU; the outbound
+    # network keeps the daemon's (its packets leave through the host's uplink).
+    code, out = world.sh("cat /sys/class/net/eth0/mtu")
+    assert out.strip() == str(INTERNAL_MTU)
+    outbound = world.client.networks.get(world.session.outbound_network)
+    assert "com.docker.network.driver.mtu" not in (outbound.attrs.get("Options") or {})
+    proxy = world.session.proxy.exec_run(["cat", "/proc/sys/net/ipv4/tcp_autocorking"])
+    assert proxy.output.decode().strip() == "0"
 
 
 def test_components_are_labelled(world: World) -> None:

@@ -48,6 +48,15 @@ PROXY_TMPFS = {
     "/var/spool/squid": _TMPFS + "16777216",
     "/var/log/squid": _TMPFS + "1048576",
 }
+# The internal network carries only agent <-> proxy traffic and never leaves the host, so
+# it takes the largest MTU a veth pair allows: a 64 KB write of the proxy's tunnel then
+# crosses the bridge as one packet instead of ~45, which cut the CPU the proxied path
+# spends in the network stack (bench/egress_throughput.py: ~0.088 s -> ~0.071 s per 100 MB).
+# The outbound network keeps the daemon's MTU: its packets leave through the host's uplink.
+INTERNAL_MTU = 65535
+# Namespaced to the proxy's own network stack: send each tunnel write at once instead of
+# letting the kernel hold small segments back to coalesce them (squid writes whole reads).
+PROXY_SYSCTLS = {"net.ipv4.tcp_autocorking": "0"}
 
 
 @dataclass(frozen=True)
@@ -148,6 +157,7 @@ class EgressSession:
                 self.internal_network,
                 driver="bridge",
                 internal=True,
+                options={"com.docker.network.driver.mtu": str(INTERNAL_MTU)},
                 labels=self._labels_for(owner.COMPONENT_INTERNAL),
             )
             self.client.networks.create(
@@ -178,6 +188,7 @@ class EgressSession:
                 tmpfs=PROXY_TMPFS,
                 pids_limit=64,
                 mem_limit=512 * 1024 * 1024,
+                sysctls=PROXY_SYSCTLS,
                 # json-file without rotation: the audit re-reads the whole log at teardown.
                 log_config=docker.types.LogConfig(type="json-file"),
             )
