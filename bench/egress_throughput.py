@@ -4,15 +4,23 @@
 
 One upstream container serves a 100 MB file. The baseline client reaches it directly on a
 test-only bridge network; the proxied client sits on a run's internal network and goes
-through its proxy (CONNECT tunnel). Transfers alternate between the two paths and the best time of each is kept.
-``start_ms`` is the median wall time of ``EgressSession.start`` (sweep, two networks,
-proxy container, wait until squid listens). Prints one line:
+through its proxy (CONNECT tunnel). Transfers alternate between the two paths and the
+best time of each is kept. ``start_ms`` is the median wall time of ``EgressSession.start``
+(sweep, two networks, proxy container, wait until squid listens).
+
+Both paths are CPU-bound here (no link is slower than memory copies), so the bench also
+reports the CPU time each path spends per transfer, summed over the processes on it
+(curl, the upstream server, squid), from /proc: ``cpu_direct_ms`` and ``cpu_proxied_ms``.
+With fewer cores than busy processes on a path, the wall-time ratio cannot beat their
+quotient by much; ``cores`` says how many this machine has. Prints one line:
 
     RESULT egress_throughput ratio=<proxy throughput / direct throughput> start_ms=<ms>
+        cpu_direct_ms=<ms> cpu_proxied_ms=<ms> cores=<n>
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
@@ -40,7 +48,11 @@ PLAN = {
 }
 SERVE = f"head -c {SIZE_MB}M /dev/zero > /tmp/blob && echo ready && exec python3 -m http.server"
 SERVE += " 8443 --directory /tmp"
-CURL = "curl -sS -o /dev/null -w '%{time_total} %{size_download}' "
+# After curl, the shell prints its own stat line: fields 16-17 (cutime, cstime) are the CPU
+# ticks of the curl it has just reaped.
+CURL = "curl -sS -o /dev/null -w '%{time_total} %{size_download} ' "
+STAT = "; cat /proc/$$/stat"
+TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
 
 
 def _wait_ready(container: Any) -> None:
@@ -52,12 +64,25 @@ def _wait_ready(container: Any) -> None:
     time.sleep(0.5)  # http.server binds right after the marker
 
 
-def _seconds(client_container: Any, command: str) -> float:
-    result = client_container.exec_run(["sh", "-c", command])
-    seconds, size = result.output.decode().split()
+def _transfer(client_container: Any, command: str) -> tuple[float, int]:
+    """Seconds of one transfer and the CPU ticks its curl used."""
+    result = client_container.exec_run(["sh", "-c", command + STAT])
+    seconds, size, stat = result.output.decode().split(" ", 2)
     if result.exit_code != 0 or int(size) != SIZE_MB * 1024 * 1024:
         raise SystemExit(f"transfer failed: {result.output.decode()}")
-    return float(seconds)
+    fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": field 3 is fields[0]
+    return float(seconds), int(fields[13]) + int(fields[14])
+
+
+def _ticks(container: Any) -> int:
+    """CPU ticks (user + system) of a container's main process so far, 0 if not visible."""
+    container.reload()
+    try:
+        with open(f"/proc/{container.attrs['State']['Pid']}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:  # Docker in a VM: the process is not on this kernel
+        return 0
+    return int(fields[11]) + int(fields[12])
 
 
 def main() -> int:
@@ -96,9 +121,18 @@ def main() -> int:
             created.append(proxied)
             # Interleaved, best of each: load from other processes hits both paths alike.
             direct_runs, proxy_runs = [], []
+            cpu = {"direct": 0, "proxied": 0}
             for _ in range(REPEAT):
-                direct_runs.append(_seconds(direct, f"{CURL} http://{ip}:8443/blob"))
-                proxy_runs.append(_seconds(proxied, f"{CURL} -p http://upstream.test:8443/blob"))
+                before = _ticks(upstream)
+                seconds, curl_ticks = _transfer(direct, f"{CURL} http://{ip}:8443/blob")
+                direct_runs.append(seconds)
+                cpu["direct"] += curl_ticks + _ticks(upstream) - before
+                before = _ticks(upstream) + _ticks(egress.proxy)
+                seconds, curl_ticks = _transfer(
+                    proxied, f"{CURL} -p http://upstream.test:8443/blob"
+                )
+                proxy_runs.append(seconds)
+                cpu["proxied"] += curl_ticks + _ticks(upstream) + _ticks(egress.proxy) - before
             direct_s, proxy_s = min(direct_runs), min(proxy_runs)
             proxied.remove(force=True)
             created.remove(proxied)
@@ -111,8 +145,13 @@ def main() -> int:
     mb = SIZE_MB
     print(f"direct  {mb} MB in {direct_s:.3f}s ({mb / direct_s:.0f} MB/s)")
     print(f"proxied {mb} MB in {proxy_s:.3f}s ({mb / proxy_s:.0f} MB/s)")
+    cpu_direct, cpu_proxied = (cpu[k] * TICK_MS / REPEAT for k in ("direct", "proxied"))
     print(f"start   {', '.join(f'{s:.0f}' for s in starts)} ms")
-    print(f"RESULT egress_throughput ratio={ratio:.2f} start_ms={start_ms:.0f}")
+    print(f"cpu per transfer: direct {cpu_direct:.0f} ms, proxied {cpu_proxied:.0f} ms")
+    print(
+        f"RESULT egress_throughput ratio={ratio:.2f} start_ms={start_ms:.0f}"
+        f" cpu_direct_ms={cpu_direct:.0f} cpu_proxied_ms={cpu_proxied:.0f} cores={os.cpu_count()}"
+    )
     return 0
 
 
