@@ -105,14 +105,16 @@ def apply_once(manifests: Path, task: Path, env: dict[str, str]) -> tuple[float,
     )
     assert proc.stderr is not None
     seen: dict[str, float] = {}
+    lines: list[str] = []
     for line in proc.stderr:
+        lines.append(line)
         label = _label(line)
         if label and label not in seen:
             seen[label] = time.perf_counter() - started
     code = proc.wait()
     total = time.perf_counter() - started
     if code != 0:
-        raise SystemExit(f"apply failed with exit {code}")
+        raise SystemExit(f"apply failed with exit {code}:\n{''.join(lines[-20:])}")
     seen["exit"] = total
     phases, previous = {}, 0.0
     for phase, mark in MARKS:
