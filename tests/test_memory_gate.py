@@ -6,7 +6,9 @@ import socket
 import time
 from pathlib import Path
 
+import keyring
 import pytest
+from keyrings.alt.file import PlaintextKeyring
 from memory_helpers import CONTEXT, TOKEN
 
 from kagura_agent.errors import ExitCode, SetupError, UsageError
@@ -54,6 +56,24 @@ def test_cloud_token_resolved_from_env_reference(monkeypatch: pytest.MonkeyPatch
                 "token_ref": "env:KAGURA_MEMORY_TOKEN",
             }
         )
+
+
+def test_cloud_token_resolved_from_the_keyring(tmp_path: Path) -> None:
+    backend = PlaintextKeyring()
+    backend.file_path = str(tmp_path / "keyring.cfg")
+    previous = keyring.get_keyring()
+    keyring.set_keyring(backend)
+    try:
+        keyring.set_password("kagura", "memory", TOKEN)
+        with FakeMemoryCloud(token=TOKEN, contexts={CONTEXT}) as cloud:
+            section = {"backend": "cloud", "location": cloud.mcp_url, "context_id": CONTEXT}
+            check_ready({**section, "token_ref": "keyring:kagura/memory"})
+            assert "get_context_info" in cloud.calls
+            with pytest.raises(SetupError, match="not in the keyring") as err:
+                check_ready({**section, "token_ref": "keyring:kagura/absent"})
+            assert TOKEN not in err.value.message
+    finally:
+        keyring.set_keyring(previous)
 
 
 def test_refused_credential_fails_at_once_without_retry() -> None:

@@ -4,7 +4,7 @@ The section (docs/plan-format.md) looks like::
 
     {"name": "default", "backend": "sqlite" | "cloud",
      "location": "state-dir" | "/abs/memory.db" | "https://…/mcp",
-     "token_ref": null | "env:KAGURA_MEMORY_TOKEN" | "file:/path",
+     "token_ref": null | "env:KAGURA_MEMORY_TOKEN" | "file:/path" | "keyring:SERVICE/USER",
      "context_id": "…"}            # cloud only; defaults to "kagura-agent"
 
 Secrets arrive as references; the caller may pass the resolved token instead.
@@ -12,7 +12,6 @@ Secrets arrive as references; the caller may pass the resolved token instead.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,26 +49,19 @@ def sqlite_path(section: Mapping[str, Any]) -> Path:
 
 
 def resolve_token(token_ref: str | None) -> str:
-    """Resolve ``env:NAME`` or ``file:PATH``; the value is never logged or stored."""
+    """Resolve the token reference (env:, file: or keyring:) the way every secret is
+    resolved (membrane.secrets); the value is never logged or stored."""
+    from kagura_agent.membrane.secrets import parse_secret_ref, resolve
+
     if not token_ref:
         raise SetupError(
             "the cloud memory backend needs a token reference",
-            hint="set token_ref (env:NAME or file:PATH) in the memory manifest",
+            hint="set token (env:NAME, file:PATH or keyring:SERVICE/USER) in the memory manifest",
         )
-    scheme, _, rest = token_ref.partition(":")
-    value: str | None = None
-    if scheme == "env":
-        value = os.environ.get(rest)
-    elif scheme == "file":
-        try:
-            value = Path(rest).expanduser().read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise SetupError(f"cannot read the memory token file {rest}: {exc}") from exc
-    else:
-        raise UsageError(f"memory token_ref {token_ref!r} must start with env: or file:")
-    if not value:
-        raise SetupError(f"memory token reference {token_ref} is empty or unset")
-    return value
+    parsed = parse_secret_ref(token_ref)
+    if isinstance(parsed, str):
+        raise UsageError(f"memory token: {parsed}")
+    return resolve(parsed)
 
 
 def open_memory(
