@@ -1,17 +1,25 @@
-"""Durations (90s, 15m, 1h, 7d) and sizes (512m, 2g) as they appear in manifests."""
+"""Durations (90s, 15m, 1h, 7d, 1d12h) and sizes (512m, 2g) as they appear in manifests."""
 
 from __future__ import annotations
 
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+import re
+
+_SECONDS = {"w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
+# Units largest first, each at most once: "1d12h", never "12h1d".
+_DURATION = re.compile(r"^(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _BYTES = {"k": 1024, "m": 1024**2, "g": 1024**3}
 
 
 def parse_duration(text: str) -> int:
-    """Seconds in a duration such as ``15m``; raises ValueError on anything else."""
-    unit = text[-1:]
-    if unit not in _SECONDS or not text[:-1].isdigit():
+    """Seconds in a duration such as ``15m`` or ``1d12h``; raises ValueError otherwise."""
+    match = _DURATION.match(text)
+    if not text or match is None:
         raise ValueError(f"not a duration: {text!r}")
-    return int(text[:-1]) * _SECONDS[unit]
+    return sum(
+        int(count) * size
+        for count, size in zip(match.groups(), _SECONDS.values(), strict=True)
+        if count is not None
+    )
 
 
 def format_duration(seconds: int | float) -> str:

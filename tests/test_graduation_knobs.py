@@ -7,7 +7,13 @@ from datetime import timedelta
 import pytest
 
 from kagura_agent.errors import UsageError
-from kagura_agent.graduation import Knobs, format_duration, knobs_from_spec, parse_duration
+from kagura_agent.graduation import (
+    GraduationSnapshot,
+    Knobs,
+    format_duration,
+    knobs_from_spec,
+    parse_duration,
+)
 
 
 @pytest.mark.parametrize(
@@ -67,3 +73,12 @@ def test_spec_reports_every_problem_at_once() -> None:
     message = caught.value.message
     for fragment in ("'min_sucesses'", "min_distinct_tasks", "cooldown", "failure_window"):
         assert fragment in message
+
+
+@pytest.mark.parametrize("cooldown", ["7d", "100000s", "90m", "1d12h5m"])
+def test_knobs_survive_a_snapshot_round_trip_exactly(cooldown: str) -> None:
+    # The display form keeps two units ("1d3h"); the stored form must keep every second.
+    knobs = knobs_from_spec({"cooldown": cooldown})
+    restored = GraduationSnapshot.from_json({"knobs": knobs.to_json()}).knobs
+    assert restored == knobs
+    assert restored.cooldown == parse_duration(cooldown)

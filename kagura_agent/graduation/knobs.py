@@ -7,15 +7,14 @@ least seven days, with no failure since the category was last reset.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
+from kagura_agent import units
 from kagura_agent.errors import UsageError
 
-_UNITS = {"w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
-_DURATION = re.compile(r"^(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 # The only failure window the design allows; accepted so a manifest can spell it out.
 FAILURE_WINDOW = "since-reset"
 
@@ -32,7 +31,8 @@ class Knobs:
         return {
             "min_successes": self.min_successes,
             "min_distinct_tasks": self.min_distinct_tasks,
-            "cooldown": format_duration(self.cooldown),
+            # Exact (format_duration shortens for display): this form is read back.
+            "cooldown": units.format_duration(self.cooldown.total_seconds()),
             "failure_window": FAILURE_WINDOW,
         }
 
@@ -45,15 +45,12 @@ def parse_duration(text: str | int) -> timedelta:
         if text < 0:
             raise UsageError(f"invalid duration {text!r}: negative")
         return timedelta(seconds=text)
-    match = _DURATION.match(text.strip())
-    if not text.strip() or match is None:
-        raise UsageError(f"invalid duration {text!r}", hint='write e.g. "7d", "12h" or "30m"')
-    seconds = sum(
-        int(value) * _UNITS[unit]
-        for value, unit in zip(match.groups(), _UNITS, strict=True)
-        if value is not None
-    )
-    return timedelta(seconds=seconds)
+    try:
+        return timedelta(seconds=units.parse_duration(text.strip()))
+    except ValueError:
+        raise UsageError(
+            f"invalid duration {text!r}", hint='write e.g. "7d", "12h" or "30m"'
+        ) from None
 
 
 def format_duration(delta: timedelta) -> str:
