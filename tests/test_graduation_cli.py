@@ -161,3 +161,27 @@ def test_invalid_manifests_refuse(
     broken = _manifests(tmp_path / "broken", successes=0)
     assert cli_main.main(["graduation", "status", f"--manifests={broken}"]) == 2
     assert "min_successes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("action", ["reset", "approve"])
+@pytest.mark.parametrize("category", ["dns-write", "cred:x", "image:", ""])
+def test_a_category_that_is_not_one_is_refused_and_nothing_stored(
+    state_dir: Path, action: str, category: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main.main(["graduation", action, category])
+    assert exit_info.value.code == 2
+    assert "is not a capability category" in capsys.readouterr().err
+    assert cli_main.main(["graduation", "history", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"decisions": [], "graduation_events": []}
+
+
+def test_history_with_only_state_changes_prints_no_empty_table(
+    state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_main.main(["graduation", "reset", "image:agent", "--who", "alice"]) == 0
+    capsys.readouterr()
+    assert cli_main.main(["graduation", "history"]) == 0
+    out = capsys.readouterr().out
+    assert "WHEN" not in out
+    assert "image:agent  reset by alice" in out

@@ -42,19 +42,19 @@ def register(subparsers: Any) -> None:
     proposals.set_defaults(handler=_proposals)
 
     approve = actions.add_parser("approve", help="graduate a proposed category")
-    approve.add_argument("category", metavar="CATEGORY")
+    approve.add_argument("category", metavar="CATEGORY", type=_category)
     approve.add_argument("--who", help="recorded as the approver (default: your user name)")
     add_manifest_option(approve)
     approve.set_defaults(handler=_approve)
 
     reset = actions.add_parser("reset", help="lock a category and restart its count")
-    reset.add_argument("category", metavar="CATEGORY")
+    reset.add_argument("category", metavar="CATEGORY", type=_category)
     reset.add_argument("--who", help="recorded as who reset it (default: your user name)")
     reset.add_argument("--reason", default="", help="why (recorded)")
     reset.set_defaults(handler=_reset)
 
     history = actions.add_parser("history", help="approval decisions and state changes")
-    history.add_argument("--category", help="only this category")
+    history.add_argument("--category", type=_category, help="only this category")
     history.add_argument("--limit", type=int, default=50, help="newest N decisions (50)")
     history.add_argument("--json", action="store_true", help="print JSON")
     history.set_defaults(handler=_history)
@@ -129,6 +129,22 @@ def _proposals(args: argparse.Namespace) -> int:
     return 0
 
 
+# What the planner names categories: image:NAME, credential:PROVIDER/SCOPE, egress:POLICY,
+# mount:SOURCE. Anything else is a typo that would otherwise reset or look up nothing.
+_CATEGORY_KINDS = ("image", "credential", "egress", "mount")
+
+
+def _category(text: str) -> str:
+    kind, sep, name = text.partition(":")
+    if not sep or kind not in _CATEGORY_KINDS or not name:
+        kinds = ", ".join(f"{k}:…" for k in _CATEGORY_KINDS)
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a capability category ({kinds});"
+            " `kagura-agent graduation status` lists the known ones"
+        )
+    return text
+
+
 def _approve(args: argparse.Namespace) -> int:
     from kagura_agent.approvals import operator_name
     from kagura_agent.clock import SystemClock
@@ -180,9 +196,11 @@ def _history(args: argparse.Namespace) -> int:
         rows.append(
             (str(when), decision.who, decision.via, decision.category, plan, decision.outcome)
         )
-    _table(rows)
+    if decisions:
+        _table(rows)
     if changes:
-        print()
+        if decisions:
+            print()
         for change in changes:
             print(
                 f"{change['at']}  {change['category']}  {change['event']} by {change['who']}"
