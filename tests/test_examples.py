@@ -102,3 +102,13 @@ def test_schema_command_prints_json_schema(kind: str, capsys: pytest.CaptureFixt
     assert main(["schema", kind]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert schema["title"] == kind
+
+
+@pytest.mark.parametrize("command", ["validate", "plan"])
+def test_a_path_that_is_not_yaml_says_which(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([command, "/dev/null"]) == 2
+    assert "/dev/null is neither a YAML file nor a directory" in capsys.readouterr().err
+    assert main([command, str(tmp_path / "absent.yml")]) == 2
+    assert "absent.yml does not exist" in capsys.readouterr().err

@@ -55,6 +55,8 @@ def yaml_files(path: Path) -> list[Path]:
         return sorted(p for p in path.rglob("*") if p.suffix in YAML_SUFFIXES and p.is_file())
     if path.is_file():
         return [path]
+    if path.exists():
+        raise UsageError(f"{path} is neither a YAML file nor a directory of them")
     raise UsageError(f"{path} does not exist")
 
 
