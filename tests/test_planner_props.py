@@ -218,6 +218,9 @@ def test_base_revision_unknown_is_a_usage_error(
     code, _, err = cli(capsys, *PLAN, "--base", "no-such-rev")
     assert code == 2
     assert "Traceback" not in err
+    # git's own one-line reason, not the command line that was run
+    assert "git revision 'no-such-rev': fatal:" in err
+    assert "ls-tree" not in err
 
 
 CANARY = "kagura-canary-7f3a9c1e5b2d"

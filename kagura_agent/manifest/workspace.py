@@ -76,7 +76,14 @@ def _git_sources(directory: Path, rev: str) -> Sources:
         prefix = str(directory.resolve().relative_to(Path(top).resolve()))
         # From the top level: in a subdirectory git reads the pathspec relative to it.
         listing = _git(Path(top), "ls-tree", "-r", "--name-only", rev, "--", prefix)
-    except (subprocess.CalledProcessError, ValueError, OSError) as exc:
+    except subprocess.CalledProcessError as exc:
+        said = (exc.stderr or "").strip().splitlines()
+        raise UsageError(
+            f"cannot read manifests at git revision {rev!r}: "
+            + (said[0] if said else f"git exited {exc.returncode}"),
+            hint="--base takes a commit, branch or tag of the repository holding the manifests",
+        ) from None
+    except (ValueError, OSError) as exc:
         raise UsageError(f"cannot read manifests at git revision {rev!r}: {exc}") from exc
     sources = Sources()
     for name in sorted(listing.splitlines()):
