@@ -51,7 +51,7 @@ PROXY_TMPFS = {
 # The internal network carries only agent <-> proxy traffic and never leaves the host, so
 # it takes the largest MTU a veth pair allows: a 64 KB write of the proxy's tunnel then
 # crosses the bridge as one packet instead of ~45, which cut the CPU the proxied path
-# spends in the network stack (bench/egress_throughput.py: ~0.088 s -> ~0.071 s per 100 MB).
+# spends in the network stack (bench/egress_throughput.py: ~0.088 s -> ~0.074 s per 100 MB).
 # The outbound network keeps the daemon's MTU: its packets leave through the host's uplink.
 INTERNAL_MTU = 65535
 # Namespaced to the proxy's own network stack: send each tunnel write at once instead of
