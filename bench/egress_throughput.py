@@ -37,7 +37,7 @@ from kagura_agent.state import StateStore
 from testing.egress_images import ensure_egress_images
 
 SIZE_MB = 100
-REPEAT = 7
+REPEAT = 15
 LABELS = {"dev.kagura.test": "egress-bench"}
 PRIVATE = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
 PLAN = {

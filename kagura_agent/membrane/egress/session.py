@@ -54,9 +54,6 @@ PROXY_TMPFS = {
 # spends in the network stack (bench/egress_throughput.py: ~0.088 s -> ~0.074 s per 100 MB).
 # The outbound network keeps the daemon's MTU: its packets leave through the host's uplink.
 INTERNAL_MTU = 65535
-# Namespaced to the proxy's own network stack: send each tunnel write at once instead of
-# letting the kernel hold small segments back to coalesce them (squid writes whole reads).
-PROXY_SYSCTLS = {"net.ipv4.tcp_autocorking": "0"}
 
 
 @dataclass(frozen=True)
@@ -188,7 +185,6 @@ class EgressSession:
                 tmpfs=PROXY_TMPFS,
                 pids_limit=64,
                 mem_limit=512 * 1024 * 1024,
-                sysctls=PROXY_SYSCTLS,
                 # json-file without rotation: the audit re-reads the whole log at teardown.
                 log_config=docker.types.LogConfig(type="json-file"),
             )
