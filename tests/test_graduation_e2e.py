@@ -216,7 +216,10 @@ def test_verified_week_graduates_and_one_failure_demotes(scene: Scene) -> None:
     assert lied.returncode == 1, lied.stderr
     assert "success - all checks passed" in lied.stderr
     assert "verify 'test -s liar.txt' exited 1" in lied.stderr
-    assert f"graduation: {cat} demoted" in lied.stderr
+    assert (
+        f"graduation: {cat} demoted to ask-every-time, its count restarts"
+        " (verify 'test -s liar.txt' exited 1)"
+    ) in lied.stderr
     status = _status(scene)
     assert (status["state"], status["successes"], status["distinct_tasks"]) == ("locked", 0, 0)
     assert "verify 'test -s liar.txt' exited 1" in status["last_reset_reason"]

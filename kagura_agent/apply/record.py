@@ -45,8 +45,13 @@ def record_outcome(
         recorded = graduation_evidence(
             store, categories, run_id, plan["task"]["name"], plan["fingerprint"], evidence, clock
         )
-        for category in getattr(recorded, "demoted", []) or []:
-            live.note(f"graduation: {category} demoted to ask-every-time after this failure", "red")
+        for category in recorded.demoted:
+            # Say why: a run that "succeeded" but had no verify commands still counts here.
+            live.note(
+                f"graduation: {category} demoted to ask-every-time, its count restarts"
+                f" ({recorded.reason})",
+                "red",
+            )
     memory = open_memory(plan["memory"], clock=clock)
     try:
         record_run(
