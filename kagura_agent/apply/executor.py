@@ -20,6 +20,7 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import FrameType
 from typing import Any
 
@@ -43,6 +44,8 @@ class ApplyOptions:
     who: str = ""
     clock: Clock = field(default_factory=SystemClock)
     prompt: str | None = None  # a follow-up prompt (repl) instead of the task's
+    # Approvals for this plan recorded since then count (the cockpit asked in chat).
+    accept_since: datetime | None = None
 
 
 @dataclass
@@ -145,6 +148,7 @@ def _approvals(
         who=options.who or operator_name(),
         clock=options.clock,
         reasons={a["category"]: a["reason"] for a in plan["approvals"]},
+        accept_since=options.accept_since,
     )
     return set(needed)
 

@@ -15,7 +15,24 @@ def register(subparsers: Any) -> None:
     parser.add_argument("target", metavar="TASK|PLAN", help="a task file, or a plan saved with -o")
     add_manifest_option(parser)
     add_apply_options(parser)
+    parser.add_argument(
+        "--approvals-since",
+        metavar="ISO",
+        type=_iso_time,
+        help="also accept approvals recorded for this exact plan since ISO (UTC) — how the"
+        " serve cockpit hands over what its operators approved in chat",
+    )
     parser.set_defaults(handler=run)
+
+
+def _iso_time(text: str) -> Any:
+    from datetime import UTC, datetime
+
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO time: {text!r}") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def add_apply_options(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +116,7 @@ def execute(plan: dict[str, Any], args: argparse.Namespace, *, confirm: bool) ->
         approval_timeout=args.approval_timeout,
         as_json=args.json,
         prompt=getattr(args, "follow_up", None),
+        accept_since=getattr(args, "approvals_since", None),
     )
     result = apply_plan(plan, options)
     if args.json:

@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "schema",
     "apply",
     "run",
+    "serve",
     "images",
     "graduation",
     "memory",

@@ -1,0 +1,105 @@
+"""kagura-agent serve: the cockpit — plan, approve and apply from chat or this terminal.
+
+kagura-agent serve                       the Transport manifest (default: terminal)
+kagura-agent serve --transport NAME      a named Transport manifest (cli or slack)
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import Any
+
+from kagura_agent.cli.common import add_manifest_option
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="the cockpit: plan, approve and apply from chat or the terminal",
+        description="Run the cockpit on a chat transport: its operators launch tasks,"
+        " approve what plans need, follow and kill runs. Every run is `apply` of a plan"
+        " the thread was shown.",
+    )
+    parser.add_argument("--transport", metavar="NAME", help="Transport manifest to serve on")
+    parser.add_argument(
+        "--approval-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="deny a request nobody answers within S seconds (600)",
+    )
+    add_manifest_option(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kagura_agent.approvals import operator_name
+    from kagura_agent.cockpit.core import Cockpit, CockpitConfig
+    from kagura_agent.errors import UsageError
+    from kagura_agent.manifest.workspace import load_workspace
+
+    catalog = load_workspace(args.manifests, []).catalog
+    if args.transport:
+        manifest = catalog.get("Transport", args.transport)
+        if manifest is None:
+            known = ", ".join(catalog.names("Transport")) or "none"
+            raise UsageError(f"no Transport named {args.transport!r} (have: {known})")
+    else:
+        manifest = catalog.default("Transport")
+        if manifest is None:
+            raise UsageError(
+                "more than one Transport and none is the default",
+                hint="pass --transport NAME",
+            )
+    spec = manifest.spec
+    operators = set(spec.get("operators") or [])
+    if spec["type"] == "cli":
+        operators.add(operator_name())
+    elif not operators:
+        raise UsageError(
+            f"Transport {manifest.name} lists no operators",
+            hint="set spec.operators to the chat user ids allowed to launch and approve",
+        )
+    transport = _transport(manifest.name, spec)
+    cockpit = Cockpit(
+        transport,
+        CockpitConfig(
+            operators=frozenset(operators),
+            manifests=args.manifests,
+            approval_timeout=args.approval_timeout,
+        ),
+    )
+    for session in cockpit.settle_previous():
+        print(f"serve: settled session {session.id} ({session.state} before)", file=sys.stderr)
+    stop = lambda _signum, _frame: transport.stop()  # noqa: E731
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    cockpit.serve()
+    return 0
+
+
+def _transport(name: str, spec: dict[str, Any]) -> Any:
+    from kagura_agent.errors import UsageError
+
+    kind = spec["type"]
+    if kind == "cli":
+        from kagura_agent.approvals import operator_name
+        from kagura_agent.cockpit.terminal import TerminalTransport
+
+        return TerminalTransport(operator_name())
+    if kind == "slack":
+        from kagura_agent.cockpit.slack import SlackTransport
+        from kagura_agent.membrane.secrets import resolve
+
+        for key in ("token", "app_token"):
+            if not spec.get(key):
+                raise UsageError(f"Transport {name} (slack) needs spec.{key}")
+        return SlackTransport(
+            resolve(spec["token"]), resolve(spec["app_token"]), base_url=spec.get("base_url")
+        )
+    raise UsageError(
+        f"Transport {name}: the {kind} transport is not built yet",
+        hint="use a cli or slack Transport",
+    )

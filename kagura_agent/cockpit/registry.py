@@ -1,0 +1,170 @@
+"""The cockpit's sessions, kept in the state store so a restart loses none of them.
+
+A session is one ``launch``: its plan (saved beside the state store), the chat thread it
+answers in, who asked, and where it stands. A session id doubles as its approval
+request id ("approve s-1a2b3c"). Each call opens its own connection: the cockpit calls
+in from transport, timer and runner threads.
+
+States: awaiting-approval → running → succeeded | failed | killed; or denied, expired
+(nobody answered in time, or the cockpit stopped first), lost (the cockpit found the
+apply process gone after a restart).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from kagura_agent.clock import Clock, iso
+from kagura_agent.state import StateStore
+
+MIGRATIONS = [
+    """
+    CREATE TABLE cockpit_sessions (
+        id TEXT PRIMARY KEY,
+        transport TEXT NOT NULL,
+        thread TEXT NOT NULL,
+        requested_by TEXT NOT NULL,
+        task_path TEXT NOT NULL,
+        task_name TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        plan_path TEXT NOT NULL,
+        needs TEXT NOT NULL,
+        state TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        asked_at TEXT,
+        run_id TEXT,
+        pid INTEGER,
+        pid_start TEXT,
+        exit_code INTEGER
+    );
+    CREATE INDEX cockpit_sessions_state ON cockpit_sessions(state);
+    """
+]
+OPEN_STATES = ("awaiting-approval", "running")
+
+
+@dataclass(frozen=True)
+class Session:
+    id: str
+    transport: str
+    thread: str
+    requested_by: str
+    task_path: str
+    task_name: str
+    fingerprint: str
+    plan_path: str
+    needs: str  # the categories needing approval, comma-separated ("" for none)
+    state: str
+    created_at: str
+    updated_at: str
+    asked_at: str | None = None
+    run_id: str | None = None
+    pid: int | None = None
+    pid_start: str | None = None
+    exit_code: int | None = None
+
+    @property
+    def categories(self) -> list[str]:
+        return [c for c in self.needs.split(",") if c]
+
+
+_COLUMNS = [f.name for f in fields(Session)]
+
+
+def new_session_id() -> str:
+    return "s-" + secrets.token_hex(3)
+
+
+class Registry:
+    """Sessions in the state store at ``path``."""
+
+    def __init__(self, path: Path, clock: Clock) -> None:
+        self.path = path
+        self.clock = clock
+        with self._store() as store:
+            store.migrate("cockpit", MIGRATIONS)
+
+    @contextmanager
+    def _store(self) -> Iterator[StateStore]:
+        store = StateStore(self.path)
+        try:
+            yield store
+        finally:
+            store.close()
+
+    def add(self, session: Session) -> None:
+        values = [getattr(session, c) for c in _COLUMNS]
+        with self._store() as store, store.transaction() as conn:
+            conn.execute(
+                f"INSERT INTO cockpit_sessions ({', '.join(_COLUMNS)})"
+                f" VALUES ({', '.join('?' for _ in _COLUMNS)})",
+                values,
+            )
+
+    def update(self, session_id: str, *, expect: str | None = None, **changes: Any) -> bool:
+        """Change a session; with ``expect``, only if it is still in that state.
+
+        Returns whether a row changed: two operators pressing Approve at once start one run.
+        """
+        unknown = set(changes) - set(_COLUMNS)
+        if unknown:
+            raise ValueError(f"unknown session fields: {sorted(unknown)}")
+        changes["updated_at"] = iso(self.clock.now())
+        assignments = ", ".join(f"{name} = ?" for name in changes)
+        sql = f"UPDATE cockpit_sessions SET {assignments} WHERE id = ?"
+        params = [*changes.values(), session_id]
+        if expect is not None:
+            sql += " AND state = ?"
+            params.append(expect)
+        with self._store() as store, store.transaction() as conn:
+            return conn.execute(sql, params).rowcount == 1
+
+    def get(self, session_id: str) -> Session | None:
+        with self._store() as store:
+            row = store.conn.execute(
+                "SELECT * FROM cockpit_sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+        return Session(**dict(row)) if row else None
+
+    def recent(self, limit: int = 20) -> list[Session]:
+        with self._store() as store:
+            rows = store.conn.execute(
+                "SELECT * FROM cockpit_sessions ORDER BY created_at DESC, rowid DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [Session(**dict(row)) for row in rows]
+
+    def open_sessions(self) -> list[Session]:
+        with self._store() as store:
+            rows = store.conn.execute(
+                "SELECT * FROM cockpit_sessions WHERE state IN (?, ?) ORDER BY created_at",
+                OPEN_STATES,
+            ).fetchall()
+        return [Session(**dict(row)) for row in rows]
+
+    def reconcile(self) -> list[Session]:
+        """At start: settle what a previous cockpit left open; return the settled sessions.
+
+        A pending request lapses (nobody can press a button of a stopped cockpit). A run
+        whose apply process still lives is left to it; one whose process is gone is lost
+        (its containers, networks and leases are swept by the next apply's start).
+        """
+        from kagura_agent.membrane.leases.ledger import owner_alive
+
+        settled = []
+        for session in self.open_sessions():
+            if session.state == "awaiting-approval":
+                state = "expired"
+            elif not owner_alive(session.pid, session.pid_start):
+                state = "lost"
+            else:
+                continue
+            if self.update(session.id, expect=session.state, state=state):
+                settled.append(session)
+        return settled

@@ -1,0 +1,62 @@
+"""The terminal transport: the operator at this shell, one line per command.
+
+Every line on stdin is a message from the local user in the single thread "tty"; the
+cockpit's answers go to stdout. Approval requests print the two commands that answer
+them. Input is read from the file descriptor (not a Python buffer) with a short select
+timeout, so :meth:`stop` from another thread — a signal handler — ends :meth:`run`.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import threading
+from typing import TextIO
+
+from kagura_agent.cockpit.transport import Event, Handler
+
+THREAD = "tty"
+POLL_SECONDS = 0.2
+
+
+class TerminalTransport:
+    name = "terminal"
+
+    def __init__(
+        self, user: str, *, stdin: TextIO | None = None, stdout: TextIO | None = None
+    ) -> None:
+        self.user = user
+        self._in = stdin if stdin is not None else sys.stdin
+        self._out = stdout if stdout is not None else sys.stdout
+        self._stopped = threading.Event()
+        self._write_lock = threading.Lock()
+
+    def run(self, handle: Handler) -> None:
+        self.say(THREAD, "kagura-agent serve: type `help` for the commands, Ctrl-D to stop")
+        fd = self._in.fileno()
+        pending = b""
+        while not self._stopped.is_set():
+            ready, _, _ = select.select([fd], [], [], POLL_SECONDS)
+            if not ready:
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:  # EOF: the operator is done
+                break
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                text = line.decode(errors="replace").strip()
+                if text:
+                    handle(Event(self.name, self.user, THREAD, text=text))
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def say(self, thread: str, text: str) -> None:
+        with self._write_lock:
+            self._out.write(text.rstrip("\n") + "\n")
+            self._out.flush()
+
+    def ask(self, thread: str, text: str, request: str) -> None:
+        self.say(thread, f"{text}\n  answer: approve {request}  |  deny {request}")
