@@ -23,6 +23,7 @@ from kagura_agent.cockpit.core import Cockpit, CockpitConfig
 from kagura_agent.cockpit.intents import classify
 from kagura_agent.cockpit.registry import Registry, Session
 from kagura_agent.cockpit.transport import Event
+from kagura_agent.errors import KaguraError
 from kagura_agent.state import StateStore
 
 ALICE, MALLORY = "U-alice", "U-mallory"
@@ -395,3 +396,19 @@ def test_serve_refuses_a_transport_it_cannot_serve(
     argv = ["serve", "--manifests", str(manifests), "--transport", transport["name"]]
     assert cli_main.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_request_the_chat_never_showed_still_lapses(cockpit_world: Any, state_dir: Path) -> None:
+    transport, start, base, _ = cockpit_world
+
+    def broken_ask(thread: str, text: str, request: str) -> None:
+        raise KaguraError("chat.postMessage failed: channel_not_found")
+
+    transport.ask = broken_ask
+    task = _task(base, "unasked", ["true"], egress=["docs"])
+    cockpit = start(approval_timeout=0.5)
+    transport.send(f"launch {task}")
+    out = transport.wait_for("no answer within 0.5s; denied, nothing ran")
+    assert "channel_not_found" in out
+    assert [s.state for s in cockpit.sessions()] == ["expired"]
+    assert run_ids(state_dir) == []

@@ -183,12 +183,7 @@ class Cockpit:
         reasons = {a["category"]: a["reason"] for a in plan["approvals"]}
         asked = "\n".join(f"  {c}: {reasons.get(c, '')}" for c in needs)
         timeout = self.config.approval_timeout
-        self.transport.ask(
-            event.thread,
-            f"session {session.id} needs approval for plan {plan['fingerprint'][:19]}…:\n{asked}\n"
-            f"(denied if nobody answers within {timeout:g}s)",
-            session.id,
-        )
+        # The timer first: a request whose buttons never reached the chat still lapses.
         timer = threading.Timer(
             timeout, self._expire, args=(session.id, f"no answer within {timeout:g}s")
         )
@@ -196,6 +191,12 @@ class Cockpit:
         with self._lock:
             self._timers[session.id] = timer
         timer.start()
+        self.transport.ask(
+            event.thread,
+            f"session {session.id} needs approval for plan {plan['fingerprint'][:19]}…:\n{asked}\n"
+            f"(denied if nobody answers within {timeout:g}s)",
+            session.id,
+        )
 
     def _answer(self, event: Event, session_id: str, *, approved: bool) -> None:
         session = self.registry.get(session_id)
