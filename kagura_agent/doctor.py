@@ -32,6 +32,8 @@ EXTRAS = {
     "gcp": ("google.cloud.iam_credentials_v1", "gcp"),
     "cloudflare": ("cloudflare", "cloudflare"),
     "github-app": ("jwt", "github"),
+    "slack": ("slack_bolt", "slack"),
+    "discord": ("discord", "discord"),
 }
 
 
@@ -123,6 +125,9 @@ def _extras(catalog: Any) -> list[Check]:
     for provider in catalog.of("CredentialProvider"):
         if provider.spec["type"] in EXTRAS:
             needed[provider.spec["type"]] = f"provider {provider.name}"
+    for transport in catalog.of("Transport"):
+        if transport.spec["type"] in EXTRAS:
+            needed[transport.spec["type"]] = f"transport {transport.name}"
     checks = []
     for kind, user in sorted(needed.items()):
         module, extra = EXTRAS[kind]

@@ -48,3 +48,35 @@ def test_doctor_passes_with_a_daemon(
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert statuses["docker engine"] == "PASS"
     assert statuses["user namespaces"] in ("PASS", "WARN")
+
+
+def test_doctor_names_the_extra_a_chat_transport_needs(
+    state_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import importlib.util
+    import shutil
+
+    manifests = tmp_path / "manifests"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "manifests", manifests)
+    (manifests / "zz-chat.yml").write_text(
+        "apiVersion: kagura.dev/v1\nkind: Transport\nmetadata: {name: chat}\n"
+        "spec: {type: slack, token: 'env:X_BOT', app_token: 'env:X_APP', operators: [U1]}\n"
+    )
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    _, report = _run(capsys, "--manifests", str(manifests))
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["extra slack"]["status"] == "PASS"
+    assert "transport chat" in checks["extra slack"]["detail"]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "slack_bolt" else real(name, *a),
+    )
+    _, report = _run(capsys, "--manifests", str(manifests))
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["extra slack"]["status"] == "WARN"
+    assert "pip install 'kagura-agent[slack]'" in checks["extra slack"]["detail"]
