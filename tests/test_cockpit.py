@@ -100,6 +100,7 @@ def cockpit_world(state_dir: Path, tmp_path: Path) -> Any:
             transport,
             CockpitConfig(operators=frozenset({ALICE}), manifests=str(manifests), **config),
         )
+        cockpit.settle_previous()  # as `serve` does before it listens
         thread = threading.Thread(target=cockpit.serve, daemon=True)
         thread.start()
         started.append(cockpit)
@@ -412,3 +413,38 @@ def test_a_request_the_chat_never_showed_still_lapses(cockpit_world: Any, state_
     assert "channel_not_found" in out
     assert [s.state for s in cockpit.sessions()] == ["expired"]
     assert run_ids(state_dir) == []
+
+
+@pytest.mark.docker
+def test_a_run_outlives_a_killed_cockpit_and_the_next_one_adopts_it(
+    cockpit_world: Any, docker_client: Any, state_dir: Path
+) -> None:
+    transport, start, base, _ = cockpit_world
+    task = _task(base, "survivor", ["sleep 4", "echo done > done.txt"])
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "kagura_agent", "serve", "--manifests", str(base / "manifests")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        cwd=REPO,
+    )
+    assert serve.stdin is not None and serve.stdout is not None
+    serve.stdin.write(f"launch {task}\n")
+    serve.stdin.flush()
+    seen = ""
+    while "▸ bash: sleep 4" not in seen:
+        line = serve.stdout.readline()
+        assert line, seen
+        seen += line
+    serve.kill()  # kill -9: no clean-up of its own, its pipes break
+    serve.wait()
+    (run_id,) = run_ids(state_dir)
+    cockpit = start()
+    out = transport.wait_for("(exit 0)", timeout=120)
+    assert "the cockpit restarted; still following its run" in out
+    (session,) = cockpit.sessions()
+    assert (session.state, session.run_id, session.exit_code) == ("succeeded", run_id, 0)
+    assert (task.parent / "done.txt").read_text() == "done\n"  # the run went on to its end
+    assert leftovers(docker_client, run_id) == []

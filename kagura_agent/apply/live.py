@@ -40,10 +40,18 @@ class LiveView:
         self.as_json = as_json
         self.started = time.monotonic()
         self._text = ""
+        self._gone = False
 
     def _write(self, line: str) -> None:
-        self.out.write(self.redactor.scrub(line) + "\n")
-        self.out.flush()
+        if self._gone:
+            return
+        try:
+            self.out.write(self.redactor.scrub(line) + "\n")
+            self.out.flush()
+        except (BrokenPipeError, ValueError):
+            # Nobody reads any more (a pipe's reader died, e.g. a restarted cockpit): the
+            # run goes on to its end and records its outcome; there is just no one to tell.
+            self._gone = True
 
     def _json(self, kind: str, payload: dict[str, Any]) -> None:
         self._write(json.dumps({"kind": kind, **payload}, ensure_ascii=False, default=str))

@@ -120,5 +120,12 @@ def execute(plan: dict[str, Any], args: argparse.Namespace, *, confirm: bool) ->
     )
     result = apply_plan(plan, options)
     if args.json:
-        print_json(result.to_json())
+        try:
+            print_json(result.to_json())
+        except BrokenPipeError:
+            # The reader is gone; the outcome is in the state store. Keep the exit code
+            # the run's, and let the interpreter's final flush find somewhere to write.
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return result.exit_code

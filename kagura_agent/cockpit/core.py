@@ -25,7 +25,7 @@ from typing import Any
 from kagura_agent.clock import Clock, SystemClock, iso
 from kagura_agent.cockpit.intents import HELP, classify
 from kagura_agent.cockpit.registry import Registry, Session, new_session_id
-from kagura_agent.cockpit.runner import ApplyProcess, Relay, RunOutcome, apply_argv
+from kagura_agent.cockpit.runner import AdoptedRun, ApplyProcess, Relay, RunOutcome, apply_argv
 from kagura_agent.cockpit.transport import Event, Transport
 from kagura_agent.errors import KaguraError
 from kagura_agent.state import StateStore
@@ -57,15 +57,28 @@ class Cockpit:
         self.plans_dir = config.plans_dir or state_path.parent / "cockpit-plans"
         self.registry = Registry(state_path, self.clock)
         self._lock = threading.Lock()
-        self._runs: dict[str, ApplyProcess] = {}
+        self._runs: dict[str, ApplyProcess | AdoptedRun] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._timers: dict[str, threading.Timer] = {}
 
     # --- lifecycle -----------------------------------------------------------------------
 
     def settle_previous(self) -> list[Session]:
-        """Expire requests and mark lost runs a previous cockpit left open."""
-        return self.registry.reconcile()
+        """Settle what a previous cockpit left open: its requests expire, its runs whose
+        apply is gone are lost, and the ones still going are adopted (followed to their
+        end, killable). Returns the sessions that were settled."""
+        settled = self.registry.reconcile()
+        for session in self.registry.open_sessions():
+            if session.state == "running" and session.pid is not None:
+                self._follow_in_thread(
+                    session, AdoptedRun(session.pid, session.pid_start, self.state_path)
+                )
+                self._say(
+                    session.thread,
+                    f"session {session.id}: the cockpit restarted;"
+                    " still following its run (progress resumes with its outcome)",
+                )
+        return settled
 
     def serve(self) -> None:
         """Handle events until the transport stops; then interrupt and await every run."""
@@ -294,6 +307,9 @@ class Cockpit:
         from kagura_agent.membrane.leases.ledger import process_start
 
         self.registry.update(session.id, pid=run.pid, pid_start=process_start(run.pid))
+        self._follow_in_thread(session, run)
+
+    def _follow_in_thread(self, session: Session, run: ApplyProcess | AdoptedRun) -> None:
         thread = threading.Thread(
             target=self._follow, args=(session, run), name=f"cockpit-{session.id}", daemon=True
         )
@@ -302,7 +318,7 @@ class Cockpit:
             self._threads[session.id] = thread
         thread.start()
 
-    def _follow(self, session: Session, run: ApplyProcess) -> None:
+    def _follow(self, session: Session, run: ApplyProcess | AdoptedRun) -> None:
         try:
             outcome = run.wait()
         except Exception as exc:  # reading its output failed; the process is still its own
@@ -310,7 +326,7 @@ class Cockpit:
         finally:
             with self._lock:
                 self._runs.pop(session.id, None)
-        state = _state_for(outcome.exit_code)
+        state = "lost" if outcome.outcome == "lost" else _state_for(outcome.exit_code)
         self.registry.update(
             session.id, state=state, run_id=outcome.run_id, exit_code=outcome.exit_code
         )

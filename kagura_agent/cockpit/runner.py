@@ -10,12 +10,15 @@ apply answers by cleaning up and exiting 130.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -168,6 +171,53 @@ class ApplyProcess:
         return RunOutcome(
             code, result.get("run_id"), str(result.get("outcome")), result.get("wall_seconds")
         )
+
+
+class AdoptedRun:
+    """An apply a previous cockpit started and that outlived it (apply keeps going when
+    nobody reads its output). Its progress is not relayed; its outcome is read from the
+    ``runs`` table once the process is gone."""
+
+    def __init__(
+        self, pid: int, pid_start: str | None, state_path: Path, poll: float = 1.0
+    ) -> None:
+        self.pid = pid
+        self.pid_start = pid_start
+        self.state_path = state_path
+        self.poll = poll
+
+    def alive(self) -> bool:
+        from kagura_agent.membrane.leases.ledger import owner_alive
+
+        return owner_alive(self.pid, self.pid_start)
+
+    def interrupt(self) -> None:
+        if self.alive():  # the same process, not a recycled pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGINT)
+
+    def wait(self) -> RunOutcome:
+        while self.alive():
+            time.sleep(self.poll)
+        return self.outcome()
+
+    def outcome(self) -> RunOutcome:
+        from kagura_agent.state import StateStore
+
+        store = StateStore(self.state_path)
+        try:
+            row = store.conn.execute(
+                "SELECT run_id, outcome, exit_code FROM runs WHERE pid = ? AND pid_start IS ?"
+                " ORDER BY started_at DESC LIMIT 1",
+                (self.pid, self.pid_start),
+            ).fetchone()
+        except sqlite3.OperationalError:  # no runs table: it never got as far as a run
+            row = None
+        finally:
+            store.close()
+        if row is None or row["exit_code"] is None:  # killed before it could record an end
+            return RunOutcome(-1, row["run_id"] if row else None, "lost", None)
+        return RunOutcome(int(row["exit_code"]), row["run_id"], str(row["outcome"]), None)
 
 
 def _drain(stream: IO[str] | None, into: list[str]) -> None:
