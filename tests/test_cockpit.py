@@ -179,35 +179,56 @@ def test_mistakes_get_answers_not_tracebacks(cockpit_world: Any, tmp_path: Path)
     assert "Traceback" not in out
 
 
-def test_registry_races_and_reconcile(state_dir: Path) -> None:
+def test_registry_races_and_expiry(state_dir: Path) -> None:
     registry = Registry(state_dir / "state.db", SystemClock())
-    base = dict(
-        transport="t", thread=THREAD, requested_by=ALICE, task_path="/x", task_name="x",
-        fingerprint="sha256:" + "0" * 64, plan_path="/x.json", needs="egress:docs",
-        created_at="2026-01-01T00:00:00Z", updated_at="2026-01-01T00:00:00Z",
-    )  # fmt: skip
-    registry.add(Session(id="s-a", state="awaiting-approval", **base))
-    registry.add(Session(id="s-b", state="running", pid=2**22 + 7, pid_start="x", **base))
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        from kagura_agent.membrane.leases.ledger import process_start
+    registry.add(Session(id="s-a", state="awaiting-approval", **_ROW))
+    registry.add(Session(id="s-b", state="running", **_ROW))
+    # Two answers at once: the second finds the state moved on.
+    assert registry.update("s-a", expect="awaiting-approval", state="running")
+    assert not registry.update("s-a", expect="awaiting-approval", state="denied")
+    registry.update("s-a", state="awaiting-approval")
+    assert [s.id for s in registry.expire_requests()] == ["s-a"]
+    assert {s.id: s.state for s in registry.recent()} == {"s-a": "expired", "s-b": "running"}
 
-        registry.add(
-            Session(
-                id="s-c", state="running", pid=live.pid, pid_start=process_start(live.pid), **base
-            )
+
+_ROW = dict(
+    transport="test", thread=THREAD, requested_by=ALICE, task_path="/x", task_name="x",
+    fingerprint="sha256:" + "0" * 64, plan_path="/x.json", needs="egress:docs",
+    created_at="2026-01-01T00:00:00Z", updated_at="2026-01-01T00:00:00Z",
+)  # fmt: skip
+
+
+def test_a_restart_settles_runs_whose_apply_is_gone(cockpit_world: Any, state_dir: Path) -> None:
+    """An apply that ended while no cockpit ran gets the outcome it recorded; one that was
+    killed before it could record any is lost; a pending request lapses."""
+    from kagura_agent.apply.runs import MIGRATIONS
+
+    transport, start, _, _ = cockpit_world
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    pid = int(dead.stdout)
+    registry = Registry(state_dir / "state.db", SystemClock())
+    registry.add(Session(id="s-done", state="running", pid=pid, pid_start="t0", **_ROW))
+    registry.add(Session(id="s-gone", state="running", pid=pid, pid_start="t1", **_ROW))
+    registry.add(Session(id="s-ask", state="awaiting-approval", **_ROW))
+    store = StateStore(state_dir / "state.db")
+    store.migrate("runs", MIGRATIONS)
+    with store.transaction() as conn:
+        conn.execute(
+            "INSERT INTO runs (run_id, task, fingerprint, pid, pid_start, started_at, ended_at,"
+            " outcome, exit_code) VALUES ('run-ended', 'x', 'f', ?, 't0', 'a', 'b', 'success', 0)",
+            (pid,),
         )
-        # Two answers at once: the second finds the state moved on.
-        assert registry.update("s-a", expect="awaiting-approval", state="running")
-        assert not registry.update("s-a", expect="awaiting-approval", state="denied")
-        registry.update("s-a", state="awaiting-approval")
-        settled = {s.id for s in registry.reconcile()}
-        assert settled == {"s-a", "s-b"}
-        states = {s.id: s.state for s in registry.recent()}
-        assert states == {"s-a": "expired", "s-b": "lost", "s-c": "running"}
-    finally:
-        live.kill()
-        live.wait()
+    store.close()
+    cockpit = start()
+    out = transport.wait_for("session s-gone: apply lost (exit -1)")
+    assert "session s-done: run run-ended succeeded (exit 0)" in out
+    states = {s.id: (s.state, s.run_id) for s in cockpit.sessions()}
+    assert states == {
+        "s-done": ("succeeded", "run-ended"),
+        "s-gone": ("lost", None),
+        "s-ask": ("expired", None),
+    }
 
 
 # --- through real apply processes and containers ----------------------------------------

@@ -64,21 +64,24 @@ class Cockpit:
     # --- lifecycle -----------------------------------------------------------------------
 
     def settle_previous(self) -> list[Session]:
-        """Settle what a previous cockpit left open: its requests expire, its runs whose
-        apply is gone are lost, and the ones still going are adopted (followed to their
-        end, killable). Returns the sessions that were settled."""
-        settled = self.registry.reconcile()
-        for session in self.registry.open_sessions():
-            if session.state == "running" and session.pid is not None:
-                self._follow_in_thread(
-                    session, AdoptedRun(session.pid, session.pid_start, self.state_path)
-                )
+        """Settle what a previous cockpit left open. Its requests expire; a run whose apply
+        still goes is adopted (followed to its end, killable); one whose apply is gone gets
+        the outcome it recorded in the ``runs`` table, or is lost. Returns every session
+        that was open."""
+        expired = self.registry.expire_requests()
+        running = [s for s in self.registry.open_sessions() if s.state == "running"]
+        for session in running:
+            run = AdoptedRun(session.pid or 0, session.pid_start, self.state_path)
+            if session.pid is not None and run.alive():
+                self._follow_in_thread(session, run)
                 self._say(
                     session.thread,
-                    f"session {session.id}: the cockpit restarted;"
-                    " still following its run (progress resumes with its outcome)",
+                    f"session {session.id}: the cockpit restarted; still following its run"
+                    " (its outcome follows when it ends)",
                 )
-        return settled
+            else:
+                self._finish(session, run.outcome())
+        return [*expired, *running]
 
     def serve(self) -> None:
         """Handle events until the transport stops; then interrupt and await every run."""
@@ -326,6 +329,9 @@ class Cockpit:
         finally:
             with self._lock:
                 self._runs.pop(session.id, None)
+        self._finish(session, outcome)
+
+    def _finish(self, session: Session, outcome: RunOutcome) -> None:
         state = "lost" if outcome.outcome == "lost" else _state_for(outcome.exit_code)
         self.registry.update(
             session.id, state=state, run_id=outcome.run_id, exit_code=outcome.exit_code

@@ -6,8 +6,8 @@ request id ("approve s-1a2b3c"). Each call opens its own connection: the cockpit
 in from transport, timer and runner threads.
 
 States: awaiting-approval → running → succeeded | failed | killed; or denied, expired
-(nobody answered in time, or the cockpit stopped first), lost (the cockpit found the
-apply process gone after a restart).
+(nobody answered in time, or the cockpit stopped first), lost (after a restart, the apply
+process was gone without having recorded an outcome).
 """
 
 from __future__ import annotations
@@ -148,23 +148,13 @@ class Registry:
             ).fetchall()
         return [Session(**dict(row)) for row in rows]
 
-    def reconcile(self) -> list[Session]:
-        """At start: settle what a previous cockpit left open; return the settled sessions.
-
-        A pending request lapses (nobody can press a button of a stopped cockpit). A run
-        whose apply process still lives is left to it; one whose process is gone is lost
-        (its containers, networks and leases are swept by the next apply's start).
-        """
-        from kagura_agent.membrane.leases.ledger import owner_alive
-
-        settled = []
+    def expire_requests(self) -> list[Session]:
+        """At start: the requests a previous cockpit left pending lapse (nobody can press
+        a button of a stopped cockpit). Returns them."""
+        expired = []
         for session in self.open_sessions():
-            if session.state == "awaiting-approval":
-                state = "expired"
-            elif not owner_alive(session.pid, session.pid_start):
-                state = "lost"
-            else:
-                continue
-            if self.update(session.id, expect=session.state, state=state):
-                settled.append(session)
-        return settled
+            if session.state == "awaiting-approval" and self.update(
+                session.id, expect="awaiting-approval", state="expired"
+            ):
+                expired.append(session)
+        return expired
