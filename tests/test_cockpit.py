@@ -394,7 +394,7 @@ def test_serve_on_the_terminal(tmp_path: Path, state_dir: Path, docker_client: A
     [
         ({"name": "absent"}, "no Transport named 'absent' (have: chat, dc, terminal)"),
         ({"name": "chat"}, "Transport chat lists no operators"),
-        ({"name": "dc"}, "the discord transport is not built yet"),
+        ({"name": "dc"}, "Transport dc (discord) needs spec.token"),
     ],
 )
 def test_serve_refuses_a_transport_it_cannot_serve(

@@ -1,7 +1,7 @@
 """kagura-agent serve: the cockpit — plan, approve and apply from chat or this terminal.
 
 kagura-agent serve                       the Transport manifest (default: terminal)
-kagura-agent serve --transport NAME      a named Transport manifest (cli or slack)
+kagura-agent serve --transport NAME      a named Transport manifest (cli, slack or discord)
 """
 
 from __future__ import annotations
@@ -99,7 +99,11 @@ def _transport(name: str, spec: dict[str, Any]) -> Any:
         return SlackTransport(
             resolve(spec["token"]), resolve(spec["app_token"]), base_url=spec.get("base_url")
         )
-    raise UsageError(
-        f"Transport {name}: the {kind} transport is not built yet",
-        hint="use a cli or slack Transport",
-    )
+    if kind == "discord":
+        from kagura_agent.cockpit.discord import DiscordTransport
+        from kagura_agent.membrane.secrets import resolve
+
+        if not spec.get("token"):
+            raise UsageError(f"Transport {name} (discord) needs spec.token")
+        return DiscordTransport(resolve(spec["token"]), base_url=spec.get("base_url"))
+    raise UsageError(f"Transport {name}: unknown transport type {kind!r}")
