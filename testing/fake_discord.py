@@ -35,7 +35,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from testing.fake_http import FakeServer, Request
-from testing.fake_slack import _BINARY, _CLOSE, _CONT, _PING, _PONG, _TEXT, _WS_GUID, _Link
+from testing.websocket import BINARY, CLOSE, CONT, PING, PONG, TEXT, WS_GUID, Link
 
 API = "/api/v10"
 CONTENT_LIMIT = 2000  # characters in one message's content; Discord answers 50035 beyond
@@ -66,7 +66,7 @@ class Callback:
 class _Gateway:
     """One Gateway connection: JSON text frames, or one zlib stream when asked for."""
 
-    def __init__(self, link: _Link, compress: bool) -> None:
+    def __init__(self, link: Link, compress: bool) -> None:
         self.link = link
         self.ready = False
         self._zlib = zlib.compressobj() if compress else None
@@ -76,10 +76,10 @@ class _Gateway:
         data = json.dumps(message).encode()
         with self._lock:  # one stream: compress and send in the same order
             if self._zlib is None:
-                self.link.send(_TEXT, data)
+                self.link.send(TEXT, data)
             else:
                 self.link.send(
-                    _BINARY, self._zlib.compress(data) + self._zlib.flush(zlib.Z_SYNC_FLUSH)
+                    BINARY, self._zlib.compress(data) + self._zlib.flush(zlib.Z_SYNC_FLUSH)
                 )
 
 
@@ -358,13 +358,13 @@ class FakeDiscord(FakeServer):
         link, message = gateway.link, b""
         while True:
             fin, opcode, payload = link.read_frame()
-            if opcode == _PING:
-                link.send(_PONG, payload)
-            elif opcode == _CLOSE:
+            if opcode == PING:
+                link.send(PONG, payload)
+            elif opcode == CLOSE:
                 link.close(struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else 1000)
                 return
-            elif opcode in (_TEXT, _BINARY, _CONT):
-                message = payload if opcode != _CONT else message + payload
+            elif opcode in (TEXT, BINARY, CONT):
+                message = payload if opcode != CONT else message + payload
                 if fin:
                     self._on_frame(gateway, json.loads(message))
 
@@ -478,14 +478,14 @@ def _handshake(sock: socket.socket) -> _Gateway | None:
         with contextlib.suppress(OSError):
             sock.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
         return None
-    accept = base64.b64encode(hashlib.sha1((key + _WS_GUID).encode()).digest()).decode()
+    accept = base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest()).decode()
     sock.sendall(
         b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
         b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept.encode() + b"\r\n\r\n"
     )
     # zlib-stream is the transport compression discord.py asks for; anything else (such as
     # zstd-stream) is answered uncompressed, which a client must read as plain JSON text.
-    return _Gateway(_Link(sock, rest), compress=query.get("compress") == "zlib-stream")
+    return _Gateway(Link(sock, rest), compress=query.get("compress") == "zlib-stream")
 
 
 def _user(user_id: str, name: str, *, bot: bool = False) -> dict[str, Any]:

@@ -17,7 +17,6 @@ recorded.
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import json
 import secrets
@@ -31,9 +30,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from testing.fake_http import FakeServer, Request
+from testing.websocket import BINARY, CLOSE, CONT, PING, PONG, TEXT, WS_GUID, Link, ProtocolError
 
-_WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 section 1.3
-_CONT, _TEXT, _BINARY, _CLOSE, _PING, _PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 _BOT_METHODS = ("auth.test", "chat.postMessage", "chat.update")
 
 
@@ -44,66 +42,6 @@ class Post:
     method: str
     payload: dict[str, Any]
     ts: str
-
-
-class _ProtocolError(Exception):
-    pass
-
-
-class _Link:
-    """The server side of one WebSocket: buffered reads, unmasked writes."""
-
-    def __init__(self, sock: socket.socket, buffered: bytes = b"") -> None:
-        self.sock = sock
-        self._buffer = bytearray(buffered)
-        self._send_lock = threading.Lock()
-        self.closing = False
-
-    def read_exact(self, size: int) -> bytes:
-        while len(self._buffer) < size:
-            chunk = self.sock.recv(4096)
-            if not chunk:
-                raise ConnectionError("the client closed the connection")
-            self._buffer += chunk
-        data = bytes(self._buffer[:size])
-        del self._buffer[:size]
-        return data
-
-    def read_frame(self) -> tuple[bool, int, bytes]:
-        first, second = self.read_exact(2)
-        length = second & 0x7F
-        if length == 126:
-            (length,) = struct.unpack("!H", self.read_exact(2))
-        elif length == 127:
-            (length,) = struct.unpack("!Q", self.read_exact(8))
-        if not second & 0x80:
-            raise _ProtocolError("a client frame must be masked")  # RFC 6455 section 5.1
-        mask = self.read_exact(4)
-        payload = bytes(b ^ mask[i % 4] for i, b in enumerate(self.read_exact(length)))
-        return bool(first & 0x80), first & 0x0F, payload
-
-    def send(self, opcode: int, payload: bytes) -> None:
-        size = len(payload)
-        if size < 126:
-            header = struct.pack("!BB", 0x80 | opcode, size)
-        elif size < 1 << 16:
-            header = struct.pack("!BBH", 0x80 | opcode, 126, size)
-        else:
-            header = struct.pack("!BBQ", 0x80 | opcode, 127, size)
-        with self._send_lock:
-            self.sock.sendall(header + payload)
-
-    def send_json(self, message: dict[str, Any]) -> None:
-        self.send(_TEXT, json.dumps(message).encode())
-
-    def close(self, code: int) -> None:
-        """Start (or answer) the closing handshake, then drop the TCP connection."""
-        with contextlib.suppress(OSError):  # the client may be gone already
-            if not self.closing:
-                self.closing = True
-                self.send(_CLOSE, struct.pack("!H", code))
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
 
 
 class FakeSlack(FakeServer):
@@ -125,7 +63,7 @@ class FakeSlack(FakeServer):
         self.posts: list[Post] = []
         self.received: list[dict[str, Any]] = []  # every JSON frame the client sent
         self._cond = threading.Condition()
-        self._links: list[_Link] = []
+        self._links: list[Link] = []
         self._tickets: set[str] = set()
         self._acks: dict[str, dict[str, Any]] = {}
         self._messages: dict[tuple[str, str], dict[str, Any]] = {}
@@ -350,7 +288,7 @@ class FakeSlack(FakeServer):
             threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
-        link: _Link | None = None
+        link: Link | None = None
         try:
             link = self._handshake(sock)
             if link is None:
@@ -364,7 +302,7 @@ class FakeSlack(FakeServer):
                 }
             )
             self._read_loop(link)
-        except _ProtocolError:
+        except ProtocolError:
             if link is not None:
                 link.close(1002)
         except OSError:
@@ -375,7 +313,7 @@ class FakeSlack(FakeServer):
                     self._links.remove(link)
             sock.close()  # a second close, after link.close(), is harmless
 
-    def _handshake(self, sock: socket.socket) -> _Link | None:
+    def _handshake(self, sock: socket.socket) -> Link | None:
         raw = b""
         while b"\r\n\r\n" not in raw:
             chunk = sock.recv(4096)
@@ -409,12 +347,12 @@ class FakeSlack(FakeServer):
         ):
             status = "400 Bad Request"
         else:
-            accept = base64.b64encode(hashlib.sha1((key + _WS_GUID).encode()).digest()).decode()
+            accept = base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest()).decode()
             sock.sendall(
                 b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
                 b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept.encode() + b"\r\n\r\n"
             )
-            link = _Link(sock, rest)
+            link = Link(sock, rest)
             with self._cond:
                 self._links.append(link)
                 self._cond.notify_all()
@@ -422,20 +360,20 @@ class FakeSlack(FakeServer):
         sock.sendall(f"HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n".encode())
         return None
 
-    def _read_loop(self, link: _Link) -> None:
-        opcode, message = _TEXT, b""
+    def _read_loop(self, link: Link) -> None:
+        opcode, message = TEXT, b""
         while True:
             fin, frame_opcode, payload = link.read_frame()
-            if frame_opcode == _PING:
-                link.send(_PONG, payload)
-            elif frame_opcode == _CLOSE:
+            if frame_opcode == PING:
+                link.send(PONG, payload)
+            elif frame_opcode == CLOSE:
                 link.close(struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else 1000)
                 return
-            elif frame_opcode in (_TEXT, _BINARY):
+            elif frame_opcode in (TEXT, BINARY):
                 opcode, message = frame_opcode, payload
-            elif frame_opcode == _CONT:
+            elif frame_opcode == CONT:
                 message += payload
-            if fin and frame_opcode in (_TEXT, _BINARY, _CONT) and opcode == _TEXT:
+            if fin and frame_opcode in (TEXT, BINARY, CONT) and opcode == TEXT:
                 self._on_text(message.decode())
 
     def _on_text(self, text: str) -> None:
@@ -461,7 +399,7 @@ class FakeSlack(FakeServer):
                 raise TimeoutError(f"the client did not ack the {kind} envelope in {self.timeout}s")
             return self._acks.pop(envelope_id)
 
-    def _open_link(self, timeout: float | None) -> _Link:
+    def _open_link(self, timeout: float | None) -> Link:
         with self._cond:
             if not self._cond.wait_for(lambda: bool(self._links), timeout or self.timeout):
                 raise TimeoutError("no Socket Mode client is connected")
