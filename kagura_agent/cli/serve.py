@@ -73,6 +73,12 @@ def run(args: argparse.Namespace) -> int:
     )
     for session in cockpit.settle_previous():
         print(f"serve: settled session {session.id} ({session.state} before)", file=sys.stderr)
+    if spec["type"] != "cli":  # the terminal greets on stdout itself
+        print(
+            f"serve: {manifest.name} ({spec['type']}) for {len(operators)} operator(s);"
+            " Ctrl-C stops (running applies are interrupted and clean up)",
+            file=sys.stderr,
+        )
     stop = lambda _signum, _frame: transport.stop()  # noqa: E731
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
