@@ -126,6 +126,7 @@ def _task(base: Path, name: str, steps: list[str], **spec: Any) -> Path:
     ("text", "kind", "argument", "problem"),
     [
         ("launch a/task.yml", "launch", "a/task.yml", ""),
+        ("run list the  files", "run", "list the files", ""),
         ("APPLY a.yml", "launch", "a.yml", ""),
         ("plan a.yml", "plan", "a.yml", ""),
         ("status", "status", "", ""),
@@ -469,3 +470,51 @@ def test_a_run_outlives_a_killed_cockpit_and_the_next_one_adopts_it(
     assert (session.state, session.run_id, session.exit_code) == ("succeeded", run_id, 0)
     assert (task.parent / "done.txt").read_text() == "done\n"  # the run went on to its end
     assert leftovers(docker_client, run_id) == []
+
+
+@pytest.mark.docker
+def test_run_text_from_chat_is_a_one_off_task_with_the_llm_brain(
+    cockpit_world: Any, docker_client: Any, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run TEXT` writes the task `kagura-agent run "TEXT"` would (the default LLM brain,
+    the text a value), in the configured project root; the sdk brain runs against the fake
+    `claude` of the agent test image. The API key never reaches the chat."""
+    from testing.agent_test_image import ensure_agent_test_image
+
+    transport, _start, base, _ = cockpit_world
+    api_key = "sk-ant-kagura-canary-" + "c" * 30
+    monkeypatch.setenv("ANTHROPIC_API_KEY", api_key)
+    image = ensure_agent_test_image(docker_client)
+    manifests = manifest_set(
+        base / "with-test-image",
+        {
+            "kind": "Image",
+            "metadata": {"name": "agent-test"},
+            "spec": {"recipe": "images/agent", "tag": image, "baseline": True},
+        },
+    )
+    project = make_project(base, "chat-project")
+    cockpit = Cockpit(
+        transport,
+        CockpitConfig(
+            operators=frozenset({ALICE}),
+            manifests=str(manifests),
+            project_root=project,
+            image="agent-test",
+        ),
+    )
+    thread = threading.Thread(target=cockpit.serve, daemon=True)
+    thread.start()
+    try:
+        transport.send("run list the files here {{ not a template }}")
+        out = transport.wait_for("(exit 0)", timeout=120)
+    finally:
+        transport.stop()
+        thread.join(60)
+    (session,) = cockpit.sessions()
+    assert session.state == "succeeded"
+    assert session.task_name.startswith("run-list-the-files-here")
+    assert f"writes       {project} -> /workspace" in out
+    assert "brain        claude (sdk" in out, out
+    assert api_key not in out
+    assert leftovers(docker_client, session.run_id or "") == []

@@ -65,8 +65,14 @@ def task_text(args: argparse.Namespace) -> str:
     return text
 
 
-def write_task(text: str, args: argparse.Namespace, session: str | None) -> Path:
-    """The one-off task as a Task document in the state directory (kept for review)."""
+def write_task(
+    text: str, args: argparse.Namespace, session: str | None, project_root: Path | None = None
+) -> Path:
+    """The one-off task as a Task document in the state directory (kept for review).
+
+    ``args`` carries ``brain``, ``egress``, ``image`` and ``manifests``; the project root is
+    ``project_root``, by default the current directory.
+    """
     import yaml
 
     from kagura_agent.paths import state_dir
@@ -78,7 +84,7 @@ def write_task(text: str, args: argparse.Namespace, session: str | None) -> Path
         # The text is a value, never template source: nothing in it is interpreted.
         "prompt": "{{ text }}",
         "vars": {"text": text},
-        "project_root": str(Path.cwd().resolve()),
+        "project_root": str((project_root or Path.cwd()).resolve()),
         "kind": "adhoc",
     }
     if session:

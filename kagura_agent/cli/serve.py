@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from kagura_agent.cli.common import add_manifest_option
@@ -30,6 +31,12 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="deny a request nobody answers within S seconds (600)",
     )
+    parser.add_argument(
+        "--project-root",
+        metavar="DIR",
+        help="project root of `run TEXT` tasks from chat (default: the current directory)",
+    )
+    parser.add_argument("--image", metavar="NAME", help="Image manifest for `run TEXT` tasks")
     add_manifest_option(parser)
     parser.set_defaults(handler=run)
 
@@ -69,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
             operators=frozenset(operators),
             manifests=args.manifests,
             approval_timeout=args.approval_timeout,
+            project_root=Path(args.project_root) if args.project_root else None,
+            image=args.image,
         ),
     )
     for session in cockpit.settle_previous():

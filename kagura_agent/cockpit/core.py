@@ -38,6 +38,9 @@ class CockpitConfig:
     operators: frozenset[str]
     manifests: str | None = None
     approval_timeout: float = 600.0
+    # `run TEXT` tasks: their project root (default: the current directory) and image.
+    project_root: Path | None = None
+    image: str | None = None
     state_path: Path | None = None  # the state store (default: the state dir's)
     plans_dir: Path | None = None  # saved plans of sessions (default: beside the state store)
     env: dict[str, str] | None = field(default=None, repr=False)  # for apply (default: ours)
@@ -132,6 +135,8 @@ class Cockpit:
             self._plan(event, intent.argument)
         elif intent.kind == "launch":
             self._launch(event, intent.argument)
+        elif intent.kind == "run":
+            self._launch(event, str(self._adhoc_task(intent.argument)))
         elif intent.kind in ("approve", "deny"):
             self._answer(event, intent.argument, approved=intent.kind == "approve")
         elif intent.kind == "kill":
@@ -153,6 +158,18 @@ class Cockpit:
         if len(plans) != 1:
             raise UsageError(f"{task_path} holds {len(plans)} tasks; launch one task at a time")
         return plans[0]
+
+    def _adhoc_task(self, text: str) -> Path:
+        """A one-off task from chat text, exactly as `kagura-agent run "TEXT"` writes it:
+        the default LLM brain, the text a value (never template source)."""
+        from argparse import Namespace
+
+        from kagura_agent.cli.run import write_task
+
+        defaults = Namespace(
+            brain=None, egress=[], image=self.config.image, manifests=self.config.manifests
+        )
+        return write_task(text, defaults, None, self.config.project_root)
 
     def _plan(self, event: Event, task_path: str) -> None:
         from kagura_agent.plan.render import render_text

@@ -6,6 +6,7 @@ gets the help text back: no language model reads chat text inside the trusted co
 
     plan TASK.yml              compile and show the plan; nothing runs
     launch TASK.yml            plan, ask for any approval it needs, then apply it
+    run TEXT                   the same for a one-off task, as `kagura-agent run "TEXT"`
     status                     the sessions of this cockpit
     kill SESSION               interrupt a running session (it cleans up, exit 130)
     approve REQUEST | deny REQUEST
@@ -20,13 +21,14 @@ from typing import Literal
 
 from kagura_agent.cockpit.transport import Event
 
-Kind = Literal["help", "plan", "launch", "status", "kill", "approve", "deny", "unknown"]
+Kind = Literal["help", "plan", "launch", "run", "status", "kill", "approve", "deny", "unknown"]
 
 _VERBS: dict[str, Kind] = {
     "help": "help",
     "plan": "plan",
     "launch": "launch",
     "apply": "launch",
+    "run": "run",
     "status": "status",
     "kill": "kill",
     "stop": "kill",
@@ -34,12 +36,13 @@ _VERBS: dict[str, Kind] = {
     "deny": "deny",
 }
 # Verbs that name their object: without one they are a usage mistake, not a command.
-_NEEDS_ARGUMENT = {"plan", "launch", "kill", "approve", "deny"}
+_NEEDS_ARGUMENT = {"plan", "launch", "run", "kill", "approve", "deny"}
 
 HELP = """\
 commands:
   plan TASK.yml       compile and show the plan (nothing runs)
   launch TASK.yml     plan, ask for approvals it needs, then apply it
+  run TEXT            the same for a one-off task from TEXT (an LLM brain)
   status              sessions of this cockpit
   kill SESSION        interrupt a running session
   approve REQUEST     approve a pending request (or press its button)
