@@ -180,6 +180,21 @@ def test_mistakes_get_answers_not_tracebacks(cockpit_world: Any, tmp_path: Path)
     assert "Traceback" not in out
 
 
+def test_only_run_sessions_continue(cockpit_world: Any, state_dir: Path) -> None:
+    transport, start, base, _ = cockpit_world
+    task = _task(base, "filed", ["true"])
+    registry = Registry(state_dir / "state.db", SystemClock())
+    registry.add(Session(id="s-file", state="succeeded", **{**_ROW, "task_path": str(task)}))
+    start()
+    transport.send("continue s-file more please")
+    transport.send("continue s-nope more please")
+    transport.send("continue s-file")
+    out = transport.wait_for("continue needs a session and the text to send it")
+    assert "session s-file was a launch of a task file; only `run` sessions continue" in out
+    assert "no session s-nope" in out
+    assert run_ids(state_dir) == []
+
+
 def test_registry_races_and_expiry(state_dir: Path) -> None:
     registry = Registry(state_dir / "state.db", SystemClock())
     registry.add(Session(id="s-a", state="awaiting-approval", **_ROW))
@@ -508,13 +523,23 @@ def test_run_text_from_chat_is_a_one_off_task_with_the_llm_brain(
     try:
         transport.send("run list the files here {{ not a template }}")
         out = transport.wait_for("(exit 0)", timeout=120)
+        (first,) = cockpit.sessions()
+        # A follow-up resumes the brain session the first run started (as `repl` does).
+        transport.send(f"continue {first.id} and now the README")
+        out = transport.wait_for("resuming session 'chat-", timeout=120)
+        deadline = time.monotonic() + 120
+        while transport.text().count("(exit 0)") < 2:
+            assert time.monotonic() < deadline, transport.text()
+            time.sleep(0.1)
     finally:
         transport.stop()
         thread.join(60)
-    (session,) = cockpit.sessions()
-    assert session.state == "succeeded"
+    second, session = cockpit.sessions()  # newest first
+    assert (session.state, second.state) == ("succeeded", "succeeded")
     assert session.task_name.startswith("run-list-the-files-here")
+    assert second.task_name.startswith("run-and-now-the-readme")
     assert f"writes       {project} -> /workspace" in out
     assert "brain        claude (sdk" in out, out
-    assert api_key not in out
-    assert leftovers(docker_client, session.run_id or "") == []
+    assert api_key not in transport.text()
+    for done in (session, second):
+        assert leftovers(docker_client, done.run_id or "") == []

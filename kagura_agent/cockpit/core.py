@@ -13,6 +13,7 @@ itself (the saved plan is checked against a fresh one).
 
 from __future__ import annotations
 
+import secrets
 import sys
 import threading
 import traceback
@@ -136,7 +137,11 @@ class Cockpit:
         elif intent.kind == "launch":
             self._launch(event, intent.argument)
         elif intent.kind == "run":
-            self._launch(event, str(self._adhoc_task(intent.argument)))
+            key = f"chat-{secrets.token_hex(4)}"  # the brain session `continue` resumes
+            self._launch(event, str(self._adhoc_task(intent.argument, key)))
+        elif intent.kind == "continue":
+            session_id, _, text = intent.argument.partition(" ")
+            self._launch(event, str(self._adhoc_task(text, self._brain_session(session_id))))
         elif intent.kind in ("approve", "deny"):
             self._answer(event, intent.argument, approved=intent.kind == "approve")
         elif intent.kind == "kill":
@@ -159,7 +164,28 @@ class Cockpit:
             raise UsageError(f"{task_path} holds {len(plans)} tasks; launch one task at a time")
         return plans[0]
 
-    def _adhoc_task(self, text: str) -> Path:
+    def _brain_session(self, session_id: str) -> str:
+        """The brain session of a `run` session, which `continue` resumes."""
+        import yaml
+
+        from kagura_agent.errors import UsageError
+
+        session = self.registry.get(session_id)
+        if session is None:
+            raise UsageError(f"no session {session_id}")
+        try:
+            spec = yaml.safe_load(Path(session.task_path).read_text(encoding="utf-8"))["spec"]
+        except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+            raise UsageError(f"cannot read the task of session {session_id}: {exc}") from None
+        key = spec.get("session") if isinstance(spec, dict) else None
+        if not key:
+            raise UsageError(
+                f"session {session_id} was a launch of a task file; only `run` sessions continue",
+                hint="give the task a spec.session and launch it again to resume its brain",
+            )
+        return str(key)
+
+    def _adhoc_task(self, text: str, brain_session: str) -> Path:
         """A one-off task from chat text, exactly as `kagura-agent run "TEXT"` writes it:
         the default LLM brain, the text a value (never template source)."""
         from argparse import Namespace
@@ -169,7 +195,7 @@ class Cockpit:
         defaults = Namespace(
             brain=None, egress=[], image=self.config.image, manifests=self.config.manifests
         )
-        return write_task(text, defaults, None, self.config.project_root)
+        return write_task(text, defaults, brain_session, self.config.project_root)
 
     def _plan(self, event: Event, task_path: str) -> None:
         from kagura_agent.plan.render import render_text

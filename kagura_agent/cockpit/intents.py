@@ -7,6 +7,7 @@ gets the help text back: no language model reads chat text inside the trusted co
     plan TASK.yml              compile and show the plan; nothing runs
     launch TASK.yml            plan, ask for any approval it needs, then apply it
     run TEXT                   the same for a one-off task, as `kagura-agent run "TEXT"`
+    continue SESSION TEXT      a follow-up in that one-off task's brain session (as `repl`)
     status                     the sessions of this cockpit
     kill SESSION               interrupt a running session (it cleans up, exit 130)
     approve REQUEST | deny REQUEST
@@ -21,7 +22,9 @@ from typing import Literal
 
 from kagura_agent.cockpit.transport import Event
 
-Kind = Literal["help", "plan", "launch", "run", "status", "kill", "approve", "deny", "unknown"]
+Kind = Literal[
+    "help", "plan", "launch", "run", "continue", "status", "kill", "approve", "deny", "unknown"
+]
 
 _VERBS: dict[str, Kind] = {
     "help": "help",
@@ -29,6 +32,7 @@ _VERBS: dict[str, Kind] = {
     "launch": "launch",
     "apply": "launch",
     "run": "run",
+    "continue": "continue",
     "status": "status",
     "kill": "kill",
     "stop": "kill",
@@ -36,13 +40,15 @@ _VERBS: dict[str, Kind] = {
     "deny": "deny",
 }
 # Verbs that name their object: without one they are a usage mistake, not a command.
-_NEEDS_ARGUMENT = {"plan", "launch", "run", "kill", "approve", "deny"}
+_NEEDS_ARGUMENT = {"plan", "launch", "run", "continue", "kill", "approve", "deny"}
 
 HELP = """\
 commands:
   plan TASK.yml       compile and show the plan (nothing runs)
   launch TASK.yml     plan, ask for approvals it needs, then apply it
   run TEXT            the same for a one-off task from TEXT (an LLM brain)
+  continue SESSION TEXT
+                      a follow-up in that run's brain session
   status              sessions of this cockpit
   kill SESSION        interrupt a running session
   approve REQUEST     approve a pending request (or press its button)
@@ -74,6 +80,8 @@ def classify(event: Event) -> Intent:
     argument = " ".join(words[1:])
     if kind in _NEEDS_ARGUMENT and not argument:
         return Intent(kind, problem=f"{words[0].lower()} needs an argument")
+    if kind == "continue" and len(words) < 3:
+        return Intent(kind, problem="continue needs a session and the text to send it")
     if kind not in _NEEDS_ARGUMENT and argument:
         return Intent(kind, problem=f"{words[0].lower()} takes no argument")
     return Intent(kind, argument)
