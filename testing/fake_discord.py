@@ -35,7 +35,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from testing.fake_http import FakeServer, Request
-from testing.websocket import BINARY, CLOSE, CONT, PING, PONG, TEXT, WS_GUID, Link
+from testing.websocket import BINARY, CLOSE, CONT, PING, PONG, TEXT, WS_GUID, Link, Listener
 
 API = "/api/v10"
 CONTENT_LIMIT = 2000  # characters in one message's content; Discord answers 50035 beyond
@@ -103,7 +103,7 @@ class FakeDiscord(FakeServer):
         self._interactions: dict[str, str] = {}  # id -> token, until answered
         self._seq = itertools.count(1)
         self._serial = itertools.count(1)
-        self._listener: socket.socket | None = None
+        self._listener: Listener | None = None
         self.route("GET", API + r"/users/@me", self._me)
         self.route("GET", API + r"/oauth2/applications/@me", self._application)
         self.route("GET", API + r"/gateway(?:/bot)?", self._gateway_url)
@@ -116,9 +116,7 @@ class FakeDiscord(FakeServer):
 
     def start(self) -> FakeDiscord:
         super().start()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.05)  # so the accept loop notices stop()
-        threading.Thread(target=self._accept_loop, args=(self._listener,), daemon=True).start()
+        self._listener = Listener(self._serve)
         return self
 
     def stop(self) -> None:
@@ -145,7 +143,7 @@ class FakeDiscord(FakeServer):
     @property
     def gateway_url(self) -> str:
         assert self._listener is not None, "start() first"
-        return f"ws://127.0.0.1:{self._listener.getsockname()[1]}/gateway"
+        return f"ws://127.0.0.1:{self._listener.port}/gateway"
 
     # -- what a person does in Discord -------------------------------------------------
 
@@ -323,17 +321,6 @@ class FakeDiscord(FakeServer):
         return 200, {"interaction": {"id": interaction, "type": 3}}
 
     # -- the Gateway -------------------------------------------------------------------
-
-    def _accept_loop(self, listener: socket.socket) -> None:
-        while self._listener is listener:
-            try:
-                sock, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return  # closed by stop()
-            sock.settimeout(None)
-            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
         gateway: _Gateway | None = None

@@ -30,7 +30,18 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from testing.fake_http import FakeServer, Request
-from testing.websocket import BINARY, CLOSE, CONT, PING, PONG, TEXT, WS_GUID, Link, ProtocolError
+from testing.websocket import (
+    BINARY,
+    CLOSE,
+    CONT,
+    PING,
+    PONG,
+    TEXT,
+    WS_GUID,
+    Link,
+    Listener,
+    ProtocolError,
+)
 
 _BOT_METHODS = ("auth.test", "chat.postMessage", "chat.update")
 
@@ -69,16 +80,14 @@ class FakeSlack(FakeServer):
         self._messages: dict[tuple[str, str], dict[str, Any]] = {}
         self._clock = int(time.time())
         self._serial = 0
-        self._listener: socket.socket | None = None
+        self._listener: Listener | None = None
         self.route("POST", r"/api/(?P<method>[\w.]+)", self._api)
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> FakeSlack:
         super().start()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.05)  # so the accept loop notices stop()
-        threading.Thread(target=self._accept_loop, args=(self._listener,), daemon=True).start()
+        self._listener = Listener(self._serve)
         return self
 
     def stop(self) -> None:
@@ -246,7 +255,7 @@ class FakeSlack(FakeServer):
             }
         if method == "apps.connections.open":
             assert self._listener is not None, "start() first"
-            port, ticket = self._listener.getsockname()[1], secrets.token_hex(8)
+            port, ticket = self._listener.port, secrets.token_hex(8)
             with self._cond:
                 self._tickets.add(ticket)
             return 200, {"ok": True, "url": f"ws://127.0.0.1:{port}/link?ticket={ticket}"}
@@ -275,17 +284,6 @@ class FakeSlack(FakeServer):
         return {"ok": True, "channel": channel, "ts": ts, "message": {**message, "ts": ts}}
 
     # -- Socket Mode -------------------------------------------------------------------
-
-    def _accept_loop(self, listener: socket.socket) -> None:
-        while self._listener is listener:
-            try:
-                sock, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return  # closed by stop()
-            sock.settimeout(None)
-            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
         link: Link | None = None

@@ -11,6 +11,7 @@ import json
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any
 
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 section 1.3
@@ -75,3 +76,29 @@ class Link:
                 self.send(CLOSE, struct.pack("!H", code))
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+
+class Listener:
+    """A TCP listener on 127.0.0.1: each accepted socket goes to ``serve`` in a thread."""
+
+    def __init__(self, serve: Callable[[socket.socket], None]) -> None:
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.05)  # so the accept loop notices close()
+        self._open = True
+        self.port: int = self._sock.getsockname()[1]
+        threading.Thread(target=self._accept_loop, args=(serve,), daemon=True).start()
+
+    def _accept_loop(self, serve: Callable[[socket.socket], None]) -> None:
+        while self._open:
+            try:
+                sock, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # closed by close()
+            sock.settimeout(None)
+            threading.Thread(target=serve, args=(sock,), daemon=True).start()
+
+    def close(self) -> None:
+        self._open = False
+        self._sock.close()
