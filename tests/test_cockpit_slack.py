@@ -9,15 +9,14 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from chat_helpers import RunningTransport, loopback_guard
 
 from kagura_agent.cockpit.slack import SlackTransport
 from kagura_agent.cockpit.transport import Event
@@ -32,18 +31,7 @@ DM = "D0ALICE"
 
 @pytest.fixture(autouse=True)
 def loopback_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    elsewhere: list[object] = []
-    resolve = socket.getaddrinfo
-
-    def guarded(host: Any, *args: Any, **kwargs: Any) -> Any:
-        if host not in ("127.0.0.1", b"127.0.0.1"):
-            elsewhere.append(host)
-            raise OSError(f"test guard: no traffic beyond 127.0.0.1 (asked for {host!r})")
-        return resolve(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", guarded)
-    yield
-    assert elsewhere == []
+    yield from loopback_guard(monkeypatch)
 
 
 @pytest.fixture()
@@ -52,35 +40,15 @@ def slack() -> Iterator[FakeSlack]:
         yield fake
 
 
-class Running:
-    """A transport running in a thread, as the cockpit runs it; its events in a queue."""
+class Running(RunningTransport):
+    """The transport against this test's fake, running as the cockpit runs it."""
 
     def __init__(self, slack: FakeSlack, handle: Any = None) -> None:
-        self.transport = SlackTransport(BOT_TOKEN, APP_TOKEN, base_url=slack.base_url)
-        self.events: queue.Queue[Event] = queue.Queue()
-        self.error: BaseException | None = None
-        self._handle = handle or self.events.put
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        slack.wait_for_connection()
-
-    def _run(self) -> None:
-        try:
-            self.transport.run(self._handle)
-        except BaseException as exc:
-            self.error = exc
-
-    def next_event(self) -> Event:
-        return self.events.get(timeout=5)
-
-    def stop(self) -> float:
-        """Stop the transport; return how long run() took to return."""
-        started = time.monotonic()
-        self.transport.stop()
-        self.thread.join(timeout=10)
-        assert not self.thread.is_alive(), "run() did not return after stop()"
-        assert self.error is None
-        return time.monotonic() - started
+        super().__init__(
+            SlackTransport(BOT_TOKEN, APP_TOKEN, base_url=slack.base_url),
+            slack.wait_for_connection,
+            handle,
+        )
 
 
 @pytest.fixture()
