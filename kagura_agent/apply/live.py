@@ -30,6 +30,18 @@ from kagura_agent.ui import Style
 RESULT_LINES = 6
 
 
+def tool_call_detail(tool_input: Any) -> str:
+    """What a tool call runs, in one line: the script of ``bash -c``, an argv, a command or
+    description, else the input as JSON."""
+    if not isinstance(tool_input, dict):
+        return json.dumps(tool_input, ensure_ascii=False)
+    argv = tool_input.get("argv")
+    if isinstance(argv, list) and argv:
+        return str(argv[-1]) if argv[:2] == ["bash", "-c"] else " ".join(map(str, argv))
+    detail = tool_input.get("command") or tool_input.get("description")
+    return str(detail) if detail else json.dumps(tool_input, ensure_ascii=False)
+
+
 class LiveView:
     def __init__(
         self, redactor: Redactor, *, stream: TextIO | None = None, as_json: bool = False
@@ -90,12 +102,7 @@ class LiveView:
             return
         self.flush_text()
         if isinstance(event, ToolCallEvent):
-            argv = event.input.get("argv")
-            detail = event.input.get("command") or event.input.get("description") or ""
-            if isinstance(argv, list) and argv:
-                detail = str(argv[-1]) if argv[:2] == ["bash", "-c"] else " ".join(map(str, argv))
-            detail = str(detail)[:200] if detail else json.dumps(event.input)[:200]
-            self._write(f"{self._elapsed()} ▸ {event.name}: {detail}")
+            self._write(f"{self._elapsed()} ▸ {event.name}: {tool_call_detail(event.input)[:200]}")
         elif isinstance(event, ToolResultEvent):
             self._result(event)
         elif isinstance(event, CostEvent):

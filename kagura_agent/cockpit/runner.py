@@ -72,12 +72,9 @@ def chat_line(line: str) -> str | None:
 def _brain_line(item: dict[str, Any]) -> str | None:
     kind = item.get("type")
     if kind == "tool_call":
-        raw = item.get("input") or {}
-        argv = raw.get("argv") if isinstance(raw, dict) else None
-        if isinstance(argv, list) and argv:
-            detail = str(argv[-1]) if argv[:2] == ["bash", "-c"] else " ".join(map(str, argv))
-        else:
-            detail = json.dumps(raw, ensure_ascii=False)
+        from kagura_agent.apply.live import tool_call_detail
+
+        detail = tool_call_detail(item.get("input") or {})
         return f"▸ {item.get('name')}: {detail[:DETAIL_CHARS]}"
     if kind == "error":
         return f"✗ brain error ({item.get('code')}): {item.get('message')}"
