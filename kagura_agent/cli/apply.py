@@ -26,10 +26,12 @@ def register(subparsers: Any) -> None:
 
 
 def _iso_time(text: str) -> Any:
-    from datetime import UTC, datetime
+    from datetime import UTC
+
+    from kagura_agent.clock import parse_iso
 
     try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        moment = parse_iso(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO time: {text!r}") from None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

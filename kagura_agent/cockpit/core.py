@@ -19,11 +19,10 @@ import threading
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kagura_agent.clock import Clock, SystemClock, iso
+from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
 from kagura_agent.cockpit.intents import HELP, classify
 from kagura_agent.cockpit.registry import Registry, Session, new_session_id
 from kagura_agent.cockpit.runner import AdoptedRun, ApplyProcess, Relay, RunOutcome, apply_argv
@@ -339,7 +338,7 @@ class Cockpit:
     # --- runs ----------------------------------------------------------------------------
 
     def _start(self, session: Session) -> None:
-        since = datetime.fromisoformat(session.asked_at) if session.asked_at else None
+        since = parse_iso(session.asked_at) if session.asked_at else None
         relay = Relay(lambda text: self._say(session.thread, text))
         try:
             run = ApplyProcess(
