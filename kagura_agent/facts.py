@@ -123,11 +123,8 @@ def _graduation(catalog: Catalog) -> GraduationSnapshot:
         return GraduationSnapshot(version=0, knobs=knobs)
     from kagura_agent.graduation.ledger import snapshot
 
-    store = StateStore(path)
-    try:
+    with StateStore(path) as store:
         return snapshot(store, knobs)
-    finally:
-        store.close()
 
 
 def _memory_facts(task: ResolvedTask) -> dict[str, Any]:

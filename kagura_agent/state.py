@@ -75,6 +75,12 @@ class StateStore:
     def close(self) -> None:
         self.conn.close()
 
+    def __enter__(self) -> StateStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def _split_sql(script: str) -> list[str]:
     """Split a migration into statements (executescript would commit on its own)."""

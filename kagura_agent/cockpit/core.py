@@ -291,8 +291,7 @@ class Cockpit:
     def _record(self, session: Session, outcome: Any, who: str, reason: str) -> None:
         from kagura_agent.approvals import record_decision
 
-        store = StateStore(self.state_path)
-        try:
+        with StateStore(self.state_path) as store:
             for category in session.categories:
                 record_decision(
                     store,
@@ -304,8 +303,6 @@ class Cockpit:
                     clock=self.clock,
                     reason=reason,
                 )
-        finally:
-            store.close()
 
     def _cancel_timer(self, session_id: str) -> None:
         with self._lock:

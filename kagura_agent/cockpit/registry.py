@@ -13,8 +13,6 @@ process was gone without having recorded an outcome).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -90,13 +88,8 @@ class Registry:
         with self._store() as store:
             store.migrate("cockpit", MIGRATIONS)
 
-    @contextmanager
-    def _store(self) -> Iterator[StateStore]:
-        store = StateStore(self.path)
-        try:
-            yield store
-        finally:
-            store.close()
+    def _store(self) -> StateStore:
+        return StateStore(self.path)  # one connection per call: callers are in many threads
 
     def add(self, session: Session) -> None:
         values = [getattr(session, c) for c in _COLUMNS]

@@ -201,17 +201,15 @@ class AdoptedRun:
     def outcome(self) -> RunOutcome:
         from kagura_agent.state import StateStore
 
-        store = StateStore(self.state_path)
-        try:
-            row = store.conn.execute(
-                "SELECT run_id, outcome, exit_code FROM runs WHERE pid = ? AND pid_start IS ?"
-                " ORDER BY started_at DESC LIMIT 1",
-                (self.pid, self.pid_start),
-            ).fetchone()
-        except sqlite3.OperationalError:  # no runs table: it never got as far as a run
-            row = None
-        finally:
-            store.close()
+        with StateStore(self.state_path) as store:
+            try:
+                row = store.conn.execute(
+                    "SELECT run_id, outcome, exit_code FROM runs WHERE pid = ? AND pid_start IS ?"
+                    " ORDER BY started_at DESC LIMIT 1",
+                    (self.pid, self.pid_start),
+                ).fetchone()
+            except sqlite3.OperationalError:  # no runs table: it never got as far as a run
+                row = None
         if row is None or row["exit_code"] is None:  # killed before it could record an end
             return RunOutcome(-1, row["run_id"] if row else None, "lost", None)
         return RunOutcome(int(row["exit_code"]), row["run_id"], str(row["outcome"]), None)

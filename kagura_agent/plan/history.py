@@ -36,12 +36,9 @@ def last_applied(task: str) -> dict[str, Any] | None:
     path = state_dir() / STATE_FILE
     if not path.exists():
         return None
-    store = StateStore(path)
-    try:
+    with StateStore(path) as store:
         store.migrate("plans", MIGRATIONS)
         row = store.conn.execute(
             "SELECT plan_json FROM applied_plans WHERE task = ?", (task,)
         ).fetchone()
-        return json.loads(row["plan_json"]) if row else None
-    finally:
-        store.close()
+    return json.loads(row["plan_json"]) if row else None

@@ -241,21 +241,20 @@ class EgressSession:
 
     def _collect(self) -> None:
         """Follow the proxy's stdout, storing each decision as it happens."""
-        store = StateStore(self.store.path)
         seq, pending = 0, b""
-        try:
-            self._stream = self.proxy.logs(stdout=True, stderr=False, stream=True, follow=True)
-            for chunk in self._stream:
-                *lines, pending = (pending + chunk).split(b"\n")
-                for line in lines:
-                    raw = audit.parse_line(line.decode(errors="replace"))
-                    if raw is not None:
-                        self._accept([audit.classify(raw, self.policy, self.run_id, seq)], store)
-                        seq += 1
-        except Exception:  # the stream ends when the proxy goes; teardown re-reads the log
-            pass
-        finally:
-            store.close()
+        with StateStore(self.store.path) as store:
+            try:
+                self._stream = self.proxy.logs(stdout=True, stderr=False, stream=True, follow=True)
+                for chunk in self._stream:
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for line in lines:
+                        raw = audit.parse_line(line.decode(errors="replace"))
+                        if raw is not None:
+                            event = audit.classify(raw, self.policy, self.run_id, seq)
+                            self._accept([event], store)
+                            seq += 1
+            except Exception:  # the stream ends when the proxy goes; teardown re-reads the log
+                pass
 
     def denial_summary(self) -> list[dict[str, Any]]:
         """What the agent tried to reach and was refused, grouped, most frequent first."""
