@@ -123,8 +123,18 @@ def wait_for_run(state_dir: Path, proc: Any = None, timeout: float = 30) -> str:
 
 
 def run_containers(client: Any, run_id: str) -> list[Any]:
+    import docker.errors
+
     label = f"dev.kagura.run={run_id}"
-    return list(client.containers.list(all=True, filters={"label": label}))
+    found = []
+    # docker-py's full listing inspects each container it listed and fails on one removed
+    # in between; list sparsely, then look each up.
+    for summary in client.containers.list(all=True, sparse=True, filters={"label": label}):
+        try:
+            found.append(client.containers.get(summary.id))
+        except docker.errors.NotFound:
+            continue
+    return found
 
 
 def leftovers(client: Any, run_id: str) -> list[str]:
