@@ -2,8 +2,9 @@
 
 Every apply writes a ``runs`` row (owner pid and start time) before it creates anything,
 so the next start can tell a live run from one whose process was killed, and remove the
-containers of the dead one. The lock is an ``flock`` on a file per project root and per
-session: the kernel drops it when the process dies, so a crash never leaves it held.
+containers of the dead one. The locks are ``flock``s — on the project root directory
+itself and on a file per session — so the kernel drops them when the process dies and a
+crash never leaves one held.
 """
 
 from __future__ import annotations
@@ -94,33 +95,62 @@ def sweep_dead_runs(store: StateStore, runtime: Any, clock: Clock) -> list[str]:
 
 @contextmanager
 def apply_lock(plan: dict[str, Any]) -> Iterator[None]:
-    """Hold the project-root lock (and the session lock) for the duration of a run."""
-    keys = [("project root", plan["task"]["project_root"])]
-    if plan["task"].get("session"):
-        keys.append(("session", plan["task"]["session"]))
-    folder = state_dir() / "locks"
-    folder.mkdir(parents=True, exist_ok=True)
-    handles = []
+    """Hold the project-root lock (and the session lock) for the duration of a run.
+
+    The project-root lock is an ``flock`` on the root directory itself (its real path), so
+    it holds across state directories and users: whoever can apply to the root can open
+    it, and the kernel sees one inode whatever path or state directory led there. The
+    session lock is a file in the state directory (sessions live there).
+    """
+    root = os.path.realpath(plan["task"]["project_root"])
+    handles: list[Any] = []
     try:
-        for what, value in keys:
-            digest = hashlib.sha256(value.encode()).hexdigest()[:24]
-            path = folder / f"{digest}.lock"
-            handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held across yield
-            handles.append(handle)
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError as exc:
-                handle.seek(0)
-                holder = handle.read().strip() or "another process"
-                raise RefusedError(
-                    f"{what} {value} is already being applied ({holder})",
-                    hint="wait for that run to finish, or stop it",
-                ) from exc
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"pid {os.getpid()}")
-            handle.flush()
+        handles.append(_lock_root(root))
+        if plan["task"].get("session"):
+            handles.append(_lock_file("session", plan["task"]["session"]))
         yield
     finally:
         for handle in handles:
-            handle.close()
+            if isinstance(handle, int):
+                os.close(handle)
+            else:
+                handle.close()
+
+
+def _lock_root(root: str) -> int:
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RefusedError(f"cannot lock the project root {root}: {exc.strerror}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        os.close(fd)
+        raise RefusedError(
+            f"project root {root} is already being applied by another process"
+            " (the lock is on the directory itself: any state directory, any user)",
+            hint="wait for that run to finish, or stop it",
+        ) from exc
+    return fd
+
+
+def _lock_file(what: str, value: str) -> Any:
+    folder = state_dir() / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(value.encode()).hexdigest()[:24]
+    handle = open(folder / f"{digest}.lock", "a+", encoding="utf-8")  # noqa: SIM115 - held
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise RefusedError(
+            f"{what} {value} is already being applied ({holder})",
+            hint="wait for that run to finish, or stop it",
+        ) from exc
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}")
+    handle.flush()
+    return handle
