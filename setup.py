@@ -1,4 +1,4 @@
-"""Build hook: ship the top-level schemas/ and manifests/ inside the wheel.
+"""Build hook: ship the top-level schemas/, manifests/ and images/ inside the wheel.
 
 The repository keeps them at the top level (they are the project's source of truth and
 operators read them there); the installed package finds them under kagura_agent/data/.
@@ -19,11 +19,13 @@ class BuildWithData(build_py):
     def run(self) -> None:
         super().run()
         target = Path(self.build_lib) / "kagura_agent" / "data"
-        for folder in ("schemas", "manifests"):
+        for folder in ("schemas", "manifests", "images"):
             dest = target / folder
             if dest.exists():
                 shutil.rmtree(dest)
-            shutil.copytree(ROOT / folder, dest)
+            shutil.copytree(
+                ROOT / folder, dest, ignore=shutil.ignore_patterns("wheelhouse", "__pycache__")
+            )
 
 
 setup(cmdclass={"build_py": BuildWithData})

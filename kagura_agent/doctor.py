@@ -91,7 +91,7 @@ def _docker() -> list[Check]:
     try:
         rows = list_images()
     except KaguraError as exc:
-        return [*checks, Check("images", "WARN", exc.message)]
+        return [*checks, Check("images", "FAIL", exc.message)]
     for row in rows:
         if not row["built"]:
             checks.append(

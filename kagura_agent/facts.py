@@ -64,18 +64,19 @@ class Facts:
 
 def gather_facts(catalog: Catalog, task: ResolvedTask) -> Facts:
     """Look everything up that the planner needs; never fails on a missing resource."""
-    from kagura_agent.membrane.images import daemon_info, local_image_digest, recipe_digest
-    from kagura_agent.paths import repo_root
+    from kagura_agent.membrane.images import (
+        daemon_info,
+        local_image_digest,
+        recipe_digest,
+        recipe_path,
+    )
 
     tag = task.image.spec["tag"]
     recipe = task.image.spec["recipe"]
-    root = repo_root()
-    recipe_path = root / recipe if root is not None else None
+    folder = recipe_path(recipe)
     return Facts(
         image_digests={tag: local_image_digest(tag)},
-        recipe_digests={
-            recipe: recipe_digest(recipe_path) if recipe_path and recipe_path.is_dir() else None
-        },
+        recipe_digests={recipe: recipe_digest(folder) if folder is not None else None},
         graduation=_graduation(catalog),
         project_owner=_owner(task.project_root),
         daemon=_daemon(daemon_info()) if task.runtime == "container" else None,

@@ -18,7 +18,7 @@ def state_dir() -> Path:
 
 
 def resource_dir(name: str) -> Path:
-    """A packaged resource folder ("schemas", "manifests").
+    """A packaged resource folder ("schemas", "manifests", "images").
 
     Installed wheels carry them under kagura_agent/data/; a source checkout keeps them
     at the repository's top level.
@@ -30,6 +30,12 @@ def resource_dir(name: str) -> Path:
 
 
 def repo_root() -> Path | None:
-    """The source checkout's root when running from one (images/ lives there)."""
+    """The source checkout's root when running from one (None from an installed wheel)."""
     root = PACKAGE_DIR.parent
-    return root if (root / "images").is_dir() else None
+    is_checkout = (root / "images").is_dir() and (root / "pyproject.toml").is_file()
+    return root if is_checkout else None
+
+
+def recipes_root() -> Path:
+    """The folder holding images/<recipe>/Dockerfile: the checkout's or the wheel's copy."""
+    return resource_dir("images")

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# Without PYTHONPATH: a checkout on it (with its egg-info) reads as "already installed",
+# and the venv's python would import the checkout instead of the wheel.
+CLEAN_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +40,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env_dir = work / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheels[0])], check=True)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", str(wheels[0])], check=True, env=CLEAN_ENV
+    )
     return env_dir
 
 
@@ -75,3 +83,65 @@ def test_wheel_plans_a_task_outside_the_checkout(installed: Path, tmp_path: Path
     assert result.returncode == 0, result.stderr
     assert '"applyable": true' in result.stdout
     assert str(ROOT) not in result.stdout
+
+
+def test_wheel_lists_and_finds_the_image_recipes_outside_the_checkout(
+    installed: Path, tmp_path: Path
+) -> None:
+    from kagura_agent.membrane.images import recipe_digest
+
+    listing = _run(installed, "images", "list", "--json", cwd=tmp_path)
+    assert listing.returncode == 0, listing.stderr
+    rows = {row["name"]: row for row in json.loads(listing.stdout)}
+    assert list(rows) == ["base", "python", "agent", "egress-proxy"]
+    # The packaged recipes are the checkout's, byte for byte.
+    for name, row in rows.items():
+        assert row["recipe_digest"] == recipe_digest(ROOT / "images" / name)
+    plan = _run(installed, "plan", "--json", str(ROOT / "examples/hello/task.yml"), cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    recipe = json.loads(plan.stdout)["image"]
+    assert recipe["recipe_digest"] == recipe_digest(ROOT / "images" / "agent"), recipe
+
+
+def test_wheel_synthesises_a_buildable_source_for_the_agent_image(
+    installed: Path, tmp_path: Path
+) -> None:
+    """Outside a checkout the agent image's wheelhouse is built from the installed package."""
+    out = tmp_path / "src"
+    script = (
+        "import shutil, sys, tempfile\n"
+        "from pathlib import Path\n"
+        "from kagura_agent.membrane.source import package_source\n"
+        "with tempfile.TemporaryDirectory() as t, package_source(Path(t)) as root:\n"
+        "    shutil.copytree(root, sys.argv[1])\n"
+    )
+    made = subprocess.run(
+        [str(installed / "bin" / "python"), "-c", script, str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=CLEAN_ENV,
+    )
+    assert made.returncode == 0, made.stderr
+    pyproject = (out / "pyproject.toml").read_text()
+    assert '"claude" = ["claude-agent-sdk>=0.1"]' in pyproject
+    assert (out / "kagura_agent" / "data" / "images" / "agent" / "Dockerfile").is_file()
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "-q",
+            "-w",
+            str(tmp_path / "w"),
+            str(out),
+        ],
+        check=True,
+    )
+    [wheel] = (tmp_path / "w").glob("kagura_agent-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    assert "kagura_agent/data/images/agent/Dockerfile" in names
+    assert "kagura_agent/data/manifests/images.yml" in names

@@ -6,7 +6,8 @@ image we just built for that recipe; the others (base, egress-proxy) build on
 their digest-pinned upstream default otherwise.
 
 A recipe whose Dockerfile copies ``wheelhouse/`` gets one: ``pip wheel`` of this
-checkout with the agent extras, run on the host, so the image build needs no network.
+checkout (or of the installed package, see source.py) with the agent extras, run on the
+host, so the image build needs no network.
 """
 
 from __future__ import annotations
@@ -63,15 +64,24 @@ def _wheelhouse(target: Path, log: Log, name: str) -> None:
             f"building the {name} image needs Python {'.'.join(map(str, CONTAINER_PYTHON))}"
             f" on the host (its wheels go into Debian bookworm's python3)"
         )
-    root = images.recipes_dir().parent
+    from kagura_agent.membrane.source import package_source
+
     log(name, f"pip wheel kagura-agent[{WHEELHOUSE_EXTRAS}] into the build context")
     cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(target)]
     # A fixed SOURCE_DATE_EPOCH makes our own wheel byte-identical while the source is
     # unchanged, so the image build's COPY layer (and everything after it) stays cached.
     env = {**os.environ, "SOURCE_DATE_EPOCH": "315532800"}
-    proc = subprocess.run(
-        [*cmd, f"{root}[{WHEELHOUSE_EXTRAS}]"], capture_output=True, text=True, check=False, env=env
-    )
+    with (
+        tempfile.TemporaryDirectory(prefix="kagura-src-") as scratch,
+        package_source(Path(scratch)) as root,
+    ):
+        proc = subprocess.run(
+            [*cmd, f"{root}[{WHEELHOUSE_EXTRAS}]"],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=env,
+        )
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.splitlines()[-10:])
         raise SetupError(f"pip wheel for the {name} image failed:\n{tail}")

@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 from kagura_agent import __version__
 from kagura_agent.errors import SetupError
-from kagura_agent.paths import repo_root
+from kagura_agent.paths import recipes_root
 
 LABEL_RECIPE = "dev.kagura.recipe"
 LABEL_RECIPE_DIGEST = "dev.kagura.recipe-digest"
@@ -38,11 +38,20 @@ def image_ref(name: str) -> str:
 
 
 def recipes_dir() -> Path:
-    """images/ of the source checkout (SetupError outside a checkout)."""
-    root = repo_root()
-    if root is None:
-        raise SetupError("image recipes live in a source checkout's images/ directory")
-    return root / "images"
+    """The recipes: images/ of the source checkout, else the copy inside the wheel."""
+    directory = recipes_root()
+    if not directory.is_dir():
+        raise SetupError(f"no image recipes at {directory} (a broken install? reinstall)")
+    return directory
+
+
+def recipe_path(recipe: str) -> Path | None:
+    """An Image manifest's ``recipe`` (``images/<name>``) as a folder here, or None."""
+    name = recipe.removeprefix("images/").strip("/")
+    if not name or "/" in name or name.startswith("."):
+        return None
+    path = recipes_root() / name
+    return path if path.is_dir() else None
 
 
 def recipe_names(directory: Path | None = None) -> list[str]:
