@@ -25,6 +25,7 @@ class Facts:
     untrusted_inputs: list[str] = field(default_factory=list)
     daemon: dict[str, Any] | None = None
     project_owner: list[int] | None = None  # [uid, gid] of the project root
+    project_mode: int | None = None  # its permission bits (None: not looked up)
     # A dispatched child (task.parent): the parent's last applied plan and its run.
     parent_plan: dict[str, Any] | None = None
     parent_run: str | None = None
@@ -40,6 +41,7 @@ class Facts:
             "untrusted_inputs": list(self.untrusted_inputs),
             "daemon": self.daemon,
             "project_owner": self.project_owner,
+            "project_mode": self.project_mode,
             "parent_plan": self.parent_plan,
             "parent_run": self.parent_run,
             "missing_memories": list(self.missing_memories),
@@ -56,6 +58,7 @@ class Facts:
             untrusted_inputs=list(data.get("untrusted_inputs", [])),
             daemon=data.get("daemon"),
             project_owner=data.get("project_owner"),
+            project_mode=data.get("project_mode"),
             parent_plan=data.get("parent_plan"),
             parent_run=data.get("parent_run"),
             missing_memories=list(data.get("missing_memories", [])),
@@ -79,6 +82,7 @@ def gather_facts(catalog: Catalog, task: ResolvedTask) -> Facts:
         recipe_digests={recipe: recipe_digest(folder) if folder is not None else None},
         graduation=_graduation(catalog),
         project_owner=_owner(task.project_root),
+        project_mode=_mode(task.project_root),
         daemon=_daemon(daemon_info()) if task.runtime == "container" else None,
         **_memory_facts(task),
         **_parent_facts(task),
@@ -103,6 +107,16 @@ def _owner(path: str) -> list[int] | None:
     except OSError:
         return None
     return [info.st_uid, info.st_gid]
+
+
+def _mode(path: str) -> int | None:
+    import os
+    import stat
+
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None
 
 
 def graduation_knobs(catalog: Catalog) -> Knobs:

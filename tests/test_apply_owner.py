@@ -40,12 +40,55 @@ def test_agent_and_verify_run_as_the_owner(
     assert leftovers(docker_client, run_id) == []
 
 
+def _plan_with_owner(tmp_path: Path, owner: list[int], mode: int) -> dict[str, Any]:
+    from kagura_agent.plan.build import plan_tasks
+
+    project = tmp_path / "p"
+    project.mkdir()
+    task = write_task(project, "owned", {"steps": ["echo hi > out.txt"]})
+    facts = tmp_path / "facts.json"
+    facts.write_text(json.dumps({"project_owner": owner, "project_mode": mode}))
+    [plan] = plan_tasks(None, [str(task)], facts_file=str(facts))
+    return plan
+
+
+@pytest.mark.parametrize(
+    ("owner", "mode", "user", "applyable"),
+    [
+        ([0, 0], 0o755, "1000:1000", False),  # root's folder: the agent could not write it
+        ([0, 0], 0o777, "1000:1000", True),  # ... unless everyone may write it
+        ([1234, 1234], 0o755, "1234:1234", True),  # the owner's folder: the agent is the owner
+        ([1234, 1234], 0o555, "1234:1234", False),  # read-only even for its owner
+        ([1234, 0], 0o775, "1000:1000", False),  # a root group is never the container's
+    ],
+)
+def test_plan_refuses_up_front_a_project_root_the_agent_cannot_write(
+    tmp_path: Path, owner: list[int], mode: int, user: str, applyable: bool
+) -> None:
+    plan = _plan_with_owner(tmp_path, owner, mode)
+    assert plan["hardening"]["user"] == user
+    assert plan["applyable"] is applyable
+    refusals = [w for w in plan["warnings"] if w.startswith("refused")]
+    if applyable:
+        assert refusals == []
+    else:
+        [refusal] = refusals
+        assert f"fix: chown -R {user} {tmp_path / 'p'}" in refusal
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="a root-owned project needs root to create")
 def test_a_root_owned_project_never_runs_the_agent_as_root(tmp_path: Path, state_dir: Path) -> None:
+    """The README's hello as root: plan says NO with the fix, apply refuses before Docker."""
     project = _project(tmp_path, 0)
+    project.chmod(0o755)
     task = write_task(project, "rooted", {"steps": ["true"]})
     done = kagura(["plan", "--json", str(task)], cli_env(state_dir))
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     assert plan["hardening"]["user"] == "1000:1000"
-    assert any("owned by root" in w for w in plan["warnings"])
+    assert plan["applyable"] is False
+    assert any("owned by root" in w and "chown -R 1000:1000" in w for w in plan["warnings"])
+    refused = kagura(["apply", "--yes", str(task)], cli_env(state_dir))
+    assert refused.returncode == 6, refused.stderr
+    assert f"fix: chown -R 1000:1000 {project}" in refused.stderr
+    assert run_ids(state_dir) == []

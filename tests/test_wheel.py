@@ -74,6 +74,7 @@ def test_wheel_carries_schemas_and_default_manifests(installed: Path, tmp_path: 
 def test_wheel_plans_a_task_outside_the_checkout(installed: Path, tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()
+    project.chmod(0o777)  # the agent (uid 1000 when we are root) may write it
     task = project / "task.yml"
     task.write_text(
         "apiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: outside}\n"

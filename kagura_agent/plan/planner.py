@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shlex
 from typing import Any
 
 from kagura_agent import __version__
@@ -79,12 +80,9 @@ def compile_plan(
                 f"credential {cred['provider']}/{cred['scope']} is a standing secret (static);"
                 " it does not expire on its own"
             )
-    owner = facts.project_owner
-    if owner is not None and owner[0] == 0 and plan["brain"]["runtime"] == "container":
-        warnings.append(
-            f"the project root is owned by root; the agent runs as {DEFAULT_USER} and cannot"
-            " write it (chown it to a non-root user)"
-        )
+    unwritable = _unwritable_project(plan, facts)
+    if unwritable:
+        warnings.append(unwritable)
     if plan["brain"]["runtime"] == "host":
         warnings.append(
             "brain runtime is host: the brain runs UNSANDBOXED on this machine;"
@@ -109,7 +107,9 @@ def compile_plan(
     ]
     warnings += [f"refused: {reason}" for reason in widened]
     plan["warnings"] = warnings
-    refused = tenancy == "shared" and plan["hardening"]["runtime"] not in SHARED_RUNTIMES
+    refused = (
+        tenancy == "shared" and plan["hardening"]["runtime"] not in SHARED_RUNTIMES
+    ) or unwritable.startswith("refused")
     plan["applyable"] = (
         not refused
         and not widened
@@ -243,6 +243,40 @@ def _credential(request: Any) -> dict[str, Any]:
 
 def _settings_key(kind: str) -> str:
     return {"aws-sts": "aws", "github-app": "github"}.get(kind, kind)
+
+
+def _unwritable_project(plan: dict[str, Any], facts: Facts) -> str:
+    """Why the container user cannot write the project root ("" when it can).
+
+    The agent never runs as root, so a root-owned project root the container user may not
+    write is refused up front with the fix, rather than failing mid-run. Without the mode
+    fact (older facts files) a root owner is only a warning.
+    """
+    owner = facts.project_owner
+    if owner is None or plan["brain"]["runtime"] != "container":
+        return ""
+    user = plan["hardening"]["user"]
+    uid, gid = (int(part) for part in user.split(":"))
+    mode = facts.project_mode
+    if mode is None:
+        if owner[0] != 0:
+            return ""
+        return (
+            f"the project root is owned by root; the agent runs as {user} and cannot"
+            " write it (chown it to a non-root user)"
+        )
+    writable = (
+        (uid == owner[0] and mode & 0o200) or (gid == owner[1] and mode & 0o020) or mode & 0o002
+    )
+    if writable:
+        return ""
+    root = next((m["source"] for m in plan["mounts"] if m["kind"] == "project"), "")
+    who = "root" if owner[0] == 0 else f"uid {owner[0]}"
+    return (
+        f"refused: the project root is owned by {who} (mode {mode:o}) and the agent, which"
+        f" never runs as root, runs as {user} and could not write it;"
+        f" fix: chown -R {user} {shlex.quote(root)}"
+    )
 
 
 def _container_user(facts: Facts) -> str:
