@@ -184,16 +184,20 @@ def require_approvals(
     """Every category's approval for this plan, or RefusedError naming what is missing."""
     found: list[Decision] = []
     missing: list[str] = []
+    notes: list[str] = []
     for category in categories:
         decision = approval_for(store, fingerprint, category, since=since)
         if decision is None:
-            missing.append(category + _elsewhere(store, fingerprint, category))
+            missing.append(category)
+            notes.append(category + _elsewhere(store, fingerprint, category))
         else:
             found.append(decision)
     if missing:
+        flags = " ".join(f"--approve {category}" for category in missing)
+        bound = " (approvals are bound to one plan)" if notes != missing else ""
         raise RefusedError(
-            f"no approval for this plan ({fingerprint[:19]}…): " + "; ".join(missing),
-            hint="approvals are bound to one plan; approve again (--approve CATEGORY)",
+            f"no approval for this plan ({fingerprint[:19]}…): " + "; ".join(notes),
+            hint=f"also pass {flags}, or apply without --yes to be asked{bound}",
         )
     return found
 
