@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from kagura_agent.errors import RefusedError
+from kagura_agent.manifest.hosts import is_ip_literal, normalize_host
 from kagura_agent.membrane.egress import audit, load_policy, render_squid_conf
-from kagura_agent.membrane.egress.policy import is_ip_literal, subtract
+from kagura_agent.membrane.egress.policy import subtract
 from kagura_agent.state import StateStore
 
 
@@ -39,9 +40,11 @@ def test_wildcard_matches_below_the_domain_only() -> None:
         ({"host": "10.0.0.1"}, "IP literal"),
         ({"host": "[::1]"}, "IP literal"),
         ({"host": "2130706433"}, "IP literal"),
-        ({"host": "*.com"}, "top-level domain"),
-        ({"host": "exa mple.com"}, "not a DNS name"),
-        ({"host": "a.*.example.com"}, "not a DNS name"),
+        ({"host": "*.com"}, "at least two labels"),
+        ({"host": "exa mple.com"}, "whitespace"),
+        ({"host": "a.*.example.com"}, "first label"),
+        ({"host": "allowed.test\nhttp_access allow all"}, "a control"),
+        ({"host": "127.0.0.1."}, "IP literal"),
         ({"host": "example.com", "port": 0}, "port"),
         ({"host": "example.com", "port": True}, "port"),
         ({"host": "example.com", "scheme": "ftp"}, "scheme"),
@@ -76,7 +79,8 @@ def test_forbidden_ranges_minus_explicit_allowances() -> None:
         }
     )
     a, b = (set(map(str, policy.forbidden_for(e))) for e in policy.entries)
-    assert "192.168.0.0/16" not in a | b
+    # The section's list is the planner's summary for reviewers, never an exception.
+    assert "192.168.0.0/16" in a and "192.168.0.0/16" in b
     assert "10.0.0.0/8" in b and "10.0.0.0/8" not in a
     assert "10.0.0.0/16" in a and "10.2.0.0/15" in a  # the rest of 10/8 stays forbidden
     assert {"169.254.0.0/16", "127.0.0.0/8", "fc00::/7", "fe80::/10"} <= a & b
@@ -161,3 +165,79 @@ def test_events_are_stored_once_and_summarised(tmp_path: Path) -> None:
         "reason": "host-not-listed",
         "count": 2,
     }
+
+
+def test_one_entrys_exception_never_reaches_another_entry_in_squid_conf() -> None:
+    policy = load_policy(
+        {
+            "mode": "proxy",
+            "allow": [
+                {"host": "inside.test", "allow_addresses": ["10.0.0.0/8"]},
+                {"host": "other.test"},
+            ],
+            "allow_addresses": ["10.0.0.0/8"],
+        }
+    )
+    conf = render_squid_conf(policy, ["127.0.0.1/32"])
+    forbidden = {
+        line.split()[1]: line.split()[3:]
+        for line in conf.splitlines()
+        if line.startswith("acl e") and " dst " in line
+    }
+    assert "10.0.0.0/8" in forbidden["e1_forbidden"]
+    assert not any(n.startswith("10.") for n in forbidden["e0_forbidden"])
+
+
+@pytest.mark.parametrize(
+    ("host", "message"),
+    [
+        ("127.0.0.1.", "IP literal"),
+        ("0x7f.1", "IP literal"),
+        ("[::1]", "IP literal"),
+        ("allo\u200bwed.test", "invisible"),
+        ("allowed.test\u200d", "invisible"),
+        ("\uff11\uff12\uff17.0.0.1", "not a letter"),
+        ("api\u3002github.com", "as a dot"),
+        ("api\uff0egithub.com", "as a dot"),
+        ("example.123", "numeric"),
+        ("a." * 130 + "test", "at most 253"),
+        ("a" * 64 + ".test", "not a valid host name"),
+        ("allowed.test\nhttp_access allow all", "a control"),
+        ("allowed.test\r", "a control"),
+        (" allowed.test", "whitespace"),
+        ("allowed.test:443", "port"),
+        ("https://allowed.test", "scheme"),
+        ("*", "every host"),
+        ("a.*.test", "first label"),
+        ("", "empty"),
+    ],
+)
+def test_the_one_normaliser_refuses_what_squid_could_not_take(host: str, message: str) -> None:
+    normal, problem = normalize_host(host)
+    assert normal is None and message in problem, problem
+    with pytest.raises(RefusedError, match=r"allow\[0\]\.host"):
+        load_policy({"mode": "proxy", "allow": [{"host": host}]})
+
+
+@pytest.mark.parametrize(
+    ("host", "normal"),
+    [
+        ("API.GitHub.com.", "api.github.com"),
+        ("*.Example.COM", "*.example.com"),
+        ("b\u00fccher.example", "xn--bcher-kva.example"),
+        ("1password.com", "1password.com"),
+    ],
+)
+def test_the_one_normaliser_accepts_names(host: str, normal: str) -> None:
+    assert normalize_host(host) == (normal, "")
+
+
+def test_squid_renderer_refuses_a_host_that_bypassed_the_normaliser() -> None:
+    from kagura_agent.membrane.egress.policy import AllowEntry, EgressPolicy
+
+    for host in ("evil.test\nhttp_access allow all", "evil .test", "\u0435vil.test"):
+        policy = EgressPolicy(mode="proxy", entries=(AllowEntry(host=host),))
+        with pytest.raises(RefusedError, match=r"squid\.conf"):
+            render_squid_conf(policy, ["127.0.0.1/32"])
+    policy = EgressPolicy(mode="proxy", entries=(AllowEntry(host="ok.test", policy="p\nx y"),))
+    assert "\nx y" not in render_squid_conf(policy, ["127.0.0.1/32"])

@@ -30,6 +30,8 @@ ALIASES = [
     "unlisted.test",
     "a.wild.test",
     "wild.test",
+    "a.wild.test.evil.test",
+    "evilwild.test",
 ]
 # One upstream serving HTTP on three ports; it prints "ready" once all are bound.
 UPSTREAM = """
@@ -55,6 +57,34 @@ PLAN_EGRESS: dict[str, Any] = {
         {"host": "*.wild.test", "port": 8443, "allow_addresses": PRIVATE},
         {"host": "private.test", "port": 8443},
     ],
+    # What the planner writes: the union of every entry's ranges, for reviewers. It must
+    # never act as an exception for another entry (private.test stays refused).
+    "allow_addresses": PRIVATE,
+}
+# One address in each range a listed name may never resolve to, written independently of
+# policy.FORBIDDEN_RANGES (so dropping a range there fails a test), with the documented
+# cloud metadata addresses.
+MUST_REFUSE = {
+    "this-net": "0.1.2.3",
+    "ten": "10.1.2.3",
+    "cgnat": "100.64.0.1",
+    "alibaba-metadata": "100.100.100.200",
+    "loopback": "127.0.0.2",
+    "link-local": "169.254.1.1",
+    "aws-metadata": "169.254.169.254",
+    "rfc1918-172": "172.16.0.1",
+    "oracle-metadata": "192.0.0.192",
+    "rfc1918-192": "192.168.1.1",
+    "benchmark": "198.18.0.1",
+    "multicast": "224.0.0.1",
+    "reserved": "240.0.0.1",
+    "v6-loopback": "::1",
+    "v6-mapped": "::ffff:a00:1",
+    "nat64": "64:ff9b::a00:1",
+    "ula": "fd12::1",
+    "aws-v6-metadata": "fd00:ec2::254",
+    "v6-link-local": "fe80::1",
+    "v6-multicast": "ff02::1",
 }
 
 
@@ -313,3 +343,131 @@ def test_components_are_labelled(world: World) -> None:
     assert components == ["egress-internal", "egress-outbound"]
     internal = world.client.networks.get(world.session.internal_network)
     assert internal.attrs["Internal"] is True
+
+
+def _raw_reasons(world: World) -> list[tuple[str, str]]:
+    """(host, squid's own kagura_reason note) of every request, straight from the proxy log:
+    the audit's classification cannot hide which http_access rule denied a request."""
+    text = world.session.proxy.logs(stdout=True, stderr=False).decode(errors="replace")
+    found = [audit.parse_line(line) for line in text.splitlines()]
+    return [(raw["host"], raw["reason"]) for raw in found if raw is not None]
+
+
+def test_ip_literal_is_denied_by_its_own_rule_not_the_final_deny_all(world: World) -> None:
+    ip = world.upstream_ip()
+    for url in (f"http://{ip}:8443/", f"http://{ip}.:8443/"):
+        code, out = world.through_proxy(url)
+        assert code != 0 and "response 403" in out, out
+    code, out = world.through_proxy(f"http://{ip}:8080/", tunnel=False)
+    assert _status(out) == "403", out
+    deadline = time.monotonic() + 5
+    while len(_raw_reasons(world)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [reason for _host, reason in _raw_reasons(world)] == ["ip-literal"] * 3
+
+
+def test_suffix_and_prefix_attacks_on_a_wildcard_are_denied(world: World) -> None:
+    # Both names resolve (the upstream answers to them), so only the name rule can refuse.
+    for name in ("a.wild.test.evil.test", "evilwild.test"):
+        code, out = world.through_proxy(f"http://{name}:8443/")
+        assert code != 0 and "response 403" in out, out
+    code, out = world.through_proxy("http://a.wild.test:8443/")
+    assert code == 0 and _status(out) == "200", out
+    world.session.close()
+    decisions = [(e["host"], e["decision"], e["reason"]) for e in world.events[:-1]]
+    assert decisions == [
+        ("a.wild.test.evil.test", "deny", "host-not-listed"),
+        ("evilwild.test", "deny", "host-not-listed"),
+        ("a.wild.test", "allow", "allowed"),
+    ]
+
+
+def test_the_proxy_container_is_hardened_itself(world: World) -> None:
+    world.session.proxy.reload()
+    attrs = world.session.proxy.attrs
+    host = attrs["HostConfig"]
+    assert host["CapDrop"] == ["ALL"] and not host.get("CapAdd")
+    assert host["ReadonlyRootfs"] is True
+    assert host["SecurityOpt"] == ["no-new-privileges:true"]
+    assert host["Privileged"] is False
+    assert 0 < host["PidsLimit"] <= 64
+    assert 0 < host["Memory"] <= 512 * 1024 * 1024
+    assert attrs["Config"]["User"] == "13:13"
+    assert host["NetworkMode"] != "host" and not host.get("Binds")
+    # And from inside: no capability in any set, and the root is really read-only.
+    result = world.session.proxy.exec_run(
+        [
+            "sh",
+            "-c",
+            "grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb)' /proc/self/status; grep NoNewPrivs /proc/self/status; touch /etc/kagura-probe /usr/kagura-probe; echo rc=$?",
+        ]
+    )
+    out = result.output.decode()
+    assert all(
+        line.split()[1] == "0000000000000000" for line in out.splitlines() if line.startswith("Cap")
+    ), out
+    assert "NoNewPrivs:\t1" in out and "rc=1" in out and "Read-only file system" in out, out
+
+
+@pytest.fixture()
+def forbidden_world(
+    docker_client: Any, egress_images: dict[str, str], state_dir: Any
+) -> Iterator[World]:
+    """A proxy whose allowlist lists names that resolve (in the proxy's /etc/hosts) to one
+    address in every forbidden range; nothing listens there and nothing may be tried."""
+    run_id = f"test-forbidden-{time.monotonic_ns()}"
+    events: list[dict[str, Any]] = []
+    plan = {
+        "egress": {
+            "mode": "proxy",
+            "allow": [{"host": "*.forbidden.test", "port": 8443}],
+            # The planner's reviewer summary must not open anything either.
+            "allow_addresses": [],
+        }
+    }
+    hosts = {f"{name}.forbidden.test": address for name, address in MUST_REFUSE.items()}
+    session = EgressSession.start(docker_client, plan, run_id, events.append, extra_hosts=hosts)
+    agent = None
+    try:
+        net = session.agent_network_config()
+        agent = docker_client.containers.run(
+            egress_images["base"],
+            ["sleep", "600"],
+            detach=True,
+            labels=TEST_LABEL,
+            user="1000:1000",
+            cap_drop=["ALL"],
+            **net.docker_kwargs(),
+        )
+        yield World(docker_client, session, agent, agent, events)
+    finally:
+        if agent is not None:
+            agent.remove(force=True)
+        session.close()
+
+
+def test_every_forbidden_range_and_metadata_address_is_refused(forbidden_world: World) -> None:
+    names = [f"{name}.forbidden.test" for name in MUST_REFUSE]
+    script = " ".join(
+        f"curl -s -p -o /dev/null --connect-timeout 3 --max-time 5 -w '{n} %{{http_code}}\\n' http://{n}:8443/;"
+        for n in names
+    )
+    _code, out = forbidden_world.sh(script)
+    assert sorted(out.split()) == sorted([*names, *["000"] * len(names)]), out
+    deadline = time.monotonic() + 5
+    while len(_raw_reasons(forbidden_world)) < len(names) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    got = dict(_raw_reasons(forbidden_world))
+    v6 = {f"{name}.forbidden.test" for name, address in MUST_REFUSE.items() if ":" in address}
+    v6 -= {"v6-mapped.forbidden.test"}  # squid reads ::ffff:a.b.c.d as IPv4
+    assert {n: got.get(n) for n in names if n not in v6} == {
+        n: "private-address" for n in names if n not in v6
+    }
+    # A proxy with IPv6 must refuse the IPv6 ranges by rule. Docker gives this one no IPv6
+    # (squid warns "non-functional IPv6 loopback" and drops the v6 ACL ranges), so there
+    # the requests above got no connection at all (000) and can reach nothing.
+    disabled = forbidden_world.session.proxy.exec_run(
+        ["cat", "/proc/sys/net/ipv6/conf/all/disable_ipv6"]
+    )
+    if disabled.output.decode().strip() != "1":
+        assert {n: got.get(n) for n in v6} == {n: "private-address" for n in v6}

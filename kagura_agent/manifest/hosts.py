@@ -1,55 +1,111 @@
-"""Egress host names: normalised (lowercase, no trailing dot, IDNA) and checked."""
+"""Egress host names: the one normaliser that validate, plan and the proxy config share.
+
+``normalize_host`` either returns the exact ASCII name squid will be configured with, or a
+problem to report at validate. Whatever it accepts is safe to write into squid.conf:
+lowercase ASCII letters, digits, ``-`` and ``.`` only (plus a leading ``*.``).
+
+Refused, each with its own message: empty names, whitespace or control characters anywhere
+(a newline would end a squid.conf line), IP literals in any form resolvers accept
+(``127.0.0.1.``, ``2130706433``, ``0x7f.1``, ``[::1]``), characters that IDNA would
+silently fold into something else (zero-width characters, fullwidth digits, ideographic
+full stops — the name the reviewer reads must be the name that is enforced), numeric
+top-level labels, names over 253 characters, ports, schemes, paths and misplaced ``*``.
+"""
 
 from __future__ import annotations
 
 import ipaddress
 import re
+import unicodedata
 
-_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+MAX_NAME = 253
+_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
+_ASCII_NAME = re.compile(r"(\*\.)?[a-z0-9.-]{1,253}")
+_NUMERIC = re.compile(r"(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]+)){0,3}\.?")
+# Label separators IDNA 2003 maps to "." (ideographic, fullwidth, halfwidth full stops).
+_FOREIGN_DOTS = "\u3002\uff0e\uff61"
 
 
 def normalize_host(text: str) -> tuple[str | None, str]:
     """Return ``(host, "")`` for an acceptable entry, else ``(None, problem)``.
 
-    Accepted: exact names and explicit ``*.domain`` wildcards. Refused: IP literals,
-    ``*`` alone, wildcards anywhere but the first label, ports in the host field.
+    Accepted: exact names and explicit ``*.domain`` wildcards; letters are lowercased, one
+    trailing dot is dropped and internationalised names become their ``xn--`` form.
     """
-    raw = text.strip()
-    if not raw:
+    if not isinstance(text, str) or not text:
         return None, "empty host"
-    if raw == "*" or raw == "*.":
+    shown = ascii(text) if not text.isascii() or not text.isprintable() else repr(text)
+    if len(text) > MAX_NAME + 3:
+        return None, f"host is {len(text)} characters; a DNS name has at most {MAX_NAME}"
+    bad = next((c for c in text if not c.isprintable() or c.isspace()), None)
+    if bad is not None:
+        return None, f"{shown} contains whitespace, a control or an invisible character ({bad!a})"
+    if text in ("*", "*."):
         return None, "'*' alone would allow every host; list hosts or use *.example.com"
-    if _is_ip_literal(raw):
-        return None, f"{raw!r} is an IP literal; egress entries must be host names"
-    if "://" in raw or "/" in raw:
-        return None, f"{raw!r} is not a host name (no scheme or path)"
-    if ":" in raw:
-        return None, f"{raw!r} contains a port; put ports in the entry's ports list"
-    wildcard = raw.startswith("*.")
-    body = raw[2:] if wildcard else raw
+    if is_ip_literal(text):
+        return None, f"{shown} is an IP literal; egress entries must be host names"
+    if "://" in text or "/" in text:
+        return None, f"{shown} is not a host name (no scheme or path)"
+    if ":" in text:
+        return None, f"{shown} contains a port; put ports in the entry's ports list"
+    wildcard = text.startswith("*.")
+    body = text[2:] if wildcard else text
     if "*" in body:
-        return None, f"{raw!r}: wildcards are only allowed as the first label (*.example.com)"
-    body = body.rstrip(".").lower() if body.endswith(".") else body.lower()
+        return None, f"{shown}: wildcards are only allowed as the first label (*.example.com)"
+    problem = _unicode_problem(body, shown)
+    if problem:
+        return None, problem
+    body = body.lower()
+    body = body[:-1] if body.endswith(".") else body
     try:
-        ascii_name = body.encode("idna").decode("ascii")
+        name = body.encode("idna").decode("ascii")
     except UnicodeError:
-        return None, f"{raw!r} is not a valid host name"
-    labels = ascii_name.split(".")
-    if any(not _LABEL.match(label) for label in labels):
-        return None, f"{raw!r} is not a valid host name"
+        return None, f"{shown} is not a valid host name"
+    if len(name) > MAX_NAME:
+        return None, f"{shown} is {len(name)} characters long; a DNS name has at most {MAX_NAME}"
+    labels = name.split(".")
+    if not all(_LABEL.fullmatch(label) for label in labels):
+        return None, f"{shown} is not a valid host name (letters, digits, '-', dot-separated)"
+    if labels[-1].isdigit():
+        return None, f"{shown}: its last label is numeric, which resolvers read as an address"
+    if is_ip_literal(name):
+        return None, f"{shown} is an IP literal; egress entries must be host names"
     if wildcard and len(labels) < 2:
-        return None, f"{raw!r}: a wildcard must cover a domain with at least two labels"
-    return ("*." if wildcard else "") + ascii_name, ""
+        return None, f"{shown}: a wildcard must cover a domain with at least two labels"
+    host = ("*." if wildcard else "") + name
+    assert is_squid_safe(host)
+    return host, ""
 
 
-def _is_ip_literal(text: str) -> bool:
-    candidate = text.strip("[]")
+def _unicode_problem(body: str, shown: str) -> str:
+    """Refuse non-ASCII characters that IDNA would fold silently into other characters."""
+    if body.isascii():
+        return ""
+    for char in body:
+        if char.isascii():
+            continue
+        if char in _FOREIGN_DOTS:
+            return f"{shown} uses {char!a} as a dot; write '.'"
+        if unicodedata.category(char)[0] not in "LM":
+            return f"{shown} contains {char!a}, which is not a letter (digits must be ASCII)"
+        if unicodedata.normalize("NFKC", char) != char:
+            return f"{shown} contains {char!a}, a compatibility form of another character"
+    return ""
+
+
+def is_ip_literal(host: str) -> bool:
+    """True for anything a resolver would take as an address (also ``[::1]``, ``0x7f.1``)."""
+    text = host.strip("[]")
+    text = text[:-1] if text.endswith(".") else text
     try:
-        ipaddress.ip_address(candidate)
+        ipaddress.ip_address(text)
         return True
     except ValueError:
         pass
-    # Integer and dotted forms that resolvers accept as addresses (e.g. 2130706433, 0x7f.1).
-    return bool(
-        re.fullmatch(r"(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}", candidate.lower())
-    )
+    # inet_aton accepts 2130706433, 0x7f.1, 017700000001: numeric-only names are never DNS.
+    return bool(_NUMERIC.fullmatch(text.lower()))
+
+
+def is_squid_safe(host: str) -> bool:
+    """True when ``host`` may be written into squid.conf as is (the renderer asserts it)."""
+    return bool(_ASCII_NAME.fullmatch(host)) and ".." not in host

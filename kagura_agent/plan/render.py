@@ -21,6 +21,37 @@ def _short(digest: str | None) -> str:
     return digest[:19] + "…"
 
 
+def _wildcard_cost(entry: dict[str, Any]) -> str:
+    """What a wildcard entry costs, or "" (the same words in text and markdown)."""
+    host = str(entry["host"])
+    if not host.startswith("*."):
+        return ""
+    # squid resolves whatever name the agent asks for under the domain: every lookup
+    # reaches that domain's DNS servers, so a wildcard is a data channel to them.
+    return (
+        f"wildcard: the proxy resolves any name under {host[2:]}"
+        " (a DNS data channel to that domain's servers)"
+    )
+
+
+def _may_resolve(entry: dict[str, Any]) -> str:
+    # A private range widens what this host (and only this host) may resolve to.
+    private = entry.get("allow_addresses") or []
+    return f"this host only may resolve to {', '.join(private)}" if private else ""
+
+
+def _egress_lines(entry: dict[str, Any], style: Style) -> list[str]:
+    """One allowlist entry, with what it costs: address exceptions and wildcard reach."""
+    also = f"; {_may_resolve(entry)}" if _may_resolve(entry) else ""
+    lines = [
+        f"                 {entry['scheme']}://{entry['host']}:{entry['port']}"
+        f"  (policy {entry['policy']}{also})"
+    ]
+    if cost := _wildcard_cost(entry):
+        lines.append(f"                   {style(cost, 'yellow')}")
+    return lines
+
+
 def _cred_line(cred: dict[str, Any]) -> str:
     renew = f", {cred['renewals']} renewals" if cred["renewals"] else ""
     standing = ", STANDING" if cred["standing"] else ""
@@ -82,13 +113,7 @@ def render_text(plan: dict[str, Any], style: Style) -> str:
     else:
         out.append("  network      only through this run's proxy, default deny:")
         for entry in egress["allow"]:
-            # A private range widens what the host may resolve to: the reviewer must see it.
-            private = entry.get("allow_addresses") or []
-            also = f"; may resolve to {', '.join(private)}" if private else ""
-            out.append(
-                f"                 {entry['scheme']}://{entry['host']}:{entry['port']}"
-                f"  (policy {entry['policy']}{also})"
-            )
+            out.extend(_egress_lines(entry, style))
     if not plan["credentials"]:
         out.append("  credentials  none")
     for index, cred in enumerate(plan["credentials"]):
@@ -181,8 +206,9 @@ def render_markdown(plan: dict[str, Any]) -> str:
             f"| mount | `{mount['source']}` → `{mount['target']}` ({mount['mode']}) | {mount.get('class', 'baseline' if mount['kind'] == 'project' else '')} |"
         )
     for entry in plan["egress"]["allow"]:
+        notes = "".join(f"; {n}" for n in (_may_resolve(entry), _wildcard_cost(entry)) if n)
         lines.append(
-            f"| egress | `{entry['scheme']}://{entry['host']}:{entry['port']}` (policy {entry['policy']}) | |"
+            f"| egress | `{entry['scheme']}://{entry['host']}:{entry['port']}` (policy {entry['policy']}{notes}) | |"
         )
     for cred in plan["credentials"]:
         lines.append(f"| credential | {_cred_line(cred)} | {cred.get('class', '')} |")

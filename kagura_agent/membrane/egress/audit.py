@@ -18,7 +18,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
 
-from kagura_agent.membrane.egress.policy import EgressPolicy, is_ip_literal
+from kagura_agent.manifest.hosts import is_ip_literal
+from kagura_agent.membrane.egress.policy import EgressPolicy
 from kagura_agent.membrane.egress.squid import LOG_TAG
 from kagura_agent.state import StateStore
 

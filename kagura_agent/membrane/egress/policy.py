@@ -11,19 +11,24 @@ Semantics (the squid configuration and the audit matcher both follow them):
 - ``port`` defaults to 443. ``scheme`` defaults to ``https``: only ``CONNECT host:port``
   passes. ``scheme: http`` allows plain proxied HTTP (no CONNECT) to that port.
 - A name is refused when it resolves to a loopback, private, link-local, shared,
-  reserved or cloud-metadata address, unless the plan's ``allow_addresses`` or the
-  entry's own ``allow_addresses`` covers that range.
+  reserved or cloud-metadata address, unless that entry's own ``allow_addresses`` covers
+  the range. An exception never spreads: it holds for its entry's host only. The
+  section's ``allow_addresses`` (the union the planner lists for reviewers) is not
+  enforcement input.
+- Host names go through the same normaliser as validate and plan
+  (``kagura_agent.manifest.hosts``); a plan whose host is not already in its normal form
+  (hand-edited, or from another version) is refused.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kagura_agent.errors import RefusedError
+from kagura_agent.manifest.hosts import normalize_host
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -53,7 +58,6 @@ FORBIDDEN_RANGES: tuple[str, ...] = (
 
 _ENTRY_KEYS = {"host", "port", "scheme", "policy", "source", "allow_addresses"}
 _SECTION_KEYS = {"mode", "allow", "allow_addresses", "policies"}
-_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 _SCHEMES = ("https", "http")
 
 
@@ -99,7 +103,6 @@ class EgressPolicy:
 
     mode: str
     entries: tuple[AllowEntry, ...] = ()
-    allow_addresses: tuple[Network, ...] = field(default=())
 
     def match(self, host: str, port: int, connect: bool) -> AllowEntry | None:
         """The first entry that allows this request, or None (default deny)."""
@@ -109,11 +112,8 @@ class EgressPolicy:
         return None
 
     def forbidden_for(self, entry: AllowEntry) -> list[Network]:
-        """Forbidden ranges minus whatever the plan or the entry explicitly allows."""
-        return subtract(
-            [ipaddress.ip_network(r) for r in FORBIDDEN_RANGES],
-            [*self.allow_addresses, *entry.allow_addresses],
-        )
+        """Forbidden ranges minus what this entry (and only this entry) explicitly allows."""
+        return subtract([ipaddress.ip_network(r) for r in FORBIDDEN_RANGES], entry.allow_addresses)
 
 
 def subtract(ranges: Iterable[Network], allowed: Iterable[Network]) -> list[Network]:
@@ -130,29 +130,6 @@ def subtract(ranges: Iterable[Network], allowed: Iterable[Network]) -> list[Netw
                 next_round.extend(net.address_exclude(hole))  # type: ignore[arg-type]
         remaining = next_round
     return sorted(remaining, key=lambda n: (n.version, n.network_address, n.prefixlen))
-
-
-def is_ip_literal(host: str) -> bool:
-    """True for anything that parses as an address (also bracketed IPv6, dotless IPv4)."""
-    text = host.strip("[]").rstrip(".")
-    try:
-        ipaddress.ip_address(text)
-        return True
-    except ValueError:
-        pass
-    # inet_aton accepts 2130706433, 0x7f.1, 017700000001: numeric-only names are never DNS.
-    return bool(re.fullmatch(r"(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}", text.lower()))
-
-
-def _check_name(name: str) -> str | None:
-    if len(name) > 253:
-        return "longer than 253 characters"
-    labels = name.split(".")
-    if not all(_LABEL.match(label) for label in labels):
-        return "not a DNS name (lowercase letters, digits, '-', dot-separated)"
-    if labels[-1].isdigit():
-        return "its last label is numeric"
-    return None
 
 
 def _networks(value: Any, where: str, problems: list[str]) -> tuple[Network, ...]:
@@ -181,17 +158,14 @@ def _entry(raw: Any, where: str, problems: list[str]) -> AllowEntry | None:
     if not isinstance(host, str) or not host:
         problems.append(f"{where}.host: required string")
         return None
-    host = host.lower().rstrip(".")
-    name = host[2:] if host.startswith("*.") else host
-    if is_ip_literal(name):
-        problems.append(f"{where}.host: IP literal {host!r} refused; list a DNS name")
+    normal, why = normalize_host(host)
+    if normal is None:
+        problems.append(f"{where}.host: {why}")
         return None
-    why = _check_name(name)
-    if why:
-        problems.append(f"{where}.host: {host!r} {why}")
+    if normal != host and normal != host.lower().removesuffix("."):
+        problems.append(f"{where}.host: {host!a} is not in normal form ({normal!r}); plan again")
         return None
-    if host.startswith("*.") and "." not in name:
-        problems.append(f"{where}.host: wildcard {host!r} covers a whole top-level domain")
+    host = normal
     port = raw.get("port", 443)
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         problems.append(f"{where}.port: {port!r} is not a port number 1-65535")
@@ -224,12 +198,10 @@ def load_policy(egress: Mapping[str, Any] | None) -> EgressPolicy:
         problems.append("egress.allow: must be a list")
         allow = []
     entries = [_entry(raw, f"egress.allow[{i}]", problems) for i, raw in enumerate(allow)]
-    ranges = _networks(section.get("allow_addresses"), "egress.allow_addresses", problems)
+    _networks(section.get("allow_addresses"), "egress.allow_addresses", problems)
     if problems:
         raise RefusedError(
             "the plan's egress allowlist cannot be enforced:\n  " + "\n  ".join(problems),
             hint="fix the egress manifest and plan again",
         )
-    return EgressPolicy(
-        mode=str(mode), entries=tuple(e for e in entries if e), allow_addresses=ranges
-    )
+    return EgressPolicy(mode=str(mode), entries=tuple(e for e in entries if e))

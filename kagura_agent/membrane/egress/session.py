@@ -121,11 +121,14 @@ class EgressSession:
         image: str | None = None,
         clock: Clock | None = None,
         ready_timeout: float = 20.0,
+        extra_hosts: dict[str, str] | None = None,
     ) -> EgressSession:
         """Sweep orphans, create the networks and the proxy, and wait until it listens.
 
         Raises RefusedError when the allowlist cannot be enforced and SetupError when the
         proxy cannot start; in both cases nothing of this run is left behind.
+        ``extra_hosts`` (name -> address, written to the proxy's /etc/hosts) lets tests make
+        names resolve to addresses no test may really reach.
         """
         policy = load_policy(plan.get("egress"))
         if policy.mode != "proxy":
@@ -136,7 +139,9 @@ class EgressSession:
         session = cls(client, policy, run_id, store, on_event or (lambda _event: None))
         audit.record_run(store, run_id, iso((clock or SystemClock()).now()), plan["egress"])
         try:
-            session._create(image or images.image_ref("egress-proxy"), ready_timeout)
+            session._create(
+                image or images.image_ref("egress-proxy"), ready_timeout, extra_hosts or {}
+            )
         except BaseException:
             session.close(clock=clock)
             raise
@@ -145,7 +150,7 @@ class EgressSession:
     def _labels_for(self, component: str) -> dict[str, str]:
         return {**self._labels, owner.LABEL_COMPONENT: component}
 
-    def _create(self, image: str, ready_timeout: float) -> None:
+    def _create(self, image: str, ready_timeout: float, extra_hosts: dict[str, str]) -> None:
         import docker.errors
         import docker.types
 
@@ -185,6 +190,7 @@ class EgressSession:
                 tmpfs=PROXY_TMPFS,
                 pids_limit=64,
                 mem_limit=512 * 1024 * 1024,
+                extra_hosts=extra_hosts,
                 # json-file without rotation: the audit re-reads the whole log at teardown.
                 log_config=docker.types.LogConfig(type="json-file"),
             )

@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from kagura_agent.errors import RefusedError
+from kagura_agent.manifest.hosts import is_squid_safe
 from kagura_agent.membrane.egress.policy import AllowEntry, EgressPolicy, Network
 
 PROXY_PORT = 3128
@@ -30,6 +32,8 @@ _IP_LITERAL_RES = (
     r"^(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}\.?$",
     r"^\[?[0-9a-f:.]*:[0-9a-f:.]*\]?$",
 )
+# Anything but printable ASCII, newline and tab: a stray \r or NUL would split a directive.
+_CONTROL = re.compile(r"[^\x20-\x7e\n\t]")
 _REASONS = ("client", "ip-literal", "private-address", "not-allowed")
 
 _HEADER = """\
@@ -57,6 +61,10 @@ pinger_enable off
 
 
 def _domain_acl(name: str, entry: AllowEntry) -> str:
+    # Second line of defence behind hosts.normalize_host: nothing but a plain ASCII name
+    # (no space, newline or control character) is ever written into a squid directive.
+    if not is_squid_safe(entry.host):
+        raise RefusedError(f"egress host {entry.host!a} cannot be written into squid.conf")
     # -n: never reverse-resolve an IP-literal request to match a name.
     if entry.wildcard:
         # dstdomain ".example.com" would also match "example.com" itself; the regex
@@ -87,7 +95,9 @@ def render_squid_conf(policy: EgressPolicy, client_networks: Sequence[str]) -> s
         "http_access deny ip_literal why_ip_literal",
     ]
     for i, entry in enumerate(policy.entries):
-        lines.append(f"# entry {i}: {entry.label()} policy={entry.policy or '-'}")
+        # The policy name is plan data: only its plain characters reach the comment.
+        policy_name = re.sub(r"[^A-Za-z0-9_.-]", "?", entry.policy) or "-"
+        lines.append(f"# entry {i}: {entry.label()} policy={policy_name}")
         lines.append(_domain_acl(f"e{i}_host", entry))
         lines.append(f"acl e{i}_port port {entry.port}")
         how = "CONNECT" if entry.scheme == "https" else "!CONNECT plain_http"
@@ -101,4 +111,7 @@ def render_squid_conf(policy: EgressPolicy, client_networks: Sequence[str]) -> s
     lines.append("icp_access deny all")
     lines.append("htcp_access deny all")
     lines.append("")
-    return "\n".join(lines)
+    conf = "\n".join(lines)
+    if _CONTROL.search(conf):
+        raise RefusedError("the rendered squid.conf contains a control character; refused")
+    return conf
