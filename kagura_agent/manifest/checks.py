@@ -29,9 +29,18 @@ def walk_strings(value: Any, path: Path = ()) -> Iterator[tuple[Path, str]]:
 
 
 def inline_secrets(doc: YamlDoc) -> list[Diagnostic]:
-    """Any string that looks like key material is refused: manifests hold references only."""
+    """Any string that looks like key material is refused: manifests hold references only.
+
+    An aliased secret is reported once, at its first occurrence.
+    """
     problems = []
+    scanned: set[int] = set()
     for path, text in walk_strings(doc.value):
+        # An alias repeats the same string object: scan it once, so the scan stays
+        # linear in the file (whose size the loader caps), not in its expansion.
+        if id(text) in scanned:
+            continue
+        scanned.add(id(text))
         kind = looks_like_secret(text)
         if kind:
             line, col = doc.where(path)

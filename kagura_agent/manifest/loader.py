@@ -12,6 +12,21 @@ from kagura_agent.manifest.yamlpos import YamlDoc, load_documents
 from kagura_agent.paths import resource_dir
 
 YAML_SUFFIXES = (".yml", ".yaml")
+# A manifest or task file is hand-written configuration; anything larger is refused
+# before it is read (the largest shipped file is a few KiB).
+MAX_FILE_BYTES = 1024 * 1024
+
+
+def _too_big(name: str, size: int) -> Diagnostic:
+    return Diagnostic(
+        name,
+        1,
+        1,
+        "$",
+        f"file is {size} bytes; manifest and task files are limited to"
+        f" {MAX_FILE_BYTES // 1024} KiB",
+        "keep large content in the project root and refer to it from the task",
+    )
 
 
 @dataclass
@@ -62,7 +77,11 @@ def yaml_files(path: Path) -> list[Path]:
 
 def read_text_source(text: str, name: str) -> Sources:
     sources = Sources()
-    sources.digests[name] = "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+    data = text.encode("utf-8", "surrogateescape")
+    sources.digests[name] = "sha256:" + hashlib.sha256(data).hexdigest()
+    if len(data) > MAX_FILE_BYTES:
+        sources.problems.append(_too_big(name, len(data)))
+        return sources
     docs, problems = load_documents(text, name)
     sources.docs.extend(docs)
     sources.problems.extend(problems)
@@ -75,7 +94,16 @@ def read_paths(paths: list[Path]) -> Sources:
         for file in yaml_files(path):
             name = display_path(file)
             try:
-                data = file.read_bytes()
+                size = file.stat().st_size
+                if size > MAX_FILE_BYTES:
+                    sources.problems.append(_too_big(name, size))
+                    continue
+                with file.open("rb") as stream:
+                    # Read one byte past the cap: the file may grow after stat.
+                    data = stream.read(MAX_FILE_BYTES + 1)
+                if len(data) > MAX_FILE_BYTES:
+                    sources.problems.append(_too_big(name, len(data)))
+                    continue
                 text = data.decode("utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 sources.problems.append(Diagnostic(name, 1, 1, "$", f"cannot read file: {exc}"))

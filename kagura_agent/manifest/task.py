@@ -13,6 +13,7 @@ from typing import Any
 
 from kagura_agent.errors import Diagnostic
 from kagura_agent.manifest.catalog import Catalog, Manifest
+from kagura_agent.manifest.template import TemplateLimit, render_prompt
 from kagura_agent.membrane.mounts import check_mount
 from kagura_agent.units import parse_duration
 
@@ -233,22 +234,22 @@ def _brain_key(
 
 
 def _render_prompt(task: Manifest, problems: list[Diagnostic]) -> str | None:
-    from jinja2 import StrictUndefined, TemplateError, UndefinedError
-    from jinja2.sandbox import SandboxedEnvironment
+    from jinja2 import TemplateError, UndefinedError
 
-    env = SandboxedEnvironment(
-        undefined=StrictUndefined, autoescape=False, keep_trailing_newline=False
-    )
+    at = ("spec", "prompt")
     try:
-        return env.from_string(task.spec["prompt"]).render(**task.spec.get("vars", {}))
+        return render_prompt(task.spec["prompt"], task.spec.get("vars", {}))
     except UndefinedError as exc:
-        problems.append(
-            task.diag(
-                ("spec", "prompt"), f"template: {exc.message}", hint="define it under spec.vars"
-            )
-        )
+        problems.append(task.diag(at, f"template: {exc.message}", hint="define it under spec.vars"))
+    except TemplateLimit as exc:
+        problems.append(task.diag(at, f"template refused: {exc}"))
     except TemplateError as exc:
-        problems.append(task.diag(("spec", "prompt"), f"template error: {exc}"))
+        problems.append(task.diag(at, f"template error: {exc}"))
+    except (ArithmeticError, LookupError, TypeError, ValueError, RecursionError) as exc:
+        # Raised by the template's own expressions (1/0, a wrong type, a missing key).
+        problems.append(task.diag(at, f"template error: {type(exc).__name__}: {exc}"))
+    except MemoryError:
+        problems.append(task.diag(at, "template refused: rendering ran out of memory"))
     return None
 
 

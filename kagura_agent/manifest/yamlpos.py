@@ -5,6 +5,13 @@ plain JSON-like values while recording ``path -> (line, col)`` for every value a
 every mapping key, so a schema error at ``$.spec.allow[2].host`` can be reported at
 the exact line and column. Only JSON types are produced: timestamps stay strings, and
 booleans are only ``true``/``false`` (no YAML 1.1 "yes"/"on" coercion).
+
+Every input is bounded (a manifest is data an attacker may have written): nesting
+deeper than ``MAX_DEPTH`` is refused from the event stream before anything is composed
+(libyaml's composer recurses in C), and aliases are expanded against one budget per
+file -- ``MAX_NODES`` values and ``MAX_CHARS`` characters of scalars -- so an alias
+bomb stops at the budget instead of expanding exponentially. An alias that refers to
+a node containing it is a located error, not a RecursionError.
 """
 
 from __future__ import annotations
@@ -37,6 +44,27 @@ for _first in "tTfF":
     )
 
 _SCALAR = yaml.constructor.SafeConstructor()
+
+MAX_DEPTH = 64
+MAX_NODES = 100_000
+MAX_CHARS = 4 * 1024 * 1024
+
+
+class _TooBig(Exception):
+    """The document broke a bound; carries the located diagnostic."""
+
+    def __init__(self, diagnostic: Diagnostic) -> None:
+        super().__init__(diagnostic.message)
+        self.diagnostic = diagnostic
+
+
+@dataclass
+class _Budget:
+    """What is left of one file's expansion budget, and the nodes being built."""
+
+    nodes: int = MAX_NODES
+    chars: int = MAX_CHARS
+    building: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -80,13 +108,17 @@ def load_documents(text: str, file: str) -> tuple[list[YamlDoc], list[Diagnostic
     """Parse every document in ``text``; a syntax error becomes a located diagnostic."""
     docs: list[YamlDoc] = []
     problems: list[Diagnostic] = []
+    budget = _Budget()
     try:
+        _check_depth(text, file)
         for index, node in enumerate(yaml.compose_all(text, Loader=_Loader)):
             if node is None:
                 continue
             doc = YamlDoc(file, index, None, node.start_mark.line + 1, node.start_mark.column + 1)
-            doc.value = _build(node, (), doc, problems)
+            doc.value = _build(node, (), doc, problems, budget)
             docs.append(doc)
+    except _TooBig as exc:
+        problems.append(exc.diagnostic)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
@@ -112,8 +144,71 @@ def load_documents(text: str, file: str) -> tuple[list[YamlDoc], list[Diagnostic
     return docs, problems
 
 
-def _build(node: yaml.Node, path: Path, doc: YamlDoc, problems: list[Diagnostic]) -> Any:
+def _check_depth(text: str, file: str) -> None:
+    """Refuse nesting deeper than MAX_DEPTH from the (iterative) event stream."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                mark = event.start_mark
+                line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+                raise _TooBig(
+                    Diagnostic(
+                        file,
+                        line,
+                        col,
+                        "$",
+                        f"YAML nesting is deeper than {MAX_DEPTH} levels",
+                    )
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _refuse(node: yaml.Node, path: Path, doc: YamlDoc, message: str) -> _TooBig:
+    line, col = node.start_mark.line + 1, node.start_mark.column + 1
+    return _TooBig(Diagnostic(doc.file, line, col, json_path(path), message))
+
+
+def _build(
+    node: yaml.Node, path: Path, doc: YamlDoc, problems: list[Diagnostic], budget: _Budget
+) -> Any:
+    budget.nodes -= 1
+    if budget.nodes < 0:
+        raise _refuse(
+            node,
+            path,
+            doc,
+            f"YAML expands to more than {MAX_NODES} values (aliases are expanded);"
+            " refusing a possible alias bomb",
+        )
+    if len(path) > MAX_DEPTH:
+        raise _refuse(node, path, doc, f"YAML nesting is deeper than {MAX_DEPTH} levels")
     doc.positions[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    if isinstance(node, yaml.ScalarNode):
+        budget.chars -= len(node.value)
+        if budget.chars < 0:
+            raise _refuse(
+                node,
+                path,
+                doc,
+                f"YAML expands to more than {MAX_CHARS // (1024 * 1024)} MiB of text"
+                " (aliases are expanded); refusing a possible alias bomb",
+            )
+        return _scalar(node)
+    if id(node) in budget.building:
+        raise _refuse(node, path, doc, "YAML alias refers to a node that contains it")
+    budget.building.add(id(node))
+    try:
+        return _collection(node, path, doc, problems, budget)
+    finally:
+        budget.building.discard(id(node))
+
+
+def _collection(
+    node: yaml.Node, path: Path, doc: YamlDoc, problems: list[Diagnostic], budget: _Budget
+) -> Any:
     if isinstance(node, yaml.MappingNode):
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:
@@ -147,11 +242,9 @@ def _build(node: yaml.Node, path: Path, doc: YamlDoc, problems: list[Diagnostic]
                     Diagnostic(doc.file, line, col, json_path(child), f"duplicate key {key!r}")
                 )
             doc.key_positions[child] = (line, col)
-            result[key] = _build(value_node, child, doc, problems)
+            result[key] = _build(value_node, child, doc, problems, budget)
         return result
-    if isinstance(node, yaml.SequenceNode):
-        return [_build(item, (*path, i), doc, problems) for i, item in enumerate(node.value)]
-    return _scalar(node)
+    return [_build(item, (*path, i), doc, problems, budget) for i, item in enumerate(node.value)]
 
 
 def _scalar(node: yaml.Node) -> Any:

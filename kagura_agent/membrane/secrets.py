@@ -136,6 +136,8 @@ def _backend_unusable(backend: object) -> bool:
 
 
 # Inline key material: (label, pattern). Prefixes are the providers' published formats.
+# Every pattern must scan in linear time: a bounded repeat, or an unbounded one that can
+# start only once per run of its characters (tests/test_input_bounds.py times each).
 _SECRET_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("an AWS access key id", re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")),
     ("an Anthropic API key", re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{20,}")),
@@ -147,7 +149,12 @@ _SECRET_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("a private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
     ("a Google API key", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b")),
     ("a Google OAuth access token", re.compile(r"\bya29\.[0-9A-Za-z_\-]{20,}")),
-    ("a JSON web token", re.compile(r"\beyJ[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\.")),
+    (
+        # Anchored at the start of a run (not at any "eyJ" inside one, e.g. after "-"):
+        # otherwise each start rescans the rest of the run and the scan is quadratic.
+        "a JSON web token",
+        re.compile(r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\."),
+    ),
     (
         # Cloudflare tokens are bare 40-char strings: only flag them when keyed as such.
         "a Cloudflare API token",

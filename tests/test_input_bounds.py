@@ -1,0 +1,198 @@
+"""Every input is bounded: hostile YAML, prompt templates and huge scalars are refused
+fast, with a located error, through the real CLI.
+
+Each case runs ``python -m kagura_agent validate|plan`` in a subprocess and reads that
+child's peak RSS with ``resource.getrusage(RUSAGE_CHILDREN)`` from a one-shot runner
+process (so the figure is the CLI's own, not the test process's). Before the bounds
+a seven-level alias bomb took 36 s and 1.6 GB, ``'a'*3000000000`` 2.9 GB, a nested
+``range(99999)`` never finished, and a 50 MB scalar 10 s in the secret scan.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kagura_agent.cli.main import main
+from kagura_agent.manifest.template import TemplateLimit, render_prompt
+from kagura_agent.membrane.secrets import _SECRET_PATTERNS
+
+REPO = Path(__file__).resolve().parent.parent
+LIMIT_SECONDS = 5.0
+LIMIT_RSS_MIB = 512
+HEAD = "apiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: bounds}\nspec:\n"
+
+# Runs the CLI as a child and prints its exit code, stderr and peak RSS as JSON.
+RUNNER = """
+import json, resource, subprocess, sys
+proc = subprocess.run([sys.executable, "-m", "kagura_agent", *sys.argv[1:]],
+                      capture_output=True, text=True, timeout=60)
+rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+print(json.dumps({"code": proc.returncode, "out": proc.stdout[-4000:],
+                  "err": proc.stderr[-4000:], "rss_mib": rss}))
+"""
+
+
+def alias_bomb(levels: int = 7) -> str:
+    lines = ["  steps: [echo hi]", "  vars:", '    a0: &a0 ["lol","lol","lol","lol","lol"]']
+    for i in range(1, levels + 1):
+        lines.append(f"    a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]")
+    return HEAD + "\n".join(lines) + "\n"
+
+
+def prompt_task(template: str) -> str:
+    return HEAD + f"  brain: claude\n  prompt: {json.dumps(template)}\n"
+
+
+CASES: dict[str, tuple[str, int, int, str]] = {
+    # name: (task text, line, col, message fragment)
+    "alias-bomb": (alias_bomb(), 7, 0, "refusing a possible alias bomb"),
+    "self-alias": (
+        HEAD + "  steps: [echo hi]\n  vars: &a\n    x: *a\n",
+        6,  # the anchored node; the JSON path names the alias
+        0,
+        "YAML alias refers to a node that contains it",
+    ),
+    "deep-nesting": (
+        HEAD + "  steps: [echo hi]\n  vars: {x: " + "[" * 100_000 + "]" * 100_000 + "}\n",
+        6,
+        0,
+        "nesting is deeper than 64",
+    ),
+    "nested-range": (
+        prompt_task(
+            "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
+        ),
+        6,
+        11,
+        "range() of more than",
+    ),
+    "nested-range-under-cap": (
+        prompt_task("{% for i in range(9999) %}{% for j in range(9999) %}{% endfor %}{% endfor %}"),
+        6,
+        11,
+        "rendering took longer than",
+    ),
+    "string-times-3e9": (prompt_task("{{ 'a' * 3000000000 }}"), 6, 11, "repeating a value"),
+    "two-power-1e8": (prompt_task("{{ 2**1e8 }}"), 6, 11, "exponent"),
+    "include": (prompt_task("{% include '/etc/passwd' %}"), 6, 11, "include is not allowed"),
+    "import": (prompt_task("{% import 'x' as y %}"), 6, 11, "import is not allowed"),
+    "recursive-macro": (
+        prompt_task("{% macro f(n) %}{{ f(n+1) }}{% endmacro %}{{ f(0) }}"),
+        6,
+        11,
+        "recursion deeper than",
+    ),
+    "doubling": (
+        prompt_task(
+            "{% set ns = namespace(x='a') %}{% for i in range(64) %}"
+            "{% set ns.x = ns.x ~ ns.x %}{% endfor %}{{ ns.x }}"
+        ),
+        6,
+        11,
+        "rendering used more than",
+    ),
+    "format-width": (prompt_task("{{ '{:>999999999}'.format(1) }}"), 6, 11, "format field"),
+    "fifty-mb-scalar": (
+        HEAD + "  steps: [echo hi]\n  vars: {x: " + "a" * 50_000_000 + "}\n",
+        1,
+        1,
+        "limited to 1024 KiB",
+    ),
+}
+
+
+def run_cli(cwd: Path, *argv: str) -> dict[str, object]:
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER, *argv], cwd=cwd, capture_output=True, text=True, timeout=90
+    )
+    assert proc.returncode == 0, proc.stderr
+    result: dict[str, object] = json.loads(proc.stdout)
+    return result
+
+
+@pytest.mark.parametrize("command", ["validate", "plan"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hostile_input_refused_fast_and_small(tmp_path: Path, case: str, command: str) -> None:
+    text, line, col, fragment = CASES[case]
+    (tmp_path / "task.yml").write_text(text, encoding="utf-8")
+    (tmp_path / "facts.json").write_text(
+        json.dumps({"image_digests": {}, "graduation": {"version": 0}}), encoding="utf-8"
+    )
+    argv = [command, "--manifests", str(REPO / "manifests"), "task.yml"]
+    if command == "plan":
+        argv[1:1] = ["--facts", "facts.json"]
+    start = time.monotonic()
+    result = run_cli(tmp_path, *argv)
+    elapsed = time.monotonic() - start
+    err = str(result["err"])
+    assert result["code"] == 2, result
+    assert "Traceback" not in err + str(result["out"])
+    assert elapsed < LIMIT_SECONDS, (case, elapsed)
+    assert float(str(result["rss_mib"])) < LIMIT_RSS_MIB, (case, result["rss_mib"])
+    located = [ln for ln in err.splitlines() if fragment in ln]
+    assert located, err
+    where = f"task.yml:{line}:" + (f"{col}  " if col else "")
+    assert located[0].startswith(where), located[0]
+    assert err.rstrip().endswith("validation error"), err
+
+
+def test_alias_sharing_below_budget_still_loads(tmp_path: Path) -> None:
+    """Ordinary aliases (a shared block reused a few times) keep working."""
+    text = HEAD + "  steps: [echo hi]\n  vars:\n    base: &b {a: 1, b: [x, y]}\n    one: *b\n"
+    (tmp_path / "task.yml").write_text(text, encoding="utf-8")
+    assert (
+        main(["validate", "--manifests", str(REPO / "manifests"), str(tmp_path / "task.yml")]) == 0
+    )
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ ('x'*100000)|replace('', 'y'*100000) }}",
+        "{{ ('a'*1000000)|wordwrap(1, true, 'b'*100000) }}",
+        "{{ (['x'*1000000]*1000)|join }}",
+        "{{ 'a'|center(3000000000) }}",
+        "{{ 'a'.ljust(10**9) }}",
+        "{{ '%999999999d' % 1 }}",
+        "{{ 2**100000000 }}",
+        "{{ lipsum(n=100000) }}",
+        "{% from 'x' import y %}",
+        "{% extends 'base' %}",
+        "{% for i in range(200) %}{{ 'x' * 1000000 }}{% endfor %}",
+    ],
+)
+def test_template_amplifiers_refused(template: str) -> None:
+    start = time.monotonic()
+    with pytest.raises(Exception) as caught:
+        render_prompt(template, {})
+    assert time.monotonic() - start < LIMIT_SECONDS
+    assert isinstance(caught.value, TemplateLimit) or "lipsum" in str(caught.value)
+
+
+def test_ordinary_templates_render() -> None:
+    text = render_prompt(
+        "Hi {{ name }}: {% for i in range(3) %}{{ i }}{% endfor %} {{ ('ab' * 2)|replace('a', 'c') }}"
+        " {{ [1, 2]|join(',') }} {{ 2**10 }} {{ '%3d' % 7 }} {{ '{:>4}'.format('x') }}",
+        {"name": "ops"},
+    )
+    assert text == "Hi ops: 012 cbcb 1,2 1024   7    x"
+
+
+@pytest.mark.parametrize(("label", "pattern"), _SECRET_PATTERNS)
+def test_secret_patterns_scan_in_linear_time(label: str, pattern: object) -> None:
+    """No pattern rescans a run from every start (the JWT one did: 8 s for 200 kB)."""
+    import re
+
+    assert isinstance(pattern, re.Pattern)
+    units = ["eyJ-", "sk-ant-", "sk-", "xoxb-", "AKIA", "aws secret ", "cf_token ", "ghp_", "a"]
+    for unit in units:
+        text = unit * (1_000_000 // len(unit))
+        start = time.monotonic()
+        pattern.search(text)
+        assert time.monotonic() - start < 0.5, (label, unit)
