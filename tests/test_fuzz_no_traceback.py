@@ -5,7 +5,11 @@ Two generators feed ``kagura_agent.cli.main.main`` in-process:
 - arbitrary text (and arbitrary JSON-like values dumped as YAML) as a task file;
 - the example tasks and the default manifests with random mutations applied to one
   node: a key dropped, a value replaced by another type, a random key inserted, a key
-  renamed.
+  renamed;
+- hostile shapes: anchor chains that fan out into alias bombs, self-referencing aliases,
+  deep nesting, and prompt templates assembled from amplifying pieces (huge ranges,
+  repetition, powers, format widths, recursive macros, include) -- each must also
+  finish within 5 s.
 
 ``plan`` validates before it compiles, so it drives both paths with one call per
 example. The command must return 0 or 2 and never raise. On 2 every stderr line is a located
@@ -22,6 +26,7 @@ import json
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -177,3 +182,81 @@ def test_mutated_examples_and_manifests(scratch: Path, data: st.DataObject) -> N
         plan(scratch)
     finally:
         shutil.copy(target, manifest)
+
+
+# Hostile shapes: aliases that fan out (bombs), refer to themselves, or nest deeply, and
+# prompt templates built from the amplifying pieces. Every one must end as 0 or a located
+# error within the bound the brief sets for any input.
+BOUND_SECONDS = 5.0
+
+
+@st.composite
+def alias_yaml(draw: st.DrawFn) -> str:
+    """A task whose vars are a chain of anchors, each a list of aliases to earlier ones."""
+    levels = draw(st.integers(1, 9))
+    width = draw(st.integers(1, 12))
+    scalar = draw(st.sampled_from(["x", "lol" * 50, "y" * 5000]))
+    lines = ["  vars:", f"    a0: &a0 [{scalar!r}]"]
+    for level in range(1, levels + 1):
+        refs = [f"*a{draw(st.integers(0, level - 1))}" for _ in range(width)]
+        lines.append(f"    a{level}: &a{level} [{', '.join(refs)}]")
+    if draw(st.booleans()):
+        lines.append(f"    self: &s {{x: {draw(st.sampled_from(['*s', '[*s]', '{y: *s}']))}}}")
+    depth = draw(st.integers(0, 200))
+    lines.append("    deep: " + "[" * depth + "]" * depth)
+    head = "apiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: f}\nspec:\n"
+    return head + "  steps: [echo hi]\n" + "\n".join(lines) + "\n"
+
+
+TEMPLATE_PIECES = [
+    "{% for i in range(N) %}",
+    "{% endfor %}",
+    "{{ 'a' * N }}",
+    "{{ N ** N }}",
+    "{{ 2 ** 1e8 }}",
+    "{{ 'x'|center(N) }}",
+    "{{ ('ab' * N)|replace('a', 'zz' * N) }}",
+    "{{ ([ 'q' * N ] * N)|join }}",
+    "{{ '%Nd' % 1 }}",
+    "{{ '{:>N}'.format(1) }}",
+    "{% macro m(k) %}{{ m(k) }}{% endmacro %}{{ m(1) }}",
+    "{% include 'x' %}",
+    "{{ x }}",
+    "text ",
+]
+
+
+@st.composite
+def hostile_template(draw: st.DrawFn) -> str:
+    pieces = draw(st.lists(st.sampled_from(TEMPLATE_PIECES), min_size=1, max_size=6))
+    numbers = st.sampled_from(["0", "3", "999", "99999", "3000000000", "10**9"])
+    out = []
+    for piece in pieces:
+        while "N" in piece:
+            piece = piece.replace("N", draw(numbers), 1)
+        out.append(piece)
+    return "".join(out)
+
+
+def bounded_plan(root: Path) -> None:
+    start = time.monotonic()
+    plan(root)
+    assert time.monotonic() - start < BOUND_SECONDS
+
+
+@SETTINGS
+@given(text=alias_yaml())
+def test_alias_shapes_are_bounded(scratch: Path, text: str) -> None:
+    (scratch / "task.yml").write_text(text, encoding="utf-8")
+    bounded_plan(scratch)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(template=hostile_template())
+def test_hostile_templates_are_bounded(scratch: Path, template: str) -> None:
+    task = (
+        "apiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: f}\nspec:\n"
+        f"  brain: claude\n  vars: {{x: 1}}\n  prompt: {json.dumps(template)}\n"
+    )
+    (scratch / "task.yml").write_text(task, encoding="utf-8")
+    bounded_plan(scratch)
