@@ -28,6 +28,13 @@ def at_root(monkeypatch: pytest.MonkeyPatch, state_dir: Path, tmp_path: Path) ->
     return facts
 
 
+def example_args(example: str) -> list[str]:
+    """An example with its own operator folder (examples/X/manifests) is planned with it."""
+    folder = ROOT / "examples" / example / "manifests"
+    own = ["--manifests", f"examples/{example}/manifests"] if folder.is_dir() else []
+    return [*own, f"examples/{example}/task.yml"]
+
+
 def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
     code = main(["plan", "--json", *argv])
     out, err = capsys.readouterr()
@@ -60,17 +67,17 @@ def test_example_validates_and_plans(
     example: str, at_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     task = f"examples/{example}/task.yml"
-    assert main(["validate", task]) == 0, capsys.readouterr().err
+    assert main(["validate", *example_args(example)]) == 0, capsys.readouterr().err
     capsys.readouterr()
-    plan = plan_json(capsys, "--facts", str(at_root), task)
+    plan = plan_json(capsys, "--facts", str(at_root), *example_args(example))
     assert plan["task"]["file"] == task
     assert plan["image"]["resolved"] is True
 
 
 def test_examples_show_their_point(at_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plans = {
-        p["task"]["file"].split("/")[1]: p
-        for p in plan_json(capsys, "--facts", str(at_root), "examples/")
+        example: plan_json(capsys, "--facts", str(at_root), *example_args(example))
+        for example in EXAMPLES
     }
     assert set(plans) == set(EXAMPLES)
     hello = plans["hello"]
@@ -91,10 +98,11 @@ def test_examples_show_their_point(at_root: Path, capsys: pytest.CaptureFixture[
 
 def test_examples_plan_with_real_facts(at_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Without --facts the real gather runs (Docker digest when reachable, else unresolved)."""
-    code = main(["plan", "examples/"])
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    assert out.count("Plan for task ") == len(EXAMPLES)
+    for example in EXAMPLES:
+        code = main(["plan", *example_args(example)])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert out.count("Plan for task ") == 1
 
 
 @pytest.mark.parametrize("kind", ["Brain", "Task", "EgressPolicy"])

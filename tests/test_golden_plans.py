@@ -12,6 +12,9 @@ schema edits:
 - the case folder's absolute path becomes ``$CASE``;
 - ``inputs.schema_version`` becomes ``$SCHEMA_VERSION`` and ``inputs.tool_version``
   becomes ``$TOOL_VERSION``, after checking they equal the running values;
+- the digest of each packaged default file (``<packaged>/…``, the layer under every
+  case's own manifests) becomes ``$PACKAGED``, so editing a packaged file does not
+  rewrite every case;
 - ``fingerprint`` becomes ``$FINGERPRINT``. The fingerprint covers the absolute project
   root and the schema digest, so a literal value would change with the checkout path and
   every schema edit. Instead the test checks its format and that it is exactly the
@@ -55,6 +58,10 @@ def normalise_plan(plan: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     assert plan["inputs"]["tool_version"] == __version__
     plan = json.loads(json.dumps(plan).replace(str(case_dir), "$CASE"))
     plan["fingerprint"] = "$FINGERPRINT"
+    files = plan["inputs"]["files"]
+    for name in files:
+        if name.startswith("<packaged>/"):
+            files[name] = "$PACKAGED"
     plan["inputs"]["schema_version"] = "$SCHEMA_VERSION"
     plan["inputs"]["tool_version"] = "$TOOL_VERSION"
     return plan

@@ -7,12 +7,18 @@ tests/invalid and asserts exit code 2, that every reported error is in the case 
 exactly the declared line, column and JSON path (the fragment must occur in the
 message), and that nothing else is reported. ``_manifests/`` is a minimal valid set
 whose names appear in the "known names" hints.
+
+A task file may only hold Task documents, so a case defining other kinds is a case of
+the operator's folder: it is checked as ``ops/<case>.yml`` in a copy of ``_manifests``
+(``--manifests ops``) — unless it says ``# read-as: task``, when it is the task file
+whose extra documents must be refused.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,15 +67,37 @@ def test_minimal_manifest_set_is_valid(in_corpus: Path, capsys: pytest.CaptureFi
     assert main(["validate", "--manifests", "_manifests"]) == 0, capsys.readouterr().err
 
 
+def is_operator_case(case: str) -> bool:
+    text = (CORPUS / case).read_text(encoding="utf-8")
+    if "# read-as: task" in text:
+        return False
+    kinds = re.findall(r"^kind:\s*(\S+)", text, flags=re.MULTILINE)
+    return any(kind != "Task" for kind in kinds)
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_invalid_case(case: str, in_corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["validate", "--json", "--manifests", "_manifests", case])
+def test_invalid_case(
+    case: str,
+    in_corpus: Path,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if is_operator_case(case):
+        shutil.copytree(CORPUS / "_manifests", tmp_path / "ops")
+        shutil.copy(CORPUS / case, tmp_path / "ops" / case)
+        monkeypatch.chdir(tmp_path)
+        code = main(["validate", "--json", "--manifests", "ops"])
+        shown = f"ops/{case}"
+    else:
+        code = main(["validate", "--json", "--manifests", "_manifests", case])
+        shown = case
     out, err = capsys.readouterr()
     assert code == 2, out + err
     report = json.loads(out)
     assert report["valid"] is False
     errors = report["errors"]
-    assert all(e["file"] == case for e in errors), errors
+    assert all(e["file"] == shown for e in errors), errors
     got = sorted((e["line"], e["col"], e["path"]) for e in errors)
     want = sorted((line, col, path) for line, col, path, _ in expectations(case))
     assert got == want, "\n".join(

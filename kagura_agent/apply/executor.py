@@ -72,6 +72,15 @@ class RunResult:
 
 def refuse_unapplyable(plan: dict[str, Any], options: ApplyOptions) -> None:
     """Refusals that need no side effect at all (exit 6)."""
+    from kagura_agent.membrane.floor import floor_violations
+
+    # Recomputed, not read from the plan: a hand-edited plan file cannot drop it.
+    broken = floor_violations(plan)
+    if broken:
+        raise RefusedError(
+            "plan breaks the membrane floor: " + "; ".join(broken),
+            hint="no manifest can grant this; fix the Image or task",
+        )
     if not plan["applyable"]:
         reasons = [
             f"policy {r['policy']} ({r['message']})"

@@ -1,4 +1,15 @@
-"""The catalog: every valid manifest by kind and name, immutable once built."""
+"""The catalog: every valid manifest by kind and name, immutable once built.
+
+Who may grant what: the catalog is built from the operator's manifest set only — the
+packaged defaults (layer ``packaged``) with the operator's folder (layer ``operator``)
+on top. Task files (layer ``task``) may hold ``Task`` documents and nothing else, so a
+task can only request, by name, what the manifest set defines.
+
+Layering: an operator document with the kind and name of a packaged one replaces it
+(a brain, an image, an egress policy…), except a ``Policy``: the packaged policies are
+the membrane floor and always apply; an operator Policy may not reuse a packaged
+policy's name unless it is an identical copy.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +23,12 @@ from kagura_agent.manifest.loader import Sources
 from kagura_agent.manifest.schema import KINDS, schema_version, validate_document
 from kagura_agent.manifest.yamlpos import Path, YamlDoc, json_path
 
+LAYERS = ("packaged", "operator", "task")
+MOVE_HINT = (
+    "move it to the operator's manifest folder (--manifests DIR); a task may only"
+    " request, by name, what the manifest set defines"
+)
+
 
 @dataclass(frozen=True)
 class Manifest:
@@ -19,6 +36,7 @@ class Manifest:
     name: str
     spec: dict[str, Any]
     doc: YamlDoc
+    layer: str = "operator"  # packaged | operator (a task file never defines a manifest)
 
     @property
     def file(self) -> str:
@@ -35,6 +53,10 @@ class Catalog:
     by_kind: MappingProxyType[str, MappingProxyType[str, Manifest]]
     digests: MappingProxyType[str, str] = field(default_factory=lambda: MappingProxyType({}))
     origin: str = ""  # the manifest directory (absolute), or "<dir>@<git rev>"
+    # The layers in force, bottom first: {"layer", "dir", "files"}; set by load_workspace.
+    layers: tuple[MappingProxyType[str, Any], ...] = ()
+    # "Kind/name" of every packaged manifest an operator document replaced.
+    overrides: tuple[str, ...] = ()
 
     def get(self, kind: str, name: str) -> Manifest | None:
         return self.by_kind.get(kind, MappingProxyType({})).get(name)
@@ -46,15 +68,25 @@ class Catalog:
         return sorted(self.by_kind.get(kind, MappingProxyType({})))
 
     def default(self, kind: str) -> Manifest | None:
-        for manifest in self.of(kind):
+        """The operator's default of ``kind``, else the operator's only one, else the
+        packaged default, else the only one there is."""
+        found = self.of(kind)
+        own = [m for m in found if m.layer != "packaged"]
+        for manifest in own:
             if manifest.spec.get("default") is True:
                 return manifest
-        found = self.of(kind)
+        if len(own) == 1:
+            return own[0]
+        for manifest in found:
+            if manifest.spec.get("default") is True:
+                return manifest
         return found[0] if len(found) == 1 else None
 
 
 def schema_valid(
-    docs: Iterable[YamlDoc], digests: Mapping[str, str] | None = None
+    docs: Iterable[YamlDoc],
+    digests: Mapping[str, str] | None = None,
+    digests_layers: Mapping[str, str] | None = None,
 ) -> tuple[list[Manifest], list[Diagnostic]]:
     """Schema-check documents; the valid ones become manifests.
 
@@ -78,7 +110,10 @@ def schema_valid(
             if doc_key is not None:
                 passed.add(doc_key)
         value = doc.value
-        manifests.append(Manifest(value["kind"], value["metadata"]["name"], value["spec"], doc))
+        layer = (digests_layers or {}).get(doc.file, "operator")
+        manifests.append(
+            Manifest(value["kind"], value["metadata"]["name"], value["spec"], doc, layer)
+        )
     passed.save()
     return manifests, problems
 
@@ -89,10 +124,15 @@ def build_catalog(sources: Sources) -> tuple[Catalog, list[Manifest], list[Diagn
     Returns the catalog, the task manifests, and every problem (schema errors, duplicate
     names). Invalid documents are left out of the catalog so later checks do not cascade.
     """
-    manifests, problems = schema_valid(sources.docs, sources.digests)
+    docs, problems = _task_files_hold_tasks(sources)
+    manifests, found = schema_valid(docs, sources.digests, sources.layers)
+    problems.extend(found)
     index: dict[str, dict[str, Manifest]] = {kind: {} for kind in KINDS if kind != "Task"}
     tasks: list[Manifest] = []
     seen_tasks: dict[str, Manifest] = {}
+    overrides: list[str] = []
+    # Packaged documents first, then the operator's: a later layer meets an earlier one.
+    manifests.sort(key=lambda m: LAYERS.index(m.layer) if m.layer in LAYERS else 1)
     for manifest in manifests:
         if manifest.kind == "Task":
             first = seen_tasks.get(manifest.name)
@@ -103,15 +143,63 @@ def build_catalog(sources: Sources) -> tuple[Catalog, list[Manifest], list[Diagn
             tasks.append(manifest)
             continue
         bucket = index[manifest.kind]
-        if manifest.name in bucket:
-            problems.append(_duplicate(manifest, bucket[manifest.name]))
-            continue
-        bucket[manifest.name] = manifest
+        first = bucket.get(manifest.name)
+        if first is None:
+            bucket[manifest.name] = manifest
+        elif first.layer == manifest.layer:
+            problems.append(_duplicate(manifest, first))
+        elif manifest.kind == "Policy":
+            if manifest.spec != first.spec:
+                problems.append(_policy_override(manifest, first))
+        else:
+            bucket[manifest.name] = manifest
+            overrides.append(f"{manifest.kind}/{manifest.name}")
     catalog = Catalog(
         MappingProxyType({k: MappingProxyType(v) for k, v in index.items()}),
         MappingProxyType(dict(sources.digests)),
+        overrides=tuple(overrides),
     )
     return catalog, tasks, problems
+
+
+def _task_files_hold_tasks(sources: Sources) -> tuple[list[YamlDoc], list[Diagnostic]]:
+    """Refuse every document of a task file whose kind is a manifest kind (not Task).
+
+    Checked before the schema, so the refusal is the one error such a document gets.
+    """
+    kept: list[YamlDoc] = []
+    problems: list[Diagnostic] = []
+    for doc in sources.docs:
+        value = doc.value
+        kind = value.get("kind") if isinstance(value, dict) else None
+        if sources.layers.get(doc.file) != "task" or kind == "Task" or kind not in KINDS:
+            kept.append(doc)
+            continue
+        metadata = value.get("metadata")
+        name = metadata.get("name") if isinstance(metadata, dict) else None
+        line, col = doc.where(("kind",))
+        problems.append(
+            Diagnostic(
+                doc.file,
+                line,
+                col,
+                "$.kind",
+                f"a task file may only hold Task documents, not {kind}"
+                + (f" {name!r}" if isinstance(name, str) else ""),
+                MOVE_HINT,
+            )
+        )
+    return kept, problems
+
+
+def _policy_override(manifest: Manifest, first: Manifest) -> Diagnostic:
+    line, _ = first.doc.where(("metadata", "name"))
+    return manifest.diag(
+        ("metadata", "name"),
+        f"Policy {manifest.name!r} is a packaged membrane policy; it always applies and"
+        " cannot be replaced",
+        hint=f"give yours another name: it then applies alongside {first.file}:{line}",
+    )
 
 
 def _duplicate(manifest: Manifest, first: Manifest) -> Diagnostic:

@@ -60,7 +60,10 @@ def inline_secrets(doc: YamlDoc) -> list[Diagnostic]:
 def check_catalog(catalog: Catalog) -> list[Diagnostic]:
     problems: list[Diagnostic] = []
     for kind in DEFAULTABLE:
-        defaults = [m for m in catalog.of(kind) if m.spec.get("default") is True]
+        # One default per layer: the operator's default replaces the packaged one.
+        flagged = [m for m in catalog.of(kind) if m.spec.get("default") is True]
+        own = [m for m in flagged if m.layer != "packaged"]
+        defaults = own or flagged
         for extra in defaults[1:]:
             problems.append(
                 extra.diag(

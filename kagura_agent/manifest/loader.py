@@ -36,15 +36,29 @@ class Sources:
     docs: list[YamlDoc] = field(default_factory=list)
     digests: dict[str, str] = field(default_factory=dict)
     problems: list[Diagnostic] = field(default_factory=list)
+    # Which layer each file (by display name) was read as: packaged, operator or task.
+    layers: dict[str, str] = field(default_factory=dict)
+    # The real path of every file read from disk, so one file is never read twice.
+    real_paths: set[str] = field(default_factory=set)
 
     def extend(self, other: Sources) -> None:
         self.docs.extend(other.docs)
         self.digests.update(other.digests)
         self.problems.extend(other.problems)
+        self.layers.update(other.layers)
+        self.real_paths.update(other.real_paths)
+
+
+def packaged_dir() -> Path:
+    """The packaged default manifest set: the bottom layer of every catalog."""
+    return resource_dir("manifests")
 
 
 def manifests_dir(explicit: str | None) -> Path:
-    """--manifests DIR, else $KAGURA_AGENT_MANIFESTS, else ./manifests, else the packaged set."""
+    """The operator's folder: --manifests DIR, else $KAGURA_AGENT_MANIFESTS, else ./manifests.
+
+    With none of these it is the packaged set itself (then there is one layer only).
+    """
     for candidate in (explicit, os.environ.get("KAGURA_AGENT_MANIFESTS")):
         if candidate:
             path = Path(candidate)
@@ -54,7 +68,14 @@ def manifests_dir(explicit: str | None) -> Path:
     local = Path("manifests")
     if local.is_dir():
         return local
-    return resource_dir("manifests")
+    return packaged_dir()
+
+
+def same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 def display_path(path: Path) -> str:
@@ -75,8 +96,21 @@ def yaml_files(path: Path) -> list[Path]:
     raise UsageError(f"{path} does not exist")
 
 
-def read_text_source(text: str, name: str) -> Sources:
+def packaged_display(path: Path) -> str:
+    """A packaged file's name: relative to the working directory when under it, else
+    ``<packaged>/NAME`` (so plans do not depend on where the tool is installed)."""
+    shown = display_path(path)
+    if not Path(shown).is_absolute():
+        return shown
+    try:
+        return "<packaged>/" + str(path.resolve().relative_to(packaged_dir().resolve()))
+    except ValueError:
+        return shown
+
+
+def read_text_source(text: str, name: str, layer: str = "operator") -> Sources:
     sources = Sources()
+    sources.layers[name] = layer
     data = text.encode("utf-8", "surrogateescape")
     sources.digests[name] = "sha256:" + hashlib.sha256(data).hexdigest()
     if len(data) > MAX_FILE_BYTES:
@@ -88,11 +122,21 @@ def read_text_source(text: str, name: str) -> Sources:
     return sources
 
 
-def read_paths(paths: list[Path]) -> Sources:
+def read_paths(
+    paths: list[Path], layer: str = "operator", *, skip: set[str] | None = None
+) -> Sources:
+    """Read every YAML file under ``paths`` as ``layer``; files whose real path is in
+    ``skip`` (already read as another layer) are not read again."""
     sources = Sources()
+    done = set(skip or ())
     for path in paths:
         for file in yaml_files(path):
-            name = display_path(file)
+            real = os.path.realpath(file)
+            if real in done:
+                continue
+            done.add(real)
+            sources.real_paths.add(real)
+            name = packaged_display(file) if layer == "packaged" else display_path(file)
             try:
                 size = file.stat().st_size
                 if size > MAX_FILE_BYTES:
@@ -108,5 +152,5 @@ def read_paths(paths: list[Path]) -> Sources:
             except (OSError, UnicodeDecodeError) as exc:
                 sources.problems.append(Diagnostic(name, 1, 1, "$", f"cannot read file: {exc}"))
                 continue
-            sources.extend(read_text_source(text, name))
+            sources.extend(read_text_source(text, name, layer))
     return sources

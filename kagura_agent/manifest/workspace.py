@@ -5,11 +5,21 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 from kagura_agent.errors import Diagnostic, UsageError, ValidationError
-from kagura_agent.manifest.catalog import Catalog, Manifest, build_catalog
+from kagura_agent.manifest.catalog import Catalog, build_catalog
 from kagura_agent.manifest.checks import check_catalog, inline_secrets
-from kagura_agent.manifest.loader import Sources, manifests_dir, read_paths, read_text_source
+from kagura_agent.manifest.loader import (
+    Sources,
+    display_path,
+    manifests_dir,
+    packaged_dir,
+    read_paths,
+    read_text_source,
+    same_dir,
+)
 from kagura_agent.manifest.task import ResolvedTask, resolve_task
 
 
@@ -29,12 +39,27 @@ def load_workspace(
     Raises ValidationError carrying every diagnostic when anything is wrong.
     """
     directory = manifests_dir(manifests)
-    sources = _git_sources(directory, base_rev) if base_rev else read_paths([directory])
-    extra = read_paths([Path(p) for p in paths])
-    sources.extend(extra)
+    packaged = packaged_dir()
+    own_layer = not same_dir(directory, packaged)
+    if base_rev and not own_layer:
+        # Reviewing the packaged set itself at a revision: that revision is the bottom layer.
+        sources = _git_sources(directory, base_rev, "packaged")
+    else:
+        sources = read_paths([packaged], "packaged")
+    layers = [_layer("packaged", "<packaged>" if own_layer else str(directory), sources)]
+    if own_layer:
+        own = (
+            _git_sources(directory, base_rev, "operator")
+            if base_rev
+            else read_paths([directory], "operator", skip=sources.real_paths)
+        )
+        sources.extend(own)
+        layers.append(_layer("operator", display_path(directory), own))
+    # A path that is (inside) the manifest set is not read again as a task file.
+    sources.extend(read_paths([Path(p) for p in paths], "task", skip=sources.real_paths))
     catalog, task_manifests, problems = build_catalog(sources)
     origin = str(directory.resolve()) + (f"@{base_rev}" if base_rev else "")
-    catalog = replace(catalog, origin=origin)
+    catalog = replace(catalog, origin=origin, layers=tuple(layers))
     # Syntax errors, duplicate keys and unreadable files were found while reading.
     problems = [*sources.problems, *problems]
     for doc in sources.docs:
@@ -51,10 +76,8 @@ def load_workspace(
     return Workspace(catalog, tasks, directory, len(sources.docs))
 
 
-def task_manifests_only(paths: list[str]) -> list[Manifest]:
-    """Used by callers that need to know which task files were named."""
-    _, tasks, _ = build_catalog(read_paths([Path(p) for p in paths]))
-    return tasks
+def _layer(name: str, directory: str, sources: Sources) -> MappingProxyType[str, Any]:
+    return MappingProxyType({"layer": name, "dir": directory, "files": sorted(sources.digests)})
 
 
 def _dedupe(problems: list[Diagnostic]) -> list[Diagnostic]:
@@ -69,7 +92,7 @@ def _dedupe(problems: list[Diagnostic]) -> list[Diagnostic]:
     return unique
 
 
-def _git_sources(directory: Path, rev: str) -> Sources:
+def _git_sources(directory: Path, rev: str, layer: str) -> Sources:
     """The manifest set as it was at ``rev``, read with git (no checkout)."""
     try:
         top = _git(directory, "rev-parse", "--show-toplevel").strip()
@@ -90,7 +113,7 @@ def _git_sources(directory: Path, rev: str) -> Sources:
         if not name.endswith((".yml", ".yaml")):
             continue
         text = _git(Path(top), "show", f"{rev}:{name}")
-        sources.extend(read_text_source(text, f"{rev}:{name}"))
+        sources.extend(read_text_source(text, f"{rev}:{name}", layer))
     if not sources.digests:
         raise UsageError(f"no manifests under {prefix} at git revision {rev}")
     return sources

@@ -77,6 +77,11 @@ def _mounts(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _check_floor(h: dict[str, Any]) -> None:
+    from kagura_agent.membrane.floor import hardening_violations
+
+    broken = hardening_violations(h)
+    if broken:
+        raise _refuse("; ".join(broken))
     if h.get("privileged"):
         raise _refuse("privileged mode")
     if h.get("devices"):

@@ -19,6 +19,7 @@ from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.manifest.schema import schema_version
 from kagura_agent.manifest.task import ResolvedTask
+from kagura_agent.membrane.floor import floor_violations
 from kagura_agent.plan.policy import RuleChecker, evaluate_policies, policy_denials
 from kagura_agent.units import parse_duration, parse_size
 
@@ -97,6 +98,8 @@ def compile_plan(
             "the Docker daemon uses neither userns-remap nor rootless mode:"
             " the container's uid is the same uid on the host"
         )
+    # The membrane floor is code: it holds whatever the manifests and policies say.
+    plan["floor"] = floor_violations(plan)
     plan["policy"] = evaluate_policies(catalog, plan, check_rule)
     denials = _denied_categories(plan, policy_denials(plan["policy"]))
     plan["approvals"] = _classify_all(catalog, task, plan, facts, denials)
@@ -113,6 +116,7 @@ def compile_plan(
     plan["applyable"] = (
         not refused
         and not widened
+        and not plan["floor"]
         and not any(r["effect"] == "deny" and not r["passed"] for r in plan["policy"])
         and all(a["class"] != "denied" for a in plan["approvals"])
     )

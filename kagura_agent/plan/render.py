@@ -141,6 +141,8 @@ def render_text(plan: dict[str, Any], style: Style) -> str:
         out.append(
             f"  {_tag(approval['class'], style)} {approval['category']}: {approval['reason']}"
         )
+    for broken in plan.get("floor") or []:
+        out.append("  " + style(f"FLOOR {broken}", "red", "bold"))
     failed = [r for r in plan["policy"] if not r["passed"]]
     passed = len(plan["policy"]) - len(failed)
     out.append(f"  policy       {passed}/{len(plan['policy'])} rules pass")
@@ -223,8 +225,11 @@ def render_markdown(plan: dict[str, Any]) -> str:
         )
         lines.append(f"| parent | task `{parent['task']}` ({widens}) | |")
     failed = [r for r in plan["policy"] if not r["passed"]]
-    if failed or plan["warnings"]:
+    floor = plan.get("floor") or []
+    if failed or plan["warnings"] or floor:
         lines.append("")
+        for broken in floor:
+            lines.append(f"- **floor**: {broken}")
         for result in failed:
             lines.append(f"- **{result['effect']}** `{result['policy']}`: {result['message']}")
         for warning in plan["warnings"]:

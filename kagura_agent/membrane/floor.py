@@ -1,0 +1,110 @@
+"""The membrane floor, in code: what no manifest, policy or plan file can turn off.
+
+Policies add rules on top; this floor holds when they are missing, deleted or edited.
+The planner marks a plan that breaks it not applyable (``floor_violations`` in the plan),
+``apply`` refuses such a plan (also a hand-edited saved plan), and the container's
+creation arguments are checked against it once more (membrane.hardening). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# Capabilities that break the membrane: mounts and namespaces (SYS_ADMIN), the network
+# the proxy enforces (NET_ADMIN), other processes (SYS_PTRACE), the kernel (SYS_MODULE,
+# BPF, PERFMON, SYS_BOOT, SYS_RAWIO), files the uid may not read (DAC_READ_SEARCH),
+# device nodes (MKNOD), mandatory access control and audit, clock and resource limits.
+FORBIDDEN_CAPABILITIES = frozenset(
+    {
+        "ALL",
+        "SYS_ADMIN",
+        "NET_ADMIN",
+        "SYS_PTRACE",
+        "SYS_MODULE",
+        "SYS_RAWIO",
+        "DAC_READ_SEARCH",
+        "BPF",
+        "PERFMON",
+        "SYS_BOOT",
+        "MKNOD",
+        "MAC_ADMIN",
+        "MAC_OVERRIDE",
+        "AUDIT_CONTROL",
+        "AUDIT_READ",
+        "SYSLOG",
+        "SYS_TIME",
+        "SYS_RESOURCE",
+        "LINUX_IMMUTABLE",
+        "CHECKPOINT_RESTORE",
+        "SYS_PACCT",
+        "SYS_TTY_CONFIG",
+        "IPC_OWNER",
+        "WAKE_ALARM",
+        "BLOCK_SUSPEND",
+    }
+)
+
+# Hard ceilings an Image cannot exceed, whatever its manifest says.
+MAX_PIDS = 4096
+MAX_MEMORY_BYTES = 32 * 1024**3
+MAX_NANO_CPUS = 16 * 10**9
+MAX_NOFILE = 65536
+_SOCKETS = re.compile(r"(^|/)(docker|containerd|podman|crio|cri-dockerd)\.sock$")
+_ENGINE_DIRS = ("/var/run/docker", "/run/docker", "/var/lib/docker", "/run/containerd")
+
+
+def hardening_violations(h: dict[str, Any]) -> list[str]:
+    """Why the ``hardening`` section breaks the floor (empty when it does not)."""
+    found: list[str] = []
+    caps = sorted({str(c).upper().removeprefix("CAP_") for c in h.get("cap_add") or []})
+    bad = [c for c in caps if c in FORBIDDEN_CAPABILITIES]
+    if bad:
+        found.append(f"capabilities {', '.join(bad)} break the membrane and are never added")
+    if "ALL" not in [str(c).upper() for c in h.get("cap_drop", ["ALL"])]:
+        found.append("cap_drop must be ALL")
+    if h.get("privileged") is not False:
+        found.append("privileged mode")
+    if h.get("devices"):
+        found.append("devices")
+    for key in ("pid_mode", "ipc_mode"):
+        if h.get(key, "private") != "private":
+            found.append(f"{key} {h.get(key)!r} (host namespaces are never shared)")
+    if h.get("network", "none") not in ("none", "internal"):
+        found.append(f"network {h.get('network')!r} (only none or the run's internal network)")
+    if h.get("seccomp", "default") != "default":
+        found.append(f"seccomp {h.get('seccomp')!r} (only Docker's default profile)")
+    if h.get("no_new_privileges") is not True or h.get("read_only_rootfs") is not True:
+        found.append("no_new_privileges and read_only_rootfs cannot be turned off")
+    for key, ceiling, shown in (
+        ("pids_limit", MAX_PIDS, str(MAX_PIDS)),
+        ("memory_bytes", MAX_MEMORY_BYTES, "32g"),
+        ("nano_cpus", MAX_NANO_CPUS, "16 cpus"),
+        ("nofile", MAX_NOFILE, str(MAX_NOFILE)),
+    ):
+        value = h.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            found.append(f"{key} must be a positive integer")
+        elif value > ceiling:
+            found.append(f"{key} {value} is above the ceiling {shown}")
+    return found
+
+
+def mount_violations(mounts: list[dict[str, Any]]) -> list[str]:
+    """The container engine's socket or data directories are never mounted."""
+    found = []
+    for mount in mounts:
+        source = str(mount.get("source", ""))
+        if _SOCKETS.search(source) or any(
+            source == d or source.startswith(d + "/") for d in _ENGINE_DIRS
+        ):
+            found.append(f"mount {source} (the container engine is never reachable)")
+    return found
+
+
+def floor_violations(plan: dict[str, Any]) -> list[str]:
+    """Every way ``plan`` breaks the membrane floor."""
+    return [
+        *hardening_violations(plan.get("hardening") or {}),
+        *mount_violations(plan.get("mounts") or []),
+    ]
