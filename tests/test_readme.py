@@ -64,7 +64,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 def test_the_readme_shows_plan_samples() -> None:
     assert [command for command, _ in _samples()] == [
         "kagura-agent plan examples/dns-change/task.yml",
-        "kagura-agent plan examples/denied-paste/task.yml",
+        "kagura-agent plan --manifests examples/denied-paste/manifests examples/denied-paste/task.yml",
     ]
 
 
