@@ -9,7 +9,9 @@ documented exit code; after ``kill -9`` the next apply sweeps what the dead run 
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from apply_helpers import (
     wait_for_run,
     write_task,
 )
+from resources import missing
 
 pytestmark = pytest.mark.docker
 
@@ -55,6 +58,11 @@ TEST_MANIFESTS: tuple[dict[str, Any], ...] = (
         "kind": "Brain",
         "metadata": {"name": "strict"},
         "spec": {"engine": "script", "max_line_bytes": 65536, "budget": {"wall_time": "3s"}},
+    },
+    {
+        "kind": "Brain",
+        "metadata": {"name": "capped"},
+        "spec": {"engine": "script", "max_line_bytes": 65536},
     },
 )
 
@@ -131,26 +139,47 @@ def test_brain_past_its_wall_budget_is_stopped(
     assert run_row(state_dir, run_id)["outcome"] == "failed"
 
 
-# A step that writes straight onto the brain channel (the stdout docker attached to),
-# past the engine: what a compromised or broken brain could do.
+# A compromised brain writing straight onto its channel (the stdout Docker attached to),
+# past the engine and the entrypoint's own writer. The agent's tools must not be able to
+# reach that stream, so the test plays the compromised brain from the host: as root it
+# writes to the stdout of the container's init process, which is the channel's pipe.
 FLOODS = {
-    "huge-line": ("head -c 50000000 /dev/zero | tr '\\0' x > /proc/1/fd/1", "oversize"),
-    "endless-lines": ("yes flood > /proc/1/fd/1", "protocol"),
+    "huge-line": ("head -c 50000000 /dev/zero | tr '\\0' x > {fd}", "oversize"),
+    "endless-lines": ("yes flood > {fd}", "protocol"),
 }
+
+
+def _wait_for_file(path: Path, proc: Any, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"apply exited {proc.returncode}: {proc.stdout.read()[-3000:]}")
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("flood", sorted(FLOODS))
 def test_brain_flooding_its_channel_is_stopped(
     docker_client: Any, tmp_path: Path, state_dir: Path, flood: str
 ) -> None:
+    if os.geteuid() != 0:
+        missing("writing onto a container's channel from the host needs root")
     command, code = FLOODS[flood]
-    proc, env = _start(tmp_path, state_dir, [command, "sleep 600"], brain="strict")
-    output = _finish(proc)
+    proc, env = _start(tmp_path, state_dir, ["touch .busy && sleep 600"], brain="capped")
+    run_id = wait_for_run(state_dir, proc)
+    container = wait_for_container(docker_client, run_id)
+    _wait_for_file(tmp_path / "project" / ".busy", proc)  # the turn is running
+    init_pid = container.attrs["State"]["Pid"]
+    flooder = subprocess.Popen(["sh", "-c", command.format(fd=f"/proc/{init_pid}/fd/1")])
+    try:
+        output = _finish(proc)
+    finally:
+        flooder.kill()
+        flooder.wait()
     assert proc.returncode == 1, output[-3000:]
     assert len(output) < 2_000_000, "the flood reached the terminal"
     errors = [e for e in json_lines(output) if e.get("type") == "error"]
-    assert errors and errors[0]["code"] == code, errors
-    [run_id] = run_ids(state_dir)
+    assert errors and errors[0]["code"] == code, (errors, output[-3000:])
     _assert_nothing_left(docker_client, run_id, env, output[-3000:])
 
 
