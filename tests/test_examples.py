@@ -84,6 +84,10 @@ def test_examples_show_their_point(at_root: Path, capsys: pytest.CaptureFixture[
     assert hello["brain"]["engine"] == "script"
     assert hello["egress"]["mode"] == "none" and not hello["credentials"]
     assert plans["summarise-repo"]["brain"]["engine"] == "sdk"
+    # Its project root is a sample repository of its own, never the tool's checkout.
+    assert plans["summarise-repo"]["task"]["project_root"] == str(
+        ROOT / "examples" / "summarise-repo" / "sample"
+    )
     deploy = {c["category"]: c["class"] for c in plans["deploy-staging"]["credentials"]}
     assert {"credential:aws/deployer", "credential:cloudflare/dns-read"} <= set(deploy)
     assert deploy["credential:cloudflare/dns-read"] == "baseline"

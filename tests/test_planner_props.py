@@ -65,7 +65,7 @@ def test_compile_is_deterministic_across_env_and_time(
     facts = Facts.from_json(json.loads(Path("facts.json").read_text()))
     first = _compile(facts)
     monkeypatch.setenv("TZ", "Asia/Tokyo")
-    monkeypatch.setenv("KAGURA_AGENT_STATE_DIR", str(project / "elsewhere"))
+    monkeypatch.setenv("KAGURA_AGENT_STATE_DIR", str(project.parent / "elsewhere"))
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-changed-between-runs-0000000000")
     monkeypatch.setattr(time, "time", lambda: 4_000_000_000.0)
     monkeypatch.setattr(time, "monotonic", lambda: 123.0)

@@ -21,6 +21,7 @@ KINDS: tuple[str, ...] = (
     "Transport",
     "Memory",
     "Policy",
+    "Workspace",
     "Task",
 )
 

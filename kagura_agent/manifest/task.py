@@ -15,6 +15,7 @@ from kagura_agent.errors import Diagnostic
 from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.template import TemplateLimit, render_prompt
 from kagura_agent.membrane.mounts import check_mount
+from kagura_agent.membrane.roots import check_project_root
 from kagura_agent.units import parse_duration
 
 MIN_TTL = 15 * 60
@@ -99,7 +100,7 @@ def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None,
                     f"brain {brain.name!r} is the script engine: give steps, not a prompt",
                 )
             )
-    project_root, mounts = _paths(task, problems)
+    project_root, mounts = _paths(task, catalog, problems)
     budget = dict(DEFAULT_BUDGET)
     if brain is not None:
         budget.update(brain.spec.get("budget", {}))
@@ -253,7 +254,9 @@ def _render_prompt(task: Manifest, problems: list[Diagnostic]) -> str | None:
     return None
 
 
-def _paths(task: Manifest, problems: list[Diagnostic]) -> tuple[str | None, list[dict[str, str]]]:
+def _paths(
+    task: Manifest, catalog: Catalog, problems: list[Diagnostic]
+) -> tuple[str | None, list[dict[str, str]]]:
     base = Path(task.file).resolve().parent
     written = task.spec.get("project_root", ".")
     root = os.path.realpath(base / os.path.expanduser(written))
@@ -262,7 +265,11 @@ def _paths(task: Manifest, problems: list[Diagnostic]) -> tuple[str | None, list
             task.diag(("spec", "project_root"), f"project root {root} is not a directory")
         )
         return None, []
-    problem = check_mount(root, root, writable=True)
+    problem = check_project_root(
+        os.path.normpath(base / os.path.expanduser(written)),
+        allowed=workspace_roots(catalog),
+        extra=_memory_files(catalog),
+    ) or check_mount(root, root, writable=True)
     if problem:
         problems.append(task.diag(("spec", "project_root"), problem))
         return None, []
@@ -284,6 +291,37 @@ def _paths(task: Manifest, problems: list[Diagnostic]) -> tuple[str | None, list
             continue
         mounts.append({"kind": "extra", "source": real, "target": mount["target"], "mode": "ro"})
     return root, mounts
+
+
+def workspace_roots(catalog: Catalog) -> list[str]:
+    """Workspace roots the operator's manifests declare (never a task file's own)."""
+    found: list[str] = []
+    for manifest in catalog.of("Workspace"):
+        if operator_manifest(catalog, manifest):
+            found.extend(str(root["path"]) for root in manifest.spec.get("roots", []))
+    return found
+
+
+def operator_manifest(catalog: Catalog, manifest: Manifest) -> bool:
+    """True when ``manifest`` was read from the manifest set, not from a named file."""
+    origin = catalog.origin
+    if "@" in origin and not os.path.isdir(origin):
+        return manifest.file.startswith(origin.rsplit("@", 1)[1] + ":")
+    if not origin:
+        return False
+    real = os.path.realpath(manifest.file)
+    return real.startswith(os.path.realpath(origin).rstrip("/") + "/")
+
+
+def _memory_files(catalog: Catalog) -> list[tuple[str, str]]:
+    from kagura_agent.memory.factory import sqlite_path
+
+    found = []
+    for manifest in catalog.of("Memory"):
+        if manifest.spec.get("backend", "sqlite") == "sqlite":
+            path = str(sqlite_path({"location": manifest.spec.get("path", "state-dir")}))
+            found.append((path, f"the memory store of Memory {manifest.name!r}"))
+    return found
 
 
 def _names(catalog: Catalog, kind: str) -> str:

@@ -16,6 +16,7 @@ from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError
 from kagura_agent.membrane import hardening, mounts
 from kagura_agent.membrane.images import local_image_digest
 from kagura_agent.membrane.isolation import check_tenancy
+from kagura_agent.membrane.roots import check_project_root
 
 # Keys of hardening.container_kwargs that belong to the container config; the rest go to
 # the host config.
@@ -98,8 +99,15 @@ def check_image_digest(plan: dict[str, Any]) -> str:
 
 
 def check_plan_mounts(plan: dict[str, Any]) -> None:
-    """Re-check every bind mount against the host file system right before launch."""
+    """Re-check every bind mount against the host file system right before launch.
+
+    The project root's hard rules are checked again too (the file system may have moved
+    since the plan); ownership and declared workspace roots were settled by the plan.
+    """
     root = plan["task"]["project_root"]
+    problem = check_project_root(root, allowed=[root])
+    if problem:
+        raise RefusedError(problem)
     for mount in plan.get("mounts", []):
         problem = mounts.check_mount(mount["source"], root, writable=mount.get("mode") == "rw")
         if problem:

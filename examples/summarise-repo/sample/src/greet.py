@@ -1,0 +1,11 @@
+"""Print a greeting."""
+
+import getpass
+
+
+def main() -> None:
+    print(f"hello, {getpass.getuser()}")
+
+
+if __name__ == "__main__":
+    main()
