@@ -294,23 +294,12 @@ def _paths(
 
 
 def workspace_roots(catalog: Catalog) -> list[str]:
-    """Workspace roots the operator's manifests declare (never a task file's own)."""
+    """Workspace roots the operator's manifests declare (a task file cannot carry one)."""
     found: list[str] = []
     for manifest in catalog.of("Workspace"):
-        if operator_manifest(catalog, manifest):
+        if manifest.layer in ("packaged", "operator"):
             found.extend(str(root["path"]) for root in manifest.spec.get("roots", []))
     return found
-
-
-def operator_manifest(catalog: Catalog, manifest: Manifest) -> bool:
-    """True when ``manifest`` was read from the manifest set, not from a named file."""
-    origin = catalog.origin
-    if "@" in origin and not os.path.isdir(origin):
-        return manifest.file.startswith(origin.rsplit("@", 1)[1] + ":")
-    if not origin:
-        return False
-    real = os.path.realpath(manifest.file)
-    return real.startswith(os.path.realpath(origin).rstrip("/") + "/")
 
 
 def _memory_files(catalog: Catalog) -> list[tuple[str, str]]:
