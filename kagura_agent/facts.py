@@ -6,9 +6,13 @@ A Facts value can be written to and read from JSON (golden plan tests keep their
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from kagura_agent.errors import UsageError
 from kagura_agent.graduation.knobs import Knobs
 from kagura_agent.graduation.model import GraduationSnapshot
 from kagura_agent.manifest.catalog import Catalog
@@ -46,6 +50,17 @@ class Facts:
             "parent_run": self.parent_run,
             "missing_memories": list(self.missing_memories),
         }
+
+    @classmethod
+    def load(cls, path: str) -> Facts:
+        """Facts fixed in a JSON file (``plan --facts``), instead of gathered."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UsageError(f"cannot read facts file {path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise UsageError(f"facts file {path} must hold a JSON object")
+        return cls.from_json(data)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Facts:
@@ -188,7 +203,7 @@ def _parent_facts(task: ResolvedTask) -> dict[str, Any]:
     return {"parent_plan": parent_plan, "parent_run": _applying_run(parent_plan)}
 
 
-def _applying_run(plan: dict[str, Any]) -> str | None:
+def _applying_run(plan: Mapping[str, Any]) -> str | None:
     """The newest run of ``plan`` (same task, same fingerprint) in the runs table."""
     import sqlite3
     from contextlib import closing

@@ -57,3 +57,38 @@ def test_kinds_match_the_loader() -> None:
     from kagura_agent.manifest.schema import KINDS
 
     assert tuple(generator().KINDS) == KINDS
+
+
+def plan_generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "gen_plan_docs", ROOT / "scripts" / "gen_plan_docs.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plan_field_table_is_up_to_date() -> None:
+    current = (ROOT / "docs" / "plan-format.md").read_text(encoding="utf-8")
+    assert current == plan_generator().render(current), (
+        "docs/plan-format.md's field table is stale: run python scripts/gen_plan_docs.py"
+    )
+
+
+def test_plan_table_check_mode_reports_staleness(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = plan_generator()
+    stale = tmp_path / "plan-format.md"
+    stale.write_text(
+        f"# prose\n\n{module.BEGIN}\n| old |\n{module.END}\n\nafter\n", encoding="utf-8"
+    )
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    monkeypatch.setattr(module, "OUTPUT", stale)
+    assert module.main(["--check"]) == 1
+    assert module.main([]) == 0
+    assert module.main(["--check"]) == 0
+    text = stale.read_text(encoding="utf-8")
+    assert text.startswith("# prose\n") and text.endswith("\nafter\n")
+    assert "| `hardening.tmpfs` |" in text

@@ -29,6 +29,7 @@ from kagura_agent.apply.runs import apply_lock, close_run, new_run_id, open_run,
 from kagura_agent.clock import Clock, SystemClock
 from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError, Terminated
 from kagura_agent.membrane.secrets import Redactor
+from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 
 MINTED_CLASSES = ("baseline", "graduated")
@@ -70,7 +71,7 @@ class RunResult:
         }
 
 
-def refuse_unapplyable(plan: dict[str, Any], options: ApplyOptions) -> None:
+def refuse_unapplyable(plan: Plan, options: ApplyOptions) -> None:
     """Refusals that need no side effect at all (exit 6)."""
     from kagura_agent.membrane.floor import floor_violations
 
@@ -99,7 +100,7 @@ def refuse_unapplyable(plan: dict[str, Any], options: ApplyOptions) -> None:
         )
 
 
-def apply_plan(plan: dict[str, Any], options: ApplyOptions) -> RunResult:
+def apply_plan(plan: Plan, options: ApplyOptions) -> RunResult:
     """Execute ``plan`` exactly; returns the run's result (exit code inside)."""
     from kagura_agent.memory.gate import check_ready
 
@@ -138,9 +139,7 @@ def _runtime() -> Any:
     return DockerRuntime()
 
 
-def _approvals(
-    store: StateStore, plan: dict[str, Any], options: ApplyOptions, live: LiveView
-) -> set[str]:
+def _approvals(store: StateStore, plan: Plan, options: ApplyOptions, live: LiveView) -> set[str]:
     from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_prompt
 
     needed = [a["category"] for a in plan["approvals"] if a["class"] == "needs-approval"]
@@ -196,7 +195,7 @@ def _sigterm_as_exception() -> Iterator[None]:
 
 def _run(
     store: StateStore,
-    plan: dict[str, Any],
+    plan: Plan,
     run_id: str,
     approved: set[str],
     runtime: Any,
@@ -240,7 +239,7 @@ def _release(broker: Any, live: LiveView) -> None:
 
 def _run_in_container(
     store: StateStore,
-    plan: dict[str, Any],
+    plan: Plan,
     run_id: str,
     leases: list[Any],
     runtime: Any,
@@ -288,7 +287,7 @@ def _run_in_container(
 
 async def _drive(
     store: StateStore,
-    plan: dict[str, Any],
+    plan: Plan,
     run_id: str,
     leases: list[Any],
     runtime: Any,

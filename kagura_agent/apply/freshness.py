@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from kagura_agent.errors import RefusedError
+from kagura_agent.plan.model import Inputs, Plan
 
 
-def check_fresh(saved: dict[str, Any], current: dict[str, Any]) -> None:
+def check_fresh(saved: Plan, current: Plan) -> None:
     """Raise RefusedError (exit 6) naming the inputs that changed since ``saved`` was made."""
     if saved["fingerprint"] == current["fingerprint"]:
         return
@@ -20,7 +19,7 @@ def check_fresh(saved: dict[str, Any], current: dict[str, Any]) -> None:
     )
 
 
-def changed_inputs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def changed_inputs(old: Inputs, new: Inputs) -> list[str]:
     changes = []
     old_files, new_files = old.get("files", {}), new.get("files", {})
     for name in sorted(set(old_files) | set(new_files)):

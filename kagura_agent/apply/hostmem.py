@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from kagura_agent.memory.model import Memory, Source
+from kagura_agent.plan.model import Plan
 
 T = TypeVar("T")
 
@@ -60,7 +61,7 @@ class HostMemory:
         return _public(found)
 
 
-def open_host_memory(plan: dict[str, Any], run_id: str) -> HostMemory:
+def open_host_memory(plan: Plan, run_id: str) -> HostMemory:
     """The memory server for ``plan``'s run, with the task's trust filter."""
     from kagura_agent.memory.factory import open_memory
 

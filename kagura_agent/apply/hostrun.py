@@ -12,12 +12,13 @@ import shutil
 import tempfile
 from typing import Any
 
+from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 
 
 def run_on_host(
     store: StateStore,
-    plan: dict[str, Any],
+    plan: Plan,
     run_id: str,
     leases: list[Any],
     options: Any,
@@ -41,7 +42,7 @@ def run_on_host(
 
 async def _drive(
     store: StateStore,
-    plan: dict[str, Any],
+    plan: Plan,
     run_id: str,
     leases: list[Any],
     creds: str,

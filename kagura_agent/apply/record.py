@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from kagura_agent.clock import Clock, iso
+from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 
 
 def record_outcome(
     store: StateStore,
-    plan: dict[str, Any],
+    plan: Plan,
     run_id: str,
     approved: set[str],
     result: Any,
@@ -90,8 +91,9 @@ def record_outcome(
         close = getattr(memory, "close", None)
         if close is not None:
             close()
-    if success and plan["task"].get("session") and plan["brain"]["engine"] == "script":
-        clear_checkpoint(store, plan["task"]["session"])
+    session = plan["task"]["session"]
+    if success and session and plan["brain"]["engine"] == "script":
+        clear_checkpoint(store, session)
     record_applied(store, plan, iso(clock.now()))
     verdict = "succeeded" if success else "FAILED"
     live.phase(
@@ -105,9 +107,7 @@ def record_outcome(
         )
 
 
-def _record_child_output(
-    memory: Any, plan: dict[str, Any], run_id: str, result: Any, success: bool
-) -> str:
+def _record_child_output(memory: Any, plan: Plan, run_id: str, result: Any, success: bool) -> str:
     """A dispatched child's result, citing the context memories its parent handed over."""
     from kagura_agent.patterns.dispatch import record_output
 
@@ -125,7 +125,7 @@ def _record_child_output(
     return str(output.id)
 
 
-def _what_ran(plan: dict[str, Any]) -> str:
+def _what_ran(plan: Plan) -> str:
     steps = plan["task"].get("steps")
     if steps:
         return "; ".join(steps)[:300]

@@ -20,6 +20,7 @@ from typing import Any
 from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import RefusedError
 from kagura_agent.paths import state_dir
+from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 
 MIGRATIONS = [
@@ -45,7 +46,7 @@ def new_run_id() -> str:
     return "run-" + secrets.token_hex(6)
 
 
-def open_run(store: StateStore, plan: dict[str, Any], run_id: str, clock: Clock) -> None:
+def open_run(store: StateStore, plan: Plan, run_id: str, clock: Clock) -> None:
     from kagura_agent.membrane.leases.ledger import process_start
 
     store.migrate("runs", MIGRATIONS)
@@ -94,7 +95,7 @@ def sweep_dead_runs(store: StateStore, runtime: Any, clock: Clock) -> list[str]:
 
 
 @contextmanager
-def apply_lock(plan: dict[str, Any]) -> Iterator[None]:
+def apply_lock(plan: Plan) -> Iterator[None]:
     """Hold the project-root lock (and the session lock) for the duration of a run.
 
     The project-root lock is an ``flock`` on the root directory itself (its real path), so
@@ -106,8 +107,9 @@ def apply_lock(plan: dict[str, Any]) -> Iterator[None]:
     handles: list[Any] = []
     try:
         handles.append(_lock_root(root))
-        if plan["task"].get("session"):
-            handles.append(_lock_file("session", plan["task"]["session"]))
+        session = plan["task"]["session"]
+        if session:
+            handles.append(_lock_file("session", session))
         yield
     finally:
         for handle in handles:

@@ -13,6 +13,7 @@ from kagura_agent.brain.events import (
     ErrorEvent,
 )
 from kagura_agent.errors import RefusedError
+from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 
 RENEW_CHECK_SECONDS = 5.0
@@ -22,7 +23,7 @@ class BrainRun:
     def __init__(
         self,
         store: StateStore,
-        plan: dict[str, Any],
+        plan: Plan,
         leases: list[Any],
         channel: Any,
         options: Any,

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kagura_agent.cli.common import add_manifest_option
+from kagura_agent.plan.model import Plan
 
 
 def register(subparsers: Any) -> None:
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     return execute(plans[0], args, confirm=not args.yes)
 
 
-def check_saved_plan_fresh(plan: dict[str, Any]) -> None:
+def check_saved_plan_fresh(plan: Plan) -> None:
     from kagura_agent.apply.freshness import check_fresh
     from kagura_agent.errors import RefusedError
     from kagura_agent.plan.build import plan_tasks
@@ -95,7 +96,7 @@ def check_saved_plan_fresh(plan: dict[str, Any]) -> None:
     check_fresh(plan, current[0])
 
 
-def execute(plan: dict[str, Any], args: argparse.Namespace, *, confirm: bool) -> int:
+def execute(plan: Plan, args: argparse.Namespace, *, confirm: bool) -> int:
     from kagura_agent.apply.executor import ApplyOptions, apply_plan
     from kagura_agent.cli.common import print_json
     from kagura_agent.errors import RefusedError

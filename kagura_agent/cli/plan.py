@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from kagura_agent.cli.common import add_manifest_option, print_json
 from kagura_agent.errors import ExitCode, UsageError
+from kagura_agent.plan.model import Plan
 
 
 def register(subparsers: Any) -> None:
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"-o saves one plan, but {len(plans)} tasks were planned")
     fmt = output_format(args)
     any_changes = False
-    outputs: list[dict[str, Any]] = []
+    outputs: list[Plan] = []
     base_plans = _base_plans(args) if args.base else {}
     for plan in plans:
         old, label = _baseline(args, plan, base_plans)
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _base_plans(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+def _base_plans(args: argparse.Namespace) -> dict[str, Plan]:
     """Every task planned against the manifests at ``--base``, once for all tasks."""
     from kagura_agent.errors import ValidationError
     from kagura_agent.plan.build import plan_tasks
@@ -90,8 +91,8 @@ def _base_plans(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 
 def _baseline(
-    args: argparse.Namespace, plan: dict[str, Any], base_plans: dict[str, dict[str, Any]]
-) -> tuple[dict[str, Any] | None, str]:
+    args: argparse.Namespace, plan: Plan, base_plans: dict[str, Plan]
+) -> tuple[Mapping[str, Any] | None, str]:
     from kagura_agent.plan import planfile
     from kagura_agent.plan.history import last_applied
 
@@ -102,7 +103,7 @@ def _baseline(
     return last_applied(plan["task"]["name"]), "the last applied plan"
 
 
-def _print_text(plan: dict[str, Any], changes: list[Any], label: str) -> None:
+def _print_text(plan: Plan, changes: list[Any], label: str) -> None:
     from kagura_agent.plan.render import render_text
     from kagura_agent.ui import stdout_style
 
@@ -118,7 +119,7 @@ def _print_text(plan: dict[str, Any], changes: list[Any], label: str) -> None:
     print()
 
 
-def _print_markdown(plan: dict[str, Any], changes: list[Any], label: str) -> None:
+def _print_markdown(plan: Plan, changes: list[Any], label: str) -> None:
     from kagura_agent.plan.render import render_markdown
 
     sys.stdout.write(render_markdown(plan))
@@ -128,11 +129,3 @@ def _print_markdown(plan: dict[str, Any], changes: list[Any], label: str) -> Non
             print(change.render())
         print("```\n</details>")
     print()
-
-
-def load_facts_file(path: str) -> dict[str, Any]:
-    try:
-        data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"cannot read facts file {path}: {exc}") from exc
-    return data

@@ -28,6 +28,7 @@ from kagura_agent.cockpit.registry import Registry, Session, new_session_id
 from kagura_agent.cockpit.runner import AdoptedRun, ApplyProcess, Relay, RunOutcome, apply_argv
 from kagura_agent.cockpit.transport import Event, Transport
 from kagura_agent.errors import KaguraError
+from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 
 STOP_WAIT_SECONDS = 120.0
@@ -154,7 +155,7 @@ class Cockpit:
 
     # --- intents -------------------------------------------------------------------------
 
-    def _compile(self, task_path: str) -> dict[str, Any]:
+    def _compile(self, task_path: str) -> Plan:
         from kagura_agent.errors import UsageError
         from kagura_agent.plan.build import plan_tasks
 

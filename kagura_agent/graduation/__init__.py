@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 # package, and ``classify`` is both a submodule and a function: binding the function here,
 # after the submodule import, is what makes ``from kagura_agent.graduation import
 # classify`` the function whichever module imported ``graduation.classify`` first.
-from kagura_agent.graduation.classify import CapabilityClass, Classification, classify
+from kagura_agent.graduation.classify import Classification, classify
 from kagura_agent.graduation.knobs import Knobs, format_duration, knobs_from_spec, parse_duration
 from kagura_agent.graduation.model import CategoryStatus, GraduationSnapshot
+from kagura_agent.plan.model import CapabilityClass
 
 if TYPE_CHECKING:
     from kagura_agent.graduation.ledger import (

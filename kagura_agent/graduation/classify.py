@@ -15,11 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from kagura_agent.graduation.model import GraduationSnapshot
-
-CapabilityClass = Literal["baseline", "graduated", "needs-approval", "denied"]
+from kagura_agent.plan.model import Approval, CapabilityClass
 
 
 @dataclass(frozen=True)
@@ -36,7 +34,7 @@ class Classification:
     def needs_approval(self) -> bool:
         return self.class_ == "needs-approval"
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> Approval:
         """The plan's ``approvals`` entry (docs/plan-format.md)."""
         return {
             "category": self.category,

@@ -16,6 +16,7 @@ from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.template import TemplateLimit, render_prompt
 from kagura_agent.membrane.mounts import check_mount
 from kagura_agent.membrane.roots import check_project_root
+from kagura_agent.plan.model import BrainRuntime
 from kagura_agent.units import parse_duration
 
 MIN_TTL = 15 * 60
@@ -47,7 +48,7 @@ class ResolvedTask:
     egress: list[Manifest]
     credentials: list[CredentialRequest]
     budget: dict[str, Any]
-    runtime: str
+    runtime: BrainRuntime
     session: str | None
     verify: list[str]
     context: dict[str, Any] = field(default_factory=dict)
@@ -105,7 +106,7 @@ def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None,
     if brain is not None:
         budget.update(brain.spec.get("budget", {}))
     budget.update(spec.get("budget", {}))
-    runtime = spec.get("runtime") or (
+    runtime: BrainRuntime = spec.get("runtime") or (
         brain.spec.get("runtime", "container") if brain else "container"
     )
     if problems or brain is None or image is None or project_root is None:

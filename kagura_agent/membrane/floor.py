@@ -9,6 +9,7 @@ creation arguments are checked against it once more (membrane.hardening). Pure: 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # Capabilities that break the membrane: mounts and namespaces (SYS_ADMIN), the network
@@ -54,7 +55,7 @@ _SOCKETS = re.compile(r"(^|/)(docker|containerd|podman|crio|cri-dockerd)\.sock$"
 _ENGINE_DIRS = ("/var/run/docker", "/run/docker", "/var/lib/docker", "/run/containerd")
 
 
-def hardening_violations(h: dict[str, Any]) -> list[str]:
+def hardening_violations(h: Mapping[str, Any]) -> list[str]:
     """Why the ``hardening`` section breaks the floor (empty when it does not)."""
     found: list[str] = []
     caps = sorted({str(c).upper().removeprefix("CAP_") for c in h.get("cap_add") or []})
@@ -90,7 +91,7 @@ def hardening_violations(h: dict[str, Any]) -> list[str]:
     return found
 
 
-def mount_violations(mounts: list[dict[str, Any]]) -> list[str]:
+def mount_violations(mounts: Sequence[Mapping[str, Any]]) -> list[str]:
     """The container engine's socket or data directories are never mounted."""
     found = []
     for mount in mounts:
@@ -102,7 +103,7 @@ def mount_violations(mounts: list[dict[str, Any]]) -> list[str]:
     return found
 
 
-def floor_violations(plan: dict[str, Any]) -> list[str]:
+def floor_violations(plan: Mapping[str, Any]) -> list[str]:
     """Every way ``plan`` breaks the membrane floor."""
     return [
         *hardening_violations(plan.get("hardening") or {}),

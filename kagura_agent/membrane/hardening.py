@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from kagura_agent.errors import RefusedError, SetupError
+from kagura_agent.plan.model import Hardening, Plan
 
 LABEL_RUN = "dev.kagura.run"
 LABEL_SESSION = "dev.kagura.session"
@@ -41,7 +42,7 @@ def _uid_gid(user: str) -> tuple[int, int]:
     return int(uid), int(gid or uid)
 
 
-def _tmpfs(hardening: dict[str, Any], uid: int, gid: int) -> dict[str, str]:
+def _tmpfs(hardening: Hardening, uid: int, gid: int) -> dict[str, str]:
     wanted = dict(_DEFAULT_TMPFS)
     wanted.update(hardening.get("tmpfs") or {})
     result = {}
@@ -56,7 +57,7 @@ def _tmpfs(hardening: dict[str, Any], uid: int, gid: int) -> dict[str, str]:
     return result
 
 
-def _mounts(plan: dict[str, Any]) -> list[dict[str, Any]]:
+def _mounts(plan: Plan) -> list[dict[str, Any]]:
     project_root = plan["task"]["project_root"]
     result = []
     for mount in plan.get("mounts", []):
@@ -76,7 +77,7 @@ def _mounts(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return result
 
 
-def _check_floor(h: dict[str, Any]) -> None:
+def _check_floor(h: Hardening) -> None:
     from kagura_agent.membrane.floor import hardening_violations
 
     broken = hardening_violations(h)
@@ -97,7 +98,7 @@ def _check_floor(h: dict[str, Any]) -> None:
         raise _refuse("cap_drop must be ALL")
 
 
-def labels(plan: dict[str, Any], run_id: str) -> dict[str, str]:
+def labels(plan: Plan, run_id: str) -> dict[str, str]:
     """The labels every container of this run carries (and that list/sweep filter on)."""
     task = plan.get("task", {})
     return {
@@ -109,7 +110,7 @@ def labels(plan: dict[str, Any], run_id: str) -> dict[str, str]:
 
 
 def container_kwargs(
-    plan: dict[str, Any],
+    plan: Plan,
     run_id: str,
     *,
     command: list[str] | None = None,

@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from kagura_agent.errors import RefusedError
+from kagura_agent.plan.model import Hardening
 
 SANDBOX_RUNTIMES = frozenset(
     {"runsc", "gvisor", "kata", "kata-runtime", "kata-qemu", "kata-fc", "io.containerd.kata.v2"}
 )
 
 
-def check_tenancy(hardening: dict[str, Any]) -> None:
+def check_tenancy(hardening: Hardening) -> None:
     """Refuse a ``shared`` tenancy unless the plan's runtime is runsc or kata (exit 6)."""
     tenancy = hardening.get("tenancy", "self-host")
     runtime = hardening.get("runtime", "runc")

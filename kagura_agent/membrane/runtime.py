@@ -17,6 +17,7 @@ from kagura_agent.membrane import hardening, mounts
 from kagura_agent.membrane.images import local_image_digest
 from kagura_agent.membrane.isolation import check_tenancy
 from kagura_agent.membrane.roots import check_project_root
+from kagura_agent.plan.model import Plan
 
 # Keys of hardening.container_kwargs that belong to the container config; the rest go to
 # the host config.
@@ -76,7 +77,7 @@ def connect(timeout: int = 60) -> Any:
     return client
 
 
-def check_image_digest(plan: dict[str, Any]) -> str:
+def check_image_digest(plan: Plan) -> str:
     """Return the plan's image ID after checking the local image still has it.
 
     Refuses (exit 6, naming the image) when the image is missing, was unresolved at plan
@@ -98,7 +99,7 @@ def check_image_digest(plan: dict[str, Any]) -> str:
     return str(planned)
 
 
-def check_plan_mounts(plan: dict[str, Any]) -> None:
+def check_plan_mounts(plan: Plan) -> None:
     """Re-check every bind mount against the host file system right before launch.
 
     The project root's hard rules are checked again too (the file system may have moved
@@ -129,7 +130,7 @@ class DockerRuntime:
 
     def create(
         self,
-        plan: dict[str, Any],
+        plan: Plan,
         run_id: str,
         *,
         command: list[str] | None = None,

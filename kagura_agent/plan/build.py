@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from kagura_agent.errors import UsageError
+from kagura_agent.plan.model import Plan, Violation
 
 
 def plan_tasks(
@@ -13,7 +15,7 @@ def plan_tasks(
     *,
     facts_file: str | None = None,
     base_rev: str | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Plan]:
     from kagura_agent.facts import Facts, gather_facts
     from kagura_agent.manifest.workspace import load_workspace
     from kagura_agent.plan.planner import compile_plan
@@ -23,9 +25,7 @@ def plan_tasks(
         raise UsageError("no Task documents found in " + ", ".join(paths))
     fixed = None
     if facts_file is not None:
-        from kagura_agent.cli.plan import load_facts_file
-
-        fixed = Facts.from_json(load_facts_file(facts_file))
+        fixed = Facts.load(facts_file)
     plans = []
     checker = CachedRuleChecker()
     for task in workspace.tasks:
@@ -47,7 +47,7 @@ class CachedRuleChecker:
 
         self.passed = PassCache("policy-pass")
 
-    def __call__(self, schema: dict[str, Any], plan: dict[str, Any]) -> list[dict[str, str]]:
+    def __call__(self, schema: dict[str, Any], plan: Mapping[str, Any]) -> list[Violation]:
         import json
 
         from kagura_agent.manifest.cache import key

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kagura_agent.plan.model import DiffOp, Plan
 from kagura_agent.units import format_duration
 
 
 @dataclass(frozen=True)
 class Change:
-    op: str  # "+", "-", "~"
+    op: DiffOp
     section: str
     text: str
 
@@ -21,9 +23,9 @@ class Change:
         return {"op": self.op, "section": self.section, "text": self.text}
 
 
-def diff_plans(old: dict[str, Any] | None, new: dict[str, Any]) -> list[Change]:
+def diff_plans(old: Mapping[str, Any] | None, new: Plan) -> list[Change]:
     """Changes from ``old`` to ``new``; with no old plan everything is new."""
-    base: dict[str, Any] = old or {}
+    base: Mapping[str, Any] = old or {}
     changes: list[Change] = []
     changes += _keyed("egress", _egress(base), _egress(new))
     changes += _keyed("credential", _creds(base), _creds(new))
@@ -50,7 +52,7 @@ def diff_plans(old: dict[str, Any] | None, new: dict[str, Any]) -> list[Change]:
     return changes
 
 
-def _egress(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
+def _egress(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     out = {}
     for entry in plan.get("egress", {}).get("allow", []):
         scheme = "" if entry["scheme"] == "https" else f"{entry['scheme']}://"
@@ -59,7 +61,7 @@ def _egress(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
     return out
 
 
-def _creds(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
+def _creds(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     return {
         f"{c['provider']}:{c['scope']}": {
             "ttl": format_duration(c["ttl_seconds"]),
@@ -70,11 +72,11 @@ def _creds(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
     }
 
 
-def _mounts(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
+def _mounts(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     return {f"{m['source']} -> {m['target']}": {"mode": m["mode"]} for m in plan.get("mounts", [])}
 
 
-def _classes(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
+def _classes(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     return {a["category"]: {"": a["class"]} for a in plan.get("approvals", [])}
 
 
@@ -104,7 +106,7 @@ def _detail(values: dict[str, str]) -> str:
 
 
 def _fields(
-    section: str, old: dict[str, Any], new: dict[str, Any], keys: tuple[str, ...]
+    section: str, old: Mapping[str, Any], new: Mapping[str, Any], keys: tuple[str, ...]
 ) -> list[Change]:
     changes = []
     for key in keys:

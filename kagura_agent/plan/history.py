@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from kagura_agent.paths import state_dir
+from kagura_agent.plan.model import Plan
 from kagura_agent.state import STATE_FILE, StateStore
 
 MIGRATIONS = [
@@ -20,7 +21,7 @@ MIGRATIONS = [
 ]
 
 
-def record_applied(store: StateStore, plan: dict[str, Any], applied_at: str) -> None:
+def record_applied(store: StateStore, plan: Plan, applied_at: str) -> None:
     store.migrate("plans", MIGRATIONS)
     with store.transaction() as conn:
         conn.execute(

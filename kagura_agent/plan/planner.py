@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import shlex
+from collections.abc import Mapping
 from typing import Any
 
 from kagura_agent import __version__
@@ -20,6 +21,29 @@ from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.manifest.schema import schema_version
 from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.membrane.floor import floor_violations
+from kagura_agent.patterns.dispatch import narrowing_violations
+from kagura_agent.plan.model import (
+    Approval,
+    BrainSection,
+    Budget,
+    BudgetSource,
+    Classified,
+    CostHistory,
+    CredentialBase,
+    EgressMode,
+    EgressRule,
+    EgressSection,
+    Hardening,
+    ImageBase,
+    Inputs,
+    MemorySection,
+    Mount,
+    ParentLink,
+    Plan,
+    Scheme,
+    TaskSection,
+    Tenancy,
+)
 from kagura_agent.plan.policy import RuleChecker, evaluate_policies, policy_denials
 from kagura_agent.units import parse_duration, parse_size
 
@@ -45,51 +69,120 @@ DEFAULT_USER = "1000:1000"
 
 def compile_plan(
     catalog: Catalog, task: ResolvedTask, facts: Facts, *, check_rule: RuleChecker | None = None
-) -> dict[str, Any]:
+) -> Plan:
     """Compile a resolved task into a launch plan.
 
     ``check_rule`` evaluates one policy rule on the plan; it must be a pure function of
     its arguments (the default runs jsonschema; ``plan.build`` passes a memoised one).
     """
-    warnings: list[str] = []
     tenancy = _tenancy(catalog)
-    plan: dict[str, Any] = {
+    egress = _egress(task.egress)
+    hardening = _hardening(task, tenancy, facts, egress["mode"])
+    brain = _brain(task)
+    image = _image(task.image, facts)
+    credentials = [_credential(request) for request in task.credentials]
+    mounts: list[Mount] = [
+        {"kind": "project", "source": task.project_root, "target": "/workspace", "mode": "rw"},
+        *[_extra_mount(m) for m in task.mounts],
+    ]
+    task_section = _task(task)
+    parent, widened = _dispatch_check(task, facts)
+    # Policies see every requested capability before it is classified (a deny of a
+    # capability classifies it ``denied``), so they run on a draft without approvals.
+    draft: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "inputs": _inputs(catalog, task, facts),
-        "task": _task(task),
-        "image": _image(task.image, facts),
-        "mounts": [
-            {"kind": "project", "source": task.project_root, "target": "/workspace", "mode": "rw"},
-            *[{**m, "category": f"mount:{m['source']}"} for m in task.mounts],
-        ],
-        "egress": _egress(task.egress),
-        "credentials": [_credential(request) for request in task.credentials],
-        "hardening": _hardening(task, tenancy, facts),
-        "brain": _brain(task),
+        "task": task_section,
+        "image": image,
+        "mounts": mounts,
+        "egress": egress,
+        "credentials": credentials,
+        "hardening": hardening,
+        "brain": brain,
         "memory": _memory(task, facts),
         "budget": _budget(task, facts, catalog),
     }
-    plan["hardening"]["network"] = "internal" if plan["egress"]["mode"] == "proxy" else "none"
-    if not plan["image"]["resolved"]:
+    # The membrane floor is code: it holds whatever the manifests and policies say.
+    floor = floor_violations(draft)
+    draft["floor"] = floor
+    policy = evaluate_policies(catalog, draft, check_rule)
+    if parent is not None:
+        task_section = {**task_section, "parent": parent}
+        if facts.parent_plan is not None:
+            parent["narrowing"] = narrowing_violations(facts.parent_plan, draft)
+            widened = _widened(parent)
+    denials = _denied_categories(draft, policy_denials(policy))
+    approvals = _classify_all(catalog, task, draft, facts, denials)
+    by_category = {a["category"]: a for a in approvals}
+    unwritable = _unwritable_project(brain, hardening, mounts, facts)
+    warnings = _warnings(tenancy, image, credentials, hardening, brain, facts, unwritable) + [
+        f"context memory {memory_id} does not exist (forgotten?); the brain will not find it"
+        for memory_id in facts.missing_memories
+    ]
+    warnings += [f"refused: {reason}" for reason in widened]
+    refused = (
+        tenancy == "shared" and hardening["runtime"] not in SHARED_RUNTIMES
+    ) or unwritable.startswith("refused")
+    plan: Plan = {
+        "format_version": FORMAT_VERSION,
+        "inputs": draft["inputs"],
+        "task": task_section,
+        "image": {**image, **_classified(by_category[image["category"]])},
+        "mounts": [mounts[0], *[_classified_mount(m, by_category) for m in mounts[1:]]],
+        "egress": egress,
+        "credentials": [
+            {**cred, **_classified(by_category[cred["category"]])} for cred in credentials
+        ],
+        "hardening": hardening,
+        "brain": brain,
+        "memory": draft["memory"],
+        "budget": draft["budget"],
+        "floor": floor,
+        "policy": policy,
+        "approvals": approvals,
+        "warnings": warnings,
+        "applyable": (
+            not refused
+            and not widened
+            and not floor
+            and not any(r["effect"] == "deny" and not r["passed"] for r in policy)
+            and all(a["class"] != "denied" for a in approvals)
+        ),
+        "fingerprint": "",
+    }
+    plan["fingerprint"] = fingerprint(plan)
+    return plan
+
+
+def _warnings(
+    tenancy: Tenancy,
+    image: ImageBase,
+    credentials: list[CredentialBase],
+    hardening: Hardening,
+    brain: BrainSection,
+    facts: Facts,
+    unwritable: str,
+) -> list[str]:
+    warnings: list[str] = []
+    if not image["resolved"]:
         warnings.append(
-            f"image {plan['image']['ref']} is not built here (digest unresolved);"
+            f"image {image['ref']} is not built here (digest unresolved);"
             " run `kagura-agent images build` before apply"
         )
-    for cred in plan["credentials"]:
+    for cred in credentials:
         if cred["standing"]:
             warnings.append(
                 f"credential {cred['provider']}/{cred['scope']} is a standing secret (static);"
                 " it does not expire on its own"
             )
-    unwritable = _unwritable_project(plan, facts)
     if unwritable:
         warnings.append(unwritable)
-    if plan["brain"]["runtime"] == "host":
+    if brain["runtime"] == "host":
         warnings.append(
             "brain runtime is host: the brain runs UNSANDBOXED on this machine;"
             " apply needs --allow-host-runtime"
         )
-    if tenancy == "shared" and plan["hardening"]["runtime"] not in SHARED_RUNTIMES:
+    if tenancy == "shared" and hardening["runtime"] not in SHARED_RUNTIMES:
         warnings.append("tenancy is shared but the runtime is not runsc/kata: refused")
     if facts.daemon is not None and not (
         facts.daemon.get("userns_remap") or facts.daemon.get("rootless")
@@ -98,47 +191,43 @@ def compile_plan(
             "the Docker daemon uses neither userns-remap nor rootless mode:"
             " the container's uid is the same uid on the host"
         )
-    # The membrane floor is code: it holds whatever the manifests and policies say.
-    plan["floor"] = floor_violations(plan)
-    plan["policy"] = evaluate_policies(catalog, plan, check_rule)
-    denials = _denied_categories(plan, policy_denials(plan["policy"]))
-    plan["approvals"] = _classify_all(catalog, task, plan, facts, denials)
-    widened = _dispatch_check(plan, task, facts)
-    warnings += [
-        f"context memory {memory_id} does not exist (forgotten?); the brain will not find it"
-        for memory_id in facts.missing_memories
-    ]
-    warnings += [f"refused: {reason}" for reason in widened]
-    plan["warnings"] = warnings
-    refused = (
-        tenancy == "shared" and plan["hardening"]["runtime"] not in SHARED_RUNTIMES
-    ) or unwritable.startswith("refused")
-    plan["applyable"] = (
-        not refused
-        and not widened
-        and not plan["floor"]
-        and not any(r["effect"] == "deny" and not r["passed"] for r in plan["policy"])
-        and all(a["class"] != "denied" for a in plan["approvals"])
-    )
-    plan["fingerprint"] = fingerprint(plan)
-    return plan
+    return warnings
 
 
-def fingerprint(plan: dict[str, Any]) -> str:
+def _classified(approval: Approval) -> Classified:
+    return {"class": approval["class"], "reason": approval["reason"]}
+
+
+def _extra_mount(mount: Mapping[str, str]) -> Mount:
+    return {
+        "kind": "extra",
+        "source": mount["source"],
+        "target": mount["target"],
+        "mode": "ro" if mount["mode"] == "ro" else "rw",
+        "category": f"mount:{mount['source']}",
+    }
+
+
+def _classified_mount(mount: Mount, by_category: Mapping[str, Approval]) -> Mount:
+    approval = by_category[mount.get("category", "")]
+    return {**mount, "class": approval["class"], "reason": approval["reason"]}
+
+
+def fingerprint(plan: Mapping[str, Any]) -> str:
     """sha256 over the canonical JSON of every key but the fingerprint itself."""
     body = {k: v for k, v in plan.items() if k != "fingerprint"}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def _tenancy(catalog: Catalog) -> str:
+def _tenancy(catalog: Catalog) -> Tenancy:
     for policy in catalog.of("Policy"):
         if policy.spec.get("tenancy") == "shared":
             return "shared"
     return "self-host"
 
 
-def _inputs(catalog: Catalog, task: ResolvedTask, facts: Facts) -> dict[str, Any]:
+def _inputs(catalog: Catalog, task: ResolvedTask, facts: Facts) -> Inputs:
     return {
         "manifests_dir": catalog.origin,
         "files": dict(sorted(catalog.digests.items())),
@@ -151,7 +240,7 @@ def _inputs(catalog: Catalog, task: ResolvedTask, facts: Facts) -> dict[str, Any
     }
 
 
-def _task(task: ResolvedTask) -> dict[str, Any]:
+def _task(task: ResolvedTask) -> TaskSection:
     return {
         "name": task.name,
         "kind": task.kind,
@@ -169,7 +258,7 @@ def _task(task: ResolvedTask) -> dict[str, Any]:
     }
 
 
-def _image(image: Manifest, facts: Facts) -> dict[str, Any]:
+def _image(image: Manifest, facts: Facts) -> ImageBase:
     ref = image.spec["tag"]
     digest = facts.image_digests.get(ref)
     return {
@@ -184,15 +273,15 @@ def _image(image: Manifest, facts: Facts) -> dict[str, Any]:
     }
 
 
-def _egress(policies: list[Manifest]) -> dict[str, Any]:
-    allow: list[dict[str, Any]] = []
+def _egress(policies: list[Manifest]) -> EgressSection:
+    allow: list[EgressRule] = []
     seen: set[tuple[str, int, str]] = set()
     addresses: list[str] = []
     for policy in policies:
         for entry in policy.spec["allow"]:
             host, _ = normalize_host(entry["host"])
             assert host is not None  # validated before planning
-            schemes = ["https", "http"] if entry.get("http") else ["https"]
+            schemes: list[Scheme] = ["https", "http"] if entry.get("http") else ["https"]
             for port in entry.get("ports", [443]):
                 for scheme in schemes:
                     key = (host, port, scheme)
@@ -221,7 +310,7 @@ def _egress(policies: list[Manifest]) -> dict[str, Any]:
     }
 
 
-def _credential(request: Any) -> dict[str, Any]:
+def _credential(request: Any) -> CredentialBase:
     provider: Manifest = request.provider
     spec = provider.spec
     return {
@@ -249,7 +338,9 @@ def _settings_key(kind: str) -> str:
     return {"aws-sts": "aws", "github-app": "github"}.get(kind, kind)
 
 
-def _unwritable_project(plan: dict[str, Any], facts: Facts) -> str:
+def _unwritable_project(
+    brain: BrainSection, hardening: Hardening, mounts: list[Mount], facts: Facts
+) -> str:
     """Why the container user cannot write the project root ("" when it can).
 
     The agent never runs as root, so a root-owned project root the container user may not
@@ -257,9 +348,9 @@ def _unwritable_project(plan: dict[str, Any], facts: Facts) -> str:
     fact (older facts files) a root owner is only a warning.
     """
     owner = facts.project_owner
-    if owner is None or plan["brain"]["runtime"] != "container":
+    if owner is None or brain["runtime"] != "container":
         return ""
-    user = plan["hardening"]["user"]
+    user = hardening["user"]
     uid, gid = (int(part) for part in user.split(":"))
     mode = facts.project_mode
     if mode is None:
@@ -274,7 +365,7 @@ def _unwritable_project(plan: dict[str, Any], facts: Facts) -> str:
     )
     if writable:
         return ""
-    root = next((m["source"] for m in plan["mounts"] if m["kind"] == "project"), "")
+    root = next((m["source"] for m in mounts if m["kind"] == "project"), "")
     who = "root" if owner[0] == 0 else f"uid {owner[0]}"
     return (
         f"refused: the project root is owned by {who} (mode {mode:o}) and the agent, which"
@@ -291,7 +382,9 @@ def _container_user(facts: Facts) -> str:
     return DEFAULT_USER
 
 
-def _hardening(task: ResolvedTask, tenancy: str, facts: Facts) -> dict[str, Any]:
+def _hardening(
+    task: ResolvedTask, tenancy: Tenancy, facts: Facts, egress_mode: EgressMode
+) -> Hardening:
     knobs = {**HARDENING_DEFAULTS, **task.image.spec.get("hardening", {})}
     tmpfs = f"rw,nosuid,nodev,size={parse_size(knobs['tmpfs_size'])}"
     return {
@@ -308,7 +401,7 @@ def _hardening(task: ResolvedTask, tenancy: str, facts: Facts) -> dict[str, Any]
         "nofile": knobs["nofile"],
         "init": True,
         "stop_timeout": knobs["stop_timeout"],
-        "network": "none",
+        "network": "internal" if egress_mode == "proxy" else "none",
         "pid_mode": "private",
         "ipc_mode": "private",
         "privileged": False,
@@ -320,7 +413,7 @@ def _hardening(task: ResolvedTask, tenancy: str, facts: Facts) -> dict[str, Any]
     }
 
 
-def _brain(task: ResolvedTask) -> dict[str, Any]:
+def _brain(task: ResolvedTask) -> BrainSection:
     spec = task.brain.spec
     auth = spec.get("auth", {"mode": "none"})
     return {
@@ -341,18 +434,24 @@ def _brain(task: ResolvedTask) -> dict[str, Any]:
     }
 
 
-def _memory(task: ResolvedTask, facts: Facts) -> dict[str, Any]:
+def _memory(task: ResolvedTask, facts: Facts) -> MemorySection:
     from kagura_agent.memory.factory import section_from_manifest
 
     memory = task.memory
+    section = section_from_manifest(*((memory.name, memory.spec) if memory else (None, None)))
     return {
-        **section_from_manifest(*((memory.name, memory.spec) if memory else (None, None))),
+        "name": section["name"],
+        "backend": section["backend"],
+        "location": section["location"],
+        "token_ref": section["token_ref"],
         "untrusted_inputs": untrusted_inputs(task, facts),
-        "known_failures": list(facts.known_failures),
+        "known_failures": [
+            {"failure": str(f["failure"]), "fix": f.get("fix")} for f in facts.known_failures
+        ],
     }
 
 
-def _budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> dict[str, Any]:
+def _budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
     budget = task.budget
     explicit = "wall_time" in task.manifest.spec.get("budget", {})
     wall = parse_duration(budget["wall_time"])
@@ -360,16 +459,21 @@ def _budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> dict[str, Any
     reserve = DEFAULT_RESERVE
     for graduation in catalog.of("Graduation"):
         reserve = float(graduation.spec.get("reserve", reserve))
-    source = (
+    source: BudgetSource = (
         "task"
         if task.manifest.spec.get("budget")
         else "brain"
         if task.brain.spec.get("budget")
         else "default"
     )
-    shown_history = None
+    shown_history: CostHistory | None = None
     if history and history.get("count"):
-        shown_history = {**history, "reserve": reserve}
+        shown_history = {
+            "count": int(history["count"]),
+            "mean_wall_seconds": float(history["mean_wall_seconds"]),
+            "worst_wall_seconds": float(history["worst_wall_seconds"]),
+            "reserve": reserve,
+        }
         if not explicit:
             learnt = math.ceil(float(history["mean_wall_seconds"]) * (1 + reserve))
             wall = max(MIN_HISTORY_WALL_SECONDS, learnt)
@@ -395,34 +499,35 @@ def untrusted_inputs(task: ResolvedTask, facts: Facts) -> list[str]:
     return found
 
 
-def _dispatch_check(plan: dict[str, Any], task: ResolvedTask, facts: Facts) -> list[str]:
-    """A dispatched child: record ``task.parent`` and return why the plan cannot run.
+def _dispatch_check(task: ResolvedTask, facts: Facts) -> tuple[ParentLink | None, list[str]]:
+    """A dispatched child's ``task.parent`` link, and why the plan cannot run yet.
 
     The child may only narrow its parent's last applied plan (egress, credential scopes,
-    mounts; patterns.dispatch.narrowing_violations). A parent that never applied a plan
-    bounds nothing, so that refuses the child too. Plans without a parent are unchanged.
+    mounts; patterns.dispatch.narrowing_violations, filled in by ``compile_plan`` once the
+    sections exist). A parent that never applied a plan bounds nothing, so that refuses
+    the child too. Plans without a parent are unchanged.
     """
     if task.parent is None:
-        return []
-    from kagura_agent.patterns.dispatch import narrowing_violations
-
-    name = task.parent["task"]
-    parent: dict[str, Any] = {
-        "task": name,
+        return None, []
+    parent: ParentLink = {
+        "task": task.parent["task"],
         "run": facts.parent_run,
         "context_memories": list(task.parent["context"]),
         "narrowing": None,  # not checked: no parent plan to check against
     }
-    plan["task"]["parent"] = parent
-    if facts.parent_plan is None:
+    return parent, _widened(parent)
+
+
+def _widened(parent: ParentLink) -> list[str]:
+    name = parent["task"]
+    if parent["narrowing"] is None:
         return [
             f"parent task {name!r} has no applied plan; a child can only narrow a plan that ran"
         ]
-    parent["narrowing"] = narrowing_violations(facts.parent_plan, plan)
     return [f"child widens parent {name!r}: {v}" for v in parent["narrowing"]]
 
 
-def _denied_categories(plan: dict[str, Any], by_path: dict[str, str]) -> dict[str, str]:
+def _denied_categories(plan: Mapping[str, Any], by_path: dict[str, str]) -> dict[str, str]:
     """Turn policy violations at indexed plan paths into denied capability categories."""
     denied: dict[str, str] = {}
     for path, policy in by_path.items():
@@ -440,36 +545,32 @@ def _denied_categories(plan: dict[str, Any], by_path: dict[str, str]) -> dict[st
 def _classify_all(
     catalog: Catalog,
     task: ResolvedTask,
-    plan: dict[str, Any],
+    draft: Mapping[str, Any],
     facts: Facts,
     denials: dict[str, str],
-) -> list[dict[str, Any]]:
+) -> list[Approval]:
     graduation_baseline: set[str] = set()
     for graduation in catalog.of("Graduation"):
         graduation_baseline.update(graduation.spec.get("baseline", []))
-    requested: list[tuple[str, bool, dict[str, Any] | None]] = [
-        (plan["image"]["category"], bool(task.image.spec.get("baseline", False)), plan["image"])
+    requested: list[tuple[str, bool]] = [
+        (draft["image"]["category"], bool(task.image.spec.get("baseline", False)))
     ]
     for policy in task.egress:
-        requested.append((f"egress:{policy.name}", bool(policy.spec.get("baseline", False)), None))
-    for cred in plan["credentials"]:
+        requested.append((f"egress:{policy.name}", bool(policy.spec.get("baseline", False))))
+    for cred in draft["credentials"]:
         provider = catalog.get("CredentialProvider", cred["provider"])
         base = provider is not None and cred["scope"] in provider.spec.get("baseline_scopes", [])
-        requested.append((cred["category"], base, cred))
-    for mount in plan["mounts"][1:]:
-        requested.append((mount["category"], False, mount))
+        requested.append((cred["category"], base))
+    for mount in draft["mounts"][1:]:
+        requested.append((mount["category"], False))
     untrusted = untrusted_inputs(task, facts)
-    results = []
-    for category, baseline, target in requested:
-        found = classify(
+    return [
+        classify(
             category,
             baseline=baseline or category in graduation_baseline,
             state=facts.graduation,
             untrusted_inputs=untrusted,
             denied_by_policy=denials.get(category),
         ).to_json()
-        if target is not None:
-            target["class"] = found["class"]
-            target["reason"] = found["reason"]
-        results.append(found)
-    return results
+        for category, baseline in requested
+    ]

@@ -8,19 +8,20 @@ same JSON Schema the manifests use.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kagura_agent.manifest.catalog import Catalog
+from kagura_agent.plan.model import PolicyResult, Violation
 
-RuleChecker = Callable[[dict[str, Any], dict[str, Any]], list[dict[str, str]]]
+RuleChecker = Callable[[dict[str, Any], Mapping[str, Any]], list[Violation]]
 
 
-def check_rule(schema: dict[str, Any], plan: dict[str, Any]) -> list[dict[str, str]]:
+def check_rule(schema: dict[str, Any], plan: Mapping[str, Any]) -> list[Violation]:
     """The violations of one rule: every place the plan does not satisfy ``schema``."""
     from jsonschema import Draft202012Validator
 
-    violations = []
+    violations: list[Violation] = []
     for error in Draft202012Validator(schema).iter_errors(plan):
         path = "$" + "".join(
             f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path
@@ -31,11 +32,11 @@ def check_rule(schema: dict[str, Any], plan: dict[str, Any]) -> list[dict[str, s
 
 
 def evaluate_policies(
-    catalog: Catalog, plan: dict[str, Any], check: RuleChecker | None = None
-) -> list[dict[str, Any]]:
+    catalog: Catalog, plan: Mapping[str, Any], check: RuleChecker | None = None
+) -> list[PolicyResult]:
     """Evaluate every Policy rule on ``plan``; ``check`` defaults to ``check_rule``."""
     checker = check or check_rule
-    results = []
+    results: list[PolicyResult] = []
     for policy in sorted(catalog.of("Policy"), key=lambda m: m.name):
         for rule in policy.spec.get("rules", []):
             violations = checker(rule["schema"], plan)
@@ -55,7 +56,7 @@ def evaluate_policies(
 _INDEXED = re.compile(r"^\$\.(egress\.allow|credentials|mounts)\[(\d+)\]")
 
 
-def policy_denials(results: list[dict[str, Any]]) -> dict[str, str]:
+def policy_denials(results: Sequence[PolicyResult]) -> dict[str, str]:
     """Map plan paths of deny violations to ``{placeholder: policy}`` keyed by category.
 
     The planner fills categories for indexed paths; a violation that names no single

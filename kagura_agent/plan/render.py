@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from kagura_agent.plan.model import Budget, Credential, EgressRule, Plan, TaskSection
 from kagura_agent.ui import Style
 from kagura_agent.units import format_duration
 
@@ -21,7 +20,7 @@ def _short(digest: str | None) -> str:
     return digest[:19] + "…"
 
 
-def _wildcard_cost(entry: dict[str, Any]) -> str:
+def _wildcard_cost(entry: EgressRule) -> str:
     """What a wildcard entry costs, or "" (the same words in text and markdown)."""
     host = str(entry["host"])
     if not host.startswith("*."):
@@ -34,13 +33,13 @@ def _wildcard_cost(entry: dict[str, Any]) -> str:
     )
 
 
-def _may_resolve(entry: dict[str, Any]) -> str:
+def _may_resolve(entry: EgressRule) -> str:
     # A private range widens what this host (and only this host) may resolve to.
     private = entry.get("allow_addresses") or []
     return f"this host only may resolve to {', '.join(private)}" if private else ""
 
 
-def _egress_lines(entry: dict[str, Any], style: Style) -> list[str]:
+def _egress_lines(entry: EgressRule, style: Style) -> list[str]:
     """One allowlist entry, with what it costs: address exceptions and wildcard reach."""
     also = f"; {_may_resolve(entry)}" if _may_resolve(entry) else ""
     lines = [
@@ -52,7 +51,7 @@ def _egress_lines(entry: dict[str, Any], style: Style) -> list[str]:
     return lines
 
 
-def _cred_line(cred: dict[str, Any]) -> str:
+def _cred_line(cred: Credential) -> str:
     renew = f", {cred['renewals']} renewals" if cred["renewals"] else ""
     standing = ", STANDING" if cred["standing"] else ""
     return (
@@ -62,7 +61,7 @@ def _cred_line(cred: dict[str, Any]) -> str:
     )
 
 
-def _budget_line(budget: dict[str, Any]) -> str:
+def _budget_line(budget: Budget) -> str:
     parts = []
     if budget.get("turns"):
         parts.append(f"{budget['turns']} turns")
@@ -79,7 +78,7 @@ def _budget_line(budget: dict[str, Any]) -> str:
     return text
 
 
-def render_text(plan: dict[str, Any], style: Style) -> str:
+def render_text(plan: Plan, style: Style) -> str:
     """The ten-second review: what runs, what it writes, where it connects, what it holds."""
     task = plan["task"]
     brain = plan["brain"]
@@ -163,7 +162,7 @@ def render_text(plan: dict[str, Any], style: Style) -> str:
     return "\n".join(out) + "\n"
 
 
-def _parent_lines(task: dict[str, Any], style: Style) -> list[str]:
+def _parent_lines(task: TaskSection, style: Style) -> list[str]:
     """A dispatched child: its parent, the context memory ids, and whether it only narrows."""
     parent = task.get("parent")
     if not parent:
@@ -190,7 +189,7 @@ def _tag(klass: str | None, style: Style) -> str:
     return style(f"[{klass}]", *_CLASS_STYLE.get(klass, ()))
 
 
-def render_markdown(plan: dict[str, Any]) -> str:
+def render_markdown(plan: Plan) -> str:
     """A pull-request comment."""
     task = plan["task"]
     lines = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -180,7 +180,7 @@ def record_events(store: StateStore, events: Iterable[EgressEvent]) -> list[Egre
     return fresh
 
 
-def record_run(store: StateStore, run_id: str, started: str, allowlist: dict[str, Any]) -> None:
+def record_run(store: StateStore, run_id: str, started: str, allowlist: Mapping[str, Any]) -> None:
     with store.transaction() as conn:
         conn.execute(
             "INSERT OR REPLACE INTO egress_runs (run_id, started, allowlist) VALUES (?, ?, ?)",

@@ -36,6 +36,7 @@ from kagura_agent.membrane.egress.squid import PROXY_PORT, READY_MARKER, render_
 from kagura_agent.membrane.egress.sweep import remove_network, sweep_orphans
 from kagura_agent.membrane.hardening import LABEL_RUN
 from kagura_agent.membrane.runtime import docker_errors
+from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 
 EventSink = Callable[[dict[str, Any]], None]
@@ -113,7 +114,7 @@ class EgressSession:
     def start(
         cls,
         client: Any,
-        plan: dict[str, Any],
+        plan: Plan,
         run_id: str,
         on_event: EventSink | None = None,
         *,

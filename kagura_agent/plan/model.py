@@ -1,0 +1,568 @@
+"""The launch plan's shape: one TypedDict per section, Literals for the closed sets.
+
+The plan stays a plain JSON dict at runtime (the fingerprint, golden files and policies
+see exactly what they saw before); these types let ``mypy --strict`` check every read,
+``planfile.load`` check a saved plan's shape (``check_shape``), and
+scripts/gen_plan_docs.py write the field table of docs/plan-format.md.
+``DESCRIPTIONS`` documents every field; a test fails when one is missing.
+"""
+
+import types
+import typing
+from typing import Any, Literal, NotRequired, TypedDict, Union
+
+CapabilityClass = Literal["baseline", "graduated", "needs-approval", "denied"]
+EgressMode = Literal["none", "proxy"]
+Scheme = Literal["https", "http"]
+BrainRuntime = Literal["container", "host"]
+BrainEngine = Literal["script", "sdk", "kagura-brain"]
+AuthMode = Literal["none", "api-key", "subscription"]
+NetworkMode = Literal["none", "internal"]
+Tenancy = Literal["self-host", "shared"]
+MountKind = Literal["project", "extra"]
+MountMode = Literal["ro", "rw"]
+MemoryBackend = Literal["sqlite", "cloud"]
+BudgetSource = Literal["task", "brain", "default", "history"]
+PolicyEffect = Literal["deny", "warn"]
+DiffOp = Literal["+", "-", "~"]
+
+
+class FactInputs(TypedDict):
+    graduation_version: int
+    image_digest: str | None
+
+
+class Inputs(TypedDict):
+    manifests_dir: str
+    files: dict[str, str]
+    tool_version: str
+    schema_version: str
+    facts: FactInputs
+
+
+class TaskContext(TypedDict):
+    memories: list[str]
+    include_untrusted: bool
+
+
+class ParentLink(TypedDict):
+    task: str
+    run: str | None
+    context_memories: list[str]
+    narrowing: list[str] | None
+
+
+class TaskSection(TypedDict):
+    name: str
+    kind: str
+    file: str
+    path: str
+    project_root: str
+    session: str | None
+    prompt: str | None
+    steps: list[str] | None
+    verify: list[str]
+    context: TaskContext
+    parent: NotRequired[ParentLink]
+
+
+# ``class`` is a Python keyword, so the approval fields use the functional syntax.
+Classified = TypedDict("Classified", {"class": CapabilityClass, "reason": str})
+
+
+class ImageBase(TypedDict):
+    name: str
+    ref: str
+    recipe: str
+    recipe_digest: str | None
+    digest: str | None
+    resolved: bool
+    category: str
+    source: str
+
+
+class ImageSection(ImageBase, Classified):
+    pass
+
+
+Mount = TypedDict(
+    "Mount",
+    {
+        "kind": MountKind,
+        "source": str,
+        "target": str,
+        "mode": MountMode,
+        "category": NotRequired[str],
+        "class": NotRequired[CapabilityClass],
+        "reason": NotRequired[str],
+    },
+)
+
+
+class EgressRule(TypedDict):
+    host: str
+    port: int
+    scheme: Scheme
+    allow_addresses: list[str]
+    policy: str
+    source: str
+
+
+class EgressSection(TypedDict):
+    mode: EgressMode
+    allow: list[EgressRule]
+    allow_addresses: list[str]
+    policies: list[str]
+
+
+class CredentialBase(TypedDict):
+    name: str
+    provider: str
+    type: str
+    scope: str
+    scope_spec: dict[str, Any]
+    ttl_seconds: int
+    renewals: int
+    budget_seconds: int
+    secret_ref: str
+    standing: bool
+    category: str
+    source: str
+
+
+class Credential(CredentialBase, Classified):
+    pass
+
+
+class Hardening(TypedDict):
+    user: str
+    cap_drop: list[str]
+    cap_add: list[str]
+    no_new_privileges: bool
+    seccomp: str
+    read_only_rootfs: bool
+    tmpfs: dict[str, str]
+    pids_limit: int
+    memory_bytes: int
+    nano_cpus: int
+    nofile: int
+    init: bool
+    stop_timeout: int
+    network: NetworkMode
+    pid_mode: str
+    ipc_mode: str
+    privileged: bool
+    devices: list[str]
+    runtime: str
+    log_driver: str
+    tenancy: Tenancy
+    workdir: str
+
+
+class BrainAuth(TypedDict):
+    mode: AuthMode
+    credential: str | None
+
+
+class BrainSection(TypedDict):
+    name: str
+    engine: BrainEngine
+    model: str | None
+    permission_mode: str | None
+    runtime: BrainRuntime
+    auth: BrainAuth
+    backend: str | None
+    local_provider: str | None
+    endpoint: str | None
+    max_line_bytes: int
+    idle_timeout_seconds: int
+    source: str
+
+
+class KnownFailure(TypedDict):
+    failure: str
+    fix: str | None
+
+
+class MemorySection(TypedDict):
+    name: str
+    backend: MemoryBackend
+    location: str
+    token_ref: str | None
+    untrusted_inputs: list[str]
+    known_failures: list[KnownFailure]
+
+
+class CostHistory(TypedDict):
+    count: int
+    mean_wall_seconds: float
+    worst_wall_seconds: float
+    reserve: float
+
+
+class Budget(TypedDict):
+    turns: int | None
+    wall_seconds: int
+    cost_usd: float | None
+    source: BudgetSource
+    history: CostHistory | None
+
+
+Approval = TypedDict(
+    "Approval",
+    {
+        "category": str,
+        "class": CapabilityClass,
+        "reason": str,
+        "evidence": int,
+        "unmet": list[str],
+    },
+)
+
+
+class Violation(TypedDict):
+    path: str
+    message: str
+
+
+class PolicyResult(TypedDict):
+    policy: str
+    effect: PolicyEffect
+    message: str
+    passed: bool
+    violations: list[Violation]
+    source: str
+
+
+class Plan(TypedDict):
+    format_version: int
+    inputs: Inputs
+    task: TaskSection
+    image: ImageSection
+    mounts: list[Mount]
+    egress: EgressSection
+    credentials: list[Credential]
+    hardening: Hardening
+    brain: BrainSection
+    memory: MemorySection
+    budget: Budget
+    floor: list[str]
+    policy: list[PolicyResult]
+    approvals: list[Approval]
+    warnings: list[str]
+    applyable: bool
+    fingerprint: str
+
+
+DESCRIPTIONS: dict[str, str] = {
+    "format_version": "Version of this layout; a reader refuses any other.",
+    "inputs": "Digests of every input the plan was made from (the freshness check).",
+    "inputs.manifests_dir": "The manifest folder the catalog was loaded from.",
+    "inputs.files": "sha256 of each manifest file and the task file, by path.",
+    "inputs.tool_version": "kagura-agent version that made the plan.",
+    "inputs.schema_version": "Digest over the JSON Schemas.",
+    "inputs.facts": "Facts the plan depends on.",
+    "inputs.facts.graduation_version": "Graduation state version when planned.",
+    "inputs.facts.image_digest": "Local digest of the image (null: not built here).",
+    "task": "The task as resolved.",
+    "task.name": "Task name.",
+    "task.kind": "Task kind (graduation evidence is counted per kind).",
+    "task.file": "The task file.",
+    "task.path": "The task's path as given.",
+    "task.project_root": "Real path of the project root mounted at /workspace.",
+    "task.session": "Session name, or null.",
+    "task.prompt": "Rendered prompt, or null for a script task.",
+    "task.steps": "Script steps, or null.",
+    "task.verify": "Verify commands run after the agent, outside its reach.",
+    "task.context": "Context handed to the brain.",
+    "task.context.memories": "Memory ids given as context.",
+    "task.context.include_untrusted": "Whether the brain may recall untrusted memories.",
+    "task.parent": "Only for a dispatched child: its parent link.",
+    "task.parent.task": "Parent task name.",
+    "task.parent.run": "Parent's last run id, or null.",
+    "task.parent.context_memories": "Memories the parent hands down.",
+    "task.parent.narrowing": (
+        "How the child widens its parent (null: parent never applied); anything refuses."
+    ),
+    "image": "The container image.",
+    "image.name": "Image manifest name.",
+    "image.ref": "Image tag.",
+    "image.recipe": "Recipe folder it is built from.",
+    "image.recipe_digest": "Digest of the recipe, or null.",
+    "image.digest": "Local image digest, or null when not built.",
+    "image.resolved": "Whether the digest is known.",
+    "image.category": "Capability category `image:<name>`.",
+    "image.source": "Manifest file.",
+    "image.class": "Approval class of the image.",
+    "image.reason": "Why it has that class.",
+    "mounts": "Bind mounts; the first is always the project root.",
+    "mounts[].kind": "`project` or `extra`.",
+    "mounts[].source": "Host path.",
+    "mounts[].target": "Container path.",
+    "mounts[].mode": "`ro` or `rw`.",
+    "mounts[].category": "Capability category `mount:<abs path>` (extra mounts).",
+    "mounts[].class": "Approval class (extra mounts).",
+    "mounts[].reason": "Why it has that class (extra mounts).",
+    "egress": "Network egress through the run's proxy.",
+    "egress.mode": "`none` (no network) or `proxy`.",
+    "egress.allow": "Allowed destinations, sorted.",
+    "egress.allow[].host": "Host name (normalised) or wildcard.",
+    "egress.allow[].port": "TCP port.",
+    "egress.allow[].scheme": "`https` or `http`.",
+    "egress.allow[].allow_addresses": "Private ranges this entry may resolve to.",
+    "egress.allow[].policy": "EgressPolicy that allowed it.",
+    "egress.allow[].source": "Manifest file.",
+    "egress.allow_addresses": "Union of the private ranges any entry allowed.",
+    "egress.policies": "EgressPolicy names the task asked for.",
+    "credentials": "Lease requests (references only, never a secret value).",
+    "credentials[].name": "`<provider>-<scope>`.",
+    "credentials[].provider": "CredentialProvider name.",
+    "credentials[].type": "Provider type.",
+    "credentials[].scope": "Scope name.",
+    "credentials[].scope_spec": "Provider settings and the scope's keys (nothing secret).",
+    "credentials[].ttl_seconds": "Lease lifetime.",
+    "credentials[].renewals": "How many renewals are allowed.",
+    "credentials[].budget_seconds": "Total lease time budget.",
+    "credentials[].secret_ref": "Reference to the root secret (env:, file:, keyring:).",
+    "credentials[].standing": "A static secret that does not expire on its own.",
+    "credentials[].category": "Capability category `credential:<provider>/<scope>`.",
+    "credentials[].source": "Manifest file.",
+    "credentials[].class": "Approval class.",
+    "credentials[].reason": "Why it has that class.",
+    "hardening": "Exactly what the container gets.",
+    "hardening.user": "uid:gid the agent runs as (never root).",
+    "hardening.cap_drop": "Capabilities dropped (ALL).",
+    "hardening.cap_add": "Capabilities added back.",
+    "hardening.no_new_privileges": "no-new-privileges security option.",
+    "hardening.seccomp": "Seccomp profile.",
+    "hardening.read_only_rootfs": "Read-only root filesystem.",
+    "hardening.tmpfs": "tmpfs mounts with their exact mount options.",
+    "hardening.pids_limit": "Process limit.",
+    "hardening.memory_bytes": "Memory limit.",
+    "hardening.nano_cpus": "CPU limit in 1e-9 CPUs.",
+    "hardening.nofile": "Open-file limit.",
+    "hardening.init": "Run an init process.",
+    "hardening.stop_timeout": "Seconds between stop and kill.",
+    "hardening.network": "`none`, or `internal` (only the proxy is reachable).",
+    "hardening.pid_mode": "PID namespace.",
+    "hardening.ipc_mode": "IPC namespace.",
+    "hardening.privileged": "Always false.",
+    "hardening.devices": "Devices passed in (none).",
+    "hardening.runtime": "OCI runtime (runc, runsc, kata).",
+    "hardening.log_driver": "Docker log driver.",
+    "hardening.tenancy": "`self-host` or `shared`.",
+    "hardening.workdir": "Working directory.",
+    "brain": "The engine that drives the agentic loop.",
+    "brain.name": "Brain manifest name.",
+    "brain.engine": "`script`, `sdk` or `kagura-brain`.",
+    "brain.model": "Model identifier, or null.",
+    "brain.permission_mode": "SDK permission mode, or null.",
+    "brain.runtime": "`container`, or `host` (unsandboxed).",
+    "brain.auth": "How the engine authenticates.",
+    "brain.auth.mode": "`none`, `api-key` or `subscription`.",
+    "brain.auth.credential": "Credential reference name, or null.",
+    "brain.backend": "kagura-brain backend, or null.",
+    "brain.local_provider": "Local model provider, or null.",
+    "brain.endpoint": "Model endpoint, or null.",
+    "brain.max_line_bytes": "Largest IPC line accepted.",
+    "brain.idle_timeout_seconds": "Seconds without an event before the brain is stopped.",
+    "brain.source": "Manifest file.",
+    "memory": "Memory backend and what the plan learnt from it.",
+    "memory.name": "Memory manifest name.",
+    "memory.backend": "`sqlite` or `cloud`.",
+    "memory.location": "`state-dir`, a path, or the cloud URL.",
+    "memory.token_ref": "Token reference for the cloud backend, or null.",
+    "memory.untrusted_inputs": "The run's untrusted inputs.",
+    "memory.known_failures": "Past failures of this task kind and their fixes.",
+    "memory.known_failures[].failure": "What failed.",
+    "memory.known_failures[].fix": "What fixed it, or null.",
+    "budget": "Turn, time and cost budget.",
+    "budget.turns": "Turn limit, or null.",
+    "budget.wall_seconds": "Wall-time limit.",
+    "budget.cost_usd": "Cost limit, or null.",
+    "budget.source": "`task`, `brain`, `default` or `history`.",
+    "budget.history": "Cost history the budget was learnt from, or null.",
+    "budget.history.count": "Runs counted.",
+    "budget.history.mean_wall_seconds": "Mean wall time.",
+    "budget.history.worst_wall_seconds": "Worst wall time.",
+    "budget.history.reserve": "Reserve added on top of the mean.",
+    "floor": "How the plan breaks the membrane floor (code, not policy); anything refuses.",
+    "policy": "Policy rules evaluated on the plan.",
+    "policy[].policy": "`<policy>/<rule>`.",
+    "policy[].effect": "`deny` or `warn`.",
+    "policy[].message": "The rule's message.",
+    "policy[].passed": "Whether the plan passed.",
+    "policy[].violations": "Where it failed.",
+    "policy[].violations[].path": "JSON path in the plan.",
+    "policy[].violations[].message": "What is wrong there.",
+    "policy[].source": "Manifest file.",
+    "approvals": "Every requested capability with its approval class.",
+    "approvals[].category": "Capability category.",
+    "approvals[].class": "`baseline`, `graduated`, `needs-approval` or `denied`.",
+    "approvals[].reason": "Why.",
+    "approvals[].evidence": "Successful runs counted as evidence.",
+    "approvals[].unmet": "Graduation conditions not met yet.",
+    "warnings": "Things the operator should know.",
+    "applyable": "Whether apply may run this plan.",
+    "fingerprint": "sha256 of the canonical JSON of every other key.",
+}
+
+
+class ShapeError(ValueError):
+    """A value does not have the shape its type says; ``path`` is a JSON path."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}  {message}")
+        self.path = path
+        self.message = message
+
+
+def _is_typeddict(kind: Any) -> bool:
+    return isinstance(kind, type) and typing.is_typeddict(kind)
+
+
+def _type_name(kind: Any) -> str:
+    """A short readable name for a type (used in errors and in docs)."""
+    if kind is Any:
+        return "any"
+    if kind is type(None):
+        return "null"
+    if _is_typeddict(kind):
+        return "object"
+    origin = typing.get_origin(kind)
+    if origin is Literal:
+        return " or ".join(f"`{v}`" for v in typing.get_args(kind))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(arg) for arg in typing.get_args(kind))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(kind)[0])}"
+    if origin is dict:
+        return f"map of {_type_name(typing.get_args(kind)[1])}"
+    names = {str: "string", int: "integer", float: "number", bool: "boolean"}
+    return names.get(kind, getattr(kind, "__name__", str(kind)))
+
+
+def fields(kind: Any) -> list[tuple[str, Any, bool]]:
+    """The (key, type, required) of a TypedDict, in declaration order."""
+    hints = typing.get_type_hints(kind)
+    required = kind.__required_keys__
+    return [(key, hints[key], key in required) for key in hints]
+
+
+def check_shape(value: object, kind: Any = Plan, path: str = "$") -> None:
+    """Raise ``ShapeError`` at the first place ``value`` does not match ``kind``.
+
+    Typed sections reject missing and unknown keys; free maps and ``Any`` accept any
+    JSON value.
+    """
+    if kind is Any:
+        return
+    if _is_typeddict(kind):
+        if not isinstance(value, dict):
+            raise ShapeError(path, f"must be an object, not {_json_name(value)}")
+        declared = fields(kind)
+        names = {key for key, _, _ in declared}
+        for key, sub, required in declared:
+            if key in value:
+                check_shape(value[key], sub, f"{path}.{key}")
+            elif required:
+                raise ShapeError(path, f"missing key {key!r}")
+        unknown = sorted(str(k) for k in value if k not in names)
+        if unknown:
+            raise ShapeError(path, f"unknown key {unknown[0]!r}")
+        return
+    origin = typing.get_origin(kind)
+    if origin is Literal:
+        allowed = typing.get_args(kind)
+        if value not in allowed or isinstance(value, bool):
+            raise ShapeError(path, f"must be one of {', '.join(map(repr, allowed))}")
+        return
+    if origin in (Union, types.UnionType):
+        errors: list[ShapeError] = []
+        for arg in typing.get_args(kind):
+            try:
+                check_shape(value, arg, path)
+                return
+            except ShapeError as exc:
+                errors.append(exc)
+        # Report the deepest failure: it names the most precise place.
+        deepest = max(errors, key=lambda e: len(e.path))
+        if deepest.path != path:
+            raise deepest
+        raise ShapeError(path, f"must be {_type_name(kind)}, not {_json_name(value)}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ShapeError(path, f"must be a list, not {_json_name(value)}")
+        (item,) = typing.get_args(kind)
+        for index, entry in enumerate(value):
+            check_shape(entry, item, f"{path}[{index}]")
+        return
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ShapeError(path, f"must be an object, not {_json_name(value)}")
+        _, item = typing.get_args(kind)
+        for key, entry in value.items():
+            check_shape(entry, item, f"{path}.{key}")
+        return
+    if kind is type(None):
+        ok = value is None
+    elif kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif kind is str:
+        ok = isinstance(value, str)
+    else:  # pragma: no cover - a type the model does not use
+        raise TypeError(f"check_shape cannot check {kind!r}")
+    if not ok:
+        raise ShapeError(path, f"must be {_type_name(kind)}, not {_json_name(value)}")
+
+
+def _json_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def rows(kind: Any = Plan, prefix: str = "") -> list[tuple[str, str, bool]]:
+    """Every documented field as (dotted path, type name, required), depth first."""
+    found: list[tuple[str, str, bool]] = []
+    for key, sub, required in fields(kind):
+        path = f"{prefix}{key}"
+        found.append((path, _type_name(sub), required))
+        inner = _inner(sub)
+        if inner is not None:
+            suffix = "[]." if typing.get_origin(_strip_none(sub)) is list else "."
+            found += rows(inner, path + suffix)
+    return found
+
+
+def _strip_none(kind: Any) -> Any:
+    if typing.get_origin(kind) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return kind
+
+
+def _inner(kind: Any) -> Any:
+    """The TypedDict inside ``kind`` (itself, a list's item, an optional), or None."""
+    kind = _strip_none(kind)
+    if _is_typeddict(kind):
+        return kind
+    if typing.get_origin(kind) is list:
+        item = typing.get_args(kind)[0]
+        return item if _is_typeddict(item) else None
+    return None
