@@ -30,6 +30,7 @@ def main() -> None:
         "permission_groups": ["4755a26eedb94da69e1066d98aa820be"],
         "resources": {"com.cloudflare.api.account.zone.0123456789abcdef": "*"},
         "endpoint": fake.url + "/client/v4",
+        "endpoint_addresses": ["127.0.0.1/32"],
         "max_retries": 0,
     }
     provider = build_provider("cloudflare", spec, ROOT_TOKEN)

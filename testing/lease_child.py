@@ -40,7 +40,12 @@ def request(endpoint: str) -> LeaseRequest:
             "provider": "cloudflare-main",
             "type": "cloudflare",
             "scope": "dns-edit",
-            "scope_spec": {**SCOPE, "endpoint": endpoint, "max_retries": 0},
+            "scope_spec": {
+                **SCOPE,
+                "endpoint": endpoint,
+                "max_retries": 0,
+                "endpoint_addresses": ["127.0.0.1/32"],
+            },
             "ttl_seconds": 900,
             "renewals": 2,
             "budget_seconds": 3600,

@@ -147,6 +147,8 @@ def test_script_brain_with_egress_and_sts_lease(
                 "aws": {
                     "region": "us-east-1",
                     "endpoint": endpoint,
+                    # The fake STS listens on the bridge gateway: declared as the provider's.
+                    "endpoint_addresses": [endpoint.split("//")[1].rsplit(":", 1)[0] + "/32"],
                     "bundle_endpoint": f"http://sts.test:{RELAY_PORT}",
                 },
                 "scopes": {"tester": {"description": "apply test", "role_arn": role_arn}},

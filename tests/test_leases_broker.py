@@ -15,6 +15,8 @@ from kagura_agent.membrane.leases import Broker, Budget, LeaseRequest, Ledger
 from kagura_agent.state import StateStore
 from testing.fake_cloudflare import ROOT_TOKEN, FakeCloudflare
 
+# The fakes listen on loopback: declared as the providers' own address.
+LOCAL = {"endpoint_addresses": ["127.0.0.1/32"]}
 SCOPE = {
     "permission_groups": ["4755a26eedb94da69e1066d98aa820be"],
     "resources": {"com.cloudflare.api.account.zone.0123456789abcdef": "*"},
@@ -39,7 +41,12 @@ def entry(cloudflare: FakeCloudflare, **overrides: Any) -> dict[str, Any]:
         "provider": "cloudflare-main",
         "type": "cloudflare",
         "scope": "dns-edit",
-        "scope_spec": {**SCOPE, "endpoint": cloudflare.url + "/client/v4", "max_retries": 0},
+        "scope_spec": {
+            **SCOPE,
+            "endpoint": cloudflare.url + "/client/v4",
+            "max_retries": 0,
+            **LOCAL,
+        },
         "ttl_seconds": 900,
         "renewals": 2,
         "budget_seconds": 3600,

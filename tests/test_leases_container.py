@@ -100,6 +100,7 @@ def test_leased_aws_credential_inside_a_container(
                     "scope_spec": {
                         "role_arn": role["Role"]["Arn"],
                         "endpoint": endpoint,
+                        "endpoint_addresses": [endpoint.split("//")[1].rsplit(":", 1)[0] + "/32"],
                         "bundle_endpoint": endpoint,
                     },
                     "ttl_seconds": 900,

@@ -19,6 +19,8 @@ from kagura_agent.state import StateStore
 from testing.fake_cloudflare import ROOT_TOKEN, FakeCloudflare
 from testing.fake_gcp import FakeGcp
 
+# The fakes listen on loopback: declared as the providers' own address.
+LOCAL = {"endpoint_addresses": ["127.0.0.1/32"]}
 SCOPE = {
     "permission_groups": ["4755a26eedb94da69e1066d98aa820be"],
     "resources": {"com.cloudflare.api.account.zone.0123456789abcdef": "*"},
@@ -45,7 +47,12 @@ def request(cloudflare: FakeCloudflare) -> LeaseRequest:
             "provider": "cloudflare-main",
             "type": "cloudflare",
             "scope": "dns-edit",
-            "scope_spec": {**SCOPE, "endpoint": cloudflare.url + "/client/v4", "max_retries": 0},
+            "scope_spec": {
+                **SCOPE,
+                "endpoint": cloudflare.url + "/client/v4",
+                "max_retries": 0,
+                **LOCAL,
+            },
             "ttl_seconds": 900,
             "renewals": 2,
             "budget_seconds": 3600,
@@ -176,6 +183,7 @@ def test_non_revocable_orphans_lapse_then_close_as_expired(
             "scope_spec": {
                 "service_account": "deployer@p.iam.gserviceaccount.com",
                 "endpoint": gcp.url,
+                **LOCAL,
             },
             "ttl_seconds": 900,
             "renewals": 0,

@@ -100,7 +100,11 @@ def test_broker_renews_aws_before_expiry(
         "provider": "aws-main",
         "type": "aws-sts",
         "scope": "deployer",
-        "scope_spec": {"role_arn": role_arn, "endpoint": moto},
+        "scope_spec": {
+            "role_arn": role_arn,
+            "endpoint": moto,
+            "endpoint_addresses": ["127.0.0.1/32"],
+        },
         "ttl_seconds": 900,
         "renewals": 3,
         "budget_seconds": 3600,

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,8 +43,12 @@ def service_account_key(fake: FakeGcp) -> str:
     )
 
 
-def settings(fake: FakeGcp) -> dict[str, str]:
-    return {"endpoint": fake.url, "revoke_endpoint": fake.url + "/revoke"}
+def settings(fake: FakeGcp) -> dict[str, Any]:
+    return {
+        "endpoint": fake.url,
+        "revoke_endpoint": fake.url + "/revoke",
+        "endpoint_addresses": ["127.0.0.1/32"],
+    }
 
 
 def test_mint_impersonates_with_scopes_and_lifetime_then_revokes(gcp: FakeGcp) -> None:

@@ -33,7 +33,12 @@ def github() -> Iterator[FakeGithub]:
 
 
 def settings(fake: FakeGithub) -> dict[str, object]:
-    return {"endpoint": fake.url, "app_id": "4242", "installation_id": 77}
+    return {
+        "endpoint": fake.url,
+        "endpoint_addresses": ["127.0.0.1/32"],
+        "app_id": "4242",
+        "installation_id": 77,
+    }
 
 
 def test_token_is_limited_to_listed_repositories_and_permissions(github: FakeGithub) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from kagura_agent.errors import Diagnostic
 from kagura_agent.manifest.catalog import Catalog, Manifest
+from kagura_agent.manifest.grants import check_grants
 from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.manifest.yamlpos import Path, YamlDoc, json_path
 from kagura_agent.membrane.secrets import looks_like_secret
@@ -88,6 +89,7 @@ def check_catalog(catalog: Catalog) -> list[Diagnostic]:
                 )
     for policy in catalog.of("Policy"):
         problems.extend(check_policy(policy))
+    problems.extend(check_grants(catalog))
     return problems
 
 

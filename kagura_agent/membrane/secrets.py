@@ -3,7 +3,9 @@
 Manifests and plans carry only *references* to root secrets:
 
     env:NAME               an environment variable of the applying process
-    file:PATH              a file on the host (absolute or ~-relative), trailing newline dropped
+    file:PATH              a file on the host (absolute or ~-relative), trailing newline dropped;
+                           inside a Policy's secret_dirs (checked by validate), a regular
+                           file of the applying user outside /proc, /sys, /dev (checked here)
     keyring:SERVICE/USER   the OS keychain through the optional ``keyring`` package
 
 ``parse_secret_ref`` is pure (the planner validates with it); ``resolve`` reads the value
@@ -15,15 +17,19 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from kagura_agent.errors import SetupError
 
 SecretKind = Literal["env", "file", "keyring"]
 REDACTED = "(sensitive)"
+# A file: secret never comes from these (resolved paths): the applying process's own
+# environment and memory, kernel state, devices.
+FORBIDDEN_SECRET_ROOTS = ("/proc", "/sys", "/dev")
+MAX_SECRET_FILE_BYTES = 64 * 1024
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -83,15 +89,53 @@ def resolve(ref: SecretRef | str) -> str:
             )
         return value
     if ref.kind == "file":
-        path = Path(ref.target).expanduser()
-        try:
-            value = path.read_text(encoding="utf-8").rstrip("\r\n")
-        except OSError as exc:
-            raise SetupError(f"secret {ref} cannot be read: {exc.strerror}") from None
+        value = _read_secret_file(ref).rstrip("\r\n")
         if not value:
             raise SetupError(f"secret {ref} is empty")
         return value
     return _resolve_keyring(ref)
+
+
+def under(path: str, root: str) -> bool:
+    """``path`` is ``root`` or inside it (both already resolved)."""
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _read_secret_file(ref: SecretRef) -> str:
+    """The file's text — only a regular file of the applying user, outside /proc, /sys, /dev.
+
+    Symlinks are resolved first, so a link into /proc or to another user's file is refused
+    like the target itself; the resolved file is opened without following links again.
+    """
+    real = os.path.realpath(os.path.expanduser(ref.target))
+    if any(under(real, root) for root in FORBIDDEN_SECRET_ROOTS):
+        raise SetupError(f"secret {ref} refused: {real} is never a secret file")
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise SetupError(f"secret {ref} cannot be read: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SetupError(f"secret {ref} refused: not a regular file")
+        if info.st_uid != os.geteuid():
+            raise SetupError(f"secret {ref} refused: the file belongs to another user")
+        data = b""
+        while len(data) <= MAX_SECRET_FILE_BYTES:
+            chunk = os.read(fd, MAX_SECRET_FILE_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError as exc:
+        raise SetupError(f"secret {ref} cannot be read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SECRET_FILE_BYTES:
+        raise SetupError(f"secret {ref} refused: larger than {MAX_SECRET_FILE_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SetupError(f"secret {ref} is not UTF-8 text") from None
 
 
 def _resolve_keyring(ref: SecretRef) -> str:

@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 from kagura_agent.clock import Clock, SystemClock, iso
 from kagura_agent.errors import KaguraError, RefusedError, SetupError
+from kagura_agent.membrane.endpoints import check_endpoints
 from kagura_agent.membrane.leases.ledger import Ledger, Owner, new_id
 from kagura_agent.membrane.providers import (
     Bundle,
@@ -159,6 +160,8 @@ class Broker:
     def provider_for(self, request: LeaseRequest) -> CredentialProvider:
         key = (request.type, request.secret_ref, json.dumps(request.scope_spec, sort_keys=True))
         if key not in self._providers:
+            # Before the root secret is read: never towards an endpoint it must not reach.
+            check_endpoints(request.scope_spec)
             secret = self._resolver(request.secret_ref)
             self.redactor.add(secret)
             self._providers[key] = self._factory(request.type, request.scope_spec, secret)

@@ -23,6 +23,7 @@ from datetime import timedelta
 
 from kagura_agent.clock import Clock, SystemClock
 from kagura_agent.errors import KaguraError, SetupError
+from kagura_agent.membrane.endpoints import check_endpoints
 from kagura_agent.membrane.leases.broker import ProviderFactory
 from kagura_agent.membrane.leases.ledger import GrantRow, Ledger, owner_alive
 from kagura_agent.membrane.providers import CredentialProvider, ProviderError, build_provider
@@ -156,6 +157,8 @@ class Sweeper:
     def _provider(self, row: GrantRow) -> CredentialProvider:
         key = (row.type, row.secret_ref, json.dumps(row.scope_spec, sort_keys=True))
         if key not in self._providers:
+            # Only the endpoint recorded at mint time, and only where a root secret may go.
+            check_endpoints(row.scope_spec)
             secret = self._resolver(row.secret_ref)
             self._redactor.add(secret)
             self._providers[key] = self._factory(row.type, dict(row.scope_spec), secret)
