@@ -234,6 +234,11 @@ def test_canary_secrets_never_appear(
     secret_file.write_text(f"{CANARY}-file\n")
     creds = Path("manifests/credentials.yml")
     creds.write_text(creds.read_text().replace("env:CLOUDFLARE_ROOT_TOKEN", f"file:{secret_file}"))
+    # file: secrets only come from a directory a Policy declares.
+    Path("manifests/secret-dirs.yml").write_text(
+        "apiVersion: kagura.dev/v1\nkind: Policy\nmetadata: {name: test-secrets}\n"
+        f"spec:\n  secret_dirs: [{project}]\n"
+    )
     for name in ("ANTHROPIC_API_KEY", "KAGURA_AWS_ROOT_KEY", "CLOUDFLARE_ROOT_TOKEN"):
         monkeypatch.setenv(name, f"{CANARY}-{name}")
     outputs = []
