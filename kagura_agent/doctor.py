@@ -41,10 +41,12 @@ def run_checks(manifests: str | None) -> list[Check]:
     checks: list[Check] = []
     catalog = None
     try:
-        from kagura_agent.manifest.workspace import load_workspace
+        from kagura_agent.manifest.workspace import layers_summary, load_workspace
 
         catalog = load_workspace(manifests, []).catalog
         checks.append(Check("manifests", "PASS", f"valid ({catalog.origin})"))
+        # Which layers grant: the packaged defaults always, the operator's folder on top.
+        checks.append(Check("manifest layers", "PASS", layers_summary(catalog)))
     except KaguraError as exc:
         checks.append(Check("manifests", "FAIL", exc.message))
     checks.append(_state_dir())

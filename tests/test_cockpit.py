@@ -543,3 +543,50 @@ def test_run_text_from_chat_is_a_one_off_task_with_the_llm_brain(
     assert api_key not in transport.text()
     for done in (session, second):
         assert leftovers(docker_client, done.run_id or "") == []
+
+
+# --- authority: chat tasks only request from the operator's manifest set ------------------
+
+
+def test_a_chat_launch_of_a_task_file_carrying_a_provider_is_refused(
+    cockpit_world: Any, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task names its own static provider over the root secret: refused, located,
+    nothing runs and the secret's value is never posted."""
+    transport, start, base, _ = cockpit_world
+    monkeypatch.setenv("CLOUDFLARE_ROOT_TOKEN", "canary-cockpit-0b7e4f")
+    project = make_project(base, "rooted")
+    task = project / "task.yml"
+    task.write_text(
+        "apiVersion: kagura.dev/v1\nkind: CredentialProvider\nmetadata: {name: rooted}\n"
+        "spec:\n  type: static\n  standing: true\n  secret: env:CLOUDFLARE_ROOT_TOKEN\n"
+        "  static: {env: TOKEN}\n  baseline_scopes: [all]\n  scopes: {all: {description: x}}\n"
+        "---\napiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: rooted}\n"
+        "spec:\n  credentials: [{provider: rooted, scope: all}]\n  steps: [env]\n"
+    )
+    cockpit = start()
+    transport.send(f"launch {task}")
+    out = transport.wait_for("validation error")
+    assert "task.yml:2" in out and "a task file may only hold Task documents" in out
+    assert "canary-cockpit-0b7e4f" not in out
+    assert transport.requests == [] and cockpit.sessions() == []
+    assert run_ids(state_dir) == []
+
+
+@pytest.mark.docker
+def test_a_launch_that_needs_approval_always_shows_the_buttons(
+    cockpit_world: Any, state_dir: Path
+) -> None:
+    """An operator allowlist that is not baseline: the plan message shows the layers and
+    the approval is asked for with buttons; denying runs nothing."""
+    transport, start, base, _ = cockpit_world
+    task = _task(base, "asks", ["true"], egress=["docs"])
+    start()
+    transport.send(f"launch {task}")
+    out = transport.wait_for("needs approval")
+    assert "  manifests    packaged <packaged> + operator " in out
+    assert "(policy docs)  (from operator)" in out
+    assert [kind for kind, _, text in transport.posts if "egress:docs" in text][-1] == "ask"
+    transport.send(action="deny", request=transport.requests[0])
+    transport.wait_for("nothing ran")
+    assert run_ids(state_dir) == []

@@ -23,7 +23,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kagura_agent.manifest.workspace import load_workspace
+    from kagura_agent.manifest.workspace import layers_report, layers_summary, load_workspace
 
     try:
         workspace = load_workspace(args.manifests, args.paths)
@@ -34,10 +34,20 @@ def run(args: argparse.Namespace) -> int:
         raise
     kinds = sum(len(workspace.catalog.of(k)) for k in workspace.catalog.by_kind)
     if args.json:
-        print_json({"valid": True, "errors": [], "manifests": kinds, "tasks": len(workspace.tasks)})
+        print_json(
+            {
+                "valid": True,
+                "errors": [],
+                "manifests": kinds,
+                "tasks": len(workspace.tasks),
+                "layers": layers_report(workspace.catalog),
+                "overrides": list(workspace.catalog.overrides),
+            }
+        )
     else:
         print(
             f"ok: {kinds} manifests in {workspace.manifest_dir} and {len(workspace.tasks)} tasks are valid",
             file=sys.stdout,
         )
+        print(f"layers: {layers_summary(workspace.catalog)}", file=sys.stdout)
     return 0

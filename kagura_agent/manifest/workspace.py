@@ -46,7 +46,7 @@ def load_workspace(
         sources = _git_sources(directory, base_rev, "packaged")
     else:
         sources = read_paths([packaged], "packaged")
-    layers = [_layer("packaged", "<packaged>" if own_layer else str(directory), sources)]
+    layers = [_layer("packaged", "<packaged>" if own_layer else str(directory), packaged, sources)]
     if own_layer:
         own = (
             _git_sources(directory, base_rev, "operator")
@@ -54,7 +54,7 @@ def load_workspace(
             else read_paths([directory], "operator", skip=sources.real_paths)
         )
         sources.extend(own)
-        layers.append(_layer("operator", display_path(directory), own))
+        layers.append(_layer("operator", display_path(directory), directory, own))
     # A path that is (inside) the manifest set is not read again as a task file.
     sources.extend(read_paths([Path(p) for p in paths], "task", skip=sources.real_paths))
     catalog, task_manifests, problems = build_catalog(sources)
@@ -76,8 +76,35 @@ def load_workspace(
     return Workspace(catalog, tasks, directory, len(sources.docs))
 
 
-def _layer(name: str, directory: str, sources: Sources) -> MappingProxyType[str, Any]:
-    return MappingProxyType({"layer": name, "dir": directory, "files": sorted(sources.digests)})
+def _layer(name: str, shown: str, path: Path, sources: Sources) -> MappingProxyType[str, Any]:
+    return MappingProxyType(
+        {
+            "layer": name,
+            "dir": shown,
+            "path": str(path.resolve()),
+            "files": sorted(sources.digests),
+        }
+    )
+
+
+def layers_report(catalog: Catalog) -> list[dict[str, Any]]:
+    """The layers in force, bottom first, for ``validate --json`` and ``doctor --json``."""
+    return [
+        {"layer": info["layer"], "path": info["path"], "files": list(info["files"])}
+        for info in catalog.layers
+    ]
+
+
+def layers_summary(catalog: Catalog) -> str:
+    """One line: each layer's folder and file count, and what the operator replaced."""
+    text = " + ".join(
+        f"{info['layer']} {info['path']} ({len(info['files'])} files)" for info in catalog.layers
+    )
+    if len(catalog.layers) == 1:
+        text += " (no operator folder: --manifests DIR, $KAGURA_AGENT_MANIFESTS or ./manifests)"
+    if catalog.overrides:
+        text += "; the operator's folder replaces " + ", ".join(catalog.overrides)
+    return text
 
 
 def _dedupe(problems: list[Diagnostic]) -> list[Diagnostic]:

@@ -25,6 +25,7 @@ MemoryBackend = Literal["sqlite", "cloud"]
 BudgetSource = Literal["task", "brain", "default", "history"]
 PolicyEffect = Literal["deny", "warn"]
 DiffOp = Literal["+", "-", "~"]
+Layer = Literal["packaged", "operator"]
 
 
 class FactInputs(TypedDict):
@@ -32,8 +33,15 @@ class FactInputs(TypedDict):
     image_digest: str | None
 
 
+class LayerInput(TypedDict):
+    layer: Layer
+    dir: str
+
+
 class Inputs(TypedDict):
     manifests_dir: str
+    layers: list[LayerInput]
+    overrides: list[str]
     files: dict[str, str]
     tool_version: str
     schema_version: str
@@ -79,6 +87,7 @@ class ImageBase(TypedDict):
     resolved: bool
     category: str
     source: str
+    layer: Layer
 
 
 class ImageSection(ImageBase, Classified):
@@ -106,6 +115,7 @@ class EgressRule(TypedDict):
     allow_addresses: list[str]
     policy: str
     source: str
+    layer: Layer
 
 
 class EgressSection(TypedDict):
@@ -128,6 +138,7 @@ class CredentialBase(TypedDict):
     standing: bool
     category: str
     source: str
+    layer: Layer
 
 
 class Credential(CredentialBase, Classified):
@@ -177,6 +188,7 @@ class BrainSection(TypedDict):
     max_line_bytes: int
     idle_timeout_seconds: int
     source: str
+    layer: Layer
 
 
 class KnownFailure(TypedDict):
@@ -232,6 +244,7 @@ class PolicyResult(TypedDict):
     passed: bool
     violations: list[Violation]
     source: str
+    layer: Layer
 
 
 class Plan(TypedDict):
@@ -258,6 +271,10 @@ DESCRIPTIONS: dict[str, str] = {
     "format_version": "Version of this layout; a reader refuses any other.",
     "inputs": "Digests of every input the plan was made from (the freshness check).",
     "inputs.manifests_dir": "The manifest folder the catalog was loaded from.",
+    "inputs.layers": "The manifest layers in force, bottom first.",
+    "inputs.layers[].layer": "`packaged` (the defaults shipped with the tool) or `operator`.",
+    "inputs.layers[].dir": "The layer's folder (`<packaged>` for the defaults).",
+    "inputs.overrides": "`Kind/name` of each packaged manifest the operator's folder replaced.",
     "inputs.files": "sha256 of each manifest file and the task file, by path.",
     "inputs.tool_version": "kagura-agent version that made the plan.",
     "inputs.schema_version": "Digest over the JSON Schemas.",
@@ -293,6 +310,7 @@ DESCRIPTIONS: dict[str, str] = {
     "image.resolved": "Whether the digest is known.",
     "image.category": "Capability category `image:<name>`.",
     "image.source": "Manifest file.",
+    "image.layer": "Layer the manifest came from: `packaged` (the defaults) or `operator` (your folder).",
     "image.class": "Approval class of the image.",
     "image.reason": "Why it has that class.",
     "mounts": "Bind mounts; the first is always the project root.",
@@ -312,6 +330,7 @@ DESCRIPTIONS: dict[str, str] = {
     "egress.allow[].allow_addresses": "Private ranges this entry may resolve to.",
     "egress.allow[].policy": "EgressPolicy that allowed it.",
     "egress.allow[].source": "Manifest file.",
+    "egress.allow[].layer": "Layer the manifest came from: `packaged` (the defaults) or `operator` (your folder).",
     "egress.allow_addresses": "Union of the private ranges any entry allowed.",
     "egress.policies": "EgressPolicy names the task asked for.",
     "credentials": "Lease requests (references only, never a secret value).",
@@ -327,6 +346,7 @@ DESCRIPTIONS: dict[str, str] = {
     "credentials[].standing": "A static secret that does not expire on its own.",
     "credentials[].category": "Capability category `credential:<provider>/<scope>`.",
     "credentials[].source": "Manifest file.",
+    "credentials[].layer": "Layer the manifest came from: `packaged` (the defaults) or `operator` (your folder).",
     "credentials[].class": "Approval class.",
     "credentials[].reason": "Why it has that class.",
     "hardening": "Exactly what the container gets.",
@@ -367,6 +387,7 @@ DESCRIPTIONS: dict[str, str] = {
     "brain.max_line_bytes": "Largest IPC line accepted.",
     "brain.idle_timeout_seconds": "Seconds without an event before the brain is stopped.",
     "brain.source": "Manifest file.",
+    "brain.layer": "Layer the manifest came from: `packaged` (the defaults) or `operator` (your folder).",
     "memory": "Memory backend and what the plan learnt from it.",
     "memory.name": "Memory manifest name.",
     "memory.backend": "`sqlite` or `cloud`.",
@@ -396,6 +417,7 @@ DESCRIPTIONS: dict[str, str] = {
     "policy[].violations[].path": "JSON path in the plan.",
     "policy[].violations[].message": "What is wrong there.",
     "policy[].source": "Manifest file.",
+    "policy[].layer": "Layer the manifest came from: `packaged` (the defaults) or `operator` (your folder).",
     "approvals": "Every requested capability with its approval class.",
     "approvals[].category": "Capability category.",
     "approvals[].class": "`baseline`, `graduated`, `needs-approval` or `denied`.",

@@ -36,6 +36,7 @@ from kagura_agent.plan.model import (
     Hardening,
     ImageBase,
     Inputs,
+    Layer,
     MemorySection,
     Mount,
     ParentLink,
@@ -227,9 +228,18 @@ def _tenancy(catalog: Catalog) -> Tenancy:
     return "self-host"
 
 
+def layer_of(layer: str) -> Layer:
+    """The plan's name for a manifest's layer (only the two layers grant anything)."""
+    return "packaged" if layer == "packaged" else "operator"
+
+
 def _inputs(catalog: Catalog, task: ResolvedTask, facts: Facts) -> Inputs:
     return {
         "manifests_dir": catalog.origin,
+        "layers": [
+            {"layer": layer_of(info["layer"]), "dir": info["dir"]} for info in catalog.layers
+        ],
+        "overrides": list(catalog.overrides),
         "files": dict(sorted(catalog.digests.items())),
         "tool_version": __version__,
         "schema_version": schema_version(),
@@ -270,6 +280,7 @@ def _image(image: Manifest, facts: Facts) -> ImageBase:
         "resolved": digest is not None,
         "category": f"image:{image.name}",
         "source": image.file,
+        "layer": layer_of(image.layer),
     }
 
 
@@ -296,6 +307,7 @@ def _egress(policies: list[Manifest]) -> EgressSection:
                             "allow_addresses": list(entry.get("allow_addresses", [])),
                             "policy": policy.name,
                             "source": policy.file,
+                            "layer": layer_of(policy.layer),
                         }
                     )
             for cidr in entry.get("allow_addresses", []):
@@ -331,6 +343,7 @@ def _credential(request: Any) -> CredentialBase:
         "standing": bool(spec.get("standing", False)),
         "category": f"credential:{provider.name}/{request.scope}",
         "source": provider.file,
+        "layer": layer_of(provider.layer),
     }
 
 
@@ -431,6 +444,7 @@ def _brain(task: ResolvedTask) -> BrainSection:
         "max_line_bytes": spec.get("max_line_bytes", 1024 * 1024),
         "idle_timeout_seconds": parse_duration(spec.get("idle_timeout", "5m")),
         "source": task.brain.file,
+        "layer": layer_of(task.brain.layer),
     }
 
 

@@ -48,6 +48,7 @@ def evaluate_policies(
                     "passed": not violations,
                     "violations": violations,
                     "source": policy.file,
+                    "layer": "packaged" if policy.layer == "packaged" else "operator",
                 }
             )
     return results

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 from kagura_agent.plan.model import Budget, Credential, EgressRule, Plan, TaskSection
 from kagura_agent.ui import Style
 from kagura_agent.units import format_duration
@@ -39,12 +42,31 @@ def _may_resolve(entry: EgressRule) -> str:
     return f"this host only may resolve to {', '.join(private)}" if private else ""
 
 
-def _egress_lines(entry: EgressRule, style: Style) -> list[str]:
+def layers_line(plan: Plan) -> str:
+    """The manifest layers in force, bottom first, and what the operator's folder replaced."""
+    inputs = plan["inputs"]
+    text = " + ".join(f"{info['layer']} {info['dir']}" for info in inputs.get("layers", []))
+    if inputs.get("overrides"):
+        text += "; your folder replaces " + ", ".join(inputs["overrides"])
+    return text or inputs["manifests_dir"]
+
+
+def _own(plan: Plan) -> Callable[[Mapping[str, Any]], str]:
+    """A suffix marking values from the operator's folder (only when there is one)."""
+    two = len(plan["inputs"].get("layers", [])) > 1
+
+    def suffix(value: Mapping[str, Any]) -> str:
+        return "  (from operator)" if two and value.get("layer") == "operator" else ""
+
+    return suffix
+
+
+def _egress_lines(entry: EgressRule, style: Style, mine: str = "") -> list[str]:
     """One allowlist entry, with what it costs: address exceptions and wildcard reach."""
     also = f"; {_may_resolve(entry)}" if _may_resolve(entry) else ""
     lines = [
         f"                 {entry['scheme']}://{entry['host']}:{entry['port']}"
-        f"  (policy {entry['policy']}{also})"
+        f"  (policy {entry['policy']}{also}){mine}"
     ]
     if cost := _wildcard_cost(entry):
         lines.append(f"                   {style(cost, 'yellow')}")
@@ -87,6 +109,8 @@ def render_text(plan: Plan, style: Style) -> str:
     title = f"Plan for task {task['name']} ({task['file']})"
     out.append(style(title, "bold"))
     out.append(f"  fingerprint  {plan['fingerprint']}")
+    out.append(f"  manifests    {layers_line(plan)}")
+    mine = _own(plan)
     model = f", model {brain['model']}" if brain.get("model") else ""
     mode = f", permissions {brain['permission_mode']}" if brain.get("permission_mode") else ""
     where = (
@@ -94,9 +118,12 @@ def render_text(plan: Plan, style: Style) -> str:
         if brain["runtime"] == "container"
         else style("ON THE HOST, UNSANDBOXED", "red", "bold")
     )
-    out.append(f"  brain        {brain['name']} ({brain['engine']}{model}{mode}) {where}")
+    out.append(
+        f"  brain        {brain['name']} ({brain['engine']}{model}{mode}) {where}{mine(brain)}"
+    )
     out.append(
         f"  image        {image['ref']}  {_short(image['digest'])}  {_tag(image.get('class'), style)}"
+        + mine(image)
     )
     project = plan["mounts"][0]
     out.append(
@@ -112,12 +139,14 @@ def render_text(plan: Plan, style: Style) -> str:
     else:
         out.append("  network      only through this run's proxy, default deny:")
         for entry in egress["allow"]:
-            out.extend(_egress_lines(entry, style))
+            out.extend(_egress_lines(entry, style, mine(entry)))
     if not plan["credentials"]:
         out.append("  credentials  none")
     for index, cred in enumerate(plan["credentials"]):
         label = "credentials" if index == 0 else ""
-        out.append(f"  {label:<11}  {_cred_line(cred)}  {_tag(cred.get('class'), style)}")
+        out.append(
+            f"  {label:<11}  {_cred_line(cred)}  {_tag(cred.get('class'), style)}{mine(cred)}"
+        )
     out.append(f"  budget       {_budget_line(plan['budget'])}")
     memory = plan["memory"]
     out.append(f"  memory       {memory['name']} ({memory['backend']})")
@@ -192,15 +221,19 @@ def _tag(klass: str | None, style: Style) -> str:
 def render_markdown(plan: Plan) -> str:
     """A pull-request comment."""
     task = plan["task"]
+    mine = _own(plan)
+    classes = {a["category"]: a["class"] for a in plan["approvals"]}
     lines = [
         f"### kagura-agent plan: `{task['name']}`",
         "",
         f"Applyable: **{'yes' if plan['applyable'] else 'NO'}** · fingerprint `{plan['fingerprint'][:19]}`",
         "",
+        f"Manifests: {layers_line(plan)}",
+        "",
         "| capability | detail | class |",
         "|---|---|---|",
-        f"| brain | {plan['brain']['name']} ({plan['brain']['engine']}, runtime {plan['brain']['runtime']}) | |",
-        f"| image | `{plan['image']['ref']}` {_short(plan['image']['digest'])} | {plan['image'].get('class', '')} |",
+        f"| brain | {plan['brain']['name']} ({plan['brain']['engine']}, runtime {plan['brain']['runtime']}){mine(plan['brain'])} | |",
+        f"| image | `{plan['image']['ref']}` {_short(plan['image']['digest'])}{mine(plan['image'])} | {plan['image'].get('class', '')} |",
     ]
     for mount in plan["mounts"]:
         lines.append(
@@ -209,10 +242,10 @@ def render_markdown(plan: Plan) -> str:
     for entry in plan["egress"]["allow"]:
         notes = "".join(f"; {n}" for n in (_may_resolve(entry), _wildcard_cost(entry)) if n)
         lines.append(
-            f"| egress | `{entry['scheme']}://{entry['host']}:{entry['port']}` (policy {entry['policy']}{notes}) | |"
+            f"| egress | `{entry['scheme']}://{entry['host']}:{entry['port']}` (policy {entry['policy']}{notes}){mine(entry)} | {classes.get('egress:' + entry['policy'], '')} |"
         )
     for cred in plan["credentials"]:
-        lines.append(f"| credential | {_cred_line(cred)} | {cred.get('class', '')} |")
+        lines.append(f"| credential | {_cred_line(cred)}{mine(cred)} | {cred.get('class', '')} |")
     lines.append(f"| budget | {_budget_line(plan['budget'])} | |")
     parent = task.get("parent")
     if parent:
@@ -225,8 +258,13 @@ def render_markdown(plan: Plan) -> str:
         lines.append(f"| parent | task `{parent['task']}` ({widens}) | |")
     failed = [r for r in plan["policy"] if not r["passed"]]
     floor = plan.get("floor") or []
-    if failed or plan["warnings"] or floor:
+    pending = [a for a in plan["approvals"] if a["class"] in ("needs-approval", "denied")]
+    if failed or plan["warnings"] or floor or pending:
         lines.append("")
+        for approval in pending:
+            lines.append(
+                f"- **{approval['class']}** `{approval['category']}`: {approval['reason']}"
+            )
         for broken in floor:
             lines.append(f"- **floor**: {broken}")
         for result in failed:
