@@ -275,3 +275,18 @@ def test_apply_rechecks_the_floor_on_a_hand_edited_plan(
         refuse_unapplyable(plan, ApplyOptions())
     with pytest.raises(RefusedError, match="SYS_ADMIN"):
         container_kwargs(plan, "run-1")
+
+
+@pytest.mark.parametrize("addresses", ["[169.254.169.254/32]", "[0.0.0.0/0]", "['fe80::/64']"])
+def test_no_egress_entry_reaches_metadata_or_loopback_even_from_the_operator(
+    addresses: str, at_tmp: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, facts = at_tmp
+    egress = SELF_GRANTING["egress"].replace("[169.254.169.254/32]", addresses)
+    _ops_with(base, egress)
+    (base / "task.yml").write_text(_task("", "  egress: [metadata]\n  steps: [ls]\n")[4:])
+    argv = ["--facts", str(facts), "--manifests", "ops", "task.yml"]
+    assert main(["plan", "--json", *argv]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["applyable"] is False
+    assert any("reaches loopback, link-local or cloud metadata" in v for v in plan["floor"])

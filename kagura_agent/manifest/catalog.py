@@ -153,7 +153,8 @@ def build_catalog(sources: Sources) -> tuple[Catalog, list[Manifest], list[Diagn
                 problems.append(_policy_override(manifest, first))
         else:
             bucket[manifest.name] = manifest
-            overrides.append(f"{manifest.kind}/{manifest.name}")
+            if manifest.spec != first.spec:  # an identical copy replaces nothing
+                overrides.append(f"{manifest.kind}/{manifest.name}")
     catalog = Catalog(
         MappingProxyType({k: MappingProxyType(v) for k, v in index.items()}),
         MappingProxyType(dict(sources.digests)),

@@ -8,6 +8,7 @@ creation arguments are checked against it once more (membrane.hardening). Pure: 
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -53,6 +54,21 @@ MAX_NANO_CPUS = 16 * 10**9
 MAX_NOFILE = 65536
 _SOCKETS = re.compile(r"(^|/)(docker|containerd|podman|crio|cri-dockerd)\.sock$")
 _ENGINE_DIRS = ("/var/run/docker", "/run/docker", "/var/lib/docker", "/run/containerd")
+# Address ranges an egress entry may never resolve to: loopback (the proxy itself),
+# link-local (cloud metadata at 169.254.169.254, fe80::), "this network", and AWS's
+# IPv6 metadata address.
+_NEVER_REACHABLE = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "0.0.0.0/8",
+        "::1/128",
+        "fe80::/10",
+        "::/128",
+        "fd00:ec2::254/128",
+    )
+)
 
 
 def hardening_violations(h: Mapping[str, Any]) -> list[str]:
@@ -103,9 +119,40 @@ def mount_violations(mounts: Sequence[Mapping[str, Any]]) -> list[str]:
     return found
 
 
+def egress_violations(egress: Mapping[str, Any]) -> list[str]:
+    """Allowed address exceptions never reach loopback, link-local or metadata ranges."""
+    found = []
+    ranges = list(egress.get("allow_addresses") or [])
+    for entry in egress.get("allow") or []:
+        ranges.extend(entry.get("allow_addresses") or [])
+    for text in dict.fromkeys(str(r) for r in ranges):
+        try:
+            network = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            found.append(f"egress allow_addresses {text!r} is not a CIDR range")
+            continue
+        if any(_overlaps(network, never) for never in _NEVER_REACHABLE):
+            found.append(
+                f"egress allow_addresses {text} reaches loopback, link-local or cloud metadata"
+            )
+    return found
+
+
+def _overlaps(
+    a: ipaddress.IPv4Network | ipaddress.IPv6Network,
+    b: ipaddress.IPv4Network | ipaddress.IPv6Network,
+) -> bool:
+    if isinstance(a, ipaddress.IPv4Network) and isinstance(b, ipaddress.IPv4Network):
+        return a.overlaps(b)
+    if isinstance(a, ipaddress.IPv6Network) and isinstance(b, ipaddress.IPv6Network):
+        return a.overlaps(b)
+    return False
+
+
 def floor_violations(plan: Mapping[str, Any]) -> list[str]:
     """Every way ``plan`` breaks the membrane floor."""
     return [
         *hardening_violations(plan.get("hardening") or {}),
         *mount_violations(plan.get("mounts") or []),
+        *egress_violations(plan.get("egress") or {}),
     ]

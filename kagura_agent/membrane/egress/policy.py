@@ -56,7 +56,7 @@ FORBIDDEN_RANGES: tuple[str, ...] = (
     "ff00::/8",
 )
 
-_ENTRY_KEYS = {"host", "port", "scheme", "policy", "source", "allow_addresses"}
+_ENTRY_KEYS = {"host", "port", "scheme", "policy", "source", "layer", "allow_addresses"}
 _SECTION_KEYS = {"mode", "allow", "allow_addresses", "policies"}
 _SCHEMES = ("https", "http")
 
