@@ -239,3 +239,30 @@ def test_the_sweeper_never_calls_an_undeclared_endpoint_recorded_in_the_ledger(
     finally:
         store.close()
     assert connections(server) == 0
+
+
+def test_a_task_chosen_endpoint_gets_no_request_at_apply(
+    ops: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    listener: tuple[socket.socket, int],
+) -> None:
+    """A task file bringing its own provider on 127.0.0.1: apply refuses before any call."""
+    server, port = listener
+    monkeypatch.setenv("CLOUDFLARE_ROOT_TOKEN", CANARY)
+    spec = (
+        "  type: cloudflare\n  secret: env:CLOUDFLARE_ROOT_TOKEN\n  baseline_scopes: [all]\n"
+        f"  cloudflare: {{endpoint: 'http://127.0.0.1:{port}/client/v4',"
+        " endpoint_addresses: [127.0.0.1/32]}\n"
+    )
+    (tmp_path / "task.yml").write_text(
+        provider_doc("mine", spec)
+        + "---\napiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: t}\n"
+        "spec:\n  credentials: [{provider: mine, scope: all}]\n  steps: [env]\n"
+    )
+    assert main(["apply", "--yes", "task.yml"]) == 2
+    out, err = capsys.readouterr()
+    assert "a task file may only hold Task documents" in err
+    assert CANARY not in out + err
+    assert connections(server) == 0
