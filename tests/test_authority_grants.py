@@ -266,3 +266,17 @@ def test_a_task_chosen_endpoint_gets_no_request_at_apply(
     assert "a task file may only hold Task documents" in err
     assert CANARY not in out + err
     assert connections(server) == 0
+
+
+@pytest.mark.parametrize(
+    "url", ["http://169.254.169.254/mcp", "https://127.0.0.1:8443/mcp", "http://mem.example.com/"]
+)
+def test_a_cloud_memory_url_gets_the_token_only_when_public_https_or_declared(
+    url: str, ops: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (ops / "memory.yml").write_text(
+        "apiVersion: kagura.dev/v1\nkind: Memory\nmetadata: {name: team}\n"
+        f"spec:\n  backend: cloud\n  url: '{url}'\n  token: env:MEM_TOKEN\n"
+    )
+    [error] = validate_errors(capsys)
+    assert error["path"] == "$.spec.url"

@@ -70,7 +70,10 @@ def test_cloud_memory_manifest_is_used_with_its_token_reference(
 ) -> None:
     monkeypatch.setenv("KAGURA_TEST_MEMORY_TOKEN", TOKEN)
     with FakeMemoryCloud(token=TOKEN) as cloud:
-        spec = f"  backend: cloud\n  url: {cloud.mcp_url}\n  token: env:KAGURA_TEST_MEMORY_TOKEN\n"
+        spec = (
+            f"  backend: cloud\n  url: {cloud.mcp_url}\n  token: env:KAGURA_TEST_MEMORY_TOKEN\n"
+            "  endpoint_addresses: [127.0.0.1/32]\n"  # the fake's loopback, declared
+        )
         manifests = _manifests(tmp_path, _memory_doc("cloud", spec, True))
         store = open_memory({"backend": "cloud", "location": cloud.mcp_url}, token=TOKEN)
         stored = store.remember(

@@ -5,8 +5,9 @@
   ``secret_dirs`` (after ``~`` expansion and resolving symlinks), and never into /proc,
   /sys or /dev. At apply, ``membrane.secrets.resolve`` checks the file again (a regular
   file owned by the applying user, outside /proc, /sys and /dev).
-- A provider's ``endpoint``/``revoke_endpoint`` is a plain https URL whose host is a
-  name or a public address, unless ``endpoint_addresses`` lists it
+- A provider's ``endpoint``/``revoke_endpoint`` (and a cloud Memory's ``url``, which
+  receives its token) is a plain https URL whose host is a name or a public address,
+  unless ``endpoint_addresses`` lists it
   (``membrane.endpoints``; the lease broker and sweeper check resolved addresses too).
 """
 
@@ -55,6 +56,23 @@ def check_grants(catalog: Catalog) -> list[Diagnostic]:
         for manifest in catalog.of(kind):
             for field in fields:
                 problems.extend(_file_ref(manifest, field, allowed))
+    for memory in catalog.of("Memory"):
+        if memory.spec.get("backend") != "cloud" or not memory.spec.get("url"):
+            continue
+        cloud = {
+            "endpoint": memory.spec["url"],
+            "endpoint_addresses": memory.spec.get("endpoint_addresses", []),
+        }
+        for key, message in sorted(endpoint_problems(cloud).items()):
+            field = "url" if key == "endpoint" else key
+            problems.append(
+                memory.diag(
+                    ("spec", field),
+                    f"{field} {message}",
+                    hint="the memory token is only ever sent to a public https URL or an"
+                    " address listed in endpoint_addresses",
+                )
+            )
     for provider in catalog.of("CredentialProvider"):
         for block in SETTINGS_BLOCKS:
             settings = provider.spec.get(block)
