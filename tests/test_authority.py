@@ -290,3 +290,27 @@ def test_no_egress_entry_reaches_metadata_or_loopback_even_from_the_operator(
     plan = json.loads(capsys.readouterr().out)
     assert plan["applyable"] is False
     assert any("reaches loopback, link-local or cloud metadata" in v for v in plan["floor"])
+
+
+def test_validate_and_doctor_report_the_layers_in_force(
+    at_tmp: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, _ = at_tmp
+    _ops_with(
+        base,
+        "apiVersion: kagura.dev/v1\nkind: Brain\nmetadata: {name: script}\n"
+        "spec:\n  engine: script\n  idle_timeout: 1m\n",
+    )
+    assert main(["validate", "--manifests", "ops"]) == 0
+    out = capsys.readouterr().out
+    assert "layers: packaged " in out and f"+ operator {base / 'ops'} (1 files)" in out
+    assert "the operator's folder replaces Brain/script" in out
+    assert main(["validate", "--json", "--manifests", "ops"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [layer["layer"] for layer in report["layers"]] == ["packaged", "operator"]
+    assert report["layers"][1]["files"] == ["ops/extra.yml"]
+    assert report["overrides"] == ["Brain/script"]
+    main(["doctor", "--json", "--manifests", "ops"])
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["manifest layers"]["status"] == "PASS"
+    assert "operator" in checks["manifest layers"]["detail"]
