@@ -194,6 +194,8 @@ class BrainSection(TypedDict):
 class KnownFailure(TypedDict):
     failure: str
     fix: str | None
+    failure_id: NotRequired[str]
+    fix_id: NotRequired[str | None]
 
 
 class MemorySection(TypedDict):
@@ -397,6 +399,8 @@ DESCRIPTIONS: dict[str, str] = {
     "memory.known_failures": "Past failures of this task kind and their fixes.",
     "memory.known_failures[].failure": "What failed.",
     "memory.known_failures[].fix": "What fixed it, or null.",
+    "memory.known_failures[].failure_id": "The failure's memory id (`memory show`).",
+    "memory.known_failures[].fix_id": "The fix's memory id, or null.",
     "budget": "Turn, time and cost budget.",
     "budget.turns": "Turn limit, or null.",
     "budget.wall_seconds": "Wall-time limit.",

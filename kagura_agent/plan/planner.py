@@ -36,6 +36,7 @@ from kagura_agent.plan.model import (
     Hardening,
     ImageBase,
     Inputs,
+    KnownFailure,
     Layer,
     MemorySection,
     Mount,
@@ -459,10 +460,19 @@ def _memory(task: ResolvedTask, facts: Facts) -> MemorySection:
         "location": section["location"],
         "token_ref": section["token_ref"],
         "untrusted_inputs": untrusted_inputs(task, facts),
-        "known_failures": [
-            {"failure": str(f["failure"]), "fix": f.get("fix")} for f in facts.known_failures
-        ],
+        "known_failures": [_known_failure(f) for f in facts.known_failures],
     }
+
+
+def _known_failure(found: Mapping[str, Any]) -> KnownFailure:
+    """A known failure and its fix, with their memory ids when the store gave them
+    (``memory show`` follows them)."""
+    known: KnownFailure = {"failure": str(found["failure"]), "fix": found.get("fix")}
+    if found.get("failure_id"):
+        known["failure_id"] = str(found["failure_id"])
+    if "fix_id" in found:
+        known["fix_id"] = found["fix_id"]
+    return known
 
 
 def _budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
