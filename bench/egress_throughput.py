@@ -3,14 +3,14 @@
     python bench/egress_throughput.py
 
 One upstream container serves a 100 MB file. The baseline client reaches it directly on a
-test-only bridge network; the proxied client sits on a run's internal network and goes
-through its proxy (CONNECT tunnel). Transfers alternate between the two paths and the
+test-only bridge network; the proxied client has no network, like a run's agent, and goes
+through its proxy (CONNECT tunnel) via the in-container forwarder and the socket volume. Transfers alternate between the two paths and the
 best time of each is kept. ``start_ms`` is the median wall time of ``EgressSession.start``
-(sweep, two networks, proxy container, wait until squid listens).
+(sweep, socket volume, outbound network, proxy container, wait until squid listens).
 
 Both paths are CPU-bound here (no link is slower than memory copies), so the bench also
 reports the CPU time each path spends per transfer, summed over the processes on it
-(curl, the upstream server, squid), from /proc: ``cpu_direct_ms`` and ``cpu_proxied_ms``.
+(curl, the upstream server, squid; socat and the in-container forwarder are not counted), from /proc: ``cpu_direct_ms`` and ``cpu_proxied_ms``.
 With fewer cores than busy processes on a path, the wall-time ratio cannot beat their
 quotient by much; ``cores`` says how many this machine has. Prints one line:
 
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kagura_agent.membrane.egress import EgressSession
 from kagura_agent.state import StateStore
-from testing.egress_images import ensure_egress_images
+from testing.egress_images import ensure_egress_images, start_forwarder
 
 SIZE_MB = 100
 REPEAT = 15
@@ -119,6 +119,7 @@ def main() -> int:
                 refs["base"], ["sleep", "600"], detach=True, labels=LABELS, **net.docker_kwargs()
             )
             created.append(proxied)
+            start_forwarder(proxied, net)
             # Interleaved, best of each: load from other processes hits both paths alike.
             direct_runs, proxy_runs = [], []
             cpu = {"direct": 0, "proxied": 0}

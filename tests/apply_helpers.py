@@ -138,9 +138,11 @@ def run_containers(client: Any, run_id: str) -> list[Any]:
 
 
 def leftovers(client: Any, run_id: str) -> list[str]:
-    """Names of containers (agent, proxy) and networks still labelled with ``run_id``."""
+    """Names of containers (agent, proxy), networks and volumes labelled with ``run_id``."""
     label = f"dev.kagura.run={run_id}"
     found = [f"container {c.name}" for c in run_containers(client, run_id)]
+    volumes = client.api.volumes(filters={"label": label}).get("Volumes") or []
+    found += [f"volume {v['Name']}" for v in volumes]
     return found + [f"network {n.name}" for n in client.networks.list(filters={"label": label})]
 
 

@@ -215,7 +215,7 @@ def test_script_brain_with_egress_and_sts_lease(
     assert [v["exit_code"] for v in result["verify"]] == [0, 0]
 
 
-def _expected_host_config(plan: dict[str, Any], internal_network: str) -> dict[str, Any]:
+def _expected_host_config(plan: dict[str, Any]) -> dict[str, Any]:
     h = plan["hardening"]
     return {
         "CapDrop": ["ALL"],
@@ -229,12 +229,13 @@ def _expected_host_config(plan: dict[str, Any], internal_network: str) -> dict[s
         "NanoCpus": h["nano_cpus"],
         "Ulimits": [{"Name": "nofile", "Soft": h["nofile"], "Hard": h["nofile"]}],
         "Init": h["init"],
-        "NetworkMode": internal_network,
+        # No network even with egress: the proxy is reached through the socket volume.
+        "NetworkMode": plan["hardening"]["network"],
         "IpcMode": h["ipc_mode"],
         "PidMode": "",
         "Runtime": h["runtime"],
         "Devices": h["devices"] or None,
-        "Dns": ["127.0.0.1"],
+        "Dns": None,
     }
 
 
@@ -279,7 +280,7 @@ def test_the_container_that_runs_equals_the_plan(
         run_id = wait_for_run(state_dir, proc)
         container = wait_for_container(docker_client, run_id)
         info = docker_client.api.inspect_container(container.id)
-        internal = f"kagura-egress-{run_id}-internal"
+        socket_volume = f"kagura-egress-{run_id}-socket"
         (project / ".done").write_text("done\n")
         output, _ = proc.communicate(timeout=120)
     finally:
@@ -297,15 +298,19 @@ def test_the_container_that_runs_equals_the_plan(
     assert config["OpenStdin"] is True and config["Tty"] is False
     assert config["StopSignal"] == "SIGTERM"
     assert config["StopTimeout"] == plan["hardening"]["stop_timeout"]
-    for key, value in _expected_host_config(plan, internal).items():
+    for key, value in _expected_host_config(plan).items():
         assert host.get(key) == value, (key, host.get(key), value)
     assert set(host["Tmpfs"]) == _tmpfs_targets(plan)
     for target, options in plan["hardening"]["tmpfs"].items():
         assert set(options.split(",")) <= set(host["Tmpfs"][target].split(",")), target
-    mounted = sorted((m["Source"], m["Destination"], m["RW"]) for m in info["Mounts"])
-    # Tmpfs mounts are not in Mounts; the plan's binds are all there is.
+    binds = [m for m in info["Mounts"] if m["Type"] == "bind"]
+    mounted = sorted((m["Source"], m["Destination"], m["RW"]) for m in binds)
+    # Tmpfs mounts are not in Mounts; the plan's binds are all there is, plus the egress
+    # socket volume, read-only.
     wanted = sorted((m["source"], m["target"], m["mode"] == "rw") for m in plan["mounts"])
     assert mounted == wanted
+    volumes = [(m["Name"], m["Destination"], m["RW"]) for m in info["Mounts"] if m not in binds]
+    assert volumes == [(socket_volume, "/run/kagura/egress", False)]
     assert [m["target"] for m in plan["mounts"]] == ["/workspace", "/reference"]
     # No credential or proxy secret in the config: the environment is only the proxy's.
     env_names = {item.split("=", 1)[0] for item in config["Env"]}

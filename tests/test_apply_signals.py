@@ -114,7 +114,7 @@ def test_signal_mid_run_cleans_up(
     proc, env = _start(tmp_path, state_dir, ['test -n "$TEST_TOKEN"', "sleep 600"])
     run_id = wait_for_run(state_dir, proc)
     wait_for_container(docker_client, run_id)
-    assert len(leftovers(docker_client, run_id)) == 4  # agent, proxy, two networks
+    assert len(leftovers(docker_client, run_id)) == 4  # agent, proxy, network, socket volume
     assert len(live_leases(env)) == 1
     time.sleep(0.5)  # let the brain reach the sleeping step
     proc.send_signal(signum)

@@ -37,6 +37,7 @@ def egress_images(docker_client: Any) -> dict[str, str]:
 def _objects(client: Any, run_id: str) -> list[str]:
     label = f"dev.kagura.run={run_id}"
     found = [c.name for c in client.containers.list(all=True, filters={"label": label})]
+    found += [v["Name"] for v in client.api.volumes(filters={"label": label})["Volumes"] or []]
     return found + [n.name for n in client.networks.list(filters={"label": label})]
 
 
@@ -51,7 +52,7 @@ def _start_child(run_id: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.docker
-def test_ctrl_c_removes_proxy_and_networks(
+def test_ctrl_c_removes_proxy_network_and_socket_volume(
     docker_client: Any, egress_images: dict[str, str], state_dir: Path
 ) -> None:
     run_id = f"test-sigint-{time.monotonic_ns()}"
@@ -75,6 +76,7 @@ def test_kill_9_leftovers_are_swept_on_next_start(
     removed = sweep_orphans(docker_client, store)
     assert _objects(docker_client, run_id) == []
     assert any(name.endswith("-proxy") for name in removed)
+    assert any(name.endswith("-socket") for name in removed)
     # A live owner's objects are never touched.
     live = f"test-live-{time.monotonic_ns()}"
     child = _start_child(live)

@@ -1,6 +1,7 @@
 """The per-run egress proxy against real containers: upstreams on the run's outbound network
-under aliases such as ``allowed.test``; the agent is a hardened kagura/base container on the
-internal network only. Nothing is ever sent beyond these containers."""
+under aliases such as ``allowed.test``; the agent is a hardened kagura/base container with
+no network at all, reaching the proxy through the socket volume and the in-container
+forwarder. Nothing is ever sent beyond these containers and the test's own listeners."""
 
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ import pytest
 from kagura_agent.errors import RefusedError, SetupError
 from kagura_agent.membrane.egress import EgressSession, audit
 from kagura_agent.membrane.egress.owner import LABEL_COMPONENT
-from kagura_agent.membrane.egress.session import INTERNAL_MTU
 from kagura_agent.state import StateStore
-from testing.egress_images import ensure_egress_images
+from testing.egress_images import ensure_egress_images, start_forwarder
 
 pytestmark = pytest.mark.docker
 
@@ -131,6 +131,8 @@ class World:
 def _leftovers(client: Any, run_id: str) -> list[str]:
     label = f"dev.kagura.run={run_id}"
     found = [c.name for c in client.containers.list(all=True, filters={"label": label})]
+    volumes = client.api.volumes(filters={"label": label}).get("Volumes") or []
+    found += [v["Name"] for v in volumes]
     return found + [n.name for n in client.networks.list(filters={"label": label})]
 
 
@@ -166,12 +168,14 @@ def world(docker_client: Any, egress_images: dict[str, str], state_dir: Any) -> 
         created.append(agent)
         upstream.start()
         agent.start()
+        start_forwarder(agent, net)
         _wait_log(upstream, "ready")
         yield World(docker_client, session, upstream, agent, events)
     finally:
         for container in created:
             container.remove(force=True)
         session.close()
+        session.close()  # a test may have closed it while the agent still mounted the socket
     assert _leftovers(docker_client, run_id) == []
 
 
@@ -320,29 +324,30 @@ def test_proxy_that_exits_at_start_is_a_setup_error(
     assert _leftovers(docker_client, run_id) == []
 
 
-def test_tunnel_carries_large_bodies_intact_over_the_jumbo_internal_network(
-    world: World,
-) -> None:
+def test_tunnel_carries_large_bodies_intact_through_the_socket(world: World) -> None:
     expected = hashlib.sha256(bytes(range(251)) * 33421).hexdigest()
     code, out = world.sh(
         "curl -sS -p --max-time 20 http://allowed.test:8443/big | sha256sum | cut -d' ' -f1"
     )
     assert (code, out.strip()) == (0, expected)
-    # Only the host-local agent <-> proxy network takes the large MTU; the outbound
-    # network keeps the daemon's (its packets leave through the host's uplink).
-    code, out = world.sh("cat /sys/class/net/eth0/mtu")
-    assert out.strip() == str(INTERNAL_MTU)
-    outbound = world.client.networks.get(world.session.outbound_network)
-    assert "com.docker.network.driver.mtu" not in (outbound.attrs.get("Options") or {})
+    # Several at once: each connection is its own pair of relays.
+    code, out = world.sh(
+        "for i in 1 2 3 4; do (curl -sS -p --max-time 20 http://allowed.test:8443/big"
+        " | sha256sum | cut -d' ' -f1) & done; wait"
+    )
+    assert (code, out.split()) == (0, [expected] * 4)
 
 
 def test_components_are_labelled(world: World) -> None:
     label = f"dev.kagura.run={world.session.run_id}"
     nets = world.client.networks.list(filters={"label": label})
-    components = sorted(n.attrs["Labels"][LABEL_COMPONENT] for n in nets)
-    assert components == ["egress-internal", "egress-outbound"]
-    internal = world.client.networks.get(world.session.internal_network)
-    assert internal.attrs["Internal"] is True
+    assert sorted(n.attrs["Labels"][LABEL_COMPONENT] for n in nets) == ["egress-outbound"]
+    volumes = world.client.api.volumes(filters={"label": label})["Volumes"]
+    assert [v["Labels"][LABEL_COMPONENT] for v in volumes] == ["egress-socket"]
+    world.agent.reload()
+    assert world.agent.attrs["HostConfig"]["NetworkMode"] == "none"
+    (mount,) = world.agent.attrs["Mounts"]
+    assert (mount["Name"], mount["RW"]) == (world.session.socket_volume, False)
 
 
 def _raw_reasons(world: World) -> list[tuple[str, str]]:
@@ -439,10 +444,12 @@ def forbidden_world(
             cap_drop=["ALL"],
             **net.docker_kwargs(),
         )
+        start_forwarder(agent, net)
         yield World(docker_client, session, agent, agent, events)
     finally:
         if agent is not None:
             agent.remove(force=True)
+        session.close()
         session.close()
 
 
@@ -471,3 +478,53 @@ def test_every_forbidden_range_and_metadata_address_is_refused(forbidden_world: 
     )
     if disabled.output.decode().strip() != "1":
         assert {n: got.get(n) for n in v6} == {n: "private-address" for n in v6}
+
+
+def _interface_address(name: str) -> str:
+    """The IPv4 address of a host interface (SIOCGIFADDR), e.g. docker0's 172.17.0.1."""
+    import fcntl
+    import socket as sockets
+    import struct
+
+    with sockets.socket(sockets.AF_INET, sockets.SOCK_DGRAM) as sock:
+        packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+    return sockets.inet_ntoa(packed[20:24])
+
+
+def test_no_route_but_the_proxy_host_listeners_are_unreachable(world: World) -> None:
+    """Listeners the host binds on 0.0.0.0, on the run network's gateway and on docker0:
+    a plain container reaches them (the control); the agent reaches none of them."""
+    import socket as sockets
+
+    outbound = world.client.networks.get(world.session.outbound_network)
+    gateway = outbound.attrs["IPAM"]["Config"][0]["Gateway"]
+    docker0 = _interface_address("docker0")
+    listeners = []
+    targets: list[tuple[str, int]] = []
+    try:
+        for bind, probe_at in (("0.0.0.0", (gateway, docker0)), (gateway, (gateway,))):
+            listener = sockets.create_server((bind, 0), backlog=64)
+            listeners.append(listener)
+            targets += [(ip, listener.getsockname()[1]) for ip in probe_at]
+        listener = sockets.create_server((docker0, 0), backlog=64)
+        listeners.append(listener)
+        targets.append((docker0, listener.getsockname()[1]))
+        probe = (
+            "import socket, sys\n"
+            "for ip, port in ((a, int(p)) for a, p in (t.split(':') for t in sys.argv[1:])):\n"
+            "    s = socket.socket(); s.settimeout(2)\n"
+            "    print(ip, port, s.connect_ex((ip, port)))\n"
+        )
+        argv = ["python3", "-c", probe, *(f"{ip}:{port}" for ip, port in targets)]
+        control = world.upstream.exec_run(argv).output.decode().split("\n")
+        assert all(line.endswith(" 0") for line in control if line), control
+        result = world.agent.exec_run(argv).output.decode().split("\n")
+        codes = [line.rsplit(" ", 1)[1] for line in result if line]
+        assert len(codes) == len(targets) and "0" not in codes, result
+    finally:
+        for listener in listeners:
+            listener.close()
+    # Loopback is the agent's only interface; the proxy path still works.
+    assert world.sh("ls /sys/class/net")[1].split() == ["lo"]
+    code, out = world.through_proxy("http://allowed.test:8443/")
+    assert code == 0 and _status(out) == "200", out

@@ -243,3 +243,15 @@ def test_unreachable_daemon_is_a_setup_error(monkeypatch: pytest.MonkeyPatch) ->
     )
     with pytest.raises(SetupError):
         rt.list()
+
+
+def test_egress_mounts_must_be_read_only_volumes(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, digest=DIGEST, egress="proxy")
+    volume = {"Type": "volume", "Source": "v", "Target": "/run/kagura/egress", "ReadOnly": True}
+    kw = hardening.container_kwargs(plan, "r", network="none", egress_mounts=[volume])
+    assert kw["network_mode"] == "none" and kw["mounts"][-1] == volume
+    for bad in ({**volume, "ReadOnly": False}, {**volume, "Type": "bind", "Source": "/"}):
+        with pytest.raises(RefusedError):
+            hardening.container_kwargs(plan, "r", network="none", egress_mounts=[bad])
+    with pytest.raises(RefusedError):
+        hardening.container_kwargs(make_plan(tmp_path, digest=DIGEST), "r", egress_mounts=[volume])

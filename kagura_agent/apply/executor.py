@@ -252,8 +252,7 @@ def _run_in_container(
 
     network: str | None = None
     environment: dict[str, str] = {}
-    dns: list[str] | None = None
-    dns_opt: list[str] | None = None
+    egress_mounts: list[dict[str, Any]] = []
     if plan["egress"]["mode"] == "proxy":
         from kagura_agent.membrane.egress import EgressSession
 
@@ -264,10 +263,10 @@ def _run_in_container(
         cleanup.callback(_close_egress, egress, result, live)
         config = egress.agent_network_config()
         network, environment = config.network, dict(config.environment)
-        dns, dns_opt = list(config.dns), list(config.dns_opt)
+        egress_mounts = config.mounts()
     live.phase(f"starting container from {plan['image']['ref']}")
     container_id = runtime.create(
-        plan, run_id, environment=environment, network=network, dns=dns, dns_opt=dns_opt
+        plan, run_id, environment=environment, network=network, egress_mounts=egress_mounts
     )
     cleanup.callback(_remove_container, runtime, container_id, live)
     sock = runtime.attach_socket(container_id)

@@ -77,6 +77,15 @@ def _mounts(plan: Plan) -> list[dict[str, Any]]:
     return result
 
 
+def _egress_mounts(mounts: list[dict[str, Any]], egress: str) -> list[dict[str, Any]]:
+    if mounts and egress != "proxy":
+        raise _refuse("an egress socket mount for a plan without egress")
+    for mount in mounts:
+        if mount.get("Type") != "volume" or mount.get("ReadOnly") is not True:
+            raise _refuse(f"egress mount {mount.get('Target')} must be a read-only volume")
+    return [dict(m) for m in mounts]
+
+
 def _check_floor(h: Hardening) -> None:
     from kagura_agent.membrane.floor import hardening_violations
 
@@ -119,6 +128,7 @@ def container_kwargs(
     name: str | None = None,
     dns: list[str] | None = None,
     dns_opt: list[str] | None = None,
+    egress_mounts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Translate a launch plan into docker-py keyword arguments for creating its container.
 
@@ -126,9 +136,10 @@ def container_kwargs(
     the host-config keys for ``APIClient.create_container`` (the high-level
     ``containers.create`` cannot set ``stop_timeout``).
 
-    ``network`` is the run's internal network; required when the plan's egress mode is
-    ``proxy`` and ignored (``none``) otherwise; ``dns`` is the resolver setting the
-    egress session provides. ``environment`` must hold no secrets:
+    ``network`` is what the egress session gives (``none``: the agent reaches the proxy
+    through the read-only socket volume in ``egress_mounts``); required when the plan's
+    egress mode is ``proxy`` and ignored (``none``) otherwise. Only read-only volume mounts
+    are accepted in ``egress_mounts``. ``environment`` must hold no secrets:
     credentials reach the container through /run/kagura, never through its config.
     """
     h = plan["hardening"]
@@ -155,7 +166,7 @@ def container_kwargs(
         "security_opt": ["no-new-privileges:true"],
         "read_only": True,
         "tmpfs": _tmpfs(h, uid, gid),
-        "mounts": _mounts(plan),
+        "mounts": _mounts(plan) + _egress_mounts(egress_mounts or [], egress),
         "pids_limit": int(h["pids_limit"]),
         "mem_limit": int(h["memory_bytes"]),
         # Same as mem_limit: no swap, so the memory limit is a hard OOM boundary.

@@ -139,6 +139,7 @@ class DockerRuntime:
         name: str | None = None,
         dns: list[str] | None = None,
         dns_opt: list[str] | None = None,
+        egress_mounts: list[dict[str, Any]] | None = None,
     ) -> str:
         """Create the plan's container (not started); returns its id.
 
@@ -158,6 +159,7 @@ class DockerRuntime:
             name=name,
             dns=dns,
             dns_opt=dns_opt,
+            egress_mounts=egress_mounts,
         )
         create, host = split_kwargs(kwargs)
         api = self.client.api

@@ -17,7 +17,7 @@ Scheme = Literal["https", "http"]
 BrainRuntime = Literal["container", "host"]
 BrainEngine = Literal["script", "sdk", "kagura-brain"]
 AuthMode = Literal["none", "api-key", "subscription"]
-NetworkMode = Literal["none", "internal"]
+NetworkMode = Literal["none"]
 Tenancy = Literal["self-host", "shared"]
 MountKind = Literal["project", "extra"]
 MountMode = Literal["ro", "rw"]
@@ -365,7 +365,7 @@ DESCRIPTIONS: dict[str, str] = {
     "hardening.nofile": "Open-file limit.",
     "hardening.init": "Run an init process.",
     "hardening.stop_timeout": "Seconds between stop and kill.",
-    "hardening.network": "`none`, or `internal` (only the proxy is reachable).",
+    "hardening.network": "Always `none`: with egress the agent reaches its proxy through a Unix socket, with no IP path.",
     "hardening.pid_mode": "PID namespace.",
     "hardening.ipc_mode": "IPC namespace.",
     "hardening.privileged": "Always false.",

@@ -415,7 +415,9 @@ def _hardening(
         "nofile": knobs["nofile"],
         "init": True,
         "stop_timeout": knobs["stop_timeout"],
-        "network": "internal" if egress_mode == "proxy" else "none",
+        # Always none: with egress the agent still has no interface but loopback and
+        # reaches its proxy through a Unix socket (membrane/egress/session.py).
+        "network": "none",
         "pid_mode": "private",
         "ipc_mode": "private",
         "privileged": False,

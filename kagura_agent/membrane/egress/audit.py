@@ -107,7 +107,10 @@ def parse_line(line: str) -> dict[str, str] | None:
     raw = dict(zip(keys, parts[1:], strict=True))
     for key in ("method", "scheme", "host", "reason"):
         raw[key] = unquote(raw[key])
-    return {k: "" if v == "-" else v for k, v in raw.items()}
+    fields = {k: "" if v == "-" else v for k, v in raw.items()}
+    if not fields["method"] and not fields["host"] and not fields["reason"]:
+        return None  # a connection closed before any request: nothing was asked or decided
+    return fields
 
 
 def classify(raw: dict[str, str], policy: EgressPolicy, run_id: str, seq: int) -> EgressEvent:

@@ -1,6 +1,6 @@
 """Which process owns a run's Docker objects, and whether that process is still alive.
 
-Every network and proxy an egress session creates carries ``dev.kagura.owner`` =
+Every network, volume and proxy an egress session creates carries ``dev.kagura.owner`` =
 ``host:pid:start`` where ``start`` is the process start time from /proc (so a reused pid
 is not mistaken for the owner). A crash sweep removes objects whose owner is gone.
 """
@@ -14,7 +14,8 @@ from pathlib import Path
 LABEL_OWNER = "dev.kagura.owner"
 LABEL_COMPONENT = "dev.kagura.component"
 COMPONENT_PROXY = "egress-proxy"
-COMPONENT_INTERNAL = "egress-internal"
+COMPONENT_INTERNAL = "egress-internal"  # earlier versions: swept, no longer created
+COMPONENT_SOCKET = "egress-socket"
 COMPONENT_OUTBOUND = "egress-outbound"
 
 

@@ -1,18 +1,20 @@
-"""One run's egress: an internal network, an outbound network and a squid proxy between.
+"""One run's egress: a squid proxy on an outbound network, reached over a Unix socket.
 
     with EgressSession.start(client, plan, run_id, on_event) as egress:
         net = egress.agent_network_config()
-        kwargs = hardening.container_kwargs(plan, run_id, network=net.network,
-                                            environment=net.environment)
-        kwargs["dns"] = net.dns
-        ...run the agent container...
-    # proxy and both networks are gone here, also after an exception or Ctrl-C
+        ...create the agent container with net.docker_kwargs() (network_mode none,
+        the proxy environment, the socket volume read-only)...
+    # proxy, network and socket volume are gone here, also after an exception or Ctrl-C
 
-The agent container joins only the internal network (``internal=True``: Docker gives it
-no gateway), so its one reachable peer is the proxy: if the proxy dies the agent has no
-route out. The proxy alone is also on the outbound network. Anything that goes wrong
-before the proxy is ready tears everything down and raises SetupError / RefusedError,
-so the run does not start.
+The agent container has no network at all (``network_mode: none``: loopback only), so
+there is no IP path from it to the host, the Docker bridges or anything else. Its one
+way out is a Unix socket on a small tmpfs volume that it and the proxy container mount:
+inside the agent a forwarder (brain/egress_forwarder.py, started by the in-container entrypoint)
+listens on 127.0.0.1:3128 and copies connections to the socket; inside the proxy
+container socat listens on the socket and hands each connection to squid, which listens
+on the proxy's loopback only. The proxy alone is on the outbound network. If the proxy
+dies the agent has no way out. Anything that goes wrong before the proxy is ready tears
+everything down and raises SetupError / RefusedError, so the run does not start.
 """
 
 from __future__ import annotations
@@ -27,13 +29,18 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from kagura_agent.brain import egress_forwarder as forwarder
 from kagura_agent.clock import Clock, SystemClock, iso
 from kagura_agent.errors import SetupError
 from kagura_agent.membrane import images
 from kagura_agent.membrane.egress import audit, owner
 from kagura_agent.membrane.egress.policy import EgressPolicy, load_policy
 from kagura_agent.membrane.egress.squid import PROXY_PORT, READY_MARKER, render_squid_conf
-from kagura_agent.membrane.egress.sweep import remove_network, sweep_orphans
+from kagura_agent.membrane.egress.sweep import (
+    remove_network,
+    remove_volume_if_unused,
+    sweep_orphans,
+)
 from kagura_agent.membrane.hardening import LABEL_RUN
 from kagura_agent.membrane.runtime import docker_errors
 from kagura_agent.plan.model import Plan
@@ -49,34 +56,47 @@ PROXY_TMPFS = {
     "/var/spool/squid": _TMPFS + "16777216",
     "/var/log/squid": _TMPFS + "1048576",
 }
-# The internal network carries only agent <-> proxy traffic and never leaves the host, so
-# it takes the largest MTU a veth pair allows: a 64 KB write of the proxy's tunnel then
-# crosses the bridge as one packet instead of ~45, which cut the CPU the proxied path
-# spends in the network stack (bench/egress_throughput.py: ~0.088 s -> ~0.074 s per 100 MB).
-# The outbound network keeps the daemon's MTU: its packets leave through the host's uplink.
-INTERNAL_MTU = 65535
+# Where the socket volume is mounted: read-write in the proxy (socat creates the socket),
+# read-only in the agent (connecting to a socket needs no write access to the mount).
+PROXY_SOCKET_DIR = "/run/kagura-egress"
+AGENT_SOCKET_DIR = "/run/kagura/egress"
+SOCKET_NAME = "proxy.sock"
+# The volume holds one socket: a tiny tmpfs owned by the proxy user, readable by all.
+_VOLUME_OPTS = {"type": "tmpfs", "device": "tmpfs", "o": "size=65536,uid=13,gid=13,mode=0755"}
 
 
 @dataclass(frozen=True)
 class AgentNetworkConfig:
-    """What the agent container needs: join ``network`` only, use these env and dns."""
+    """What the agent container needs: no network, the proxy environment, the socket volume."""
 
-    network: str
+    volume: str
     proxy_url: str
+    socket_path: str
+    port: int
     environment: dict[str, str] = field(default_factory=dict)
-    # The embedded resolver forwards names it does not know to these servers, from inside
-    # the agent's network namespace: loopback answers nothing, so no name resolves.
-    dns: list[str] = field(default_factory=lambda: ["127.0.0.1"])
-    # Fail a lookup after one short try instead of stalling tools for tens of seconds.
-    dns_opt: list[str] = field(default_factory=lambda: ["timeout:1", "attempts:1"])
+
+    @property
+    def network(self) -> str:
+        return "none"
+
+    def mounts(self) -> list[dict[str, Any]]:
+        """The socket volume, read-only, as a docker-py ``Mount`` mapping."""
+        return [
+            {
+                "Type": "volume",
+                "Source": self.volume,
+                "Target": AGENT_SOCKET_DIR,
+                "ReadOnly": True,
+                "VolumeOptions": {"NoCopy": True},
+            }
+        ]
 
     def docker_kwargs(self) -> dict[str, Any]:
         """docker-py ``containers.create`` keywords (merge into the hardened kwargs)."""
         return {
-            "network_mode": self.network,
+            "network_mode": "none",
             "environment": dict(self.environment),
-            "dns": list(self.dns),
-            "dns_opt": list(self.dns_opt),
+            "mounts": self.mounts(),
         }
 
 
@@ -99,16 +119,16 @@ class EgressSession:
             LABEL_RUN: run_id,
             owner.LABEL_OWNER: owner.current_owner(),
         }
-        self.internal_network = f"kagura-egress-{_safe(run_id)}-internal"
+        self.socket_volume = f"kagura-egress-{_safe(run_id)}-socket"
         self.outbound_network = f"kagura-egress-{_safe(run_id)}-outbound"
         self.proxy_name = f"kagura-egress-{_safe(run_id)}-proxy"
         self.proxy: Any = None
-        self.proxy_ip = ""
         self.events: list[audit.EgressEvent] = []
         self._lock = threading.Lock()
         self._collector: threading.Thread | None = None
         self._stream: Any = None
         self._closed = False
+        self._volume_pending = False
 
     @classmethod
     def start(
@@ -155,21 +175,20 @@ class EgressSession:
         import docker.errors
         import docker.types
 
-        with docker_errors(f"creating the egress networks of run {self.run_id}"):
-            internal = self.client.networks.create(
-                self.internal_network,
-                driver="bridge",
-                internal=True,
-                options={"com.docker.network.driver.mtu": str(INTERNAL_MTU)},
-                labels=self._labels_for(owner.COMPONENT_INTERNAL),
+        with docker_errors(f"creating the egress network and socket of run {self.run_id}"):
+            self.client.volumes.create(
+                self.socket_volume,
+                driver="local",
+                driver_opts=_VOLUME_OPTS,
+                labels=self._labels_for(owner.COMPONENT_SOCKET),
             )
             self.client.networks.create(
                 self.outbound_network,
                 driver="bridge",
                 labels=self._labels_for(owner.COMPONENT_OUTBOUND),
             )
-        subnets = [c["Subnet"] for c in (internal.attrs.get("IPAM") or {}).get("Config") or []]
-        conf = render_squid_conf(self.policy, subnets)
+        # socat connects from the proxy's own loopback: that is the only client squid takes.
+        conf = render_squid_conf(self.policy, ["127.0.0.1/32"])
         try:
             self.client.images.get(image)
         except docker.errors.ImageNotFound as exc:
@@ -177,14 +196,21 @@ class EgressSession:
                 f"the egress proxy image {image} is not built",
                 hint="run: kagura-agent images build egress-proxy",
             ) from exc
+        socket_mount = docker.types.Mount(
+            PROXY_SOCKET_DIR, self.socket_volume, type="volume", no_copy=True
+        )
         with docker_errors(f"starting the egress proxy of run {self.run_id}"):
             self.proxy = self.client.containers.create(
                 image,
                 name=self.proxy_name,
                 labels=self._labels_for(owner.COMPONENT_PROXY),
-                environment={"KAGURA_SQUID_CONF_B64": base64.b64encode(conf.encode()).decode()},
+                environment={
+                    "KAGURA_SQUID_CONF_B64": base64.b64encode(conf.encode()).decode(),
+                    "KAGURA_EGRESS_SOCKET": f"{PROXY_SOCKET_DIR}/{SOCKET_NAME}",
+                },
                 user=PROXY_USER,
                 network=self.outbound_network,
+                mounts=[socket_mount],
                 read_only=True,
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges:true"],
@@ -195,12 +221,8 @@ class EgressSession:
                 # json-file without rotation: the audit re-reads the whole log at teardown.
                 log_config=docker.types.LogConfig(type="json-file"),
             )
-            internal.connect(self.proxy)
             self.proxy.start()
         self._wait_ready(ready_timeout)
-        self.proxy.reload()
-        networks = self.proxy.attrs["NetworkSettings"]["Networks"]
-        self.proxy_ip = networks[self.internal_network]["IPAddress"]
         self._collector = threading.Thread(
             target=self._collect, name=f"egress-audit-{self.run_id}", daemon=True
         )
@@ -225,12 +247,20 @@ class EgressSession:
             time.sleep(0.02)
 
     def agent_network_config(self) -> AgentNetworkConfig:
-        """Network, proxy environment and DNS for the agent container of this run."""
-        url = f"http://{self.proxy_ip}:{PROXY_PORT}"
+        """No network, the proxy environment and the socket volume for the agent container."""
+        url = f"http://127.0.0.1:{PROXY_PORT}"
+        path = f"{AGENT_SOCKET_DIR}/{SOCKET_NAME}"
         local = "localhost,127.0.0.1,::1"
         env = {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url}
         env |= {"NO_PROXY": local, "no_proxy": local}
-        return AgentNetworkConfig(network=self.internal_network, proxy_url=url, environment=env)
+        env |= {forwarder.SOCKET_ENV: path, forwarder.PORT_ENV: str(PROXY_PORT)}
+        return AgentNetworkConfig(
+            volume=self.socket_volume,
+            proxy_url=url,
+            socket_path=path,
+            port=PROXY_PORT,
+            environment=env,
+        )
 
     # --- audit -------------------------------------------------------------------------
 
@@ -271,8 +301,11 @@ class EgressSession:
     # --- teardown ------------------------------------------------------------------------
 
     def close(self, *, clock: Clock | None = None) -> None:
-        """Remove the proxy and both networks; store the last decisions; emit the summary."""
+        """Remove the proxy, its network and socket; store the last decisions; emit the summary."""
         if self._closed:
+            # The agent container was still mounting the socket volume last time: retry.
+            if self._volume_pending:
+                self._volume_pending = not remove_volume_if_unused(self.client, self.socket_volume)
             return
         self._closed = True
         problems: list[str] = []
@@ -285,11 +318,17 @@ class EgressSession:
                 self.proxy.remove(force=True)
             except Exception as exc:
                 problems.append(f"removing {self.proxy_name}: {exc}")
-        for name in (self.internal_network, self.outbound_network):
-            try:
-                remove_network(self.client, name)
-            except Exception as exc:
-                problems.append(f"removing network {name}: {exc}")
+        try:
+            remove_network(self.client, self.outbound_network)
+        except Exception as exc:
+            problems.append(f"removing network {self.outbound_network}: {exc}")
+        try:
+            # Still mounted by a live agent container (the caller closes before removing
+            # it): the socket is dead once the proxy is gone; the next close() or sweep
+            # removes the volume.
+            self._volume_pending = not remove_volume_if_unused(self.client, self.socket_volume)
+        except Exception as exc:
+            problems.append(f"removing volume {self.socket_volume}: {exc}")
         audit.finish_run(self.store, self.run_id, iso((clock or SystemClock()).now()))
         with self._lock:
             allowed = sum(1 for e in self.events if e.decision == "allow")

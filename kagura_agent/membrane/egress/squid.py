@@ -38,7 +38,7 @@ _REASONS = ("client", "ip-literal", "private-address", "not-allowed")
 
 _HEADER = """\
 # Rendered by kagura-agent from the launch plan's egress section; do not edit.
-http_port {port}
+http_port 127.0.0.1:{port}
 visible_hostname kagura-egress
 pid_filename none
 cache_log stdio:/dev/stderr

@@ -1,9 +1,9 @@
-"""Remove egress networks and proxies left behind by runs whose process is gone.
+"""Remove egress networks, socket volumes and proxies left behind by runs whose process is gone.
 
 A ``kill -9`` of the applying process skips every ``finally``; its proxy and networks stay
 behind, labelled with the dead owner. ``sweep_orphans`` runs at every session start: it
-first salvages the dead proxy's audit log into the state store, then removes the proxy
-and the networks (disconnecting anything still attached).
+first salvages the dead proxy's audit log into the state store, then removes the proxy,
+the networks and the socket volume (disconnecting anything still attached).
 """
 
 from __future__ import annotations
@@ -33,6 +33,21 @@ def remove_network(client: Any, name_or_id: str) -> None:
             network.disconnect(container_id, force=True)
     with contextlib.suppress(docker.errors.NotFound):
         network.remove()
+
+
+def remove_volume_if_unused(client: Any, name: str) -> bool:
+    """Remove a volume; False when a container still mounts it (gone counts as removed)."""
+    import docker.errors
+
+    try:
+        client.api.remove_volume(name)
+    except docker.errors.NotFound:
+        return True
+    except docker.errors.APIError as exc:
+        if exc.status_code == 409:  # in use
+            return False
+        raise
+    return True
 
 
 def _salvage(client: Any, container_id: str, run_id: str, store: StateStore) -> None:
@@ -81,4 +96,11 @@ def sweep_orphans(
                 continue
             remove_network(client, summary["Id"])
             removed.append(summary["Name"])
+    label = f"{owner.LABEL_COMPONENT}={owner.COMPONENT_SOCKET}"
+    for volume in client.api.volumes(filters={"label": label}).get("Volumes") or []:
+        if is_alive((volume.get("Labels") or {}).get(owner.LABEL_OWNER, "")):
+            continue
+        # A volume still mounted by a container is left for the next sweep.
+        if remove_volume_if_unused(client, volume["Name"]):
+            removed.append(volume["Name"])
     return removed

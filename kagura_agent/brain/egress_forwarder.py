@@ -1,0 +1,152 @@
+"""Inside the agent container: 127.0.0.1:PORT -> the proxy's Unix socket, byte for byte.
+
+The agent container runs with ``network_mode: none``: its only interface is loopback and
+there is no route to the host, the Docker networks or anything else. The run's proxy is
+reachable only through a Unix socket on a volume shared with the proxy container. Tools
+expect an HTTP proxy on a TCP port (``HTTPS_PROXY=http://127.0.0.1:3128``), so this
+forwarder listens there and copies each connection to the socket, where socat hands it to
+squid. Nothing is parsed here: the proxy sees exactly what the tool sent.
+
+Stdlib only, and importable on its own: the in-container entrypoint starts it with
+:func:`serve` when ``KAGURA_EGRESS_SOCKET`` is set, and images without kagura-agent run
+this file with ``python3 -c`` (see :func:`command`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import socket
+import sys
+from pathlib import Path
+
+SOCKET_ENV = "KAGURA_EGRESS_SOCKET"
+PORT_ENV = "KAGURA_EGRESS_PORT"
+CHUNK = 1024 * 1024
+
+
+async def _pipe(loop: asyncio.AbstractEventLoop, src: socket.socket, dst: socket.socket) -> None:
+    try:
+        if hasattr(os, "splice"):
+            await _splice(loop, src, dst)
+        else:
+            await _copy(loop, src, dst)
+    except OSError:
+        pass
+    finally:
+        # Half-close: the other direction may still be carrying the response.
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+async def _copy(loop: asyncio.AbstractEventLoop, src: socket.socket, dst: socket.socket) -> None:
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    while count := await loop.sock_recv_into(src, buffer):
+        await loop.sock_sendall(dst, view[:count])
+
+
+async def _ready(loop: asyncio.AbstractEventLoop, sock: socket.socket, write: bool) -> None:
+    done: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    fd = sock.fileno()
+    if write:
+        loop.add_writer(fd, wake)
+    else:
+        loop.add_reader(fd, wake)
+    try:
+        await done
+    finally:
+        (loop.remove_writer if write else loop.remove_reader)(fd)
+
+
+async def _splice(loop: asyncio.AbstractEventLoop, src: socket.socket, dst: socket.socket) -> None:
+    """Kernel-side copy through a pipe (no bytes through Python): src -> pipe -> dst."""
+    flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+    read_end, write_end = os.pipe2(os.O_NONBLOCK)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, CHUNK)
+        while True:
+            try:
+                count = os.splice(src.fileno(), write_end, CHUNK, flags=flags)
+            except BlockingIOError:
+                await _ready(loop, src, write=False)
+                continue
+            if count == 0:
+                return
+            while count:
+                try:
+                    count -= os.splice(read_end, dst.fileno(), count, flags=flags)
+                except BlockingIOError:
+                    await _ready(loop, dst, write=True)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+async def _relay(client: socket.socket, path: str) -> None:
+    loop = asyncio.get_running_loop()
+    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    upstream.setblocking(False)
+    try:
+        await loop.sock_connect(upstream, path)
+        await asyncio.gather(_pipe(loop, client, upstream), _pipe(loop, upstream, client))
+    except OSError:
+        pass  # proxy gone: the tool sees its connection closed, as with no route
+    finally:
+        upstream.close()
+        client.close()
+
+
+def listen(port: int, host: str = "127.0.0.1") -> socket.socket:
+    """The forwarder's listening socket (bound now, so a port clash fails at start)."""
+    server = socket.create_server((host, port), backlog=256)
+    server.setblocking(False)
+    return server
+
+
+async def serve(server: socket.socket, path: str) -> None:
+    """Accept forever on ``server``, relaying every connection to the Unix socket ``path``."""
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[None]] = set()
+    while True:
+        client, _ = await loop.sock_accept(server)
+        client.setblocking(False)
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        task = loop.create_task(_relay(client, path))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+
+def command(path: str, port: int) -> list[str]:
+    """argv that runs this forwarder with a bare ``python3`` (no kagura-agent installed)."""
+    source = Path(__file__).read_text(encoding="utf-8")
+    return ["python3", "-c", source, path, str(port)]
+
+
+def main(argv: list[str]) -> int:
+    path = argv[0] if argv else os.environ.get(SOCKET_ENV, "")
+    port = int(argv[1] if len(argv) > 1 else os.environ.get(PORT_ENV, "3128"))
+    if not path:
+        print("forwarder: no proxy socket given", file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        server = listen(port)
+        print(f"forwarder: 127.0.0.1:{port} -> {path}", file=sys.stderr, flush=True)
+        await serve(server, path)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
