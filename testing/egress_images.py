@@ -16,18 +16,8 @@ def ensure_egress_images(client: Any) -> dict[str, str]:
     return {"base": wanted["base"], "proxy": wanted["egress-proxy"]}
 
 
-def start_forwarder(container: Any, net: Any, timeout: float = 10.0) -> None:
-    """Run the in-container egress forwarder in ``container`` (an image without
-    kagura-agent, such as kagura/base) and wait until 127.0.0.1:PORT accepts."""
-    import time
+def start_forwarder(container: Any, net: Any) -> None:
+    """Start the egress forwarder in a running test container, as apply does."""
+    from kagura_agent.membrane.egress.session import start_forwarder as start
 
-    from kagura_agent.brain import egress_forwarder
-
-    container.exec_run(egress_forwarder.command(net.socket_path, net.port), detach=True)
-    # Listening on 127.0.0.1:PORT, read from /proc (a probe connection would reach squid).
-    wanted = f"0100007F:{net.port:04X} 00000000:0000 0A"
-    deadline = time.monotonic() + timeout
-    while wanted not in container.exec_run(["cat", "/proc/net/tcp"]).output.decode():
-        if time.monotonic() > deadline:
-            raise RuntimeError("the egress forwarder never listened")
-        time.sleep(0.05)
+    start(container.client, container.id, net)

@@ -1,7 +1,8 @@
 """A leased AWS credential used inside a real agent container, renewed and withdrawn.
 
 moto_server runs on the host, bound to the gateway address of an internal Docker network
-the test creates; the hardened agent container sits on that network. The bundle reaches
+the test creates; the hardened agent container sits on that network (a test-only path to
+a host listener: apply gives agents no network, see tests/test_egress_proxy.py). The bundle reaches
 the container only over its attached stdin (the brain channel); `docker inspect` and the
 host's process table never see a value.
 """
@@ -122,7 +123,6 @@ def test_leased_aws_credential_inside_a_container(
                 project,
                 image_name="agent",
                 egress="proxy",
-                network="internal",
                 extra_mounts=[(str(SOURCE), "/opt/src/kagura_agent")],
             )
             container = runtime.create(

@@ -253,6 +253,7 @@ def _run_in_container(
     network: str | None = None
     environment: dict[str, str] = {}
     egress_mounts: list[dict[str, Any]] = []
+    egress_config = None
     if plan["egress"]["mode"] == "proxy":
         from kagura_agent.membrane.egress import EgressSession
 
@@ -261,9 +262,9 @@ def _run_in_container(
             runtime.client, plan, run_id, live.egress, store=store, clock=options.clock
         )
         cleanup.callback(_close_egress, egress, result, live)
-        config = egress.agent_network_config()
-        network, environment = config.network, dict(config.environment)
-        egress_mounts = config.mounts()
+        egress_config = egress.agent_network_config()
+        network, environment = egress_config.network, dict(egress_config.environment)
+        egress_mounts = egress_config.mounts()
     live.phase(f"starting container from {plan['image']['ref']}")
     container_id = runtime.create(
         plan, run_id, environment=environment, network=network, egress_mounts=egress_mounts
@@ -272,6 +273,10 @@ def _run_in_container(
     sock = runtime.attach_socket(container_id)
     cleanup.callback(_close_quietly, sock)
     runtime.start(container_id)
+    if egress_config is not None:
+        from kagura_agent.membrane.egress.session import start_forwarder
+
+        start_forwarder(runtime.client, container_id, egress_config)
     asyncio.run(
         _drive(store, plan, run_id, leases, runtime, container_id, sock, options, live, result)
     )

@@ -27,7 +27,6 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from kagura_agent.brain import egress_forwarder as forwarder
 from kagura_agent.brain.creds_dir import CredentialDir, CredentialPathError, creds_root
 from kagura_agent.brain.engines import select_engine
 from kagura_agent.brain.events import ErrorEvent, event_to_json, is_terminal
@@ -188,7 +187,6 @@ async def serve(stdin_fd: int, stdout: BinaryIO) -> int:
     sock_dir = tempfile.mkdtemp(prefix="kagura-mem-")  # mkdtemp makes it 0700
     app.socket_path = str(Path(sock_dir) / "memory.sock")
     server = await serve_socket(app.socket_path, memory)
-    _start_egress_forwarder()
     threading.Thread(target=_reader, args=(stdin_fd, loop, inbox), daemon=True).start()
     try:
         while (msg := await inbox.get()) is not None and app.handle(msg):
@@ -203,23 +201,6 @@ async def serve(stdin_fd: int, stdout: BinaryIO) -> int:
         Path(app.socket_path).unlink(missing_ok=True)
         os.rmdir(sock_dir)
     return 0
-
-
-def _start_egress_forwarder() -> None:
-    """With a proxy socket in the environment, relay 127.0.0.1:PORT to it (own thread and
-    event loop, so tool traffic never delays the brain channel). The container has no
-    network: without this the agent's tools have no way out at all."""
-    path = os.environ.get(forwarder.SOCKET_ENV)
-    if not path:
-        return
-    port = int(os.environ.get(forwarder.PORT_ENV, "3128"))
-    listener = forwarder.listen(port)  # bound now: a clash is reported before any turn
-    thread = threading.Thread(
-        target=lambda: asyncio.run(forwarder.serve(listener, path)),
-        name="egress-forwarder",
-        daemon=True,
-    )
-    thread.start()
 
 
 def main() -> int:

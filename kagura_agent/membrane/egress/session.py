@@ -9,8 +9,9 @@
 The agent container has no network at all (``network_mode: none``: loopback only), so
 there is no IP path from it to the host, the Docker bridges or anything else. Its one
 way out is a Unix socket on a small tmpfs volume that it and the proxy container mount:
-inside the agent a forwarder (brain/egress_forwarder.py, started by the in-container entrypoint)
-listens on 127.0.0.1:3128 and copies connections to the socket; inside the proxy
+inside the agent a forwarder (forwarder.py, started by :func:`start_forwarder` with
+``docker exec`` right after the container starts, so it needs only ``python3`` in the
+image) listens on 127.0.0.1:3128 and copies connections to the socket; inside the proxy
 container socat listens on the socket and hands each connection to squid, which listens
 on the proxy's loopback only. The proxy alone is on the outbound network. If the proxy
 dies the agent has no way out. Anything that goes wrong before the proxy is ready tears
@@ -29,11 +30,10 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from kagura_agent.brain import egress_forwarder as forwarder
 from kagura_agent.clock import Clock, SystemClock, iso
 from kagura_agent.errors import SetupError
 from kagura_agent.membrane import images
-from kagura_agent.membrane.egress import audit, owner
+from kagura_agent.membrane.egress import audit, forwarder, owner
 from kagura_agent.membrane.egress.policy import EgressPolicy, load_policy
 from kagura_agent.membrane.egress.squid import PROXY_PORT, READY_MARKER, render_squid_conf
 from kagura_agent.membrane.egress.sweep import (
@@ -98,6 +98,34 @@ class AgentNetworkConfig:
             "environment": dict(self.environment),
             "mounts": self.mounts(),
         }
+
+
+def start_forwarder(
+    client: Any, container_id: str, net: AgentNetworkConfig, timeout: float = 10.0
+) -> None:
+    """Start the forwarder in the (running) agent container and wait until it listens.
+
+    It runs as the container's user, like the agent's tools: it holds nothing secret, and
+    an agent that kills it only cuts its own way out.
+    """
+    with docker_errors(f"starting the egress forwarder in {container_id[:12]}"):
+        started = client.api.exec_create(container_id, forwarder.command(net.socket_path, net.port))
+        client.api.exec_start(started["Id"], detach=True)
+    # Listening on 127.0.0.1:PORT, read from /proc (a probe connection would reach squid).
+    wanted = f"0100007F:{net.port:04X} 00000000:0000 0A"
+    deadline = time.monotonic() + timeout
+    while True:
+        with docker_errors(f"waiting for the egress forwarder in {container_id[:12]}"):
+            probe = client.api.exec_create(container_id, ["cat", "/proc/net/tcp"])
+            table = client.api.exec_start(probe["Id"]).decode(errors="replace")
+        if wanted in table:
+            return
+        with docker_errors(f"waiting for the egress forwarder in {container_id[:12]}"):
+            if client.api.exec_inspect(started["Id"]).get("ExitCode") not in (None, 0):
+                raise SetupError(f"the egress forwarder in {container_id[:12]} exited at start")
+        if time.monotonic() > deadline:
+            raise SetupError(f"the egress forwarder in {container_id[:12]} not ready in {timeout}s")
+        time.sleep(0.02)
 
 
 def _safe(run_id: str) -> str:
