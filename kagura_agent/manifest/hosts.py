@@ -9,7 +9,9 @@ Refused, each with its own message: empty names, whitespace or control character
 (``127.0.0.1.``, ``2130706433``, ``0x7f.1``, ``[::1]``), characters that IDNA would
 silently fold into something else (zero-width characters, fullwidth digits, ideographic
 full stops — the name the reviewer reads must be the name that is enforced), numeric
-top-level labels, names over 253 characters, ports, schemes, paths and misplaced ``*``.
+top-level labels, names over 253 characters, ports, schemes, paths and misplaced ``*``, and
+wildcards over a public suffix (``*.co.uk``, ``*.github.io``: the Public Suffix List the
+``publicsuffixlist`` package ships, loaded only when a wildcard is checked).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import ipaddress
 import re
 import unicodedata
+from functools import cache
+from typing import Any
 
 MAX_NAME = 253
 _LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
@@ -72,9 +76,60 @@ def normalize_host(text: str) -> tuple[str | None, str]:
         return None, f"{shown} is an IP literal; egress entries must be host names"
     if wildcard and len(labels) < 2:
         return None, f"{shown}: a wildcard must cover a domain with at least two labels"
+    if wildcard and is_public_suffix(name):
+        return None, (
+            f"{shown} covers the public suffix {name}: every registrant's domain under it"
+            " (name the domain instead, e.g. *.example." + name + ")"
+        )
     host = ("*." if wildcard else "") + name
     assert is_squid_safe(host)
     return host, ""
+
+
+@cache
+def _suffix_list() -> Any:
+    # Imported on first use: only a wildcard entry pays for loading the list (~80 ms).
+    from publicsuffixlist import PublicSuffixList
+
+    # The snapshot shipped inside the package, ICANN and private sections (github.io,
+    # s3.amazonaws.com are suffixes too); it never fetches anything.
+    return PublicSuffixList(only_icann=False)
+
+
+def is_public_suffix(name: str) -> bool:
+    """True when ``name`` is on the Public Suffix List (co.uk, github.io, com, ...).
+
+    A name found *not* to be a suffix is remembered in the pass cache, keyed on the
+    shipped list file's identity, so a plan over the same wildcards does not load the
+    list again; a suffix is always checked.
+    """
+    from kagura_agent.manifest.cache import PassCache, key
+
+    identity = _list_identity()
+    passed = PassCache("suffix-pass")
+    item = key("public-suffix", identity, name) if identity else ""
+    if item and item in passed:
+        return False
+    public = bool(_suffix_list().is_public(name))
+    if item and not public:
+        passed.add(item)
+    return public
+
+
+def _list_identity() -> str:
+    """The shipped list file's path, size and mtime (found without importing it)."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("publicsuffixlist")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    for folder in folders:
+        try:
+            found = os.stat(os.path.join(folder, "public_suffix_list.dat"))
+        except OSError:
+            continue
+        return f"{folder}:{found.st_size}:{found.st_mtime_ns}"
+    return ""
 
 
 def _unicode_problem(body: str, shown: str) -> str:

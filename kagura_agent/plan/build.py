@@ -51,10 +51,11 @@ class CachedRuleChecker:
         import json
 
         from kagura_agent.manifest.cache import key
-        from kagura_agent.plan.policy import check_rule
+        from kagura_agent.plan.policy import CHECKER_VERSION, check_rule
 
         digest = key(
             "policy",
+            CHECKER_VERSION,
             json.dumps(schema, sort_keys=True, separators=(",", ":")),
             json.dumps(plan, sort_keys=True, separators=(",", ":"), default=str),
         )
