@@ -228,7 +228,9 @@ def _expected_host_config(plan: dict[str, Any]) -> dict[str, Any]:
         "MemorySwap": h["memory_bytes"],
         "NanoCpus": h["nano_cpus"],
         "Ulimits": [{"Name": "nofile", "Soft": h["nofile"], "Hard": h["nofile"]}],
-        "Init": h["init"],
+        # The kagura entrypoint is the container's init (it reaps and forwards signals),
+        # so no Docker init process holds the brain channel.
+        "Init": False,
         # No network even with egress: the proxy is reached through the socket volume.
         "NetworkMode": plan["hardening"]["network"],
         "IpcMode": h["ipc_mode"],

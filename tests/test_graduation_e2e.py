@@ -370,19 +370,29 @@ def test_recalling_untrusted_memories_loses_graduated_trust(
 
 
 @pytest.mark.docker
-def test_brain_that_takes_its_container_down_is_a_recorded_failure(scene: Scene) -> None:
-    # Verify cannot run in a container that is gone; that must demote, not skip recording.
+@pytest.mark.parametrize(
+    ("step", "code"),
+    [("kill -9 $PPID", "crash"), ("exit 3", "step-failed")],
+    ids=["brain-killed", "step-failed"],
+)
+def test_brain_error_with_passing_verify_is_a_recorded_failure(
+    scene: Scene, step: str, code: str
+) -> None:
+    # Verify runs in a fresh container, so it passes whatever became of the brain; the
+    # brain's error still counts against the run and demotes (fail closed).
     cat = scene.category
     _graduate(cat)
-    scene.write_task("crash", "crash", "kill -9 $PPID", "test -d /ref")
+    scene.write_task("broken", "broken", step, "test -d /ref")
     clock = FixedClock(datetime(2030, 2, 1, tzinfo=UTC))
-    result = _apply(scene, "crash", clock, approve=False)
+    result = _apply(scene, "broken", clock, approve=False)
+    assert result.brain_error is not None and result.brain_error.startswith(code)
+    assert [(command, exit_code) for command, exit_code, _ in result.verify] == [
+        ("test -d /ref", 0)
+    ]
     assert (result.outcome, result.exit_code) == ("failed", 1)
-    assert result.brain_error is not None
-    assert [(command, code) for command, code, _ in result.verify] == [("test -d /ref", -1)]
     status = _status(scene)
     assert (status["state"], status["successes"]) == ("locked", 0)
-    assert "verify 'test -d /ref' exited -1" in status["last_reset_reason"]
+    assert "'brain finished without error' exited 1" in status["last_reset_reason"]
 
 
 @pytest.mark.docker

@@ -88,15 +88,23 @@ def test_runs_as_uid_1000_without_capabilities(runtime: DockerRuntime, project: 
 
 
 def test_root_filesystem_is_read_only(runtime: DockerRuntime, project: Path) -> None:
+    # Permissions alone would stop uid 1000 in /usr or /etc, so each refusal must be the
+    # read-only file system's; /var/tmp (1777 on the image's root) is the control that
+    # only a read-only root refuses.
+    paths = ("/var/tmp/probe", "/usr/probe", "/etc/probe", "/opt/probe", "/probe")
     _code, out, _ = run(
         runtime,
         make_plan(project),
-        "for p in /usr/probe /etc/probe /opt/probe /probe;"
-        " do touch $p 2>/dev/null && echo WROTE $p; done;"
+        "stat -c 'MODE %a' /var/tmp;"
+        f" for p in {' '.join(paths)};"
+        ' do err=$(touch $p 2>&1) && echo "WROTE $p" || echo "REFUSED $p $err"; done;'
         " touch /tmp/ok /home/agent/ok /run/kagura/ok /workspace/ok && echo SCRATCH-OK;"
         " stat -c '%a %u' /run/kagura",
     )
-    assert "WROTE" not in out
+    assert "MODE 1777" in out, out
+    refused = [line for line in out.splitlines() if line.startswith("REFUSED")]
+    assert [line.split()[1] for line in refused] == list(paths), out
+    assert all(line.endswith("Read-only file system") for line in refused), out
     assert "SCRATCH-OK" in out and "700 1000" in out, out
     assert (project / "ok").exists() and (project / "ok").stat().st_uid == 1000
 

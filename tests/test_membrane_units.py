@@ -44,6 +44,33 @@ def test_container_kwargs_maps_every_hardening_field(tmp_path: Path) -> None:
     }
 
 
+def test_agent_container_runs_its_entrypoint_as_init_and_verify_is_cut_off(
+    tmp_path: Path,
+) -> None:
+    plan = make_plan(tmp_path, digest=DIGEST)
+    plan["egress"] = {"mode": "proxy"}
+    agent = hardening.container_kwargs(plan, "run-1", network="kagura-net", environment={"A": "1"})
+    # The kagura entrypoint is PID 1 itself: no dumpable Docker init holds the channel.
+    assert agent["init"] is False and agent["network_mode"] == "kagura-net"
+    verify = hardening.container_kwargs(
+        plan,
+        "run-1",
+        network="kagura-net",
+        environment={"A": "1"},
+        dns=["127.0.0.1"],
+        role="verify",
+    )
+    assert verify["network_mode"] == "none" and verify["environment"] == {}
+    assert "dns" not in verify and verify["stdin_open"] is False
+    assert verify["init"] is True and verify["entrypoint"] == ["sleep", "infinity"]
+    assert verify["labels"]["dev.kagura.role"] == "verify"
+    assert verify["labels"]["dev.kagura.run"] == "run-1"
+    floor = ("cap_drop", "security_opt", "read_only", "pids_limit", "mem_limit", "user", "mounts")
+    assert {k: verify[k] for k in floor} == {k: agent[k] for k in floor}
+    with pytest.raises(SetupError):
+        hardening.container_kwargs(plan, "run-1", network="kagura-net", role="brain")
+
+
 def test_tmpfs_owned_by_agent_and_run_kagura_private(tmp_path: Path) -> None:
     kw = hardening.container_kwargs(make_plan(tmp_path, digest=DIGEST), "r")
     assert set(kw["tmpfs"]) == {"/tmp", "/home/agent", "/run/kagura"}

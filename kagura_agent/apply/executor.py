@@ -3,7 +3,8 @@
     refuse (not applyable, host runtime not allowed)  → memory gate → approvals
     → lock → sweep what crashed runs left → run row
     → leases (ledger first) → egress (network + proxy) → container (hardened, no secrets
-      in its config) → brain over the attached stdin/stdout → verify inside the container
+      in its config) → brain over the attached stdin/stdout → container stopped → verify
+      in a fresh container (no network, no credentials, no brain channel)
     → record (memory, cost, graduation evidence, last applied plan)
     → release leases, remove container, proxy and networks
 
@@ -248,7 +249,7 @@ def _run_in_container(
     result: RunResult,
     cleanup: contextlib.ExitStack,
 ) -> None:
-    from kagura_agent.apply.verify import verify_in_container
+    from kagura_agent.apply.verify import stop_agent, verify_in_fresh_container
 
     network: str | None = None
     environment: dict[str, str] = {}
@@ -280,12 +281,20 @@ def _run_in_container(
     asyncio.run(
         _drive(store, plan, run_id, leases, runtime, container_id, sock, options, live, result)
     )
-    if plan["task"]["verify"]:
-        live.phase(f"verifying: {len(plan['task']['verify'])} command(s) in the container")
-        hardening = plan["hardening"]
-        result.verify = verify_in_container(
-            runtime, container_id, plan["task"]["verify"], hardening["workdir"], hardening["user"]
-        )
+    # Nothing the agent started may run into verify: its container goes first.
+    problem = stop_agent(runtime, container_id)
+    if problem:
+        live.note(problem, "red")
+    commands = plan["task"]["verify"]
+    if commands:
+        if problem:
+            result.verify = [(command, -1, problem) for command in commands]
+        else:
+            live.phase(
+                f"verifying: {len(commands)} command(s) in a fresh container"
+                " (no network, no credentials)"
+            )
+            result.verify = verify_in_fresh_container(runtime, plan, run_id, commands)
         live.verify(result.verify)
 
 
@@ -323,11 +332,13 @@ async def _drive(
     try:
         await BrainRun(store, plan, leases, channel, options, live, result).run()
     finally:
-        # The container stays up for verify: wipe and release the credentials first.
+        # Wipe and release the credentials, then end the entrypoint (it wipes on its way
+        # out too); verify runs elsewhere, after the container is gone.
         from kagura_agent.membrane.leases import withdraw
 
         for problem in await withdraw(None if channel.closed else channel, leases):
             live.note(f"release problem (kept for the sweeper): {problem}", "red")
+        await channel.stop()
 
 
 def _close_egress(egress: Any, result: RunResult, live: LiveView) -> None:

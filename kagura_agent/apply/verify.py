@@ -1,12 +1,17 @@
 """The independent success check: the task's verify commands, run by the host.
 
-They run inside the run's container (as the plan's container user, in the project root) through Docker's
-exec API after the brain has finished; their exit codes — never the agent's report —
-decide success. Each command is bounded by ``timeout`` inside the container.
+The brain's container is stopped first — every process in it gone, a ``setsid``
+lingerer too, since its PID namespace ends with its init. The commands then run, through
+Docker's exec API, in a fresh container from the same image with the same mounts (the
+project root), as the plan's container user in the project root: no network, no
+environment, no credentials (its /run/kagura is a new, empty tmpfs) and no brain
+channel. Their exit codes — never the agent's report — decide success. Each command is
+bounded by ``timeout`` inside the container.
 """
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from typing import Any
 
@@ -15,17 +20,61 @@ from kagura_agent.membrane.runtime import docker_errors
 
 VERIFY_SECONDS = 300
 OUTPUT_CAP = 4000
+STOP_SECONDS = 30
+
+
+def stop_agent(runtime: Any, container_id: str) -> str | None:
+    """Kill the agent's container and wait until it has exited; a problem, or None.
+
+    SIGKILL to its init ends the PID namespace: the kernel kills every process left in
+    it, whatever session or process group it put itself in.
+    """
+    try:
+        if runtime.inspect(container_id)["State"].get("Running"):
+            runtime.kill(container_id)
+        runtime.wait(container_id, timeout=STOP_SECONDS)
+        if runtime.inspect(container_id)["State"].get("Running"):
+            return "the agent's container is still running"
+    except KaguraError as exc:
+        # Gone already (the agent took it down) is stopped; anything else is a problem.
+        if "not found" in exc.message:
+            return None
+        return f"could not stop the agent's container: {exc.message}"
+    return None
+
+
+def verify_in_fresh_container(
+    runtime: Any, plan: dict[str, Any], run_id: str, commands: list[str]
+) -> list[tuple[str, int, str]]:
+    """Run ``commands`` in a new verify container, removed afterwards (also on error).
+
+    Fail closed: a verify container that cannot be made or started fails every command
+    (exit code -1), which the run records as a failure — never an error that skips
+    recording.
+    """
+    hardening = plan["hardening"]
+    try:
+        container_id = runtime.create(plan, run_id, role="verify")
+    except KaguraError as exc:
+        return [(c, -1, f"verify could not run: {exc.message}") for c in commands]
+    try:
+        runtime.start(container_id)
+        return verify_in_container(
+            runtime, container_id, commands, hardening["workdir"], hardening["user"]
+        )
+    except KaguraError as exc:
+        return [(c, -1, f"verify could not run: {exc.message}") for c in commands]
+    finally:
+        # Labelled with the run: should this fail, the next apply's sweep removes it.
+        with contextlib.suppress(KaguraError):
+            runtime.remove(container_id, force=True)
 
 
 def verify_in_container(
     runtime: Any, container_id: str, commands: list[str], workdir: str, user: str
 ) -> list[tuple[str, int, str]]:
-    """Run each command; one that cannot run at all counts as failed (exit code -1).
-
-    Fail closed: the agent can take its own container down (kill its brain, or leave a
-    process behind that does it after the turn). That must make the run a recorded
-    failure, which demotes graduated capabilities — never an error that skips recording.
-    """
+    """Run each command in a running container; one that cannot run counts as failed
+    (exit code -1)."""
     results = []
     api = runtime.client.api
     for command in commands:

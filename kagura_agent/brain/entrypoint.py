@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 from kagura_agent.brain.creds_dir import CredentialDir, CredentialPathError, creds_root
 from kagura_agent.brain.engines import select_engine
 from kagura_agent.brain.events import ErrorEvent, event_to_json, is_terminal
+from kagura_agent.brain.guard import make_undumpable, run_as_init
 from kagura_agent.brain.memory_bridge import MEMORY_SOCKET_ENV, BridgeMemory, serve_socket
 from kagura_agent.brain.protocol import Turn
 from kagura_agent.errors import KaguraError
@@ -204,7 +205,13 @@ async def serve(stdin_fd: int, stdout: BinaryIO) -> int:
 
 
 def main() -> int:
-    """Process entry: keep a private handle on the real stdout, then serve."""
+    """Process entry: out of the tools' reach first (see guard.py), then keep a private
+    handle on the real stdout and serve."""
+    if not make_undumpable() and os.getpid() == 1:
+        print("entrypoint: cannot make itself non-dumpable; refusing to serve", file=sys.stderr)
+        return 70
+    if os.getpid() == 1 and (status := run_as_init()) is not None:
+        return status
     real_stdout = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything else printing to fd 1 now lands on stderr
     sys.stdout = sys.stderr

@@ -17,6 +17,8 @@ LABEL_RUN = "dev.kagura.run"
 LABEL_SESSION = "dev.kagura.session"
 LABEL_TASK = "dev.kagura.task"
 LABEL_PLAN = "dev.kagura.plan"
+LABEL_ROLE = "dev.kagura.role"
+ROLES = ("agent", "verify")
 
 # Scratch space the entrypoint and tools need on a read-only root; /run/kagura receives
 # the short-lived credentials the in-container entrypoint writes, so only uid 1000 reads it.
@@ -129,6 +131,7 @@ def container_kwargs(
     dns: list[str] | None = None,
     dns_opt: list[str] | None = None,
     egress_mounts: list[dict[str, Any]] | None = None,
+    role: str = "agent",
 ) -> dict[str, Any]:
     """Translate a launch plan into docker-py keyword arguments for creating its container.
 
@@ -141,11 +144,20 @@ def container_kwargs(
     egress mode is ``proxy`` and ignored (``none``) otherwise. Only read-only volume mounts
     are accepted in ``egress_mounts``. ``environment`` must hold no secrets:
     credentials reach the container through /run/kagura, never through its config.
+
+    ``role`` is ``agent`` (the brain's container) or ``verify``: a fresh container from
+    the same image and mounts, with no network, no environment, no stdin (no brain
+    channel) and an idle process to exec the verify commands in.
     """
     h = plan["hardening"]
     _check_floor(h)
+    if role not in ROLES:
+        raise SetupError(f"unknown container role {role!r}")
     uid, gid = _uid_gid(h.get("user", "1000:1000"))
     egress = (plan.get("egress") or {}).get("mode", "none")
+    if role == "verify":
+        network, environment, dns, dns_opt, egress = None, None, None, None, "none"
+        egress_mounts = None  # not even the proxy's socket
     if egress == "proxy":
         if not network:
             raise SetupError("the plan's egress mode is proxy but no run network was given")
@@ -173,7 +185,9 @@ def container_kwargs(
         "memswap_limit": int(h["memory_bytes"]),
         "nano_cpus": int(h["nano_cpus"]),
         "ulimits": [{"name": "nofile", "soft": nofile, "hard": nofile}],
-        "init": bool(h.get("init", True)),
+        # The kagura entrypoint is its own init (brain/guard.py): Docker's would be a
+        # process the agent's tools can ptrace, holding the brain channel's pipes.
+        "init": bool(h.get("init", True)) and not (role == "agent" and command is None),
         "stop_signal": "SIGTERM",
         "stop_timeout": int(h.get("stop_timeout", 10)),
         "network_mode": network_mode,
@@ -187,6 +201,11 @@ def container_kwargs(
         "stdin_open": True,
         "tty": False,
     }
+    if role == "verify":
+        kwargs["labels"][LABEL_ROLE] = "verify"
+        kwargs["entrypoint"] = ["sleep", "infinity"]
+        kwargs["command"] = None
+        kwargs["stdin_open"] = False
     if name:
         kwargs["name"] = name
     if dns is not None:

@@ -140,6 +140,7 @@ class DockerRuntime:
         dns: list[str] | None = None,
         dns_opt: list[str] | None = None,
         egress_mounts: list[dict[str, Any]] | None = None,
+        role: str = "agent",
     ) -> str:
         """Create the plan's container (not started); returns its id.
 
@@ -160,6 +161,7 @@ class DockerRuntime:
             dns=dns,
             dns_opt=dns_opt,
             egress_mounts=egress_mounts,
+            role=role,
         )
         create, host = split_kwargs(kwargs)
         api = self.client.api
