@@ -17,6 +17,7 @@ from typing import Any
 
 from kagura_agent.errors import KaguraError
 from kagura_agent.membrane.runtime import docker_errors
+from kagura_agent.plan.model import Plan
 
 VERIFY_SECONDS = 300
 OUTPUT_CAP = 4000
@@ -44,7 +45,7 @@ def stop_agent(runtime: Any, container_id: str) -> str | None:
 
 
 def verify_in_fresh_container(
-    runtime: Any, plan: dict[str, Any], run_id: str, commands: list[str]
+    runtime: Any, plan: Plan, run_id: str, commands: list[str]
 ) -> list[tuple[str, int, str]]:
     """Run ``commands`` in a new verify container, removed afterwards (also on error).
 
