@@ -114,6 +114,8 @@ def run(image: str, docker_client: Any, tmp_path_factory: pytest.TempPathFactory
     assert leftovers(docker_client, run_id) == []
     assert live_leases(env) == []
     assert TOKEN not in done.stdout + done.stderr
+    for report in ("ptrace.json", "verify.json"):
+        assert (project / report).exists(), done.stderr[-3000:]
     return {
         "code": done.returncode,
         "output": done.stderr[-4000:],
