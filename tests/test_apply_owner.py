@@ -68,12 +68,14 @@ def test_plan_refuses_up_front_a_project_root_the_agent_cannot_write(
     plan = _plan_with_owner(tmp_path, owner, mode)
     assert plan["hardening"]["user"] == user
     assert plan["applyable"] is applyable
-    refusals = [w for w in plan["warnings"] if w.startswith("refused")]
+    assert not [w for w in plan["warnings"] if "refused" in w]  # refusals are data, apart
     if applyable:
-        assert refusals == []
+        assert plan["refusals"] == []
     else:
-        [refusal] = refusals
-        assert f"fix: chown -R {user} {tmp_path / 'p'}" in refusal
+        [refusal] = plan["refusals"]
+        assert refusal["code"] == "project-unwritable"
+        assert refusal["source"] == "$.task.project_root"
+        assert f"fix: chown -R {user} {tmp_path / 'p'}" in refusal["message"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a root-owned project needs root to create")
@@ -87,7 +89,10 @@ def test_a_root_owned_project_never_runs_the_agent_as_root(tmp_path: Path, state
     plan = json.loads(done.stdout)
     assert plan["hardening"]["user"] == "1000:1000"
     assert plan["applyable"] is False
-    assert any("owned by root" in w and "chown -R 1000:1000" in w for w in plan["warnings"])
+    assert any(
+        "owned by root" in r["message"] and "chown -R 1000:1000" in r["message"]
+        for r in plan["refusals"]
+    )
     refused = kagura(["apply", "--yes", str(task)], cli_env(state_dir))
     assert refused.returncode == 6, refused.stderr
     assert f"fix: chown -R 1000:1000 {project}" in refused.stderr

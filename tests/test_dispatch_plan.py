@@ -63,7 +63,7 @@ def test_a_narrower_child_is_applyable_and_records_its_parent(
         "narrowing": [],
     }
     assert plan["applyable"] is True
-    assert not [w for w in plan["warnings"] if "refused" in w]
+    assert plan["refusals"] == []
     # The brain receives the context by id, never as prompt text.
     assert turn_from_plan(plan).context.memory_ids == ("mem-a", "mem-b")
     # Pure: the same inputs give the same plan.
@@ -80,8 +80,10 @@ def test_a_child_that_widens_egress_is_not_applyable(
     assert narrowing and all("not allowed to the parent" in v for v in narrowing)
     assert any("api.github.com" in v for v in narrowing)
     assert plan["applyable"] is False
-    refused = [w for w in plan["warnings"] if w.startswith("refused: child widens parent")]
-    assert len(refused) == len(narrowing)
+    refused = [r for r in plan["refusals"] if r["code"] == "child-widens-parent"]
+    assert len(refused) == len(narrowing) == len(plan["refusals"])
+    assert all(r["source"] == "$.task.parent" for r in refused)
+    assert not [w for w in plan["warnings"] if "refused" in w]
 
 
 def test_a_child_outside_the_parents_mounts_is_not_applyable(
@@ -101,7 +103,8 @@ def test_a_parent_that_never_applied_bounds_nothing_so_the_child_is_refused(
     plan = _plan(child_task, {}, tmp_path)
     assert plan["task"]["parent"]["narrowing"] is None
     assert plan["applyable"] is False
-    assert any("has no applied plan" in w for w in plan["warnings"])
+    [refusal] = plan["refusals"]
+    assert refusal["code"] == "parent-not-applied" and "has no applied plan" in refusal["message"]
 
 
 def test_plans_without_a_parent_are_unchanged(tmp_path: Path) -> None:

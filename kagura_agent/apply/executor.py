@@ -83,16 +83,8 @@ def refuse_unapplyable(plan: Plan, options: ApplyOptions) -> None:
             "plan breaks the membrane floor: " + "; ".join(broken),
             hint="no manifest can grant this; fix the Image or task",
         )
-    if not plan["applyable"]:
-        reasons = [
-            f"policy {r['policy']} ({r['message']})"
-            for r in plan["policy"]
-            if not r["passed"] and r["effect"] == "deny"
-        ]
-        reasons += [
-            f"{a['category']} {a['reason']}" for a in plan["approvals"] if a["class"] == "denied"
-        ]
-        reasons += [w for w in plan["warnings"] if "refused" in w]
+    if plan["refusals"] or not plan["applyable"]:
+        reasons = [r["message"] for r in plan["refusals"]]
         raise RefusedError("plan is not applyable: " + "; ".join(reasons or ["see the plan"]))
     if plan["brain"]["runtime"] == "host" and not options.allow_host_runtime:
         raise RefusedError(

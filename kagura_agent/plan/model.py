@@ -249,6 +249,15 @@ class PolicyResult(TypedDict):
     layer: Layer
 
 
+class Refusal(TypedDict):
+    """Why apply refuses the plan: a stable ``code``, the operator-facing ``message`` and
+    the ``source`` it comes from (a manifest file, a capability category, or a plan path)."""
+
+    code: str
+    message: str
+    source: str
+
+
 class Plan(TypedDict):
     format_version: int
     inputs: Inputs
@@ -265,6 +274,7 @@ class Plan(TypedDict):
     policy: list[PolicyResult]
     approvals: list[Approval]
     warnings: list[str]
+    refusals: list[Refusal]
     applyable: bool
     fingerprint: str
 
@@ -429,7 +439,14 @@ DESCRIPTIONS: dict[str, str] = {
     "approvals[].evidence": "Successful runs counted as evidence.",
     "approvals[].unmet": "Graduation conditions not met yet.",
     "warnings": "Things the operator should know.",
-    "applyable": "Whether apply may run this plan.",
+    "refusals": "Why apply refuses the plan; empty when it may run (warnings never refuse).",
+    "refusals[].code": (
+        "Stable code: `floor`, `policy-deny`, `capability-denied`, `shared-tenancy`,"
+        " `project-unwritable`, `parent-not-applied`, `child-widens-parent`, …"
+    ),
+    "refusals[].message": "What is refused, for the operator.",
+    "refusals[].source": "Where it comes from: manifest file, capability category or plan path.",
+    "applyable": "Whether apply may run this plan: true exactly when `refusals` is empty.",
     "fingerprint": "sha256 of the canonical JSON of every other key.",
 }
 
@@ -441,6 +458,11 @@ class ShapeError(ValueError):
         super().__init__(f"{path}  {message}")
         self.path = path
         self.message = message
+
+
+def applyable(refusals: list[Refusal]) -> bool:
+    """The one place ``applyable`` is derived: a plan runs when nothing refuses it."""
+    return not refusals
 
 
 def _is_typeddict(kind: Any) -> bool:

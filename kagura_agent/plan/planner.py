@@ -42,9 +42,12 @@ from kagura_agent.plan.model import (
     Mount,
     ParentLink,
     Plan,
+    PolicyResult,
+    Refusal,
     Scheme,
     TaskSection,
     Tenancy,
+    applyable,
 )
 from kagura_agent.plan.policy import RuleChecker, evaluate_policies, policy_denials
 from kagura_agent.units import parse_duration, parse_size
@@ -67,6 +70,7 @@ DEFAULT_RESERVE = 0.3
 # blown budget is a failed run, which demotes a graduated capability).
 MIN_HISTORY_WALL_SECONDS = 30
 DEFAULT_USER = "1000:1000"
+REFUSED = "refused: "  # _unwritable_project's prefix for a refusal rather than a warning
 
 
 def compile_plan(
@@ -121,10 +125,7 @@ def compile_plan(
         f"context memory {memory_id} does not exist (forgotten?); the brain will not find it"
         for memory_id in facts.missing_memories
     ]
-    warnings += [f"refused: {reason}" for reason in widened]
-    refused = (
-        tenancy == "shared" and hardening["runtime"] not in SHARED_RUNTIMES
-    ) or unwritable.startswith("refused")
+    refusals = _refusals(floor, policy, approvals, tenancy, hardening, unwritable, widened)
     plan: Plan = {
         "format_version": FORMAT_VERSION,
         "inputs": draft["inputs"],
@@ -143,17 +144,66 @@ def compile_plan(
         "policy": policy,
         "approvals": approvals,
         "warnings": warnings,
-        "applyable": (
-            not refused
-            and not widened
-            and not floor
-            and not any(r["effect"] == "deny" and not r["passed"] for r in policy)
-            and all(a["class"] != "denied" for a in approvals)
-        ),
+        "refusals": refusals,
+        "applyable": applyable(refusals),
         "fingerprint": "",
     }
     plan["fingerprint"] = fingerprint(plan)
     return plan
+
+
+def _refusals(
+    floor: list[str],
+    policy: list[PolicyResult],
+    approvals: list[Approval],
+    tenancy: Tenancy,
+    hardening: Hardening,
+    unwritable: str,
+    widened: list[str],
+) -> list[Refusal]:
+    """Everything that makes apply refuse the plan, as data (``applyable`` derives from it)."""
+    found: list[Refusal] = [
+        {"code": "floor", "message": f"membrane floor: {broken}", "source": "membrane floor"}
+        for broken in floor
+    ]
+    found += [
+        {
+            "code": "policy-deny",
+            "message": f"policy {r['policy']} ({r['message']})",
+            "source": r["source"],
+        }
+        for r in policy
+        if r["effect"] == "deny" and not r["passed"]
+    ]
+    found += [
+        {
+            "code": "capability-denied",
+            "message": f"{a['category']} {a['reason']}",
+            "source": a["category"],
+        }
+        for a in approvals
+        if a["class"] == "denied"
+    ]
+    if tenancy == "shared" and hardening["runtime"] not in SHARED_RUNTIMES:
+        found.append(
+            {
+                "code": "shared-tenancy",
+                "message": "tenancy is shared but the runtime is not runsc/kata",
+                "source": "$.hardening.runtime",
+            }
+        )
+    if unwritable.startswith(REFUSED):
+        found.append(
+            {
+                "code": "project-unwritable",
+                "message": unwritable.removeprefix(REFUSED),
+                "source": "$.task.project_root",
+            }
+        )
+    for reason in widened:
+        code = "parent-not-applied" if "has no applied plan" in reason else "child-widens-parent"
+        found.append({"code": code, "message": reason, "source": "$.task.parent"})
+    return found
 
 
 def _warnings(
@@ -177,15 +227,13 @@ def _warnings(
                 f"credential {cred['provider']}/{cred['scope']} is a standing secret (static);"
                 " it does not expire on its own"
             )
-    if unwritable:
+    if unwritable and not unwritable.startswith(REFUSED):
         warnings.append(unwritable)
     if brain["runtime"] == "host":
         warnings.append(
             "brain runtime is host: the brain runs UNSANDBOXED on this machine;"
             " apply needs --allow-host-runtime"
         )
-    if tenancy == "shared" and hardening["runtime"] not in SHARED_RUNTIMES:
-        warnings.append("tenancy is shared but the runtime is not runsc/kata: refused")
     if facts.daemon is not None and not (
         facts.daemon.get("userns_remap") or facts.daemon.get("rootless")
     ):
@@ -382,7 +430,7 @@ def _unwritable_project(
     root = next((m["source"] for m in mounts if m["kind"] == "project"), "")
     who = "root" if owner[0] == 0 else f"uid {owner[0]}"
     return (
-        f"refused: the project root is owned by {who} (mode {mode:o}) and the agent, which"
+        f"{REFUSED}the project root is owned by {who} (mode {mode:o}) and the agent, which"
         f" never runs as root, runs as {user} and could not write it;"
         f" fix: chown -R {user} {shlex.quote(root)}"
     )

@@ -100,6 +100,10 @@ def _budget_line(budget: Budget) -> str:
     return text
 
 
+# Refusals the renderers already show in their own lines (FLOOR, DENY, [denied], WIDENS).
+_SHOWN_ABOVE = frozenset({"floor", "policy-deny", "capability-denied"})
+
+
 def render_text(plan: Plan, style: Style) -> str:
     """The ten-second review: what runs, what it writes, where it connects, what it holds."""
     task = plan["task"]
@@ -186,6 +190,9 @@ def render_text(plan: Plan, style: Style) -> str:
         )
     for warning in plan["warnings"]:
         out.append("  " + style(f"warning: {warning}", "yellow"))
+    for refusal in plan["refusals"]:
+        if refusal["code"] not in _SHOWN_ABOVE:
+            out.append("  " + style(f"refused: {refusal['message']}", "red", "bold"))
     verdict = style("yes", "green") if plan["applyable"] else style("NO", "red", "bold")
     out.append(f"  applyable    {verdict}")
     return "\n".join(out) + "\n"
@@ -271,4 +278,8 @@ def render_markdown(plan: Plan) -> str:
             lines.append(f"- **{result['effect']}** `{result['policy']}`: {result['message']}")
         for warning in plan["warnings"]:
             lines.append(f"- warning: {warning}")
+    refused = [r for r in plan["refusals"] if r["code"] not in _SHOWN_ABOVE]
+    if refused:
+        lines.append("")
+        lines += [f"- **refused**: {r['message']}" for r in refused]
     return "\n".join(lines) + "\n"
