@@ -241,3 +241,21 @@ def test_squid_renderer_refuses_a_host_that_bypassed_the_normaliser() -> None:
             render_squid_conf(policy, ["127.0.0.1/32"])
     policy = EgressPolicy(mode="proxy", entries=(AllowEntry(host="ok.test", policy="p\nx y"),))
     assert "\nx y" not in render_squid_conf(policy, ["127.0.0.1/32"])
+
+
+def test_an_injected_credential_is_a_plain_token_and_never_in_squid_conf() -> None:
+    from kagura_agent.membrane.egress.squid import Injection, injection_line
+
+    injection = Injection(host="api.anthropic.com")
+    assert injection_line(injection, "sk-ant-abc_123") == (
+        'request_header_add x-api-key "sk-ant-abc_123" via_inject\n'
+    )
+    for bad in ('a"b', "a\nhttp_access allow all", "a b", ""):
+        with pytest.raises(RefusedError, match="plain token"):
+            injection_line(injection, bad)
+    policy = load_policy({"mode": "proxy", "allow": [{"host": "allowed.test"}]})
+    conf = render_squid_conf(policy, ["127.0.0.1/32"], injection)
+    assert "include /run/squid/inject.conf" in conf and "sk-ant" not in conf
+    assert "cache_peer api.anthropic.com parent 443 0" in conf and " tls" in conf
+    # The agent's own header is dropped before the proxy's is added.
+    assert "request_header_access x-api-key deny via_inject" in conf

@@ -6,6 +6,7 @@ forwarder. Nothing is ever sent beyond these containers and the test's own liste
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -528,3 +529,110 @@ def test_no_route_but_the_proxy_host_listeners_are_unreachable(world: World) -> 
     assert world.sh("ls /sys/class/net")[1].split() == ["lo"]
     code, out = world.through_proxy("http://allowed.test:8443/")
     assert code == 0 and _status(out) == "200", out
+
+
+# A fake Anthropic API: records every request's x-api-key and answers with JSON.
+FAKE_ANTHROPIC = """
+import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        keys = self.headers.get_all("x-api-key") or []
+        print("KEYS", json.dumps(keys), self.path, flush=True)
+        out = json.dumps({"type": "message", "seen": len(body)}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(out)))
+        self.end_headers(); self.wfile.write(out)
+    def log_message(self, *args): pass
+print("ready", flush=True)
+http.server.ThreadingHTTPServer(("", 8080), H).serve_forever()
+"""
+CANARY_KEY = "sk-ant-canary-" + "Q7" * 20
+
+
+def test_the_anthropic_key_is_injected_at_the_proxy_and_never_in_the_agent(
+    docker_client: Any, egress_images: dict[str, str], state_dir: Any
+) -> None:
+    from kagura_agent.membrane.egress.squid import Injection
+
+    run_id = f"test-inject-{time.monotonic_ns()}"
+    plan = {"egress": {"mode": "proxy", "allow": [{"host": "allowed.test", "port": 8443}]}}
+    injection = Injection(host="api.anthropic.test", port=8080, tls=False)
+    # squid resolves and probes its peer when it starts: the fake API must be reachable
+    # by then. It lives on a test network the proxy joins before squid starts.
+    side = docker_client.networks.create(f"kagura-test-inject-{run_id}", labels=TEST_LABEL)
+    created: list[Any] = []
+    session = None
+    try:
+        upstream = docker_client.containers.run(
+            egress_images["base"],
+            ["python3", "-c", FAKE_ANTHROPIC],
+            detach=True,
+            labels=TEST_LABEL,
+            network=side.name,
+        )
+        created.append(upstream)
+        upstream.reload()
+        address = upstream.attrs["NetworkSettings"]["Networks"][side.name]["IPAddress"]
+        session = EgressSession.start(
+            docker_client,
+            plan,
+            run_id,
+            injection=injection,
+            injection_secret=CANARY_KEY,
+            extra_hosts={"api.anthropic.test": address},
+            extra_networks=(side.name,),
+        )
+        net = session.agent_network_config()
+        agent = docker_client.containers.create(
+            egress_images["base"],
+            ["sleep", "600"],
+            labels=TEST_LABEL,
+            user="1000:1000",
+            cap_drop=["ALL"],
+            read_only=True,
+            tmpfs={"/tmp": "rw,size=16m"},
+            **net.docker_kwargs(),
+        )
+        created.append(agent)
+        agent.start()
+        start_forwarder(agent, net)
+        _wait_log(upstream, "ready")
+        # The agent calls the API the way the Claude CLI does: ANTHROPIC_BASE_URL, and a
+        # key of its own choosing, which the proxy drops.
+        call = (
+            'curl -sS --max-time 10 -X POST -H "x-api-key: forged-by-agent"'
+            ' -H "content-type: application/json" -d "{}"'
+            ' "$ANTHROPIC_BASE_URL/v1/messages"'
+        )
+        result = agent.exec_run(["sh", "-c", call])
+        assert result.exit_code == 0 and b'"type": "message"' in result.output, (
+            upstream.logs().decode() + session.proxy.logs().decode()[-3000:]
+        )
+        deadline = time.monotonic() + 5
+        while "KEYS" not in upstream.logs().decode():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert f'KEYS ["{CANARY_KEY}"] /v1/messages' in upstream.logs().decode()
+        # Nowhere the agent can look: environment, files, /proc, its docker inspect; and
+        # not in the proxy's config either (it went in on stdin).
+        # A pattern that matches the key without containing it (the grep's own argv is in /proc).
+        pattern = "sk-ant-canary-(Q7){20}"
+        sweep = (
+            f"grep -rslE '{pattern}' /proc/[0-9]*/environ /proc/[0-9]*/cmdline /tmp /run"
+            f" /etc /home /workspace 2>/dev/null; env | grep -cE '{pattern}'"
+        )
+        found = agent.exec_run(["sh", "-c", sweep]).output.decode().split()
+        assert found == ["0"], found
+        assert CANARY_KEY not in json.dumps(docker_client.api.inspect_container(agent.id))
+        assert CANARY_KEY not in json.dumps(docker_client.api.inspect_container(session.proxy.id))
+        assert agent.attrs["Config"]["Env"] and any(
+            e.startswith("ANTHROPIC_BASE_URL=http://127.0.0.1:")
+            for e in agent.attrs["Config"]["Env"]
+        )
+    finally:
+        for container in created:
+            container.remove(force=True)
+        if session is not None:
+            session.close()
+        side.remove()
+    assert _leftovers(docker_client, run_id) == []

@@ -10,6 +10,13 @@ conf="$conf_dir/squid.conf"
 umask 077
 printf '%s' "$KAGURA_SQUID_CONF_B64" | base64 -d >"$conf"
 unset KAGURA_SQUID_CONF_B64
+# A credential the proxy injects arrives as one squid.conf line on stdin (never in the
+# environment, so never in `docker inspect`); the configuration includes that file.
+if [ -n "${KAGURA_EGRESS_INJECT_SOCKET:-}" ]; then
+    IFS= read -r line || true
+    printf '%s\n' "$line" >/run/squid/inject.conf
+    unset line
+fi
 /usr/sbin/squid -k parse -f "$conf" 2>/dev/null || {
     echo "kagura-egress: invalid squid configuration" >&2
     /usr/sbin/squid -k parse -f "$conf" >&2 || true
@@ -19,5 +26,9 @@ if [ -n "${KAGURA_EGRESS_SOCKET:-}" ]; then
     # mode 0666: the agent runs under its own uid; only containers given the volume see it.
     socat -b 262144 "UNIX-LISTEN:$KAGURA_EGRESS_SOCKET,fork,unlink-early,mode=0666,backlog=256" \
         TCP4:127.0.0.1:3128,nodelay &
+fi
+if [ -n "${KAGURA_EGRESS_INJECT_SOCKET:-}" ]; then
+    socat -b 262144 "UNIX-LISTEN:$KAGURA_EGRESS_INJECT_SOCKET,fork,unlink-early,mode=0666,backlog=64" \
+        TCP4:127.0.0.1:3129,nodelay &
 fi
 exec /usr/sbin/squid -N -f "$conf"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -35,7 +36,14 @@ from kagura_agent.errors import SetupError
 from kagura_agent.membrane import images
 from kagura_agent.membrane.egress import audit, forwarder, owner
 from kagura_agent.membrane.egress.policy import EgressPolicy, load_policy
-from kagura_agent.membrane.egress.squid import PROXY_PORT, READY_MARKER, render_squid_conf
+from kagura_agent.membrane.egress.squid import (
+    INJECT_PORT,
+    PROXY_PORT,
+    READY_MARKER,
+    Injection,
+    injection_line,
+    render_squid_conf,
+)
 from kagura_agent.membrane.egress.sweep import (
     remove_network,
     remove_volume_if_unused,
@@ -61,6 +69,7 @@ PROXY_TMPFS = {
 PROXY_SOCKET_DIR = "/run/kagura-egress"
 AGENT_SOCKET_DIR = "/run/kagura/egress"
 SOCKET_NAME = "proxy.sock"
+INJECT_SOCKET_NAME = "inject.sock"
 # The volume holds one socket: a tiny tmpfs owned by the proxy user, readable by all.
 _VOLUME_OPTS = {"type": "tmpfs", "device": "tmpfs", "o": "size=65536,uid=13,gid=13,mode=0755"}
 
@@ -74,6 +83,8 @@ class AgentNetworkConfig:
     socket_path: str
     port: int
     environment: dict[str, str] = field(default_factory=dict)
+    # (socket, port) of the credential-injecting reverse proxy, when the run has one.
+    inject: tuple[str, int] | None = None
 
     @property
     def network(self) -> str:
@@ -108,17 +119,19 @@ def start_forwarder(
     It runs as the container's user, like the agent's tools: it holds nothing secret, and
     an agent that kills it only cuts its own way out.
     """
+    pairs = [(net.socket_path, net.port), *([net.inject] if net.inject else [])]
     with docker_errors(f"starting the egress forwarder in {container_id[:12]}"):
-        started = client.api.exec_create(container_id, forwarder.command(net.socket_path, net.port))
-        client.api.exec_start(started["Id"], detach=True)
+        for path, port in pairs:
+            started = client.api.exec_create(container_id, forwarder.command(path, port))
+            client.api.exec_start(started["Id"], detach=True)
     # Listening on 127.0.0.1:PORT, read from /proc (a probe connection would reach squid).
-    wanted = f"0100007F:{net.port:04X} 00000000:0000 0A"
+    wanted = [f"0100007F:{port:04X} 00000000:0000 0A" for _path, port in pairs]
     deadline = time.monotonic() + timeout
     while True:
         with docker_errors(f"waiting for the egress forwarder in {container_id[:12]}"):
             probe = client.api.exec_create(container_id, ["cat", "/proc/net/tcp"])
             table = client.api.exec_start(probe["Id"]).decode(errors="replace")
-        if wanted in table:
+        if all(line in table for line in wanted):
             return
         with docker_errors(f"waiting for the egress forwarder in {container_id[:12]}"):
             if client.api.exec_inspect(started["Id"]).get("ExitCode") not in (None, 0):
@@ -157,6 +170,9 @@ class EgressSession:
         self._stream: Any = None
         self._closed = False
         self._volume_pending = False
+        self.injection: Injection | None = None
+        self._inject_line = ""
+        self._extra_networks: tuple[str, ...] = ()
 
     @classmethod
     def start(
@@ -171,13 +187,17 @@ class EgressSession:
         clock: Clock | None = None,
         ready_timeout: float = 20.0,
         extra_hosts: dict[str, str] | None = None,
+        injection: Injection | None = None,
+        injection_secret: str | None = None,
+        extra_networks: tuple[str, ...] = (),
     ) -> EgressSession:
         """Sweep orphans, create the networks and the proxy, and wait until it listens.
 
         Raises RefusedError when the allowlist cannot be enforced and SetupError when the
         proxy cannot start; in both cases nothing of this run is left behind.
         ``extra_hosts`` (name -> address, written to the proxy's /etc/hosts) lets tests make
-        names resolve to addresses no test may really reach.
+        names resolve to addresses no test may really reach; ``extra_networks`` (tests)
+        are networks the proxy joins before squid starts, where test upstreams live.
         """
         policy = load_policy(plan.get("egress"))
         if policy.mode != "proxy":
@@ -186,8 +206,14 @@ class EgressSession:
         with docker_errors("sweeping egress orphans"):
             sweep_orphans(client, store)
         session = cls(client, policy, run_id, store, on_event or (lambda _event: None))
+        if injection is not None:
+            if not injection_secret:
+                raise SetupError("a credential injection needs its secret")
+            session.injection = injection
+            session._inject_line = injection_line(injection, injection_secret)
         audit.record_run(store, run_id, iso((clock or SystemClock()).now()), plan["egress"])
         try:
+            session._extra_networks = extra_networks
             session._create(
                 image or images.image_ref("egress-proxy"), ready_timeout, extra_hosts or {}
             )
@@ -216,7 +242,13 @@ class EgressSession:
                 labels=self._labels_for(owner.COMPONENT_OUTBOUND),
             )
         # socat connects from the proxy's own loopback: that is the only client squid takes.
-        conf = render_squid_conf(self.policy, ["127.0.0.1/32"])
+        conf = render_squid_conf(self.policy, ["127.0.0.1/32"], self.injection)
+        environment = {
+            "KAGURA_SQUID_CONF_B64": base64.b64encode(conf.encode()).decode(),
+            "KAGURA_EGRESS_SOCKET": f"{PROXY_SOCKET_DIR}/{SOCKET_NAME}",
+        }
+        if self.injection is not None:
+            environment["KAGURA_EGRESS_INJECT_SOCKET"] = f"{PROXY_SOCKET_DIR}/{INJECT_SOCKET_NAME}"
         try:
             self.client.images.get(image)
         except docker.errors.ImageNotFound as exc:
@@ -232,10 +264,9 @@ class EgressSession:
                 image,
                 name=self.proxy_name,
                 labels=self._labels_for(owner.COMPONENT_PROXY),
-                environment={
-                    "KAGURA_SQUID_CONF_B64": base64.b64encode(conf.encode()).decode(),
-                    "KAGURA_EGRESS_SOCKET": f"{PROXY_SOCKET_DIR}/{SOCKET_NAME}",
-                },
+                environment=environment,
+                # The injected credential goes in on stdin, never into the config.
+                stdin_open=self.injection is not None,
                 user=PROXY_USER,
                 network=self.outbound_network,
                 mounts=[socket_mount],
@@ -249,12 +280,29 @@ class EgressSession:
                 # json-file without rotation: the audit re-reads the whole log at teardown.
                 log_config=docker.types.LogConfig(type="json-file"),
             )
-            self.proxy.start()
+            for name in self._extra_networks:
+                self.client.networks.get(name).connect(self.proxy)
+            if self.injection is not None:
+                self._start_with_secret()
+            else:
+                self.proxy.start()
         self._wait_ready(ready_timeout)
         self._collector = threading.Thread(
             target=self._collect, name=f"egress-audit-{self.run_id}", daemon=True
         )
         self._collector.start()
+
+    def _start_with_secret(self) -> None:
+        params = {"stdin": 1, "stream": 1}
+        wrapper = self.client.api.attach_socket(self.proxy.id, params=params)
+        sock = getattr(wrapper, "_sock", wrapper)
+        try:
+            self.proxy.start()
+            sock.sendall(self._inject_line.encode())
+            sock.shutdown(socket.SHUT_WR)
+        finally:
+            sock.close()
+            self._inject_line = ""
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -282,12 +330,18 @@ class EgressSession:
         env = {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url}
         env |= {"NO_PROXY": local, "no_proxy": local}
         env |= {forwarder.SOCKET_ENV: path, forwarder.PORT_ENV: str(PROXY_PORT)}
+        inject = None
+        if self.injection is not None:
+            inject = (f"{AGENT_SOCKET_DIR}/{INJECT_SOCKET_NAME}", INJECT_PORT)
+            # The Claude CLI / SDK send their API calls here; the proxy adds the key.
+            env["ANTHROPIC_BASE_URL"] = f"http://127.0.0.1:{INJECT_PORT}"
         return AgentNetworkConfig(
             volume=self.socket_volume,
             proxy_url=url,
             socket_path=path,
             port=PROXY_PORT,
             environment=env,
+            inject=inject,
         )
 
     # --- audit -------------------------------------------------------------------------

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from kagura_agent.errors import RefusedError
 from kagura_agent.manifest.hosts import is_squid_safe
 from kagura_agent.membrane.egress.policy import AllowEntry, EgressPolicy, Network
 
 PROXY_PORT = 3128
+INJECT_PORT = 3129
+INJECT_INCLUDE = "/run/squid/inject.conf"
 LOG_TAG = "KAGURA1"
 READY_MARKER = "Accepting HTTP Socket connections"
 
@@ -34,6 +37,8 @@ _IP_LITERAL_RES = (
 )
 # Anything but printable ASCII, newline and tab: a stray \r or NUL would split a directive.
 _CONTROL = re.compile(r"[^\x20-\x7e\n\t]")
+_TOKEN = re.compile(r"[A-Za-z0-9._~+/=:-]{1,4096}")
+_HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")
 _REASONS = ("client", "ip-literal", "private-address", "not-allowed")
 
 _HEADER = """\
@@ -74,11 +79,57 @@ def _domain_acl(name: str, entry: AllowEntry) -> str:
     return f"acl {name} dstdomain -n {entry.host}"
 
 
+@dataclass(frozen=True)
+class Injection:
+    """An upstream HTTP API whose credential the proxy adds, so the agent never holds it.
+
+    The agent talks plain HTTP to ``http://127.0.0.1:INJECT_PORT`` (its forwarder relays
+    that to the proxy's second socket); squid, as a reverse proxy, sends each request to
+    ``host:port`` (over TLS when ``tls``) with ``header`` set to the secret, dropping any
+    value the agent sent. The secret is not in squid.conf: it reaches the proxy on its
+    stdin and lands in ``INJECT_INCLUDE`` on the proxy's tmpfs (see the entry script).
+    """
+
+    host: str
+    port: int = 443
+    tls: bool = True
+    header: str = "x-api-key"
+
+
+def injection_line(injection: Injection, secret: str) -> str:
+    """The one squid.conf line that carries the secret (written to INJECT_INCLUDE only)."""
+    if not _TOKEN.fullmatch(secret):
+        raise RefusedError("the injected credential is not a plain token; refused")
+    return f'request_header_add {injection.header} "{secret}" via_inject\n'
+
+
+def _injection_lines(injection: Injection) -> list[str]:
+    if not is_squid_safe(injection.host) or not _HEADER_NAME.fullmatch(injection.header):
+        raise RefusedError(f"injection upstream {injection.host!a} cannot be configured")
+    tls = " tls" if injection.tls else ""
+    return [
+        f"# credential injection: 127.0.0.1:{INJECT_PORT} -> {injection.host}:{injection.port}",
+        f"http_port 127.0.0.1:{INJECT_PORT} accel defaultsite={injection.host} no-vhost"
+        " name=inject",
+        "acl via_inject myportname inject",
+        f"cache_peer {injection.host} parent {injection.port} 0 no-query no-digest"
+        f" originserver name=inject_peer{tls}",
+        "cache_peer_access inject_peer allow via_inject",
+        "cache_peer_access inject_peer deny all",
+        "never_direct allow via_inject",
+        f"request_header_access {injection.header} deny via_inject",
+        f"include {INJECT_INCLUDE}",
+        "http_access allow agents via_inject",
+    ]
+
+
 def _ranges(nets: Sequence[Network]) -> str:
     return " ".join(str(n) for n in nets)
 
 
-def render_squid_conf(policy: EgressPolicy, client_networks: Sequence[str]) -> str:
+def render_squid_conf(
+    policy: EgressPolicy, client_networks: Sequence[str], injection: Injection | None = None
+) -> str:
     """squid.conf for ``policy``; only clients from ``client_networks`` may use the proxy."""
     if not client_networks:
         raise ValueError("render_squid_conf needs the run's internal network range")
@@ -92,6 +143,10 @@ def render_squid_conf(policy: EgressPolicy, client_networks: Sequence[str]) -> s
         "acl plain_http proto HTTP",
         *(f"acl ip_literal dstdom_regex -n -i {r}" for r in _IP_LITERAL_RES),
         "http_access deny !agents why_client",
+    ]
+    if injection is not None:
+        lines += _injection_lines(injection)
+    lines += [
         "http_access deny ip_literal why_ip_literal",
     ]
     for i, entry in enumerate(policy.entries):
