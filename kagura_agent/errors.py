@@ -17,6 +17,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
+from kagura_agent.hygiene import neutralise, redact_secrets
+
+# A message quoting a value longer than this is cut: a 1 MiB scalar in the wrong place
+# must not become a 1 MiB error line.
+MAX_MESSAGE = 1000
+
+
+def _clean(text: str, limit: int | None = None) -> str:
+    text = neutralise(redact_secrets(text), newlines=False)
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+
 
 class ExitCode(IntEnum):
     OK = 0
@@ -39,6 +50,13 @@ class Diagnostic:
     message: str
     hint: str = ""
     severity: str = "error"
+
+    def __post_init__(self) -> None:
+        # Every field may quote an input (a file name, a key, a value): shown on one line,
+        # controls escaped, key material redacted, long quotes cut.
+        for name in ("file", "path", "hint"):
+            object.__setattr__(self, name, _clean(getattr(self, name)))
+        object.__setattr__(self, "message", _clean(self.message, MAX_MESSAGE))
 
     def render(self) -> str:
         text = f"{self.file}:{self.line}:{self.col}  {self.path}  {self.message}"
@@ -69,9 +87,9 @@ class KaguraError(Exception):
         self.hint = hint
 
     def render(self) -> str:
-        text = f"error: {self.message}"
+        text = f"error: {neutralise(redact_secrets(self.message))}"
         if self.hint:
-            text += f"\n  hint: {self.hint}"
+            text += f"\n  hint: {neutralise(redact_secrets(self.hint))}"
         return text
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from kagura_agent.cli.main import main
+from kagura_agent.hygiene import SECRET_PATTERNS
 from kagura_agent.manifest.template import TemplateLimit, render_prompt
-from kagura_agent.membrane.secrets import _SECRET_PATTERNS
 
 REPO = Path(__file__).resolve().parent.parent
 LIMIT_SECONDS = 5.0
@@ -184,7 +184,7 @@ def test_ordinary_templates_render() -> None:
     assert text == "Hi ops: 012 cbcb 1,2 1024   7    x"
 
 
-@pytest.mark.parametrize(("label", "pattern"), _SECRET_PATTERNS)
+@pytest.mark.parametrize(("label", "pattern"), SECRET_PATTERNS)
 def test_secret_patterns_scan_in_linear_time(label: str, pattern: object) -> None:
     """No pattern rescans a run from every start (the JWT one did: 8 s for 200 kB)."""
     import re

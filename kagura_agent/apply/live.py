@@ -24,6 +24,7 @@ from kagura_agent.brain.events import (
     ToolResultEvent,
     event_to_json,
 )
+from kagura_agent.hygiene import neutralise
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.ui import Style
 
@@ -54,11 +55,13 @@ class LiveView:
         self._text = ""
         self._gone = False
 
-    def _write(self, line: str) -> None:
+    def _write(self, line: str, *styles: str) -> None:
+        """One line: secrets scrubbed, control characters from the agent made visible,
+        then styled (the styling's own escapes are the only ones that reach the screen)."""
         if self._gone:
             return
         try:
-            self.out.write(self.redactor.scrub(line) + "\n")
+            self.out.write(self.style(neutralise(self.redactor.scrub(line)), *styles) + "\n")
             self.out.flush()
         except (BrokenPipeError, ValueError):
             # Nobody reads any more (a pipe's reader died, e.g. a restarted cockpit): the
@@ -66,7 +69,14 @@ class LiveView:
             self._gone = True
 
     def _json(self, kind: str, payload: dict[str, Any]) -> None:
-        self._write(json.dumps({"kind": kind, **payload}, ensure_ascii=False, default=str))
+        if self._gone:
+            return
+        try:
+            line = json.dumps({"kind": kind, **payload}, ensure_ascii=False, default=str)
+            self.out.write(self.redactor.scrub(line) + "\n")
+            self.out.flush()
+        except (BrokenPipeError, ValueError):
+            self._gone = True
 
     def _elapsed(self) -> str:
         return f"{time.monotonic() - self.started:6.1f}s"
@@ -75,20 +85,20 @@ class LiveView:
         if self.as_json:
             self._json("phase", {"message": message})
         else:
-            self._write(self.style(f"{self._elapsed()} ● {message}", "dim"))
+            self._write(f"{self._elapsed()} ● {message}", "dim")
 
     def note(self, message: str, *styles: str) -> None:
         if self.as_json:
             self._json("note", {"message": message})
         else:
-            self._write(self.style(f"        {message}", *styles))
+            self._write(f"        {message}", *styles)
 
     def egress(self, event: dict[str, Any]) -> None:
         if self.as_json:
             self._json("egress", event)
         elif event.get("decision") == "deny":
             where = f"{event.get('host')}:{event.get('port')}"
-            self._write(self.style(f"{self._elapsed()} ⊘ egress denied {where}", "yellow"))
+            self._write(f"{self._elapsed()} ⊘ egress denied {where}", "yellow")
 
     def brain(self, event: BrainEvent) -> None:
         if self.as_json:
@@ -107,25 +117,18 @@ class LiveView:
             self._result(event)
         elif isinstance(event, CostEvent):
             usd = f"${event.usd:.4f}" if event.usd is not None else "cost unknown"
-            self._write(self.style(f"{self._elapsed()} $ {usd}, {event.turns or 0} turns", "dim"))
+            self._write(f"{self._elapsed()} $ {usd}, {event.turns or 0} turns", "dim")
         elif isinstance(event, CheckpointEvent):
             self._write(
-                self.style(
-                    f"{self._elapsed()} ✓ checkpoint: step {event.step} done,"
-                    f" {event.pending} pending",
-                    "dim",
-                )
+                f"{self._elapsed()} ✓ checkpoint: step {event.step} done, {event.pending} pending",
+                "dim",
             )
         elif isinstance(event, DoneEvent):
             if event.result:
                 self._paragraph(event.result)
             self._write(f"{self._elapsed()} ● brain finished")
         elif isinstance(event, ErrorEvent):
-            self._write(
-                self.style(
-                    f"{self._elapsed()} ✗ brain error ({event.code}): {event.message}", "red"
-                )
-            )
+            self._write(f"{self._elapsed()} ✗ brain error ({event.code}): {event.message}", "red")
 
     def verify(self, results: list[tuple[str, int, str]]) -> None:
         """Each verify command's exit code; the tail of the output of those that failed."""
@@ -149,8 +152,8 @@ class LiveView:
         code = f"exit {event.exit_code}" if event.exit_code is not None else "done"
         colour = ("red",) if event.is_error or (event.exit_code or 0) != 0 else ("green",)
         lines = event.output.rstrip().splitlines()
-        self._write(self.style(f"{self._elapsed()}   {code} ({len(lines)} lines)", *colour))
+        self._write(f"{self._elapsed()}   {code} ({len(lines)} lines)", *colour)
         for line in lines[:RESULT_LINES]:
-            self._write(self.style(f"          {line[:200]}", "dim"))
+            self._write(f"          {line[:200]}", "dim")
         if len(lines) > RESULT_LINES:
-            self._write(self.style(f"          … {len(lines) - RESULT_LINES} more lines", "dim"))
+            self._write(f"          … {len(lines) - RESULT_LINES} more lines", "dim")

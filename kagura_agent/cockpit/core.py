@@ -28,6 +28,7 @@ from kagura_agent.cockpit.registry import Registry, Session, new_session_id
 from kagura_agent.cockpit.runner import AdoptedRun, ApplyProcess, Relay, RunOutcome, apply_argv
 from kagura_agent.cockpit.transport import Event, Transport
 from kagura_agent.errors import KaguraError
+from kagura_agent.hygiene import neutralise
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 
@@ -149,7 +150,7 @@ class Cockpit:
 
     def _say(self, thread: str, text: str) -> None:
         try:
-            self.transport.say(thread, text)
+            self.transport.say(thread, neutralise(text))
         except Exception as exc:  # the chat being down must not take the cockpit down
             print(f"cockpit: could not post to {thread}: {exc}", file=sys.stderr)
 
@@ -252,8 +253,10 @@ class Cockpit:
         timer.start()
         self.transport.ask(
             event.thread,
-            f"session {session.id} needs approval for plan {plan['fingerprint'][:19]}…:\n{asked}\n"
-            f"(denied if nobody answers within {timeout:g}s)",
+            neutralise(
+                f"session {session.id} needs approval for plan {plan['fingerprint'][:19]}…:\n{asked}\n"
+                f"(denied if nobody answers within {timeout:g}s)"
+            ),
             session.id,
         )
 

@@ -9,11 +9,11 @@ from functools import cache
 from typing import Any
 
 from kagura_agent.errors import Diagnostic
+from kagura_agent.hygiene import looks_like_secret
 from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.grants import check_grants
 from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.manifest.yamlpos import Path, YamlDoc, json_path
-from kagura_agent.membrane.secrets import looks_like_secret
 
 DEFAULTABLE = ("Brain", "Image", "Memory")
 

@@ -8,6 +8,7 @@ from functools import cache
 from typing import Any
 
 from kagura_agent.errors import Diagnostic
+from kagura_agent.hygiene import REDACTED_SECRET, looks_like_token
 from kagura_agent.manifest.yamlpos import Path, YamlDoc, json_path
 from kagura_agent.paths import resource_dir
 
@@ -78,6 +79,13 @@ def _diag(
     return Diagnostic(doc.file, line, col, json_path(path), message, hint)
 
 
+def _shown(value: Any) -> str:
+    """How an offending value is quoted: never a value that looks like a pasted key."""
+    if isinstance(value, str) and looks_like_token(value):
+        return REDACTED_SECRET
+    return repr(value)
+
+
 def _translate(doc: YamlDoc, error: Any) -> Diagnostic:
     path: Path = tuple(error.absolute_path)
     validator = error.validator
@@ -92,8 +100,8 @@ def _translate(doc: YamlDoc, error: Any) -> Diagnostic:
             return _diag(
                 doc,
                 key_path,
-                f"unknown key {extra[0]!r}"
-                + (f" (and {', '.join(map(repr, extra[1:]))})" if extra[1:] else ""),
+                f"unknown key {_shown(extra[0])}"
+                + (f" (and {', '.join(map(_shown, extra[1:]))})" if extra[1:] else ""),
                 hint=f"known keys here: {known}",
                 key=True,
             )
@@ -107,10 +115,13 @@ def _translate(doc: YamlDoc, error: Any) -> Diagnostic:
         return _diag(doc, path, message)
     if validator == "enum":
         choices = ", ".join(str(c) for c in error.validator_value)
-        return _diag(doc, path, f"{instance!r} is not one of: {choices}")
+        return _diag(doc, path, f"{_shown(instance)} is not one of: {choices}")
     if validator == "const":
-        return _diag(doc, path, f"must be {error.validator_value!r}, got {instance!r}")
+        return _diag(doc, path, f"must be {error.validator_value!r}, got {_shown(instance)}")
     if validator == "pattern":
         description = error.schema.get("description", "")
-        return _diag(doc, path, f"{instance!r} is not valid here", hint=description)
-    return _diag(doc, path, error.message)
+        return _diag(doc, path, f"{_shown(instance)} is not valid here", hint=description)
+    message = str(error.message)
+    if isinstance(instance, str) and _shown(instance) != repr(instance):
+        message = message.replace(repr(instance), REDACTED_SECRET)
+    return _diag(doc, path, message)

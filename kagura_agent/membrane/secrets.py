@@ -9,8 +9,9 @@ Manifests and plans carry only *references* to root secrets:
     keyring:SERVICE/USER   the OS keychain through the optional ``keyring`` package
 
 ``parse_secret_ref`` is pure (the planner validates with it); ``resolve`` reads the value
-and is called only by ``apply`` and the lease sweeper. ``Redactor`` scrubs every value it
-was told about from text headed for logs, events or error messages.
+and is called only by ``apply`` and the lease sweeper. ``looks_like_secret`` (from
+kagura_agent.hygiene) spots key material pasted inline. ``Redactor`` scrubs every value
+it was told about from text headed for logs, events or error messages.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kagura_agent.errors import SetupError
+from kagura_agent.hygiene import looks_like_secret as looks_like_secret  # re-exported
 
 SecretKind = Literal["env", "file", "keyring"]
 REDACTED = "(sensitive)"
@@ -177,51 +179,6 @@ def _backend_unusable(backend: object) -> bool:
         return float(priority) <= 0 and not getattr(backend, "backends", None)
     except (TypeError, ValueError):
         return False
-
-
-# Inline key material: (label, pattern). Prefixes are the providers' published formats.
-# Every pattern must scan in linear time: a bounded repeat, or an unbounded one that can
-# start only once per run of its characters (tests/test_input_bounds.py times each).
-_SECRET_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("an AWS access key id", re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")),
-    ("an Anthropic API key", re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{20,}")),
-    ("an OpenAI-style API key", re.compile(r"\bsk-(?:proj-)?[A-Za-z0-9_\-]{20,}")),
-    ("a Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}")),
-    ("a Slack app token", re.compile(r"\bxapp-[A-Za-z0-9\-]{10,}")),
-    ("a GitHub token", re.compile(r"\b(?:ghp|gho|ghs|ghu|ghr)_[A-Za-z0-9]{30,}")),
-    ("a GitHub fine-grained token", re.compile(r"\bgithub_pat_[A-Za-z0-9_]{40,}")),
-    ("a private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
-    ("a Google API key", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b")),
-    ("a Google OAuth access token", re.compile(r"\bya29\.[0-9A-Za-z_\-]{20,}")),
-    (
-        # Anchored at the start of a run (not at any "eyJ" inside one, e.g. after "-"):
-        # otherwise each start rescans the rest of the run and the scan is quadratic.
-        "a JSON web token",
-        re.compile(r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\."),
-    ),
-    (
-        # Cloudflare tokens are bare 40-char strings: only flag them when keyed as such.
-        "a Cloudflare API token",
-        re.compile(
-            r"(?i)(?:cloudflare|cf)[_\-]?(?:api)?[_\-]?(?:token|key)\W{0,3}[A-Za-z0-9_\-]{40}\b"
-        ),
-    ),
-    (
-        "an AWS secret access key",
-        re.compile(r"(?i)aws.{0,20}secret.{0,20}\W[A-Za-z0-9/+=]{40}\b"),
-    ),
-)
-
-
-def looks_like_secret(value: str) -> str | None:
-    """Name the kind of key material ``value`` contains inline, or None.
-
-    Used by validation to reject manifests that paste a secret where a reference belongs.
-    """
-    for label, pattern in _SECRET_PATTERNS:
-        if pattern.search(value):
-            return label
-    return None
 
 
 class Redactor:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kagura_agent.hygiene import neutralise
 from kagura_agent.plan.model import DiffOp, Plan
 from kagura_agent.units import format_duration
 
@@ -17,7 +18,8 @@ class Change:
     text: str
 
     def render(self) -> str:
-        return f"{self.op} {self.section} {self.text}"
+        # The text quotes plan values (paths, hosts): shown without control characters.
+        return neutralise(f"{self.op} {self.section} {self.text}", newlines=False)
 
     def to_json(self) -> dict[str, str]:
         return {"op": self.op, "section": self.section, "text": self.text}

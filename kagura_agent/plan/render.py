@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kagura_agent.hygiene import neutralise_data
 from kagura_agent.plan.model import Budget, Credential, EgressRule, Plan, TaskSection
 from kagura_agent.ui import Style
 from kagura_agent.units import format_duration
@@ -106,6 +107,7 @@ _SHOWN_ABOVE = frozenset({"floor", "policy-deny", "capability-denied"})
 
 def render_text(plan: Plan, style: Style) -> str:
     """The ten-second review: what runs, what it writes, where it connects, what it holds."""
+    plan = neutralise_data(plan)  # names and values from inputs: no control characters
     task = plan["task"]
     brain = plan["brain"]
     image = plan["image"]
@@ -227,6 +229,7 @@ def _tag(klass: str | None, style: Style) -> str:
 
 def render_markdown(plan: Plan) -> str:
     """A pull-request comment."""
+    plan = neutralise_data(plan)
     task = plan["task"]
     mine = _own(plan)
     classes = {a["category"]: a["class"] for a in plan["approvals"]}

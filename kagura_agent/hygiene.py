@@ -1,0 +1,124 @@
+"""Output hygiene: what text from inputs may reach an operator's screen, a CI log or a chat.
+
+File names, directory names, manifest values and whatever an agent wrote are data an
+attacker may control. Two things are done to them before any renderer prints them:
+
+- ``neutralise`` makes control characters visible instead of acting on them: C0 and C1
+  controls, DEL, and the Unicode bidirectional overrides and isolates (which reorder
+  text on screen) become ``\\xNN`` / ``\\uNNNN`` escapes, so an ANSI sequence in a
+  directory name cannot recolour, erase or hide lines from a reviewer;
+- ``redact_secrets`` replaces anything shaped like key material (the same patterns the
+  inline-secret check uses) so an error message never echoes a pasted key.
+
+Every renderer calls ``neutralise`` (plan text and markdown on the plan data, the
+cockpit on each message, ``Diagnostic`` and ``KaguraError`` on their fields).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+REDACTED_SECRET = "(redacted: looks like a secret)"
+
+# C0 controls but \t and \n, DEL, C1 controls, bidi embeddings/overrides/isolates, and
+# the line/paragraph separators some terminals and chat clients treat as newlines.
+_UNSAFE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]"
+)
+_UNSAFE_IN_LINE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]"
+)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def neutralise(text: str, *, newlines: bool = True) -> str:
+    """``text`` with every control character shown as an escape.
+
+    With ``newlines=False`` a newline and a tab are escaped too: for a value that is
+    printed inside one line (a name, a path), where a newline could forge a line.
+    """
+    pattern = _UNSAFE if newlines else _UNSAFE_IN_LINE
+    return pattern.sub(_escape, text) if pattern.search(text) else text
+
+
+def neutralise_data(value: Any) -> Any:
+    """A copy of a JSON-like value with every string (keys too) neutralised for one line."""
+    if isinstance(value, str):
+        return neutralise(value, newlines=False)
+    if isinstance(value, dict):
+        return {neutralise_data(k): neutralise_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [neutralise_data(item) for item in value]
+    return value
+
+
+# Inline key material: (label, pattern). Prefixes are the providers' published formats.
+# Every pattern must scan in linear time: a bounded repeat, or an unbounded one that can
+# start only once per run of its characters (tests/test_input_bounds.py times each).
+SECRET_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("an AWS access key id", re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")),
+    ("an Anthropic API key", re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{20,}")),
+    ("an OpenAI-style API key", re.compile(r"\bsk-(?:proj-)?[A-Za-z0-9_\-]{20,}")),
+    ("a Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}")),
+    ("a Slack app token", re.compile(r"\bxapp-[A-Za-z0-9\-]{10,}")),
+    ("a GitHub token", re.compile(r"\b(?:ghp|gho|ghs|ghu|ghr)_[A-Za-z0-9]{30,}")),
+    ("a GitHub fine-grained token", re.compile(r"\bgithub_pat_[A-Za-z0-9_]{40,}")),
+    ("a private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
+    ("a Google API key", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b")),
+    ("a Google OAuth access token", re.compile(r"\bya29\.[0-9A-Za-z_\-]{20,}")),
+    (
+        # Anchored at the start of a run (not at any "eyJ" inside one, e.g. after "-"):
+        # otherwise each start rescans the rest of the run and the scan is quadratic.
+        "a JSON web token",
+        re.compile(r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\."),
+    ),
+    (
+        # Cloudflare tokens are bare 40-char strings: only flag them when keyed as such.
+        "a Cloudflare API token",
+        re.compile(
+            r"(?i)(?:cloudflare|cf)[_\-]?(?:api)?[_\-]?(?:token|key)\W{0,3}[A-Za-z0-9_\-]{40}\b"
+        ),
+    ),
+    (
+        "an AWS secret access key",
+        re.compile(r"(?i)aws.{0,20}secret.{0,20}\W[A-Za-z0-9/+=]{40}\b"),
+    ),
+)
+
+# A bare token with no known prefix: long, no spaces, upper and lower case and digits.
+# Used only for values echoed from a document (a schema error), not for whole messages,
+# where it would also catch ordinary path components.
+_TOKENISH = re.compile(r"^[A-Za-z0-9_\-+/=.]{24,}$")
+
+
+def looks_like_secret(value: str) -> str | None:
+    """Name the kind of key material ``value`` contains inline, or None."""
+    for label, pattern in SECRET_PATTERNS:
+        if pattern.search(value):
+            return label
+    return None
+
+
+def looks_like_token(value: str) -> bool:
+    """Known key material, or a long mixed-case alphanumeric run with digits."""
+    if looks_like_secret(value):
+        return True
+    return bool(
+        _TOKENISH.match(value)
+        and re.search(r"[a-z]", value)
+        and re.search(r"[A-Z]", value)
+        and re.search(r"[0-9]", value)
+    )
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with every substring shaped like known key material replaced."""
+    for _, pattern in SECRET_PATTERNS:
+        if pattern.search(text):
+            text = pattern.sub(REDACTED_SECRET, text)
+    return text

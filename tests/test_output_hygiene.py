@@ -1,0 +1,110 @@
+"""Inputs never drive the operator's terminal and errors never echo a pasted key.
+
+Through the real CLI (a subprocess, output captured as bytes): a project root whose
+directory name carries ANSI escape sequences is printed by ``plan`` (text, markdown and
+``validate``) without a single ESC byte; schema errors on a key or value shaped like a
+token show it redacted, in text and in ``--json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kagura_agent.errors import Diagnostic, UsageError
+from kagura_agent.hygiene import REDACTED_SECRET, neutralise, neutralise_data
+
+REPO = Path(__file__).resolve().parent.parent
+FACTS = {"image_digests": {}, "graduation": {"version": 0}}
+# Clear the screen, move up, recolour: what a hostile directory name would do.
+EVIL = "proj\x1b[2J\x1b[1A\x1b[31mhidden\x9b0m\u202eevil\x07"
+ANTHROPIC = "sk-ant-api03-" + "Q" * 40
+BARE_TOKEN = "Zq8vN3kLw7Tx2Rb9Yp4Hs6Jd"
+
+
+def cli(cwd: Path, *argv: str) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "kagura_agent", *argv],
+        cwd=cwd,
+        capture_output=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def hostile_project(tmp_path: Path) -> Path:
+    root = tmp_path / EVIL
+    root.mkdir()
+    (tmp_path / "facts.json").write_text(json.dumps(FACTS), encoding="utf-8")
+    (tmp_path / "task.yml").write_text(
+        "apiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: hygiene}\nspec:\n"
+        f"  project_root: {json.dumps(EVIL)}\n  steps: [echo hi]\n",
+        encoding="utf-8",
+    )
+    return tmp_path
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+def test_plan_prints_no_escape_from_a_directory_name(tmp_path: Path, fmt: str) -> None:
+    cwd = hostile_project(tmp_path)
+    argv = ["plan", "--manifests", str(REPO / "manifests"), "--facts", "facts.json"]
+    if fmt == "markdown":
+        argv += ["--format", "markdown"]
+    proc = cli(cwd, *argv, "task.yml")
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout + proc.stderr
+    assert b"\x1b" not in out and b"\x07" not in out
+    assert "\x9b".encode() not in out and "\u202e".encode() not in out
+    assert b"proj\\x1b[2J\\x1b[1A\\x1b[31mhidden\\x9b0m\\u202eevil\\x07" in proc.stdout
+
+
+def test_validate_error_on_a_hostile_file_name_has_no_escape(tmp_path: Path) -> None:
+    name = "task\x1b[1A\x1b[2K.yml"
+    (tmp_path / name).write_text("kind: Task\n", encoding="utf-8")
+    proc = cli(tmp_path, "validate", "--manifests", str(REPO / "manifests"), name)
+    assert proc.returncode == 2
+    assert b"\x1b" not in proc.stdout + proc.stderr
+    assert b"task\\x1b[1A\\x1b[2K.yml:1:1" in proc.stderr
+
+
+TOKEN_CASES = {
+    "unknown key": f"metadata: {{name: x}}\nspec:\n  steps: [echo hi]\n  {ANTHROPIC}: 1\n",
+    "pattern": f"metadata: {{name: {BARE_TOKEN}}}\nspec:\n  steps: [echo hi]\n",
+    "type": f"metadata: {{name: x}}\nspec:\n  steps: [echo hi]\n  budget: {{turns: {ANTHROPIC}}}\n",
+    "enum": f"metadata: {{name: x}}\nspec:\n  steps: [echo hi]\n  runtime: {BARE_TOKEN}\n",
+    "bare token type": f"metadata: {{name: x}}\nspec:\n  steps: [echo hi]\n  budget: {{turns: {BARE_TOKEN}}}\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(TOKEN_CASES))
+@pytest.mark.parametrize("as_json", [False, True])
+def test_schema_errors_never_echo_a_token(tmp_path: Path, case: str, as_json: bool) -> None:
+    text = "apiVersion: kagura.dev/v1\nkind: Task\n" + TOKEN_CASES[case]
+    (tmp_path / "task.yml").write_text(text, encoding="utf-8")
+    argv = ["validate", "--manifests", str(REPO / "manifests"), "task.yml"]
+    proc = cli(tmp_path, *(["validate", "--json", *argv[1:]] if as_json else argv))
+    assert proc.returncode == 2
+    out = (proc.stdout + proc.stderr).decode()
+    assert "Traceback" not in out
+    assert ANTHROPIC not in out and BARE_TOKEN not in out
+    assert "QQQQQQQQQQ" not in out
+    assert REDACTED_SECRET in out or "looks like an inline secret" in out, out
+
+
+def test_neutralise_and_the_error_types() -> None:
+    assert neutralise("a\x1b[31mb\nc\td") == "a\\x1b[31mb\nc\td"
+    assert neutralise("a\nb\tc", newlines=False) == "a\\x0ab\\x09c"
+    assert neutralise("\u2028\u2066\x7f\x85") == "\\u2028\\u2066\\x7f\\x85"
+    assert neutralise_data({"k\x1b": ["v\n", 1]}) == {"k\\x1b": ["v\\x0a", 1]}
+    diag = Diagnostic("f\x1b.yml", 1, 1, "$", f"bad {ANTHROPIC} " + "x" * 5000, "h\x1b")
+    assert "\x1b" not in diag.render() and ANTHROPIC not in diag.render()
+    assert len(diag.message) <= 1000
+    assert diag.to_json()["file"] == "f\\x1b.yml"
+    rendered = UsageError(f"no file {EVIL}", hint=ANTHROPIC).render()
+    assert "\x1b" not in rendered and ANTHROPIC not in rendered
