@@ -18,6 +18,7 @@ from kagura_agent.cli.common import add_manifest_option
 
 if TYPE_CHECKING:
     from kagura_agent.graduation import Knobs
+    from kagura_agent.manifest.catalog import Catalog
 
 
 def register(subparsers: Any) -> None:
@@ -51,6 +52,7 @@ def register(subparsers: Any) -> None:
     reset.add_argument("category", metavar="CATEGORY", type=_category)
     reset.add_argument("--who", help="recorded as who reset it (default: your user name)")
     reset.add_argument("--reason", default="", help="why (recorded)")
+    add_manifest_option(reset)
     reset.set_defaults(handler=_reset)
 
     history = actions.add_parser("history", help="approval decisions and state changes")
@@ -145,6 +147,20 @@ def _category(text: str) -> str:
     return text
 
 
+def _defined(catalog: Catalog, category: str) -> bool:
+    """Whether the manifests name what ``category`` is about (mounts are paths: never)."""
+    kind, _, name = category.partition(":")
+    if kind == "image":
+        return catalog.get("Image", name) is not None
+    if kind == "egress":
+        return catalog.get("EgressPolicy", name) is not None
+    if kind == "credential":
+        provider_name, _, scope = name.partition("/")
+        provider = catalog.get("CredentialProvider", provider_name)
+        return provider is not None and scope in provider.spec.get("scopes", {})
+    return False
+
+
 def _approve(args: argparse.Namespace) -> int:
     from kagura_agent.approvals import operator_name
     from kagura_agent.clock import SystemClock
@@ -163,10 +179,19 @@ def _reset(args: argparse.Namespace) -> int:
     from kagura_agent.approvals import operator_name
     from kagura_agent.clock import SystemClock
     from kagura_agent.graduation import reset
+    from kagura_agent.manifest.workspace import load_workspace
     from kagura_agent.state import StateStore
 
     who = args.who or operator_name()
-    reset(StateStore(), args.category, who=who, clock=SystemClock(), reason=args.reason)
+    defined = _defined(load_workspace(args.manifests, []).catalog, args.category)
+    reset(
+        StateStore(),
+        args.category,
+        who=who,
+        clock=SystemClock(),
+        reason=args.reason,
+        defined=defined,
+    )
     print(f"{args.category} locked; its evidence count starts again from zero")
     return 0
 

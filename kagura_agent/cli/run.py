@@ -11,11 +11,14 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kagura_agent.cli.apply import add_apply_options
 from kagura_agent.cli.common import add_manifest_option
 from kagura_agent.errors import UsageError
+
+if TYPE_CHECKING:
+    from kagura_agent.manifest.catalog import Catalog
 
 
 def register(subparsers: Any) -> None:
@@ -77,7 +80,7 @@ def write_task(
 
     from kagura_agent.paths import state_dir
 
-    brain = args.brain or _llm_brain(args.manifests)
+    brain = _check_names(args)
     name = re.sub(r"[^a-z0-9-]+", "-", text.lower())[:40].strip("-") or "task"
     spec: dict[str, Any] = {
         "brain": brain,
@@ -106,10 +109,25 @@ def write_task(
     return path
 
 
-def _llm_brain(manifests: str | None) -> str:
+def _check_names(args: argparse.Namespace) -> str:
+    """The brain to use, after checking every name given on the command line.
+
+    A wrong ``--brain``/``--image``/``--egress`` is the user's flag, so the error names
+    the flag, not the task file generated from it (which is then never written).
+    """
     from kagura_agent.manifest.workspace import load_workspace
 
-    catalog = load_workspace(manifests, []).catalog
+    catalog = load_workspace(args.manifests, []).catalog
+    given = [("--brain", "Brain", args.brain), ("--image", "Image", args.image)]
+    given += [("--egress", "EgressPolicy", name) for name in args.egress or ()]
+    for flag, kind, name in given:
+        if name and catalog.get(kind, name) is None:
+            known = ", ".join(catalog.names(kind)) or "(none)"
+            raise UsageError(f"{flag} {name}: no {kind} of that name", hint=f"known: {known}")
+    return str(args.brain) if args.brain else _llm_brain(catalog)
+
+
+def _llm_brain(catalog: Catalog) -> str:
     default = catalog.default("Brain")
     if default is not None and default.spec["engine"] != "script":
         return default.name

@@ -141,12 +141,30 @@ def record_outcome(
     return RecordedOutcome(success, reason, tuple(recorded), tuple(demoted))
 
 
-def reset(store: StateStore, category: str, *, who: str, clock: Clock, reason: str = "") -> None:
-    """Lock ``category`` and start its count afresh (the operator's explicit reset)."""
+def reset(
+    store: StateStore,
+    category: str,
+    *,
+    who: str,
+    clock: Clock,
+    reason: str = "",
+    defined: bool = False,
+) -> None:
+    """Lock ``category`` and start its count afresh (the operator's explicit reset).
+
+    A category with no record here, and not ``defined`` by the manifests, is a typo:
+    refused, and nothing is written (no phantom row).
+    """
     migrate(store)
     now = iso(clock.now())
     why = reason or f"reset by {who}"
     with store.transaction() as conn:
+        if not defined and not _recorded(conn, category):
+            raise UsageError(
+                f"no capability category {category!r}: the manifests define no such"
+                " image, credential scope or egress policy, and it has no graduation record",
+                hint="`kagura-agent graduation status` lists the categories with evidence",
+            )
         row = conn.execute("SELECT MAX(id) AS top FROM graduation_evidence").fetchone()
         _lock(conn, category, int(row["top"] or 0), now, why)
         _event(conn, now, category, "reset", who, None, why)
@@ -294,6 +312,13 @@ def _event(
         "INSERT INTO graduation_events (at, category, event, who, run_id, reason)"
         " VALUES (?, ?, ?, ?, ?, ?)",
         (at, category, event, who, run_id, reason),
+    )
+
+
+def _recorded(conn: sqlite3.Connection, category: str) -> bool:
+    return any(
+        conn.execute(f"SELECT 1 FROM {table} WHERE category = ? LIMIT 1", (category,)).fetchone()
+        for table in ("graduation_categories", "graduation_evidence", "graduation_events")
     )
 
 

@@ -260,7 +260,19 @@ def _paths(
 ) -> tuple[str | None, list[dict[str, str]]]:
     base = Path(task.file).resolve().parent
     written = task.spec.get("project_root", ".")
-    root = os.path.realpath(base / os.path.expanduser(written))
+    try:
+        # realpath raises on a link it may not read (/proc/1/root as a non-owner).
+        root = os.path.realpath(base / os.path.expanduser(written))
+        _ = [os.path.realpath(base / os.path.expanduser(m["source"])) for m in mounts_of(task)]
+    except OSError as exc:
+        problems.append(
+            task.diag(
+                ("spec", "project_root"),
+                f"project root or a mount source cannot be resolved: {exc.strerror}"
+                f" ({exc.filename})",
+            )
+        )
+        return None, []
     if not os.path.isdir(root):
         problems.append(
             task.diag(("spec", "project_root"), f"project root {root} is not a directory")
@@ -275,7 +287,7 @@ def _paths(
         problems.append(task.diag(("spec", "project_root"), problem))
         return None, []
     mounts = []
-    for index, mount in enumerate(task.spec.get("mounts", [])):
+    for index, mount in enumerate(mounts_of(task)):
         at = ("spec", "mounts", index)
         source = str(base / os.path.expanduser(mount["source"]))
         problem = check_mount(source, root, writable=False)
@@ -292,6 +304,11 @@ def _paths(
             continue
         mounts.append({"kind": "extra", "source": real, "target": mount["target"], "mode": "ro"})
     return root, mounts
+
+
+def mounts_of(task: Manifest) -> list[dict[str, str]]:
+    mounts: list[dict[str, str]] = task.spec.get("mounts", [])
+    return mounts
 
 
 def workspace_roots(catalog: Catalog) -> list[str]:

@@ -16,6 +16,7 @@ a node containing it is a located error, not a RecursionError.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -250,7 +251,15 @@ def _collection(
 def _scalar(node: yaml.Node) -> Any:
     tag = node.tag
     if tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:null"):
-        return _SCALAR.construct_object(node, deep=True)
+        try:
+            value = _SCALAR.construct_object(node, deep=True)
+        except ValueError:  # an integer of more than 4300 digits
+            return str(node.value)
+        # JSON has no NaN or infinity: .nan and .inf stay text, so a number field
+        # reports them as a located type error instead of failing later (int(nan)).
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(node.value)
+        return value
     if tag == "tag:yaml.org,2002:bool":
         return str(node.value).lower() == "true"
     return str(node.value)

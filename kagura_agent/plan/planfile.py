@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from kagura_agent.errors import RefusedError, UsageError
 from kagura_agent.plan.model import Plan, ShapeError, check_shape
 from kagura_agent.plan.planner import FORMAT_VERSION, fingerprint
+
+# A plan kagura-agent writes is a few KiB and a handful of levels deep; anything far
+# outside that is refused before it reaches the fingerprint or a renderer (both recurse).
+MAX_PLAN_BYTES = 8 * 2**20
+MAX_PLAN_DEPTH = 32
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and objects nest in ``value`` (iteratively: no recursion)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            if deepest > MAX_PLAN_DEPTH:
+                return deepest
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def dumps(plan: Plan) -> str:
@@ -18,12 +39,26 @@ def dumps(plan: Plan) -> str:
 
 
 def save(plan: Plan, path: Path) -> None:
-    """Write atomically: a crash never leaves half a plan behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=".plan-", dir=path.parent)
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        out.write(dumps(plan))
-    os.replace(temp, path)
+    """Write atomically: a crash never leaves half a plan behind.
+
+    A path that cannot be written (a missing or read-only directory, /proc, a
+    directory itself) is a UsageError naming the path; no temporary file is left.
+    """
+    temp = ""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temp = tempfile.mkstemp(prefix=".plan-", dir=path.parent)
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(dumps(plan))
+        os.replace(temp, path)
+    except OSError as exc:
+        if temp:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+        reason = exc.strerror or type(exc).__name__
+        raise UsageError(
+            f"cannot write plan to {path}: {reason}", hint="give -o a file in a writable directory"
+        ) from None
 
 
 def load(path: Path) -> Plan:
@@ -34,13 +69,22 @@ def load(path: Path) -> Plan:
     place it differs from docs/plan-format.md, rather than failing later on a missing key.
     """
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as stream:
+            raw = stream.read(MAX_PLAN_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"cannot read plan {path}: {exc.strerror}") from exc
+    if len(raw) > MAX_PLAN_BYTES:
+        raise UsageError(f"{path} is larger than {MAX_PLAN_BYTES // 2**20} MiB: not a plan file")
+    try:
+        data = json.loads(raw.decode("utf-8"))
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}:{exc.lineno}:{exc.colno}  not a plan file: {exc.msg}") from exc
     except UnicodeDecodeError as exc:
         raise UsageError(f"{path}  not a plan file: not UTF-8 text") from exc
+    except RecursionError:
+        raise UsageError(f"{path} is nested too deeply: not a plan file") from None
+    if _depth(data) > MAX_PLAN_DEPTH:
+        raise UsageError(f"{path} is nested deeper than {MAX_PLAN_DEPTH} levels: not a plan file")
     if not isinstance(data, dict) or "format_version" not in data:
         raise UsageError(f"{path} is not a kagura-agent plan (no format_version)")
     if data["format_version"] != FORMAT_VERSION:

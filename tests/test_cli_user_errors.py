@@ -1,0 +1,158 @@
+"""User mistakes that used to end in a traceback (exit 1, "task failed") are located
+errors with exit 2, through the real CLI in a subprocess.
+
+- ``plan -o`` into a path that cannot be written;
+- ``cpus: .nan`` / ``.inf`` in an Image (NaN passed the schema's range checks, then
+  ``int(nan)`` failed in the planner);
+- ``project_root: /proc/1/root`` (realpath raised PermissionError);
+- ``show`` of a plan nested past what any plan is (RecursionError in the decoder);
+- ``graduation reset`` of a category nothing defines (wrote a phantom row);
+- ``run --brain nosuch`` (the error pointed at an internal generated task file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kagura_agent.plan.planner import fingerprint
+
+REPO = Path(__file__).resolve().parent.parent
+FACTS = {"image_digests": {}, "graduation": {"version": 0}}
+HELLO = (
+    "apiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: hello}\nspec:\n"
+    "  project_root: .\n  steps: [echo hi]\n"
+)
+
+
+def cli(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        # Beside the project, not in it: a project root may not contain the state.
+        "KAGURA_AGENT_STATE_DIR": str(cwd.parent / "state"),
+        # A fresh check cache: a pass cached by an older loader must not hide the case.
+        "KAGURA_AGENT_CACHE_DIR": str(cwd.parent / "cache"),
+        "NO_COLOR": "1",
+    }
+    env.pop("KAGURA_AGENT_MANIFESTS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "kagura_agent", *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def refused(proc: subprocess.CompletedProcess[str], fragment: str) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert fragment in proc.stderr, proc.stderr
+
+
+@pytest.fixture()
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "task.yml").write_text(HELLO, encoding="utf-8")
+    (root / "facts.json").write_text(json.dumps(FACTS), encoding="utf-8")
+    return root
+
+
+def plan_argv(*extra: str, manifests: str | None = None) -> list[str]:
+    return ["plan", "--manifests", manifests or str(REPO / "manifests"), "--facts", "facts.json"]
+
+
+@pytest.mark.parametrize("target", ["/proc/plan.json", "/proc/version", "/", "task.yml/plan.json"])
+def test_plan_out_to_an_impossible_path(project: Path, target: str) -> None:
+    proc = cli(project, *plan_argv(), "-o", target, "task.yml")
+    refused(proc, f"cannot write plan to {target}")
+    assert not list(project.glob(".plan-*"))
+
+
+@pytest.mark.parametrize("value", [".nan", ".NaN", ".inf", "-.inf"])
+def test_cpus_not_a_finite_number(project: Path, value: str) -> None:
+    manifests = project / "manifests"
+    shutil.copytree(REPO / "manifests", manifests)
+    images = manifests / "images.yml"
+    text = images.read_text(encoding="utf-8")
+    assert "    cpus: " in text
+    lines = [
+        f"    cpus: {value}" if line.startswith("    cpus: ") else line
+        for line in text.splitlines()
+    ]
+    images.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    proc = cli(project, *plan_argv(manifests=str(manifests)), "task.yml")
+    refused(proc, f"$.spec.hardening.cpus  '{value}' is not of type 'number'")
+    assert proc.stderr.startswith("manifests/images.yml:")
+
+
+def test_project_root_proc_1_root(project: Path) -> None:
+    (project / "task.yml").write_text(
+        HELLO.replace("project_root: .", "project_root: /proc/1/root"), encoding="utf-8"
+    )
+    proc = cli(project, *plan_argv(), "task.yml")
+    # Unreadable as here (a PermissionError) or readable (it is then the host root):
+    # either way a located refusal.
+    refused(proc, "$.spec.project_root")
+    assert proc.stderr.startswith("task.yml:5:")
+
+
+def test_show_of_a_deeply_nested_plan(project: Path) -> None:
+    saved = cli(project, *plan_argv(), "-o", "plan.json", "task.yml")
+    assert saved.returncode == 0, saved.stderr
+    text = (project / "plan.json").read_text(encoding="utf-8")
+    deep = "[" * 100_000 + "]" * 100_000
+    (project / "deep.json").write_text(
+        text.replace('"format_version"', f'"junk": {deep}, "format_version"', 1), encoding="utf-8"
+    )
+    refused(cli(project, "show", "deep.json"), "nested too deeply")
+    # Deep enough to pass the decoder, with a valid fingerprint: still not a plan.
+    plan = json.loads(text)
+    nested: list[object] = []
+    plan["task"]["junk"] = nested
+    for _ in range(40):
+        nested.append([])
+        nested = nested[0]  # type: ignore[assignment]
+    plan["fingerprint"] = fingerprint(plan)
+    (project / "deep2.json").write_text(json.dumps(plan), encoding="utf-8")
+    refused(cli(project, "show", "deep2.json"), "nested deeper than 32 levels")
+
+
+def test_graduation_reset_of_an_unknown_category_writes_nothing(project: Path) -> None:
+    proc = cli(project, "graduation", "reset", "image:nosuch", "--who", "alice")
+    refused(proc, "no capability category 'image:nosuch'")
+    history = cli(project, "graduation", "history", "--json")
+    assert history.returncode == 0, history.stderr
+    assert json.loads(history.stdout) == {"decisions": [], "graduation_events": []}
+    status = cli(project, "graduation", "status", "--json")
+    assert json.loads(status.stdout)["categories"] == {}
+    # A category the manifests define may be reset before it has evidence.
+    known = cli(project, "graduation", "reset", "image:agent", "--who", "alice")
+    assert known.returncode == 0, known.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "kind"),
+    [
+        ("--brain", "nosuch", "Brain"),
+        ("--image", "nope", "Image"),
+        ("--egress", "nah", "EgressPolicy"),
+    ],
+)
+def test_run_with_an_unknown_name_points_at_the_flag(
+    project: Path, flag: str, value: str, kind: str
+) -> None:
+    proc = cli(project, "run", "--manifests", str(REPO / "manifests"), flag, value, "say hi")
+    refused(proc, f"error: {flag} {value}: no {kind} of that name")
+    assert "adhoc" not in proc.stderr and ".yml" not in proc.stderr
+    adhoc = project.parent / "state" / "adhoc"
+    assert not adhoc.exists() or not list(adhoc.iterdir())
