@@ -37,3 +37,12 @@ def parse_size(text: str) -> int:
     if unit not in _BYTES or not text[:-1].isdigit():
         raise ValueError(f"not a size: {text!r}")
     return int(text[:-1]) * _BYTES[unit]
+
+
+def format_size(size: int) -> str:
+    """Bytes as the largest whole binary unit: 1073741824 → ``1 GiB``, 1536 → ``1.5 KiB``."""
+    for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size >= factor:
+            value = size / factor
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{size} B"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -263,6 +264,8 @@ def _run_in_container(
         plan, run_id, environment=environment, network=network, egress_mounts=egress_mounts
     )
     cleanup.callback(_remove_container, runtime, container_id, live)
+    watch = _watch_disk(plan, runtime, container_id, live)
+    cleanup.callback(watch.stop)
     sock = runtime.attach_socket(container_id)
     cleanup.callback(_close_quietly, sock)
     runtime.start(container_id)
@@ -275,6 +278,9 @@ def _run_in_container(
     )
     # Nothing the agent started may run into verify: its container goes first.
     problem = stop_agent(runtime, container_id)
+    watch.stop()
+    if watch.exceeded:
+        result.brain_error = f"disk: {watch.exceeded}"
     if problem:
         live.note(problem, "red")
     commands = plan["task"]["verify"]
@@ -331,6 +337,25 @@ async def _drive(
         for problem in await withdraw(None if channel.closed else channel, leases):
             live.note(f"release problem (kept for the sweeper): {problem}", "red")
         await channel.stop()
+
+
+def _watch_disk(plan: Plan, runtime: Any, container_id: str, live: LiveView) -> Any:
+    """The run's writes to the project root, bounded by ``budget.disk_bytes``."""
+    from kagura_agent.apply.diskwatch import DiskWatch
+
+    def over(reason: str) -> None:
+        # SIGKILL to the container's init from the host first (no API round trip): its
+        # PID namespace, and every writer in it, ends at once; then Docker's kill.
+        with contextlib.suppress(KaguraError, OSError, KeyError, TypeError):
+            pid = int(runtime.inspect(container_id)["State"]["Pid"])
+            if pid > 0:
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(KaguraError):
+            runtime.kill(container_id)
+        live.note(f"stopping the run: {reason}", "red")
+
+    budget = int(plan["budget"].get("disk_bytes") or 1024**3)
+    return DiskWatch(plan["task"]["project_root"], budget, over).start()
 
 
 def _close_egress(egress: Any, result: RunResult, live: LiveView) -> None:

@@ -22,7 +22,7 @@ from kagura_agent.units import parse_duration
 MIN_TTL = 15 * 60
 MAX_TTL = 60 * 60
 DEFAULT_TTL = MIN_TTL
-DEFAULT_BUDGET: dict[str, Any] = {"turns": 20, "wall_time": "10m"}
+DEFAULT_BUDGET: dict[str, Any] = {"turns": 20, "wall_time": "10m", "disk": "1g"}
 
 
 @dataclass(frozen=True)

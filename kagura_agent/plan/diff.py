@@ -46,7 +46,10 @@ def diff_plans(old: Mapping[str, Any] | None, new: Plan) -> list[Change]:
             "hardening", base["hardening"], new["hardening"], tuple(new["hardening"])
         )
         changes += _fields(
-            "budget", base["budget"], new["budget"], ("turns", "wall_seconds", "cost_usd")
+            "budget",
+            base["budget"],
+            new["budget"],
+            ("turns", "wall_seconds", "cost_usd", "disk_bytes"),
         )
     changes += _keyed("class", _classes(base), _classes(new))
     if base and base.get("applyable") != new["applyable"]:

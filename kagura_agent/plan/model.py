@@ -218,6 +218,7 @@ class Budget(TypedDict):
     turns: int | None
     wall_seconds: int
     cost_usd: float | None
+    disk_bytes: int
     source: BudgetSource
     history: CostHistory | None
 
@@ -411,10 +412,11 @@ DESCRIPTIONS: dict[str, str] = {
     "memory.known_failures[].fix": "What fixed it, or null.",
     "memory.known_failures[].failure_id": "The failure's memory id (`memory show`).",
     "memory.known_failures[].fix_id": "The fix's memory id, or null.",
-    "budget": "Turn, time and cost budget.",
+    "budget": "Turn, time, cost and disk budget.",
     "budget.turns": "Turn limit, or null.",
     "budget.wall_seconds": "Wall-time limit.",
     "budget.cost_usd": "Cost limit, or null.",
+    "budget.disk_bytes": "Most the run may add to the project root; past it the run stops.",
     "budget.source": "`task`, `brain`, `default` or `history`.",
     "budget.history": "Cost history the budget was learnt from, or null.",
     "budget.history.count": "Runs counted.",

@@ -556,6 +556,7 @@ def _budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
         "turns": budget.get("turns"),
         "wall_seconds": wall,
         "cost_usd": budget.get("cost_usd"),
+        "disk_bytes": parse_size(str(budget.get("disk", "1g"))),
         "source": source,
         "history": shown_history,
     }

@@ -8,7 +8,7 @@ from typing import Any
 from kagura_agent.hygiene import neutralise_data
 from kagura_agent.plan.model import Budget, Credential, EgressRule, Plan, TaskSection
 from kagura_agent.ui import Style
-from kagura_agent.units import format_duration
+from kagura_agent.units import format_duration, format_size
 
 _CLASS_STYLE = {
     "baseline": ("green",),
@@ -91,6 +91,8 @@ def _budget_line(budget: Budget) -> str:
     parts.append(f"{format_duration(budget['wall_seconds'])} wall")
     if budget.get("cost_usd") is not None:
         parts.append(f"${budget['cost_usd']}")
+    if budget.get("disk_bytes"):
+        parts.append(f"{format_size(budget['disk_bytes'])} disk")
     text = ", ".join(parts) + f" (from {budget['source']})"
     history = budget.get("history")
     if history:

@@ -1,0 +1,111 @@
+"""Bound what a run adds to its project root (the plan's ``budget.disk_bytes``).
+
+The project root is a bind mount of a host directory, so nothing in the container bounds
+it. Mechanism: a watched quota. A host thread polls ``statvfs`` of the root's file
+system every 0.05 s — constant time, whatever the size of the tree. Only when the file
+system as a whole has grown past the budget since the run started (which a run that
+stays inside its budget cannot cause) does it measure the root itself, by a scan of
+allocated blocks that stays on the root's device and never follows symlinks, at most
+once a second while others fill the disk. When the root has grown past the budget the
+run's container is killed and the reason recorded. docs/membrane.md says why this and
+not a size-limited volume.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kagura_agent.units import format_size
+
+POLL_SECONDS = 0.05
+SCAN_SECONDS = 1.0
+MAX_SCAN_ENTRIES = 2_000_000
+
+
+def tree_bytes(root: str | Path) -> int:
+    """Bytes allocated under ``root`` (st_blocks), on its device only, symlinks not
+    followed; stops counting after MAX_SCAN_ENTRIES entries."""
+    top = os.lstat(root)
+    total, seen, stack = 0, 0, [str(root)]
+    while stack and seen < MAX_SCAN_ENTRIES:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            total += info.st_blocks * 512
+            if entry.is_dir(follow_symlinks=False) and info.st_dev == top.st_dev:
+                stack.append(entry.path)
+    return total
+
+
+def _fs_used(root: str | Path) -> int:
+    stats = os.statvfs(root)
+    return (stats.f_blocks - stats.f_bfree) * stats.f_frsize
+
+
+class DiskWatch:
+    """Call ``on_over(reason)`` once when ``root`` has grown by more than ``budget``."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        budget: int,
+        on_over: Callable[[str], None],
+        *,
+        poll_seconds: float = POLL_SECONDS,
+        scan_seconds: float = SCAN_SECONDS,
+    ) -> None:
+        self.root = str(root)
+        self.budget = budget
+        self.on_over = on_over
+        self.poll_seconds = poll_seconds
+        self.scan_seconds = scan_seconds
+        self.exceeded: str | None = None
+        self.peak = 0  # the most the root was measured to have grown
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._root_start = 0
+        self._fs_start = 0
+
+    def start(self) -> DiskWatch:
+        self._root_start = tree_bytes(self.root)
+        self._fs_start = _fs_used(self.root)
+        self._thread = threading.Thread(target=self._loop, name="kagura-diskwatch", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        last_scan = 0.0
+        while not self._stop.is_set():
+            try:
+                grown_fs = _fs_used(self.root) - self._fs_start
+            except OSError:
+                return
+            now = time.monotonic()
+            if grown_fs > self.budget and now - last_scan >= self.scan_seconds:
+                last_scan = now
+                grown = tree_bytes(self.root) - self._root_start
+                self.peak = max(self.peak, grown)
+                if grown > self.budget:
+                    self.exceeded = (
+                        f"the run added {format_size(grown)} to the project root,"
+                        f" past its disk budget of {format_size(self.budget)}"
+                    )
+                    self.on_over(self.exceeded)
+                    return
+            self._stop.wait(self.poll_seconds)

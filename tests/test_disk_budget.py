@@ -1,0 +1,79 @@
+"""A run's writes to its project root are bounded by the task's ``budget.disk``.
+
+From inside a real container the step writes 3 GiB into the project root; with a
+64 MiB budget the run is stopped with the reason, and the root stays near the budget.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apply_helpers import (
+    cli_env,
+    kagura,
+    leftovers,
+    make_project,
+    manifest_set,
+    run_ids,
+    run_row,
+    write_task,
+)
+
+from kagura_agent.apply.diskwatch import DiskWatch, tree_bytes
+
+BUDGET = 64 * 1024**2
+
+
+def test_the_watch_fires_once_past_the_budget(tmp_path: Path) -> None:
+    fired: list[str] = []
+    (tmp_path / "old").write_bytes(b"x" * 4 * 1024**2)  # there before: not counted
+    watch = DiskWatch(tmp_path, 1024**2, fired.append, poll_seconds=0.01, scan_seconds=0.01)
+    watch.start()
+    try:
+        (tmp_path / "small").write_bytes(b"x" * 512 * 1024)
+        time.sleep(0.2)
+        assert fired == [] and watch.exceeded is None
+        with (tmp_path / "big").open("wb") as handle:
+            handle.write(os.urandom(8 * 1024**2))
+            handle.flush()
+            os.fsync(handle.fileno())
+        deadline = time.monotonic() + 10
+        while not fired and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        watch.stop()
+    [reason] = fired
+    assert "past its disk budget of 1 MiB" in reason
+    assert tree_bytes(tmp_path) >= 12 * 1024**2
+
+
+@pytest.mark.docker
+def test_a_3_gib_write_is_stopped_at_the_budget(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    manifests = manifest_set(tmp_path)
+    project = make_project(tmp_path)
+    task = write_task(
+        project,
+        "disk-hog",
+        {
+            "budget": {"disk": "64m", "wall_time": "5m"},
+            "steps": ["head -c 3G /dev/zero > big", "true"],
+            "verify": ["true"],
+        },
+    )
+    env = cli_env(state_dir)
+    started = time.monotonic()
+    done = kagura(["apply", "--yes", "--manifests", str(manifests), str(task)], env)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "past its disk budget of 64 MiB" in done.stderr, done.stderr[-3000:]
+    written = (project / "big").stat().st_blocks * 512
+    print(f"stopped after {written / 1024**2:.0f} MiB in {time.monotonic() - started:.1f}s")
+    assert BUDGET < written < 512 * 1024**2, written  # near the budget, far from 3 GiB
+    [run_id] = run_ids(state_dir)
+    assert run_row(state_dir, run_id)["outcome"] == "failed"
+    assert leftovers(docker_client, run_id) == []
