@@ -8,6 +8,7 @@ token show it redacted, in text and in ``--json``.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -108,3 +109,58 @@ def test_neutralise_and_the_error_types() -> None:
     assert diag.to_json()["file"] == "f\\x1b.yml"
     rendered = UsageError(f"no file {EVIL}", hint=ANTHROPIC).render()
     assert "\x1b" not in rendered and ANTHROPIC not in rendered
+
+
+class _Recorder:
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.posts: list[str] = []
+
+    def run(self, handle: object) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def say(self, thread: str, text: str) -> None:
+        self.posts.append(text)
+
+    def ask(self, thread: str, text: str, request: str) -> None:
+        self.posts.append(text)
+
+
+def test_cockpit_posts_are_neutralised(tmp_path: Path) -> None:
+    """Every chat message (replies, plan text, the relayed live view) goes through _say."""
+    from kagura_agent.cockpit.core import Cockpit, CockpitConfig
+
+    transport = _Recorder()
+    config = CockpitConfig(operators=frozenset({"U1"}), state_path=tmp_path / "state.db")
+    cockpit = Cockpit(transport, config)
+    cockpit._say("T1", f"step output: {EVIL}\nsecond line")
+    [post] = transport.posts
+    assert "\x1b" not in post and "\x07" not in post and "\u202e" not in post
+    assert post.endswith("\\x07\nsecond line")  # newlines in a message stay lines
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_live_view_shows_agent_output_without_its_escapes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agent's text and tool output are inputs too; only our own styling escapes remain."""
+    from kagura_agent.apply.live import LiveView
+    from kagura_agent.brain.events import DoneEvent, TextEvent, ToolResultEvent
+    from kagura_agent.membrane.secrets import Redactor
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    out = _Tty()
+    view = LiveView(Redactor(), stream=out)
+    view.brain(ToolResultEvent("t1", f"ls\n{EVIL}", exit_code=0))
+    view.brain(TextEvent(f"said {EVIL}\n\n"))
+    view.brain(DoneEvent())
+    text = out.getvalue()
+    assert "\\x1b[2J" in text and "\\x9b0m" in text and "\\u202e" in text
+    assert "\x1b[2J" not in text and "\x9b" not in text and "\u202e" not in text
+    assert "\x1b[2m" in text  # the view's own (dim) styling still applies on a terminal
