@@ -251,6 +251,7 @@ def render_markdown(plan: Plan) -> str:
         lines.append(
             f"| mount | `{mount['source']}` → `{mount['target']}` ({mount['mode']}) | {mount.get('class', 'baseline' if mount['kind'] == 'project' else '')} |"
         )
+    classes = {a["category"]: a["class"] for a in plan["approvals"]}
     for entry in plan["egress"]["allow"]:
         notes = "".join(f"; {n}" for n in (_may_resolve(entry), _wildcard_cost(entry)) if n)
         lines.append(
@@ -268,15 +269,11 @@ def render_markdown(plan: Plan) -> str:
             else "; ".join(narrowing) or "narrows the parent"
         )
         lines.append(f"| parent | task `{parent['task']}` ({widens}) | |")
+    lines += _markdown_approvals(plan["approvals"])
     failed = [r for r in plan["policy"] if not r["passed"]]
     floor = plan.get("floor") or []
-    pending = [a for a in plan["approvals"] if a["class"] in ("needs-approval", "denied")]
-    if failed or plan["warnings"] or floor or pending:
+    if failed or plan["warnings"] or floor:
         lines.append("")
-        for approval in pending:
-            lines.append(
-                f"- **{approval['class']}** `{approval['category']}`: {approval['reason']}"
-            )
         for broken in floor:
             lines.append(f"- **floor**: {broken}")
         for result in failed:
@@ -288,3 +285,18 @@ def render_markdown(plan: Plan) -> str:
         lines.append("")
         lines += [f"- **refused**: {r['message']}" for r in refused]
     return "\n".join(lines) + "\n"
+
+
+def _markdown_approvals(approvals: list[dict[str, Any]]) -> list[str]:
+    """What a human must decide before apply, and what was earned or refused."""
+    shown = [a for a in approvals if a["class"] != "baseline"]
+    lines = ["", "#### Approvals", ""]
+    if not shown:
+        return [*lines, "Nothing to approve: every capability is baseline."]
+    for approval in shown:
+        lines.append(f"- **{approval['class']}** `{approval['category']}`: {approval['reason']}")
+    needed = [a["category"] for a in shown if a["class"] == "needs-approval"]
+    if needed:
+        flags = " ".join(f"--approve {category}" for category in needed)
+        lines += ["", f"To apply without being asked: `kagura-agent apply --yes {flags} …`"]
+    return lines
