@@ -99,3 +99,41 @@ def test_run_with_an_empty_task_on_stdin_is_a_usage_error(
     done = kagura(["run", "--yes", "-"], cli_env(state_dir), stdin=stdin, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "task must not be empty" in done.stderr
+
+
+def test_a_saved_plan_is_fresh_from_another_working_directory(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Input files are named relative to where plan ran; apply re-plans from there."""
+    from kagura_agent.cli.apply import check_saved_plan_fresh
+    from kagura_agent.plan import planfile
+
+    project = make_project(tmp_path)
+    write_task(project, "elsewhere", HELLO)
+    monkeypatch.chdir(project)
+    saved = tmp_path / "plan.json"
+    assert main(["plan", "task.yml", "-o", str(saved)]) == 0
+    plan = planfile.load(saved)
+    assert plan["task"]["file"] == "task.yml"
+    for where in (tmp_path, Path("/")):
+        monkeypatch.chdir(where)
+        check_saved_plan_fresh(plan)  # no RefusedError
+
+
+def test_a_stale_plan_names_the_fact_or_output_that_differs() -> None:
+    from kagura_agent.apply.freshness import check_fresh
+    from kagura_agent.errors import RefusedError
+    from kagura_agent.plan.planner import fingerprint
+
+    saved = json.loads((Path(__file__).parent / "plans/hello-script/expected.json").read_text())
+    facts_changed = json.loads(json.dumps(saved))
+    facts_changed["inputs"].setdefault("facts", {})["graduation_version"] = 99
+    facts_changed["fingerprint"] = fingerprint(facts_changed)
+    with pytest.raises(RefusedError, match="fact graduation_version"):
+        check_fresh(saved, facts_changed)
+    output_changed = json.loads(json.dumps(saved))
+    output_changed["hardening"]["pids_limit"] = 128
+    output_changed["budget"]["turns"] = 7
+    output_changed["fingerprint"] = fingerprint(output_changed)
+    with pytest.raises(RefusedError, match="compiled plan differs in budget, hardening"):
+        check_fresh(saved, output_changed)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from kagura_agent.errors import RefusedError
 from kagura_agent.plan.model import Inputs, Plan
 
@@ -10,13 +13,24 @@ def check_fresh(saved: Plan, current: Plan) -> None:
     """Raise RefusedError (exit 6) naming the inputs that changed since ``saved`` was made."""
     if saved["fingerprint"] == current["fingerprint"]:
         return
-    changed = changed_inputs(saved["inputs"], current["inputs"])
-    if not changed:
-        changed = ["the compiled plan differs (facts or planner output)"]
+    changed = changed_inputs(saved["inputs"], current["inputs"]) or changed_output(saved, current)
     raise RefusedError(
         "saved plan is stale: " + "; ".join(changed),
         hint="run `kagura-agent plan -o` again and review the new plan",
     )
+
+
+def changed_output(saved: Plan, current: Plan) -> list[str]:
+    """Same inputs, different plan: name the sections the planner now fills differently."""
+    from kagura_agent.plan.diff import diff_plans
+
+    old: Mapping[str, Any] = saved
+    new: Mapping[str, Any] = current
+    keys = sorted(k for k in set(old) | set(new) if k != "fingerprint")
+    sections = [k for k in keys if old.get(k) != new.get(k)] or ["fingerprint only"]
+    details = [change.render() for change in diff_plans(saved, current)]
+    text = "the compiled plan differs in " + ", ".join(sections)
+    return [text + (": " + "; ".join(details) if details else "")]
 
 
 def changed_inputs(old: Inputs, new: Inputs) -> list[str]:

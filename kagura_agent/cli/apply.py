@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +78,16 @@ def run(args: argparse.Namespace) -> int:
     return execute(plans[0], args, confirm=not args.yes)
 
 
+def _planned_from(task: Mapping[str, Any]) -> str:
+    """The working directory ``plan`` ran in: the task's absolute path minus its shown name."""
+    path, shown = str(task.get("path") or ""), str(task.get("file") or "")
+    if shown and not shown.startswith("/") and path.endswith("/" + shown):
+        folder = path[: -len(shown) - 1] or "/"
+        if Path(folder).is_dir():
+            return folder
+    return os.getcwd()
+
+
 def check_saved_plan_fresh(plan: Plan) -> None:
     from kagura_agent.apply.freshness import check_fresh
     from kagura_agent.errors import RefusedError
@@ -88,9 +101,14 @@ def check_saved_plan_fresh(plan: Plan) -> None:
             "saved plan is stale: its task file or manifest directory is gone",
             hint="make a new plan",
         )
-    current = [
-        p for p in plan_tasks(manifests, [task_path]) if p["task"]["name"] == plan["task"]["name"]
-    ]
+    # Input files are named relative to the folder the plan was made in; re-plan from
+    # there, so a plan applied from another working directory is not called stale.
+    with contextlib.chdir(_planned_from(plan["task"])):
+        current = [
+            p
+            for p in plan_tasks(manifests, [task_path])
+            if p["task"]["name"] == plan["task"]["name"]
+        ]
     if not current:
         raise RefusedError(f"saved plan is stale: task {plan['task']['name']} no longer exists")
     check_fresh(plan, current[0])
@@ -124,7 +142,7 @@ def execute(plan: Plan, args: argparse.Namespace, *, confirm: bool) -> int:
     result = apply_plan(plan, options)
     if args.json:
         try:
-            print_json(result.to_json())
+            print_json({"ok": result.exit_code == 0, "errors": [], **result.to_json()})
         except BrokenPipeError:
             # The reader is gone; the outcome is in the state store. Keep the exit code
             # the run's, and let the interpreter's final flush find somewhere to write.

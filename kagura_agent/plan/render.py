@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kagura_agent.hygiene import neutralise_data
-from kagura_agent.plan.model import Budget, Credential, EgressRule, Plan, TaskSection
+from kagura_agent.plan.model import Approval, Budget, Credential, EgressRule, Plan, TaskSection
 from kagura_agent.ui import Style
 from kagura_agent.units import format_duration, format_size
 
@@ -287,7 +287,7 @@ def render_markdown(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _markdown_approvals(approvals: list[dict[str, Any]]) -> list[str]:
+def _markdown_approvals(approvals: list[Approval]) -> list[str]:
     """What a human must decide before apply, and what was earned or refused."""
     shown = [a for a in approvals if a["class"] != "baseline"]
     lines = ["", "#### Approvals", ""]
