@@ -92,6 +92,20 @@ class KaguraError(Exception):
             text += f"\n  hint: {neutralise(redact_secrets(self.hint))}"
         return text
 
+    def diagnostics_json(self) -> list[dict[str, object]]:
+        """The error as ``--json`` prints it: located diagnostics, or one unlocated entry."""
+        return [
+            {
+                "file": None,
+                "line": None,
+                "col": None,
+                "path": None,
+                "message": self.message,
+                "hint": self.hint,
+                "severity": "error",
+            }
+        ]
+
 
 class UsageError(KaguraError):
     exit_code = ExitCode.USAGE
@@ -109,6 +123,9 @@ class ValidationError(KaguraError):
         lines = [d.render() for d in self.diagnostics]
         lines.append(f"error: {self.message}")
         return "\n".join(lines)
+
+    def diagnostics_json(self) -> list[dict[str, object]]:
+        return [d.to_json() for d in self.diagnostics]
 
 
 class SetupError(KaguraError):

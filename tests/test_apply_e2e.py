@@ -273,8 +273,8 @@ def test_the_container_that_runs_equals_the_plan(
     env = cli_env(state_dir)
     planned = kagura(["plan", "--json", "--manifests", str(manifests), str(task)], env)
     assert planned.returncode == 0, planned.stderr
-    plan = json.loads(planned.stdout)
-    plan = plan[0] if isinstance(plan, list) else plan
+    [entry] = json.loads(planned.stdout)["plans"]
+    plan = entry["plan"]
     needed = [a["category"] for a in plan["approvals"] if a["class"] == "needs-approval"]
     args = ["apply", "--yes", "--manifests", str(manifests), str(task)]
     proc = spawn(args + [arg for cat in needed for arg in ("--approve", cat)], env)

@@ -86,7 +86,7 @@ def test_a_root_owned_project_never_runs_the_agent_as_root(tmp_path: Path, state
     task = write_task(project, "rooted", {"steps": ["true"]})
     done = kagura(["plan", "--json", str(task)], cli_env(state_dir))
     assert done.returncode == 0, done.stderr
-    plan = json.loads(done.stdout)
+    plan = json.loads(done.stdout)["plans"][0]["plan"]
     assert plan["hardening"]["user"] == "1000:1000"
     assert plan["applyable"] is False
     assert any(

@@ -39,7 +39,10 @@ def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
     code = main(["plan", "--json", *argv])
     out, err = capsys.readouterr()
     assert code == 0, err
-    return json.loads(out)
+    result = json.loads(out)
+    assert result["ok"] is True and result["errors"] == []
+    plans = [entry["plan"] for entry in result["plans"]]
+    return plans[0] if len(plans) == 1 else plans
 
 
 def test_at_least_six_examples() -> None:

@@ -15,7 +15,7 @@ Two generators feed ``kagura_agent.cli.main.main`` in-process:
 example. The command must return 0 or 2 and never raise. On 2 every stderr line is a located
 diagnostic (``file:line:col  $.path  message``), its hint, or the one closing
 ``error:`` line; a validation failure has at least one located line. On 0 ``plan
---json`` printed plan JSON (one plan or a list of them).
+--json`` printed its result object (one entry per planned task).
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def check_outcome(code: int, out: str, err: str, *, plan: bool) -> None:
             assert any(LOCATED.match(line) for line in lines), lines
     elif plan:
         data = json.loads(out)
-        plans = data if isinstance(data, list) else [data]
-        assert plans
+        plans = [entry["plan"] for entry in data["plans"]]
+        assert plans and data["ok"] is True
         for one in plans:
             assert one["format_version"] == 1
             assert one["fingerprint"].startswith("sha256:")

@@ -138,7 +138,7 @@ def _cli_plan(scene: Scene, file: str) -> tuple[dict[str, Any], str]:
     assert as_json.returncode == 0, as_json.stderr
     text = _cli(scene, "plan", *manifests, str(scene.task(file)))
     assert text.returncode == 0, text.stderr
-    return json.loads(as_json.stdout), text.stdout
+    return json.loads(as_json.stdout)["plans"][0]["plan"], text.stdout
 
 
 def _cli_apply(scene: Scene, file: str) -> subprocess.CompletedProcess[str]:

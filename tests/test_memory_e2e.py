@@ -90,7 +90,7 @@ def _kagura(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
 def _plan_json(task: Path, env: dict[str, str]) -> dict[str, Any]:
     done = _kagura(["plan", "--json", str(task)], env)
     assert done.returncode == 0, done.stderr
-    plan: dict[str, Any] = json.loads(done.stdout)
+    plan: dict[str, Any] = json.loads(done.stdout)["plans"][0]["plan"]
     return plan
 
 

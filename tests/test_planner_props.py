@@ -158,7 +158,9 @@ def test_saved_plan_shows_the_same(project: Path, capsys: pytest.CaptureFixture[
     assert shown and planned.startswith(shown)
     _, planned_json, _ = cli(capsys, *PLAN, "--json")
     _, shown_json, _ = cli(capsys, "show", "plan.json", "--json")
-    assert json.loads(planned_json) == json.loads(shown_json) == planfile.load(Path("plan.json"))
+    planned_entry = json.loads(planned_json)["plans"][0]
+    shown_entry = json.loads(shown_json)["plans"][0]
+    assert planned_entry["plan"] == shown_entry["plan"] == planfile.load(Path("plan.json"))
     _, planned_md, _ = cli(capsys, *PLAN, "--format", "markdown")
     _, shown_md, _ = cli(capsys, "show", "plan.json", "--format", "markdown")
     assert planned_md.startswith(shown_md)

@@ -82,7 +82,7 @@ def test_wheel_plans_a_task_outside_the_checkout(installed: Path, tmp_path: Path
     )
     result = _run(installed, "plan", "--json", str(task), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert '"applyable": true' in result.stdout
+    assert json.loads(result.stdout)["plans"][0]["plan"]["applyable"] is True
     assert str(ROOT) not in result.stdout
 
 
@@ -100,7 +100,7 @@ def test_wheel_lists_and_finds_the_image_recipes_outside_the_checkout(
         assert row["recipe_digest"] == recipe_digest(ROOT / "images" / name)
     plan = _run(installed, "plan", "--json", str(ROOT / "examples/hello/task.yml"), cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr
-    recipe = json.loads(plan.stdout)["image"]
+    recipe = json.loads(plan.stdout)["plans"][0]["plan"]["image"]
     assert recipe["recipe_digest"] == recipe_digest(ROOT / "images" / "agent"), recipe
 
 

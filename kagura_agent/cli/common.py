@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from typing import Any
@@ -19,3 +20,23 @@ def add_manifest_option(parser: argparse.ArgumentParser) -> None:
 def print_json(value: Any) -> None:
     json.dump(value, sys.stdout, indent=2, ensure_ascii=False)
     sys.stdout.write("\n")
+
+
+def wants_json(args: argparse.Namespace | None, argv: list[str]) -> bool:
+    """Did the command line ask for JSON (``--json`` or ``--format json``)?"""
+    if args is not None:
+        return bool(getattr(args, "json", False)) or getattr(args, "format", None) == "json"
+    return "--json" in argv or "--format=json" in argv or _follows(argv, "--format", "json")
+
+
+def _follows(argv: list[str], flag: str, value: str) -> bool:
+    return any(a == flag and b == value for a, b in itertools.pairwise(argv))
+
+
+def error_envelope(exc: Any) -> dict[str, Any]:
+    """The ``--json`` shape of a failure: the same envelope as success, ``ok`` false."""
+    return {
+        "ok": False,
+        "exit_code": int(exc.exit_code),
+        "errors": exc.diagnostics_json(),
+    }

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from kagura_agent import __version__
 from kagura_agent.errors import ExitCode, KaguraError, Terminated
@@ -34,8 +35,18 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class _JsonParser(argparse.ArgumentParser):
+    """Under ``--json`` a usage mistake is a UsageError, so it becomes the JSON envelope."""
+
+    def error(self, message: str) -> NoReturn:
+        from kagura_agent.errors import UsageError
+
+        raise UsageError(message, hint=self.format_usage().strip())
+
+
+def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
+    parser_class = _JsonParser if json_errors else argparse.ArgumentParser
+    parser = parser_class(
         prog="kagura-agent",
         description="Plan, review and apply memory-backed agent runs behind a hardened membrane.",
         epilog="exit codes: 0 ok, 1 task failed, 2 usage/validation error, 3 setup not ready,"
@@ -50,8 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    from kagura_agent.cli.common import wants_json
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    json_mode = wants_json(None, words)
+    parser = build_parser(json_errors=json_mode)
+    try:
+        args = parser.parse_args(words)
+    except KaguraError as exc:  # only under --json (_JsonParser)
+        return _fail(exc, json_mode)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
@@ -59,8 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(handler(args))
     except KaguraError as exc:
-        print(exc.render(), file=sys.stderr)
-        return int(exc.exit_code)
+        return _fail(exc, wants_json(args, words))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -69,6 +86,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 143
     except BrokenPipeError:
         return int(ExitCode.OK)
+
+
+def _fail(exc: KaguraError, json_mode: bool) -> int:
+    """Every error ends here: the message on stderr, and under --json the envelope on stdout."""
+    print(exc.render(), file=sys.stderr)
+    if json_mode:
+        from kagura_agent.cli.common import error_envelope, print_json
+
+        print_json(error_envelope(exc))
+    return int(exc.exit_code)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"-o saves one plan, but {len(plans)} tasks were planned")
     fmt = output_format(args)
     any_changes = False
-    outputs: list[Plan] = []
+    outputs: list[dict[str, Any]] = []
     base_plans = _base_plans(args) if args.base else {}
     for plan in plans:
         old, label = _baseline(args, plan, base_plans)
@@ -62,19 +62,43 @@ def run(args: argparse.Namespace) -> int:
 
         changes = diff_plans(old, plan)
         any_changes = any_changes or bool(changes)
-        outputs.append(plan)
+        outputs.append(result_json(plan, label, changes))
         if fmt == "text":
             _print_text(plan, changes, label)
         elif fmt == "markdown":
             _print_markdown(plan, changes, label)
     if fmt == "json":
-        print_json(outputs[0] if len(outputs) == 1 else outputs)
+        print_json(envelope(outputs))
     if args.out:
         planfile.save(plans[0], Path(args.out))
         print(f"saved plan to {args.out}", file=sys.stderr)
     if args.detailed_exitcode and any_changes:
         return int(ExitCode.CHANGES)
     return 0
+
+
+RESULT_VERSION = 1
+
+
+def result_json(plan: Plan, against: str | None, changes: list[Any]) -> dict[str, Any]:
+    """One task's entry in ``plan --json``: the plan and its diff (docs/plan-format.md)."""
+    return {
+        "task": plan["task"]["name"],
+        "plan": plan,
+        "against": against,
+        "changes": [change.to_json() for change in changes],
+    }
+
+
+def envelope(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """``plan --json`` and ``show --json``: always this object, however many tasks."""
+    return {
+        "ok": True,
+        "version": RESULT_VERSION,
+        "errors": [],
+        "changed": any(result["changes"] for result in results),
+        "plans": results,
+    }
 
 
 def _base_plans(args: argparse.Namespace) -> dict[str, Plan]:

@@ -19,7 +19,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kagura_agent.cli.common import print_json
-    from kagura_agent.cli.plan import output_format
+    from kagura_agent.cli.plan import envelope, output_format, result_json
     from kagura_agent.plan import planfile
     from kagura_agent.plan.render import render_markdown, render_text
     from kagura_agent.ui import stdout_style
@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     plan = planfile.load(Path(args.plan))
     fmt = output_format(args)
     if fmt == "json":
-        print_json(plan)
+        print_json(envelope([result_json(plan, None, [])]))
     elif fmt == "markdown":
         sys.stdout.write(render_markdown(plan))
     else:

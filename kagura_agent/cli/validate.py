@@ -29,13 +29,16 @@ def run(args: argparse.Namespace) -> int:
         workspace = load_workspace(args.manifests, args.paths)
     except ValidationError as exc:
         if args.json:
-            print_json({"valid": False, "errors": [d.to_json() for d in exc.diagnostics]})
+            from kagura_agent.cli.common import error_envelope
+
+            print_json({**error_envelope(exc), "valid": False})
             return int(exc.exit_code)
         raise
     kinds = sum(len(workspace.catalog.of(k)) for k in workspace.catalog.by_kind)
     if args.json:
         print_json(
             {
+                "ok": True,
                 "valid": True,
                 "errors": [],
                 "manifests": kinds,

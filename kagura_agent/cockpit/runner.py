@@ -163,7 +163,8 @@ class ApplyProcess:
             result = json.loads("".join(stdout))
         except ValueError:
             result = None
-        if not isinstance(result, dict):
+        if not isinstance(result, dict) or "outcome" not in result:
+            # No result, or the --json error envelope (apply refused or failed to start).
             return RunOutcome(code, None, "error", None)
         return RunOutcome(
             code, result.get("run_id"), str(result.get("outcome")), result.get("wall_seconds")
