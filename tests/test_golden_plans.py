@@ -90,7 +90,7 @@ def test_there_are_enough_cases() -> None:
 def test_golden_plan(in_case: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_plan(in_case, capsys, "--json")
     assert code == 0, err
-    raw = json.loads(out)
+    raw = json.loads(out)["plans"][0]["plan"]
     plan = normalise_plan(raw, in_case)
 
     code, text, err = run_plan(in_case, capsys)
