@@ -88,14 +88,18 @@ def test_a_failure_under_json_is_the_envelope(
 
 
 def test_validation_errors_are_located_in_the_envelope(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.chdir(ROOT / "tests" / "invalid")
-    assert main(["plan", "--json", "--manifests", "_manifests", "host-ip-literal.yml"]) == 2
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "task.yml").write_text(
+        "apiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: t}\n"
+        "spec:\n  steps: [echo hi]\n  egres: [pypi]\n"
+    )
+    assert main(["plan", "--json", "task.yml"]) == 2
     data = _envelope(capsys.readouterr().out, 2)
-    first = data["errors"][0]  # type: ignore[index]
-    assert first["file"] == "host-ip-literal.yml" and first["line"] == 10
-    assert first["path"] == "$.spec.allow[0].host"
+    [first] = data["errors"]  # type: ignore[misc]
+    assert (first["file"], first["line"], first["col"]) == ("task.yml", 6, 3)
+    assert first["path"] == "$.spec.egres" and "unknown key" in first["message"]
 
 
 def _plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
@@ -110,7 +114,7 @@ def test_plan_json_has_one_shape_for_one_task_and_many(
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("KAGURA_AGENT_STATE_DIR", str(tmp_path / "state"))
     one = _plan_json(capsys, "examples/hello/task.yml")
-    many = _plan_json(capsys, "examples/")
+    many = _plan_json(capsys, "examples/hello/task.yml", "examples/templated/task.yml")
     for data in (one, many):
         assert set(data) == {"ok", "version", "errors", "changed", "plans"}
         assert data["ok"] is True and data["errors"] == [] and data["version"] == 1

@@ -11,8 +11,8 @@ from kagura_agent.cli.main import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _markdown(capsys: pytest.CaptureFixture[str], task: str) -> str:
-    assert main(["plan", "--format", "markdown", task]) == 0
+def _markdown(capsys: pytest.CaptureFixture[str], task: str, *extra: str) -> str:
+    assert main(["plan", "--format", "markdown", *extra, task]) == 0
     return capsys.readouterr().out
 
 
@@ -50,6 +50,11 @@ def test_a_baseline_plan_says_nothing_needs_approval(capsys: pytest.CaptureFixtu
 
 
 def test_a_denied_capability_is_listed(capsys: pytest.CaptureFixture[str]) -> None:
-    text = _markdown(capsys, "examples/denied-paste/task.yml")
+    text = _markdown(
+        capsys,
+        "examples/denied-paste/task.yml",
+        "--manifests",
+        "examples/denied-paste/manifests",
+    )
     assert "- **denied** `egress:paste`" in text
     assert "| denied |" in text

@@ -28,6 +28,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--detailed-exitcode", action="store_true", help="exit 5 when any plan has changes"
     )
+    parser.add_argument(
+        "--require-applyable",
+        action="store_true",
+        help="exit 6 when any plan is not applyable (the kagura-plan pre-commit hook)",
+    )
     parser.add_argument("--facts", metavar="FILE", help=argparse.SUPPRESS)
     parser.set_defaults(handler=run)
 
@@ -72,6 +77,13 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         planfile.save(plans[0], Path(args.out))
         print(f"saved plan to {args.out}", file=sys.stderr)
+    refused = [p["task"]["name"] for p in plans if not p["applyable"]]
+    if args.require_applyable and refused:
+        from kagura_agent.errors import RefusedError
+
+        raise RefusedError(
+            "not applyable: " + ", ".join(refused), hint="the plan above says why (DENY, refused)"
+        )
     if args.detailed_exitcode and any_changes:
         return int(ExitCode.CHANGES)
     return 0

@@ -87,8 +87,16 @@ def display_path(path: Path) -> str:
 
 
 def yaml_files(path: Path) -> list[Path]:
+    """The YAML files of ``path``; a folder's hidden entries (.github/, .pre-commit-config.yaml,
+    .git/) are not ours and are skipped."""
     if path.is_dir():
-        return sorted(p for p in path.rglob("*") if p.suffix in YAML_SUFFIXES and p.is_file())
+        return sorted(
+            p
+            for p in path.rglob("*")
+            if p.suffix in YAML_SUFFIXES
+            and p.is_file()
+            and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
     if path.is_file():
         return [path]
     if path.exists():
