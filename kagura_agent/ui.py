@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import TextIO
@@ -29,3 +30,10 @@ class Style:
 
 def stdout_style() -> Style:
     return Style.for_stream(sys.stdout)
+
+
+def quote(text: str, limit: int = 500) -> str:
+    """``text`` as a bounded JSON string literal: shown as data, never as markup or an
+    instruction (quotes, newlines, escapes and non-ASCII are escaped)."""
+    clipped = text if len(text) <= limit else text[:limit] + "..."
+    return json.dumps(clipped, ensure_ascii=True)

@@ -123,12 +123,15 @@ def test_failed_then_fixed_run_becomes_a_known_failure_in_the_next_plan(
     assert known["fix"] == "docs succeeded: echo fixed > out.txt"
     shown = _kagura(["plan", str(similar)], env).stdout
     assert (
-        "known failure  verify 'grep -q fixed out.txt' exited 1"
-        "  -> fix: docs succeeded: echo fixed > out.txt" in shown
+        "known failure  [trusted] \"verify 'grep -q fixed out.txt' exited 1\""
+        '  -> fix: "docs succeeded: echo fixed > out.txt"' in shown
     )
-    # The brain receives both as context in its turn.
+    # The brain receives both as context in its turn: quoted, with their tier (a verify
+    # failure is the task's command and the host's exit code, so it is trusted).
+    assert known["trust"] == "trusted"
     context = turn_from_plan(plan).context.known_failures
-    assert "grep -q fixed out.txt" in context and "(fix: docs succeeded" in context
+    assert "- [trusted] failure: \"verify 'grep -q fixed out.txt' exited 1\"" in context
+    assert 'fix [trusted]: "docs succeeded: echo fixed > out.txt"' in context
     # The fix is linked to the failure in the store.
     edges = _kagura(["memory", "show", known["failure_id"], "--json"], env)
     assert {"source_id": known["fix_id"], "target_id": known["failure_id"], "type": "prevents"} in [

@@ -39,7 +39,8 @@ class HostMemory:
             k=max(1, min(limit, 20)),
             include_untrusted=self.include_untrusted,
         )
-        return [_public(m) for m in found]
+        # The store filtered already; the host checks again, whatever backend answered.
+        return [_public(m) for m in found if self.include_untrusted or not m.untrusted]
 
     async def remember(self, text: str, tags: list[str]) -> str:
         memory = await self._call(

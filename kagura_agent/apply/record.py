@@ -1,7 +1,9 @@
 """After a run: decide the outcome from verify exit codes, then remember everything.
 
 Memory gets the cost and, for failures, the failure (a later success of the same task
-kind is linked to it as its fix); graduation gets evidence from the verify exit codes
+kind is linked to it as its fix). Whatever carries text the agent controls — the brain's
+error text, verify output tails — is stored ``untrusted``; only an operator raises it
+(``kagura-agent memory trust``); graduation gets evidence from the verify exit codes
 only; the state store keeps the plan as the last applied one for the next diff.
 """
 
@@ -78,12 +80,15 @@ def record_outcome(
             if fixed.fix is not None:
                 live.note(f"linked this run as the fix of {len(fixed.prevents)} earlier failure(s)")
         else:
+            # The brain's error text is the agent's own words: untrusted. A verify failure
+            # is the task's command and the host's exit code: trusted.
             record_failure(
                 memory,
                 run_id=run_id,
                 task_kind=task_kind,
                 summary=_failure_summary(result),
                 details={"verify": [[c, code] for c, code, _ in result.verify]},
+                trust="untrusted" if result.brain_error else "trusted",
             )
         if plan["task"].get("parent"):
             result.output_memory = _record_child_output(memory, plan, run_id, result, success)

@@ -5,7 +5,8 @@ for which capability category and which plan fingerprint, and the outcome: ``app
 ``denied`` or ``timeout`` (a timeout is a deny). Looking an approval up needs the exact
 fingerprint, so an approval given for one plan is never reused for another.
 Graduation decisions (a human unlocking a category) are logged here too, with
-``kind="graduation"`` and no fingerprint.
+``kind="graduation"`` and no fingerprint, and so are raises of a memory's trust tier
+(``kind="memory-trust"``, category ``memory:ID``, with the operator's reason).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from kagura_agent.errors import RefusedError, UsageError
 from kagura_agent.state import StateStore
 
 Outcome = Literal["approved", "denied", "timeout"]
-Kind = Literal["capability", "graduation"]
+Kind = Literal["capability", "graduation", "memory-trust"]
 
 MIGRATIONS = [
     """
@@ -36,6 +37,24 @@ MIGRATIONS = [
         outcome TEXT NOT NULL CHECK (outcome IN ('approved', 'denied', 'timeout')),
         reason TEXT NOT NULL DEFAULT ''
     );
+    CREATE INDEX approval_decisions_plan ON approval_decisions (fingerprint, category);
+    """,
+    # memory-trust decisions: SQLite cannot alter a CHECK, so the table is rebuilt.
+    """
+    CREATE TABLE approval_decisions_v2 (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        decided_at TEXT NOT NULL,
+        who TEXT NOT NULL,
+        via TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('capability', 'graduation', 'memory-trust')),
+        category TEXT NOT NULL,
+        fingerprint TEXT,
+        outcome TEXT NOT NULL CHECK (outcome IN ('approved', 'denied', 'timeout')),
+        reason TEXT NOT NULL DEFAULT ''
+    );
+    INSERT INTO approval_decisions_v2 SELECT * FROM approval_decisions;
+    DROP TABLE approval_decisions;
+    ALTER TABLE approval_decisions_v2 RENAME TO approval_decisions;
     CREATE INDEX approval_decisions_plan ON approval_decisions (fingerprint, category);
     """,
 ]

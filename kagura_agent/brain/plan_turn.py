@@ -6,14 +6,29 @@ from collections.abc import Mapping
 from typing import Any
 
 from kagura_agent.brain.protocol import Budget, Turn, TurnContext
+from kagura_agent.ui import quote
 
 
-def known_failures_text(failures: list[Mapping[str, Any]]) -> str:
-    """The plan's memory.known_failures as a bullet list the model can read."""
+def known_failures_text(
+    failures: list[Mapping[str, Any]], *, include_untrusted: bool = False
+) -> str:
+    """The plan's memory.known_failures as quoted, labelled data the model can read.
+
+    Each text is a JSON string literal (quotes, newlines and control characters escaped,
+    so it cannot end its line or pose as an instruction) after its trust tier. Untrusted
+    failures (an earlier agent's own words) are left out unless the task opted into
+    untrusted memory (``context.include_untrusted``, which makes the run untrusted).
+    """
     lines = []
     for item in failures:
+        tier = "trusted" if item.get("trust") == "trusted" else "untrusted"
+        if tier == "untrusted" and not include_untrusted:
+            continue
+        line = f"- [{tier}] failure: {quote(str(item.get('failure', '')))}"
         fix = item.get("fix")
-        lines.append(f"- {item.get('failure')}" + (f" (fix: {fix})" if fix else ""))
+        if fix:
+            line += f"; fix [trusted]: {quote(str(fix))}"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -49,7 +64,10 @@ def turn_from_plan(
         prompt=None if steps is not None and prompt is None else (use_prompt or ""),
         steps=None if steps is None or prompt is not None else tuple(_step(s) for s in steps),
         context=TurnContext(
-            known_failures=known_failures_text(memory.get("known_failures") or []),
+            known_failures=known_failures_text(
+                memory.get("known_failures") or [],
+                include_untrusted=bool((task.get("context") or {}).get("include_untrusted")),
+            ),
             memory_ids=tuple(memory_ids),
         ),
         budget=Budget(

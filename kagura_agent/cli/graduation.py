@@ -217,7 +217,7 @@ def _history(args: argparse.Namespace) -> int:
     rows = [("WHEN", "WHO", "VIA", "CATEGORY", "PLAN", "OUTCOME")]
     for decision in decisions:
         when = decision.to_json()["decided_at"]
-        plan = (decision.fingerprint or "(graduation)")[:19]
+        plan = (decision.fingerprint or f"({decision.kind})")[:19]
         rows.append(
             (str(when), decision.who, decision.via, decision.category, plan, decision.outcome)
         )

@@ -3,6 +3,7 @@
 memory search QUERY [--type T] [--untrusted] [-k N] [--json]
 memory show ID [--json]
 memory forget ID [--cascade] [--reason TEXT]
+memory trust ID --reason TEXT
 memory export [--json]
 
 Every subcommand opens the store the plan would: the default Memory manifest of the
@@ -44,10 +45,19 @@ def register(subparsers: Any) -> None:
     forget.add_argument("--json", action="store_true", help="print JSON")
     forget.set_defaults(handler=_forget)
 
+    trust = commands.add_parser(
+        "trust",
+        help="raise a memory to trusted (an operator's decision, logged with who, when, why)",
+    )
+    trust.add_argument("id")
+    trust.add_argument("--reason", required=True, help="why (recorded in the approval log)")
+    trust.add_argument("--json", action="store_true", help="print JSON")
+    trust.set_defaults(handler=_trust)
+
     export = commands.add_parser("export", help="every memory, oldest first")
     export.add_argument("--json", action="store_true", help="print one JSON document")
     export.set_defaults(handler=_export)
-    _store_options(search, show, forget, export)
+    _store_options(search, show, forget, trust, export)
 
 
 def _store_options(*parsers: argparse.ArgumentParser) -> None:
@@ -159,6 +169,50 @@ def _forget(args: argparse.Namespace) -> int:
         for tombstone in tombstones:
             why = f" (derived from {tombstone.cascade_of})" if tombstone.cascade_of else ""
             print(f"forgot {tombstone.memory_id} {tombstone.type}{why}")
+    return 0
+
+
+def _trust(args: argparse.Namespace) -> int:
+    """Only this command raises a memory's tier; the approval log keeps who, when and why."""
+    from kagura_agent.approvals.asking import operator_name
+    from kagura_agent.approvals.log import record_decision
+    from kagura_agent.clock import SystemClock
+    from kagura_agent.errors import UsageError
+    from kagura_agent.state import StateStore
+
+    reason = args.reason.strip()
+    if not reason or len(reason) > 500:
+        raise UsageError("--reason must say why, in 1 to 500 characters")
+    store = _open(args)
+    try:
+        set_trust = getattr(store, "set_trust", None)
+        if set_trust is None:
+            raise UsageError(f"the {store.backend} memory backend cannot change a memory's trust")
+        memory = store.get(args.id)
+        if memory is None:
+            raise UsageError(f"no memory {args.id}")
+        with StateStore() as state:
+            decision = record_decision(
+                state,
+                category=f"memory:{memory.id}",
+                fingerprint=None,
+                outcome="approved",
+                who=operator_name(),
+                via="cli",
+                clock=SystemClock(),
+                kind="memory-trust",
+                reason=f"{memory.trust} -> trusted: {reason}",
+            )
+        raised = set_trust(memory.id, "trusted")
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps({"memory": raised.to_json(), "decision": decision.to_json()}, indent=2))
+    else:
+        print(
+            f"{memory.id} is trusted (was {memory.trust}); logged: {decision.who}"
+            f" at {decision.to_json()['decided_at']}: {reason}"
+        )
     return 0
 
 

@@ -20,6 +20,7 @@ from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
 from kagura_agent.errors import SetupError
 from kagura_agent.memory import terms
 from kagura_agent.memory.model import (
+    TRUST_TIERS,
     Edge,
     Memory,
     Source,
@@ -252,6 +253,14 @@ class SqliteMemoryStore:
                 ),
             )
         return tombstone
+
+    def set_trust(self, memory_id: str, trust: Trust) -> Memory | None:
+        """Change a memory's tier (the ``memory trust`` command logs who and why)."""
+        if trust not in TRUST_TIERS:
+            raise ValueError(f"trust must be one of {TRUST_TIERS}, not {trust!r}")
+        with self._state.transaction() as conn:
+            conn.execute("UPDATE memories SET trust = ? WHERE id = ?", (trust, memory_id))
+        return self.get(memory_id)
 
     # -- reads -----------------------------------------------------------------
 

@@ -56,6 +56,7 @@ def record_output(
 
     ``parent`` is the plan's ``task.parent`` (``run``, ``task``, ``context_memories``).
     A context memory forgotten since planning is listed as missing rather than cited.
+    Stored ``untrusted``: its details carry verify output tails, text the agent shaped.
     """
     context = list(parent.get("context_memories") or [])
     cites = [memory_id for memory_id in context if store.get(memory_id) is not None]
@@ -73,6 +74,7 @@ def record_output(
             **({"missing_context": missing} if missing else {}),
         },
         tags=tags,
+        trust="untrusted",
     )
     for memory_id in cites:
         store.create_edge(output.id, memory_id, "derived_from")

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kagura_agent.memory.model import Edge, Memory, MemoryStore, Source
+from kagura_agent.memory.model import Edge, Memory, MemoryStore, Source, Trust
 
 FAILURE = "failure"
 FIX = "fix"
@@ -29,20 +29,23 @@ def record_failure(
     task_kind: str,
     summary: str,
     details: Mapping[str, Any] | None = None,
+    trust: Trust = "untrusted",
 ) -> Memory:
-    """Remember a failed run (e.g. the failing verify command and its output tail)."""
+    """Remember a failed run. Untrusted unless the caller knows every word of ``summary``
+    and ``details`` came from outside the agent (a verify command and its exit code)."""
     return store.remember(
         type=FAILURE,
         summary=summary,
         source=Source("run", run_id),
         details=details,
         task_kind=task_kind,
+        trust=trust,
     )
 
 
 def open_failures(store: MemoryStore, task_kind: str, *, k: int = 50) -> list[Memory]:
-    """Trusted failures of this task kind that no fix prevents yet."""
-    failures = store.recall(type=FAILURE, task_kind=task_kind, k=k)
+    """Failures of this task kind (either tier) that no fix prevents yet."""
+    failures = store.recall(type=FAILURE, task_kind=task_kind, k=k, include_untrusted=True)
     return [f for f in failures if not store.edges(f.id, type="prevents", direction="in")]
 
 
@@ -69,12 +72,14 @@ def record_success(
 
 
 def known_failures(store: MemoryStore, task_kind: str, *, k: int = 10) -> list[dict[str, Any]]:
-    """Planner fact: ``[{failure, fix, failure_id, fix_id}]`` newest first (fix may be None).
+    """Planner fact: ``[{failure, fix, failure_id, fix_id, trust}]`` newest first.
 
-    Only trusted memories are read, since these go to the brain as context.
+    Failures of both tiers are read: an untrusted one (the agent's own error text) reaches
+    the brain only quoted and labelled ``untrusted`` (brain/plan_turn.py). A fix is
+    shown only when trusted.
     """
     found = []
-    for failure in store.recall(type=FAILURE, task_kind=task_kind, k=k):
+    for failure in store.recall(type=FAILURE, task_kind=task_kind, k=k, include_untrusted=True):
         fixes = [
             store.get(e.source_id) for e in store.edges(failure.id, type="prevents", direction="in")
         ]
@@ -85,6 +90,7 @@ def known_failures(store: MemoryStore, task_kind: str, *, k: int = 10) -> list[d
                 "fix": fix.summary if fix else None,
                 "failure_id": failure.id,
                 "fix_id": fix.id if fix else None,
+                "trust": failure.trust,
             }
         )
     return found

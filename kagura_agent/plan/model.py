@@ -196,6 +196,7 @@ class KnownFailure(TypedDict):
     fix: str | None
     failure_id: NotRequired[str]
     fix_id: NotRequired[str | None]
+    trust: NotRequired[str]  # trusted | untrusted (the failure text's tier)
 
 
 class MemorySection(TypedDict):

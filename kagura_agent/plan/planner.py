@@ -517,7 +517,13 @@ def _memory(task: ResolvedTask, facts: Facts) -> MemorySection:
 def _known_failure(found: Mapping[str, Any]) -> KnownFailure:
     """A known failure and its fix, with their memory ids when the store gave them
     (``memory show`` follows them)."""
-    known: KnownFailure = {"failure": str(found["failure"]), "fix": found.get("fix")}
+    # A failure whose tier is not stated is untrusted: it reaches the brain quoted either way.
+    trust = "trusted" if found.get("trust") == "trusted" else "untrusted"
+    known: KnownFailure = {
+        "failure": str(found["failure"]),
+        "fix": found.get("fix"),
+        "trust": trust,
+    }
     if found.get("failure_id"):
         known["failure_id"] = str(found["failure_id"])
     if "fix_id" in found:

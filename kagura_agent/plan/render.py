@@ -7,7 +7,7 @@ from typing import Any
 
 from kagura_agent.hygiene import neutralise_data
 from kagura_agent.plan.model import Approval, Budget, Credential, EgressRule, Plan, TaskSection
-from kagura_agent.ui import Style
+from kagura_agent.ui import Style, quote
 from kagura_agent.units import format_duration, format_size
 
 _CLASS_STYLE = {
@@ -158,9 +158,15 @@ def render_text(plan: Plan, style: Style) -> str:
     out.append(f"  budget       {_budget_line(plan['budget'])}")
     memory = plan["memory"]
     out.append(f"  memory       {memory['name']} ({memory['backend']})")
+    opted_in = bool((task.get("context") or {}).get("include_untrusted"))
     for failure in memory.get("known_failures", []):
+        tier = "trusted" if failure.get("trust") == "trusted" else "untrusted"
+        fix = failure.get("fix")
+        withheld = tier == "untrusted" and not opted_in
         out.append(
-            f"  known failure  {failure.get('failure', '')}  -> fix: {failure.get('fix') or '(none yet)'}"
+            f"  known failure  [{tier}] {quote(str(failure.get('failure', '')), 200)}"
+            f"  -> fix: {quote(str(fix), 200) if fix else '(none yet)'}"
+            + ("  (not sent to the brain)" if withheld else "")
         )
     out.extend(_parent_lines(task, style))
     hard = plan["hardening"]
