@@ -73,7 +73,8 @@ class _Live:
 def _plan(root: Path, env: dict[str, str]) -> dict[str, Any]:
     done = _cli(["plan", "--json", "task.yml"], env, root)
     assert done.returncode == 0, done.stderr
-    plan: dict[str, Any] = json.loads(done.stdout)
+    plan = json.loads(done.stdout)["plans"][0]["plan"]
+    assert isinstance(plan, dict)
     return plan
 
 

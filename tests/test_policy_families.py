@@ -68,7 +68,7 @@ def test_every_spelling_of_a_paste_site_is_denied(
     _policy(at_tmp, host)
     argv = ["plan", "--json", "--facts", "facts.json", "--manifests", "ops", "task.yml"]
     assert main(argv) == 0, capsys.readouterr().err
-    plan = json.loads(capsys.readouterr().out)
+    plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
     assert plan["applyable"] is False
     denied = [r for r in plan["policy"] if not r["passed"] and r["effect"] == "deny"]
     assert [r["policy"] for r in denied] == ["membrane/no-paste-sites"]
@@ -85,7 +85,7 @@ def test_neighbours_of_a_denied_domain_are_not_denied(
     _policy(at_tmp, host)
     argv = ["plan", "--json", "--facts", "facts.json", "--manifests", "ops", "task.yml"]
     assert main(argv) == 0, capsys.readouterr().err
-    plan = json.loads(capsys.readouterr().out)
+    plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
     assert all(r["passed"] for r in plan["policy"] if r["policy"] == "membrane/no-paste-sites")
 
 
