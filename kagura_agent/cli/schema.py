@@ -16,6 +16,11 @@ def register(subparsers: Any) -> None:
         "kind", nargs="?", help="Brain, Image, CredentialProvider, … (default: list kinds)"
     )
     parser.add_argument("--path", action="store_true", help="print the schema file's path instead")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="one schema for every kind (oneOf on kind), for editors on files that mix kinds",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -24,6 +29,11 @@ def run(args: argparse.Namespace) -> int:
     from kagura_agent.manifest.schema import KINDS, load_schema
     from kagura_agent.paths import resource_dir
 
+    if args.all:
+        from kagura_agent.manifest.bundle import bundle_schema
+
+        print_json(bundle_schema())
+        return 0
     if not args.kind:
         for kind in KINDS:
             print(f"{kind:<20} {resource_dir('schemas') / (kind.lower() + '.json')}")
