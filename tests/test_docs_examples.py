@@ -87,6 +87,8 @@ def _argv(line: str) -> list[str]:
     argv: list[str] = []
     skip = False
     for word in words:
+        if word in (">", ">>"):  # a shell redirection ends the command's own words
+            break
         if word == "|":  # "A | B": one of them is enough
             skip = True
             continue

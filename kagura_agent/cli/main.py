@@ -21,6 +21,7 @@ from kagura_agent.errors import ExitCode, KaguraError, Terminated
 COMMAND_MODULES: tuple[str, ...] = (
     "validate",
     "plan",
+    "review",
     "show",
     "schema",
     "apply",

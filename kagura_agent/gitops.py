@@ -1,0 +1,108 @@
+"""A pull request's plan comment: which tasks a change touches, and the comment's body.
+
+``changed_files`` asks git what changed since the merge base with the target branch;
+``select_tasks`` turns that into task files to plan (a changed task file, or every task
+under the given folders when a manifest changed); ``comment_body`` renders the plans as
+one markdown comment whose first line is a marker, so a CI job can find and update its
+own comment instead of adding a new one on every push.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kagura_agent.errors import UsageError
+from kagura_agent.manifest.loader import yaml_files
+
+MARKER = "<!-- kagura-agent plan -->"
+_MAX_TASK_BYTES = 1 << 20  # larger files are not task files we would plan anyway
+
+
+def git_root(cwd: Path) -> Path:
+    return Path(_git(cwd, "rev-parse", "--show-toplevel").strip())
+
+
+def changed_files(base: str, cwd: Path) -> list[str]:
+    """Files added or modified since the merge base of ``base`` and HEAD (deleted ones are
+    gone from the tree and have nothing to plan), relative to the repository root."""
+    out = _git(cwd, "diff", "--name-only", "--diff-filter=d", "-z", f"{base}...HEAD", "--")
+    return sorted(name for name in out.split("\0") if name)
+
+
+def _git(cwd: Path, *args: str) -> str:
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
+        )
+    except OSError as exc:
+        raise UsageError(f"cannot run git: {exc.strerror}") from None
+    if done.returncode != 0:
+        raise UsageError(f"git {' '.join(args[:2])} failed: {done.stderr.strip()[:300]}")
+    return done.stdout
+
+
+def is_task_file(path: Path) -> bool:
+    """A YAML file whose documents are Tasks (our task files hold nothing else)."""
+    try:
+        if path.stat().st_size > _MAX_TASK_BYTES:
+            return False
+        docs = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return bool(docs) and all(isinstance(d, dict) and d.get("kind") == "Task" for d in docs if d)
+
+
+def select_tasks(
+    changed: Sequence[str], root: Path, manifests: Path, task_dirs: Sequence[Path]
+) -> tuple[list[Path], list[str]]:
+    """(task files to plan, changed manifest files), both sorted.
+
+    A changed manifest can change any plan, so then every task under ``task_dirs`` is
+    planned too; otherwise only the task files the change touched.
+    """
+    manifests = manifests.resolve()
+    tasks: set[Path] = set()
+    manifest_changes: list[str] = []
+    for name in changed:
+        path = (root / name).resolve()
+        if path.suffix not in (".yml", ".yaml"):
+            continue
+        if path.is_relative_to(manifests):
+            manifest_changes.append(name)
+        elif any(part.startswith(".") for part in Path(name).parts):
+            continue
+        elif is_task_file(path):
+            tasks.add(path)
+    if manifest_changes:
+        for folder in task_dirs:
+            tasks.update(p.resolve() for p in yaml_files(folder) if is_task_file(p))
+    return sorted(tasks), manifest_changes
+
+
+def comment_body(
+    base: str, sections: Sequence[str], manifest_changes: Sequence[str], problems: Sequence[str]
+) -> str:
+    """The whole comment: marker, summary, one section per planned task."""
+    lines = [MARKER, f"## kagura-agent plan against `{base}`", ""]
+    if manifest_changes:
+        lines.append("Changed manifests: " + ", ".join(f"`{m}`" for m in manifest_changes))
+        lines.append("")
+    if not sections and not problems:
+        lines.append("No task or manifest change to plan.")
+    for problem in problems:
+        lines.append(f"> **error**: {problem}")
+    if problems:
+        lines.append("")
+    body = "\n".join(lines) + "\n"
+    return body + "".join("\n" + section for section in sections)
+
+
+def plan_section(plan: Any, changes: Sequence[Any], label: str) -> str:
+    from kagura_agent.cli.plan import markdown_with_changes
+
+    return markdown_with_changes(plan, list(changes), label)
