@@ -18,6 +18,9 @@ from kagura_agent.graduation.model import GraduationSnapshot
 from kagura_agent.manifest.catalog import Catalog
 from kagura_agent.manifest.task import ResolvedTask
 
+# A facts file is a few KiB of JSON written by a test or a script.
+MAX_FACTS_BYTES = 8 * 2**20
+
 
 @dataclass(frozen=True)
 class Facts:
@@ -55,12 +58,23 @@ class Facts:
     def load(cls, path: str) -> Facts:
         """Facts fixed in a JSON file (``plan --facts``), instead of gathered."""
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
+            with Path(path).open("rb") as stream:
+                raw = stream.read(MAX_FACTS_BYTES + 1)
+            if len(raw) > MAX_FACTS_BYTES:
+                raise UsageError(f"facts file {path} is larger than {MAX_FACTS_BYTES // 2**20} MiB")
+            data = json.loads(raw.decode("utf-8"))
+        except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError too
             raise UsageError(f"cannot read facts file {path}: {exc}") from exc
+        except RecursionError:
+            raise UsageError(f"facts file {path} is nested too deeply") from None
         if not isinstance(data, dict):
             raise UsageError(f"facts file {path} must hold a JSON object")
-        return cls.from_json(data)
+        try:
+            return cls.from_json(data)
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            raise UsageError(
+                f"facts file {path} has the wrong shape: {type(exc).__name__}: {exc}"
+            ) from None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Facts:

@@ -156,3 +156,18 @@ def test_run_with_an_unknown_name_points_at_the_flag(
     assert "adhoc" not in proc.stderr and ".yml" not in proc.stderr
     adhoc = project.parent / "state" / "adhoc"
     assert not adhoc.exists() or not list(adhoc.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}", "is nested too deeply"),
+        ('{"image_digests": 5}', "has the wrong shape"),
+        ("[1, 2]", "must hold a JSON object"),
+        ("\xff", "cannot read facts file"),
+    ],
+    ids=["deep", "wrong-type", "not-an-object", "not-utf8"],
+)
+def test_plan_facts_file_of_the_wrong_shape(project: Path, text: str, fragment: str) -> None:
+    (project / "facts.json").write_text(text, encoding="latin-1")
+    refused(cli(project, *plan_argv(), "task.yml"), fragment)
