@@ -242,7 +242,18 @@ def _run_in_container(
     result: RunResult,
     cleanup: contextlib.ExitStack,
 ) -> None:
+    from kagura_agent.apply.tripwire import Tripwire
     from kagura_agent.apply.verify import stop_agent, verify_in_fresh_container
+
+    stoppable: list[str] = []  # the agent's container, once it exists
+    tripwire = Tripwire(
+        dict(plan.get("tripwires") or {}),
+        lambda reason: _stop_now(runtime, stoppable, live, f"hijack tripwire: {reason}"),
+    )
+
+    def on_egress(event: dict[str, Any]) -> None:
+        live.egress(event)
+        tripwire.egress(event)
 
     network: str | None = None
     environment: dict[str, str] = {}
@@ -253,7 +264,7 @@ def _run_in_container(
 
         live.phase(f"starting this run's egress proxy ({len(plan['egress']['allow'])} allowed)")
         egress = EgressSession.start(
-            runtime.client, plan, run_id, live.egress, store=store, clock=options.clock
+            runtime.client, plan, run_id, on_egress, store=store, clock=options.clock
         )
         cleanup.callback(_close_egress, egress, result, live)
         egress_config = egress.agent_network_config()
@@ -264,6 +275,7 @@ def _run_in_container(
         plan, run_id, environment=environment, network=network, egress_mounts=egress_mounts
     )
     cleanup.callback(_remove_container, runtime, container_id, live)
+    stoppable.append(container_id)
     watch = _watch_disk(plan, runtime, container_id, live)
     cleanup.callback(watch.stop)
     sock = runtime.attach_socket(container_id)
@@ -284,6 +296,10 @@ def _run_in_container(
     if problem:
         live.note(problem, "red")
     commands = plan["task"]["verify"]
+    if tripwire.reason:
+        result.brain_error = f"tripwire: {tripwire.reason}"
+        problem = "not run: the run tripped a hijack tripwire"
+        _record_incident(store, plan, run_id, leases, tripwire, live, options)
     if commands:
         if problem:
             result.verify = [(command, -1, problem) for command in commands]
@@ -339,20 +355,58 @@ async def _drive(
         await channel.stop()
 
 
-def _watch_disk(plan: Plan, runtime: Any, container_id: str, live: LiveView) -> Any:
-    """The run's writes to the project root, bounded by ``budget.disk_bytes``."""
-    from kagura_agent.apply.diskwatch import DiskWatch
-
-    def over(reason: str) -> None:
+def _stop_now(runtime: Any, containers: list[str], live: LiveView, reason: str) -> None:
+    """Kill the agent's container at once (from a watcher thread)."""
+    for container_id in containers:
         # SIGKILL to the container's init from the host first (no API round trip): its
-        # PID namespace, and every writer in it, ends at once; then Docker's kill.
+        # PID namespace, and every process in it, ends at once; then Docker's kill.
         with contextlib.suppress(KaguraError, OSError, KeyError, TypeError):
             pid = int(runtime.inspect(container_id)["State"]["Pid"])
             if pid > 0:
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(KaguraError):
             runtime.kill(container_id)
-        live.note(f"stopping the run: {reason}", "red")
+    live.note(f"stopping the run: {reason}", "red")
+
+
+def _record_incident(
+    store: StateStore,
+    plan: Plan,
+    run_id: str,
+    leases: list[Any],
+    tripwire: Any,
+    live: LiveView,
+    options: ApplyOptions,
+) -> None:
+    from kagura_agent.apply.incidents import record_incident
+    from kagura_agent.clock import iso
+
+    actions = [
+        "container killed",
+        f"{len(leases)} lease(s) wiped and revoked",
+        "verify not run",
+        "run recorded as failed (graduated capabilities demoted)",
+    ]
+    incident_id = record_incident(
+        store,
+        at=iso(options.clock.now()),
+        run_id=run_id,
+        task=plan["task"]["name"],
+        fingerprint=plan["fingerprint"],
+        reason=str(tripwire.reason),
+        actions=actions,
+        egress=list(tripwire.egress_log),
+        events=list(live.recent),
+    )
+    live.incident(incident_id, str(tripwire.reason))
+
+
+def _watch_disk(plan: Plan, runtime: Any, container_id: str, live: LiveView) -> Any:
+    """The run's writes to the project root, bounded by ``budget.disk_bytes``."""
+    from kagura_agent.apply.diskwatch import DiskWatch
+
+    def over(reason: str) -> None:
+        _stop_now(runtime, [container_id], live, reason)
 
     budget = int(plan["budget"].get("disk_bytes") or 1024**3)
     return DiskWatch(plan["task"]["project_root"], budget, over).start()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import deque
 from typing import Any, TextIO
 
 from kagura_agent.brain.events import (
@@ -54,6 +55,8 @@ class LiveView:
         self.started = time.monotonic()
         self._text = ""
         self._gone = False
+        # The run's last brain events, for an incident record.
+        self.recent: deque[dict[str, Any]] = deque(maxlen=100)
 
     def _write(self, line: str, *styles: str) -> None:
         """One line: secrets scrubbed, control characters from the agent made visible,
@@ -100,7 +103,21 @@ class LiveView:
             where = f"{event.get('host')}:{event.get('port')}"
             self._write(f"{self._elapsed()} ⊘ egress denied {where}", "yellow")
 
+    def incident(self, incident_id: str, reason: str) -> None:
+        """A tripwire stopped the run (the cockpit relays this to the run's thread)."""
+        if self.as_json:
+            self._json("incident", {"id": incident_id, "reason": reason})
+        else:
+            self._write(
+                self.style(
+                    f"{self._elapsed()} ⚠ incident {incident_id}: {reason}"
+                    " (kagura-agent incidents)",
+                    "red",
+                )
+            )
+
     def brain(self, event: BrainEvent) -> None:
+        self.recent.append(event_to_json(event))
         if self.as_json:
             self._json("brain", event_to_json(event))
             return

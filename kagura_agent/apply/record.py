@@ -41,7 +41,10 @@ def record_outcome(
     # skip it. It comes only from the host-side verify exit codes; a brain error counts
     # against the run (fail closed), a brain's claim of success counts for nothing.
     evidence = [(c, code) for c, code, _ in result.verify]
-    if result.brain_error is not None:
+    if result.brain_error is not None and result.brain_error.startswith(("tripwire:", "disk:")):
+        # The host stopped the run: that, not the verify it never ran, is the reason.
+        evidence.insert(0, (f"host stopped the run ({result.brain_error})"[:300], 1))
+    elif result.brain_error is not None:
         evidence.append(("brain finished without error", 1))
     categories = [a["category"] for a in plan["approvals"] if a["class"] != "baseline"]
     if categories:

@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graduation",
     "memory",
     "leases",
+    "incidents",
     "egress",
     "doctor",
     "completion",

@@ -66,6 +66,8 @@ def chat_line(line: str) -> str | None:
         return None
     if kind == "brain":
         return _brain_line(item)
+    if kind == "incident":
+        return f"⚠ incident {item.get('id')}: {item.get('reason')} (kagura-agent incidents)"
     return None
 
 

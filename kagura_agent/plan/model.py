@@ -260,6 +260,12 @@ class Refusal(TypedDict):
     source: str
 
 
+class Tripwires(TypedDict):
+    denied_egress: int
+    window_seconds: int
+    source: str
+
+
 class Plan(TypedDict):
     format_version: int
     inputs: Inputs
@@ -272,6 +278,7 @@ class Plan(TypedDict):
     brain: BrainSection
     memory: MemorySection
     budget: Budget
+    tripwires: Tripwires
     floor: list[str]
     policy: list[PolicyResult]
     approvals: list[Approval]
@@ -425,6 +432,10 @@ DESCRIPTIONS: dict[str, str] = {
     "budget.history.mean_wall_seconds": "Mean wall time.",
     "budget.history.worst_wall_seconds": "Worst wall time.",
     "budget.history.reserve": "Reserve added on top of the mean.",
+    "tripwires": "What stops the run as hijacked (revoke, demote, incident).",
+    "tripwires.denied_egress": "Denied egress requests within the window that trip.",
+    "tripwires.window_seconds": "The window denials are counted in.",
+    "tripwires.source": "The Graduation manifest the knobs come from, or `default`.",
     "floor": "How the plan breaks the membrane floor (code, not policy); anything refuses.",
     "policy": "Policy rules evaluated on the plan.",
     "policy[].policy": "`<policy>/<rule>`.",

@@ -47,6 +47,7 @@ from kagura_agent.plan.model import (
     Scheme,
     TaskSection,
     Tenancy,
+    Tripwires,
     applyable,
 )
 from kagura_agent.plan.policy import RuleChecker, evaluate_policies, policy_denials
@@ -140,6 +141,7 @@ def compile_plan(
         "brain": brain,
         "memory": draft["memory"],
         "budget": draft["budget"],
+        "tripwires": _tripwires(catalog),
         "floor": floor,
         "policy": policy,
         "approvals": approvals,
@@ -529,6 +531,20 @@ def _known_failure(found: Mapping[str, Any]) -> KnownFailure:
     if "fix_id" in found:
         known["fix_id"] = found["fix_id"]
     return known
+
+
+def _tripwires(catalog: Catalog) -> Tripwires:
+    """The hijack tripwire knobs of the operator's Graduation manifest (last one wins)."""
+    found: Tripwires = {"denied_egress": 5, "window_seconds": 60, "source": "default"}
+    for graduation in catalog.of("Graduation"):
+        knobs = graduation.spec.get("tripwires")
+        if knobs:
+            found = {
+                "denied_egress": int(knobs.get("denied_egress", 5)),
+                "window_seconds": parse_duration(str(knobs.get("window", "60s"))),
+                "source": graduation.name,
+            }
+    return found
 
 
 def _budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:

