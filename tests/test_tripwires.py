@@ -96,8 +96,8 @@ def test_a_denial_burst_trips_the_run(docker_client: Any, tmp_path: Path, state_
     env = cli_env(state_dir, KAGURA_TEST_TOKEN=TOKEN)
     planned = kagura(["plan", "--json", "--manifests", str(manifests), str(task)], env)
     assert planned.returncode == 0, planned.stderr
-    plan = json.loads(planned.stdout)
-    plan = plan[0] if isinstance(plan, list) else plan
+    [entry] = json.loads(planned.stdout)["plans"]
+    plan = entry["plan"]
     assert plan["tripwires"] == {
         "denied_egress": 4,
         "window_seconds": 30,
