@@ -177,7 +177,7 @@ def test_an_operator_folder_without_policies_still_enforces_the_membrane(
     )
     (base / "task.yml").write_text(_task("", "  egress: [paste]\n  steps: [ls]\n")[4:])
     assert main(["plan", "--json", "--facts", str(facts), "--manifests", "ops", "task.yml"]) == 0
-    plan = json.loads(capsys.readouterr().out)
+    plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
     assert plan["applyable"] is False
     denied = [r["policy"] for r in plan["policy"] if not r["passed"] and r["effect"] == "deny"]
     assert denied == ["membrane/no-paste-sites"]
@@ -209,7 +209,7 @@ def test_an_operator_overrides_a_packaged_brain_by_name(
     )
     (base / "task.yml").write_text(_task("", "  steps: [ls]\n")[4:])
     assert main(["plan", "--json", "--facts", str(facts), "--manifests", "ops", "task.yml"]) == 0
-    plan = json.loads(capsys.readouterr().out)
+    plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
     assert plan["brain"]["source"] == "ops/brains.yml"
     assert plan["brain"]["idle_timeout_seconds"] == 60
 
@@ -246,7 +246,7 @@ def test_the_floor_holds_even_for_an_operator_image_without_policies(
     (base / "task.yml").write_text(_task("", "  image: fat\n  steps: [ls]\n")[4:])
     argv = ["--facts", str(facts), "--manifests", "ops", "task.yml"]
     assert main(["plan", "--json", *argv]) == 0
-    plan = json.loads(capsys.readouterr().out)
+    plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
     assert plan["applyable"] is False
     assert any(expected in v for v in plan["floor"]), plan["floor"]
     assert main(["plan", *argv]) == 0
@@ -266,7 +266,7 @@ def test_apply_rechecks_the_floor_on_a_hand_edited_plan(
     base, facts = at_tmp
     (base / "task.yml").write_text(_task("", "  steps: [ls]\n")[4:])
     assert main(["plan", "--json", "--facts", str(facts), "task.yml"]) == 0
-    plan = json.loads(capsys.readouterr().out)
+    plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
     plan["hardening"]["cap_add"] = ["SYS_ADMIN"]
     plan["hardening"]["pids_limit"] = 100000
     plan["floor"] = []
@@ -287,7 +287,7 @@ def test_no_egress_entry_reaches_metadata_or_loopback_even_from_the_operator(
     (base / "task.yml").write_text(_task("", "  egress: [metadata]\n  steps: [ls]\n")[4:])
     argv = ["--facts", str(facts), "--manifests", "ops", "task.yml"]
     assert main(["plan", "--json", *argv]) == 0
-    plan = json.loads(capsys.readouterr().out)
+    plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
     assert plan["applyable"] is False
     assert any("reaches loopback, link-local or cloud metadata" in v for v in plan["floor"])
 
