@@ -37,7 +37,7 @@ EXTRAS = {
 }
 
 
-def run_checks(manifests: str | None) -> list[Check]:
+def run_checks(manifests: str | None, project_root: str | None = None) -> list[Check]:
     checks: list[Check] = []
     catalog = None
     try:
@@ -55,7 +55,64 @@ def run_checks(manifests: str | None) -> list[Check]:
         checks.append(_memory(catalog))
         checks.extend(_extras(catalog))
         checks.extend(_secrets(catalog))
+        checks.extend(_brain_credentials(catalog))
+    checks.append(_project_root(project_root))
     return checks
+
+
+def _project_root(explicit: str | None) -> Check:
+    """Can the agent (never root) write the project root? FAIL when one was named."""
+    import shlex
+
+    from kagura_agent.plan.planner import agent_can_write
+
+    path = os.path.realpath(explicit or os.getcwd())
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        return Check("project root", "FAIL", f"{path}: {exc.strerror}")
+    user, writable = agent_can_write([info.st_uid, info.st_gid], info.st_mode & 0o7777)
+    if writable:
+        return Check("project root", "PASS", f"{path}: the agent writes it as {user}")
+    status = "FAIL" if explicit else "WARN"
+    return Check(
+        "project root",
+        status,
+        f"{path} is owned by uid {info.st_uid} (mode {info.st_mode & 0o777:o}); the agent"
+        f" runs as {user} and could not write it: chown -R {user} {shlex.quote(path)}",
+    )
+
+
+def _brain_credentials(catalog: Any) -> list[Check]:
+    """Each api-key brain's credential provider exists and its secret resolves."""
+    providers = {p.name: p for p in catalog.of("CredentialProvider")}
+    checks = []
+    for brain in catalog.of("Brain"):
+        auth = brain.spec.get("auth") or {}
+        if auth.get("mode") != "api-key" or not auth.get("credential"):
+            continue
+        name = f"brain {brain.name} credential"
+        provider = providers.get(auth["credential"])
+        if provider is None:
+            checks.append(Check(name, "FAIL", f"no CredentialProvider {auth['credential']}"))
+            continue
+        problem = _resolve_problem(provider.spec["secret"])
+        if problem:
+            checks.append(Check(name, "WARN", f"provider {provider.name}: {problem}"))
+        else:
+            checks.append(Check(name, "PASS", f"provider {provider.name} resolves"))
+    return checks
+
+
+def _resolve_problem(ref: str) -> str:
+    """Why a secret reference does not resolve ("" when it does); never the value."""
+    from kagura_agent.membrane.secrets import resolve
+
+    try:
+        resolve(ref)
+    except KaguraError as exc:
+        return exc.message
+    return ""
 
 
 def _state_dir() -> Check:
@@ -146,17 +203,15 @@ def _extras(catalog: Any) -> list[Check]:
 
 
 def _secrets(catalog: Any) -> list[Check]:
+    """Each provider's secret reference resolves (env, file and keyring alike)."""
     checks = []
     for provider in catalog.of("CredentialProvider"):
         ref = provider.spec["secret"]
-        kind, _, target = ref.partition(":")
-        if kind == "env":
-            present = bool(os.environ.get(target))
-        elif kind == "file":
-            present = os.path.isfile(os.path.expanduser(target))
+        problem = _resolve_problem(ref)
+        if problem:
+            detail = f"{problem} (needed only by tasks using it)"
+            checks.append(Check(f"secret {provider.name}", "WARN", detail))
         else:
-            continue  # keyring look-ups may prompt; apply checks them
-        status = "PASS" if present else "WARN"
-        detail = f"{ref} is set" if present else f"{ref} is not set (needed only by tasks using it)"
-        checks.append(Check(f"secret {provider.name}", status, detail))
+            verb = "is set" if ref.startswith("env:") else "resolves"
+            checks.append(Check(f"secret {provider.name}", "PASS", f"{ref} {verb}"))
     return checks

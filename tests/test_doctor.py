@@ -80,3 +80,79 @@ def test_doctor_names_the_extra_a_chat_transport_needs(
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["extra slack"]["status"] == "WARN"
     assert "pip install 'kagura-agent[slack]'" in checks["extra slack"]["detail"]
+
+
+def test_doctor_checks_the_project_root_the_agent_must_write(
+    state_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import os
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    project = tmp_path / "project"
+    project.mkdir()
+    project.chmod(0o555)  # nobody may write it: not root's folder, not its owner's either
+    _, report = _run(capsys, "--project-root", str(project))
+    check = {c["name"]: c for c in report["checks"]}["project root"]
+    assert check["status"] == "FAIL"
+    assert "chown -R" in check["detail"] and str(project) in check["detail"]
+    project.chmod(0o777)
+    _, report = _run(capsys, "--project-root", str(project))
+    check = {c["name"]: c for c in report["checks"]}["project root"]
+    assert check["status"] == "PASS", check
+    # Not named: the current folder, and only a warning.
+    project.chmod(0o555)
+    monkeypatch.chdir(project)
+    _, report = _run(capsys)
+    assert {c["name"]: c for c in report["checks"]}["project root"]["status"] == "WARN"
+    project.chmod(0o755)
+    assert os.path.isdir(project)
+
+
+def test_doctor_resolves_keyring_references_and_the_brain_credential(
+    state_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import shutil
+
+    import keyring
+    from keyrings.alt.file import PlaintextKeyring
+
+    canary = "CANARY-doctor-keyring-51c0"
+    manifests = tmp_path / "manifests"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "manifests", manifests)
+    creds = manifests / "credentials.yml"
+    creds.write_text(
+        creds.read_text().replace(
+            "secret: env:ANTHROPIC_API_KEY", "secret: keyring:kagura/anthropic"
+        )
+    )
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    backend = PlaintextKeyring()
+    backend.file_path = str(tmp_path / "keyring.cfg")
+    previous = keyring.get_keyring()
+    keyring.set_keyring(backend)
+    try:
+        _, report = _run(capsys, "--manifests", str(manifests))
+        checks = {c["name"]: c for c in report["checks"]}
+        assert checks["secret anthropic"]["status"] == "WARN"
+        assert "not in the keyring" in checks["secret anthropic"]["detail"]
+        assert checks["brain claude credential"]["status"] == "WARN"
+        keyring.set_password("kagura", "anthropic", canary)
+        code = main(["doctor", "--json", "--manifests", str(manifests)])
+        out = capsys.readouterr().out
+        checks = {c["name"]: c for c in json.loads(out)["checks"]}
+        assert code == 4  # no Docker engine here
+        assert checks["secret anthropic"] == {
+            "name": "secret anthropic",
+            "status": "PASS",
+            "detail": "keyring:kagura/anthropic resolves",
+        }
+        assert checks["brain claude credential"]["status"] == "PASS"
+        assert canary not in out
+    finally:
+        keyring.set_keyring(previous)

@@ -12,6 +12,11 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("doctor", help="check that this machine is ready to apply plans")
     add_manifest_option(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable results")
+    parser.add_argument(
+        "--project-root",
+        metavar="DIR",
+        help="the folder tasks will write (default: the current one; FAIL when named and unwritable)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -21,10 +26,10 @@ def run(args: argparse.Namespace) -> int:
     from kagura_agent.errors import ExitCode
     from kagura_agent.ui import stdout_style
 
-    checks = run_checks(args.manifests)
+    checks = run_checks(args.manifests, args.project_root)
     failed = any(c.status == "FAIL" for c in checks)
     if args.json:
-        print_json({"ok": not failed, "checks": [c.to_json() for c in checks]})
+        print_json({"ok": not failed, "errors": [], "checks": [c.to_json() for c in checks]})
     else:
         style = stdout_style()
         colours = {"PASS": "green", "WARN": "yellow", "FAIL": "red"}

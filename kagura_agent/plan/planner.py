@@ -438,6 +438,16 @@ def _unwritable_project(
     )
 
 
+def agent_can_write(owner: list[int], mode: int) -> tuple[str, bool]:
+    """(the container user for a project root with this owner and mode, can it write it)."""
+    user = _container_user(Facts(project_owner=owner, project_mode=mode))
+    uid, gid = (int(part) for part in user.split(":"))
+    writable = (
+        (uid == owner[0] and mode & 0o200) or (gid == owner[1] and mode & 0o020) or mode & 0o002
+    )
+    return user, bool(writable)
+
+
 def _container_user(facts: Facts) -> str:
     """The project root's owner, so the agent can write it — but never root."""
     owner = facts.project_owner
