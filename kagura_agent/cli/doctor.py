@@ -24,16 +24,24 @@ def run(args: argparse.Namespace) -> int:
     from kagura_agent.cli.common import print_json
     from kagura_agent.doctor import run_checks
     from kagura_agent.errors import ExitCode
-    from kagura_agent.ui import stdout_style
 
     checks = run_checks(args.manifests, args.project_root)
     failed = any(c.status == "FAIL" for c in checks)
     if args.json:
         print_json({"ok": not failed, "errors": [], "checks": [c.to_json() for c in checks]})
     else:
-        style = stdout_style()
-        colours = {"PASS": "green", "WARN": "yellow", "FAIL": "red"}
-        for check in checks:
-            print(f"{style(check.status, colours[check.status])}  {check.name:<32} {check.detail}")
-        print("doctor: " + ("FAILING checks above" if failed else "ready"))
+        print_checks(checks)
     return int(ExitCode.DOCTOR) if failed else 0
+
+
+def print_checks(checks: list[Any]) -> bool:
+    """One line per check and the verdict; True when any check failed."""
+    from kagura_agent.ui import stdout_style
+
+    style = stdout_style()
+    colours = {"PASS": "green", "WARN": "yellow", "FAIL": "red"}
+    for check in checks:
+        print(f"{style(check.status, colours[check.status])}  {check.name:<32} {check.detail}")
+    failed = any(c.status == "FAIL" for c in checks)
+    print("doctor: " + ("FAILING checks above" if failed else "ready"), flush=True)
+    return failed

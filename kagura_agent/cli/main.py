@@ -34,6 +34,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "incidents",
     "egress",
     "doctor",
+    "setup",
     "completion",
 )
 

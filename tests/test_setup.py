@@ -1,0 +1,129 @@
+"""``kagura-agent setup`` through a real pty (as an operator types), and by flags alone.
+
+The keyring is keyrings.alt's file backend under the test's own data directory; the key
+typed or passed is a canary that must never be printed. A second run keeps what the first
+wrote (idempotent). Docker is pointed at a socket that does not exist, so doctor ends
+with a FAIL (exit 4) and no images are offered.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CANARY = "sk-ant-setup-canary-" + "q" * 24
+
+
+@pytest.fixture()
+def env(tmp_path: Path) -> dict[str, str]:
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": str(ROOT),
+        "HOME": str(tmp_path / "home"),
+        "XDG_DATA_HOME": str(tmp_path / "data"),
+        "KAGURA_AGENT_STATE_DIR": str(tmp_path / "state"),
+        "PYTHON_KEYRING_BACKEND": "keyrings.alt.file.PlaintextKeyring",
+        "DOCKER_HOST": "unix:///nonexistent/docker.sock",
+        "NO_COLOR": "1",
+    }
+
+
+def _interactive(cwd: Path, env: dict[str, str], answers: dict[str, str]) -> tuple[int, str]:
+    """Run setup on a pty; answer each prompt (matched by its text) as it appears."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kagura_agent", "setup"],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        cwd=cwd,
+        env=env,
+        close_fds=True,
+    )
+    os.close(follower)
+    seen = b""
+    pending = dict(answers)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the child closed the pty
+                break
+            if not chunk:
+                break
+            seen += chunk
+            for prompt, answer in list(pending.items()):
+                if prompt.encode() in seen:
+                    os.write(leader, answer.encode() + b"\n")
+                    del pending[prompt]
+        elif proc.poll() is not None:
+            break
+    code = proc.wait(timeout=30)
+    os.close(leader)
+    assert not pending, f"never asked: {list(pending)}\n{seen.decode(errors='replace')}"
+    return code, seen.decode(errors="replace")
+
+
+def test_setup_through_a_pty_then_again(tmp_path: Path, env: dict[str, str]) -> None:
+    code, out = _interactive(tmp_path, env, {"Anthropic API key": CANARY})
+    assert code == 4, out  # doctor: no Docker engine here
+    assert "docker: no daemon answers" in out
+    assert "manifests: wrote manifests/operator.yml" in out
+    assert "secrets: stored as keyring:kagura-agent/anthropic" in out
+    assert "PASS  secret anthropic                 keyring:kagura-agent/anthropic resolves" in out
+    assert "PASS  brain claude credential" in out
+    assert CANARY not in out
+    starter = (tmp_path / "manifests" / "operator.yml").read_text()
+    assert "secret: keyring:kagura-agent/anthropic" in starter and CANARY not in starter
+    # Again, keeping everything: the folder is kept, an empty answer keeps the key.
+    code, again = _interactive(tmp_path, env, {"Anthropic API key": ""})
+    assert code == 4
+    assert "manifests: manifests/operator.yml exists, kept" in again
+    assert "secrets: unchanged" in again
+    assert "PASS  secret anthropic" in again
+    assert (tmp_path / "manifests" / "operator.yml").read_text() == starter
+
+
+def test_setup_by_flags_alone(tmp_path: Path, env: dict[str, str]) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kagura_agent",
+            "setup",
+            "--yes",
+            "--dir",
+            "ops",
+            "--anthropic-key-env",
+            "MY_KEY",
+        ],
+        cwd=tmp_path,
+        env={**env, "MY_KEY": CANARY},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "manifests: wrote ops/operator.yml" in done.stdout
+    assert "PASS  secret anthropic" in done.stdout
+    assert CANARY not in done.stdout + done.stderr
+    missing = subprocess.run(
+        [sys.executable, "-m", "kagura_agent", "setup", "--yes", "--anthropic-key-env", "NOPE"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert missing.returncode == 3 and "$NOPE is empty or not set" in missing.stderr
