@@ -5,7 +5,7 @@ kagura/agent-test (testing/agent_test_image.py) is the agent image plus the fake
 ``agent-test`` points at it with the agent recipe. The sdk engine drives the fake over
 the SDK's stream-json control protocol: a Bash tool call really runs in the container, a
 memory tool call is served by the host over the brain channel, and the result carries a
-cost. The API key reaches the CLI as a leased static credential, never via the config.
+cost. The API key never reaches the container: the run's proxy injects it upstream.
 """
 
 from __future__ import annotations
@@ -91,7 +91,12 @@ def test_sdk_engine_end_to_end(
         tmp_path,
         state_dir,
         agent_test_image,
-        {"brain": "claude", "prompt": prompt, "verify": ["grep -q sdk-was-here proof.txt"]},
+        {
+            "brain": "claude",
+            "prompt": prompt,
+            "egress": ["anthropic"],
+            "verify": ["grep -q sdk-was-here proof.txt"],
+        },
     )
     assert code == 0, err
     events = _brain_events(lines)
@@ -109,8 +114,12 @@ def test_sdk_engine_end_to_end(
     assert call["mode"] == "sdk" and call["cwd"] == "/workspace"
     assert "--permission-mode" in call["argv"] and "acceptEdits" in call["argv"]
     assert "claude-sonnet-4-5" in call["argv"]
-    assert call["env"].get("ANTHROPIC_API_KEY") == API_KEY
-    assert API_KEY not in err  # the live view redacts it
+    # The API key never entered the container: the CLI got a placeholder and the local
+    # port the run's proxy listens on; the proxy adds the real key upstream.
+    assert call["env"].get("ANTHROPIC_API_KEY") == "injected-at-the-proxy"
+    assert call["env"].get("ANTHROPIC_BASE_URL") == "http://127.0.0.1:3129"
+    assert API_KEY not in (project / ".fake-calls.jsonl").read_text()
+    assert API_KEY not in err
     # The memory tool reached the host's memory (not a store in the container), where
     # the agent's own words are kept as untrusted: hidden from a default search.
     search = ["memory", "search", "sdk ran inside", "--json"]

@@ -244,6 +244,8 @@ def _run_in_container(
 ) -> None:
     from kagura_agent.apply.tripwire import Tripwire
     from kagura_agent.apply.verify import stop_agent, verify_in_fresh_container
+    from kagura_agent.membrane.egress.squid import ANTHROPIC_API
+    from kagura_agent.plan.injection import PLACEHOLDER, injected_provider
 
     stoppable: list[str] = []  # the agent's container, once it exists
     tripwire = Tripwire(
@@ -259,16 +261,31 @@ def _run_in_container(
     environment: dict[str, str] = {}
     egress_mounts: list[dict[str, Any]] = []
     egress_config = None
+    # The brain's API key stays with the host and the proxy: never delivered inside.
+    provider = injected_provider(plan)
+    injected = [lease for lease in leases if provider and lease.request.provider == provider]
+    leases = [lease for lease in leases if lease not in injected]
+    secret = injected[0].minted.secrets[0] if injected and injected[0].minted else None
+    if provider:
+        environment["ANTHROPIC_API_KEY"] = PLACEHOLDER
     if plan["egress"]["mode"] == "proxy":
         from kagura_agent.membrane.egress import EgressSession
 
         live.phase(f"starting this run's egress proxy ({len(plan['egress']['allow'])} allowed)")
         egress = EgressSession.start(
-            runtime.client, plan, run_id, on_egress, store=store, clock=options.clock
+            runtime.client,
+            plan,
+            run_id,
+            on_egress,
+            store=store,
+            clock=options.clock,
+            injection=ANTHROPIC_API if secret else None,
+            injection_secret=secret,
         )
         cleanup.callback(_close_egress, egress, result, live)
         egress_config = egress.agent_network_config()
-        network, environment = egress_config.network, dict(egress_config.environment)
+        network = egress_config.network
+        environment = {**environment, **egress_config.environment}
         egress_mounts = egress_config.mounts()
     live.phase(f"starting container from {plan['image']['ref']}")
     container_id = runtime.create(

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kagura_agent.hygiene import neutralise_data
+from kagura_agent.plan.injection import injected_provider
 from kagura_agent.plan.model import Approval, Budget, Credential, EgressRule, Plan, TaskSection
 from kagura_agent.ui import Style, quote
 from kagura_agent.units import format_duration, format_size
@@ -74,13 +75,15 @@ def _egress_lines(entry: EgressRule, style: Style, mine: str = "") -> list[str]:
     return lines
 
 
-def _cred_line(cred: Credential) -> str:
+def _cred_line(cred: Credential, injected: str | None = None) -> str:
     renew = f", {cred['renewals']} renewals" if cred["renewals"] else ""
     standing = ", STANDING" if cred["standing"] else ""
+    # The brain's API key never enters the container: the run's proxy adds it upstream.
+    where = ", injected at the proxy" if cred["provider"] == injected else ""
     return (
         f"{cred['provider']}/{cred['scope']} ({cred['type']}, {cred['secret_ref']})"
         f" lease {format_duration(cred['ttl_seconds'])}{renew},"
-        f" budget {format_duration(cred['budget_seconds'])}{standing}"
+        f" budget {format_duration(cred['budget_seconds'])}{standing}{where}"
     )
 
 
@@ -153,7 +156,8 @@ def render_text(plan: Plan, style: Style) -> str:
     for index, cred in enumerate(plan["credentials"]):
         label = "credentials" if index == 0 else ""
         out.append(
-            f"  {label:<11}  {_cred_line(cred)}  {_tag(cred.get('class'), style)}{mine(cred)}"
+            f"  {label:<11}  {_cred_line(cred, injected_provider(plan))}"
+            f"  {_tag(cred.get('class'), style)}{mine(cred)}"
         )
     out.append(f"  budget       {_budget_line(plan['budget'])}")
     trip = plan.get("tripwires")
@@ -270,7 +274,8 @@ def render_markdown(plan: Plan) -> str:
             f"| egress | `{entry['scheme']}://{entry['host']}:{entry['port']}` (policy {entry['policy']}{notes}){mine(entry)} | {classes.get('egress:' + entry['policy'], '')} |"
         )
     for cred in plan["credentials"]:
-        lines.append(f"| credential | {_cred_line(cred)}{mine(cred)} | {cred.get('class', '')} |")
+        line = _cred_line(cred, injected_provider(plan))
+        lines.append(f"| credential | {line}{mine(cred)} | {cred.get('class', '')} |")
     lines.append(f"| budget | {_budget_line(plan['budget'])} | |")
     parent = task.get("parent")
     if parent:

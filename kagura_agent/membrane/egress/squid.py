@@ -96,6 +96,10 @@ class Injection:
     header: str = "x-api-key"
 
 
+# The Anthropic API, whose key the proxy injects for the default Claude brain.
+ANTHROPIC_API = Injection(host="api.anthropic.com", port=443, tls=True, header="x-api-key")
+
+
 def injection_line(injection: Injection, secret: str) -> str:
     """The one squid.conf line that carries the secret (written to INJECT_INCLUDE only)."""
     if not _TOKEN.fullmatch(secret):

@@ -1,0 +1,30 @@
+"""Which credential of a plan the proxy injects, so the agent never holds it.
+
+The default Claude brain (engine ``sdk``, in the container, ``auth.mode: api-key``) calls
+the Anthropic API. Its key is not delivered into the container: apply gives the run's
+proxy the key and the agent ``ANTHROPIC_BASE_URL`` (a local port relayed to the proxy)
+plus a placeholder ``ANTHROPIC_API_KEY``; the proxy drops the placeholder and adds the
+real key upstream (membrane/egress/squid.Injection, ANTHROPIC_API there). Pure and
+light: the plan renderer imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+PLACEHOLDER = "injected-at-the-proxy"
+
+
+def injected_provider(plan: Mapping[str, Any]) -> str | None:
+    """The credential provider whose key the proxy injects for this plan's brain, if any."""
+    brain = plan.get("brain") or {}
+    auth = brain.get("auth") or {}
+    if (
+        brain.get("engine") == "sdk"
+        and brain.get("runtime", "container") == "container"
+        and auth.get("mode") == "api-key"
+        and auth.get("credential")
+    ):
+        return str(auth["credential"])
+    return None
