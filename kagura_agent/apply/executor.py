@@ -264,6 +264,7 @@ def _run_in_container(
     # The brain's API key stays with the host and the proxy: never delivered inside.
     provider = injected_provider(plan)
     injected = [lease for lease in leases if provider and lease.request.provider == provider]
+    held = leases  # every lease of the run (an incident revokes them all)
     leases = [lease for lease in leases if lease not in injected]
     secret = injected[0].minted.secrets[0] if injected and injected[0].minted else None
     if provider:
@@ -316,7 +317,7 @@ def _run_in_container(
     if tripwire.reason:
         result.brain_error = f"tripwire: {tripwire.reason}"
         problem = "not run: the run tripped a hijack tripwire"
-        _record_incident(store, plan, run_id, leases, tripwire, live, options)
+        _record_incident(store, plan, run_id, held, tripwire, live, options)
     if commands:
         if problem:
             result.verify = [(command, -1, problem) for command in commands]
