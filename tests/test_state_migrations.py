@@ -1,0 +1,94 @@
+"""Schema migrations never race: 20 processes started together on an empty state directory
+all migrate every component (state store and memory store) and all succeed, every round.
+
+Before the version was read inside the migration's write transaction, a fresh directory
+gave "table memories already exists", "table lease_grants already exists" and
+"table graduation_meta already exists" when runs started together.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kagura_agent.state import StateStore
+
+ROOT = Path(__file__).resolve().parent.parent
+PROCESSES = 20
+ROUNDS = 3
+
+# Each process waits for the same start instant, then opens every component's tables the
+# way the commands do, then prints the versions it saw.
+CHILD = """
+import sys, time
+start = float(sys.argv[1])
+from kagura_agent.state import StateStore
+from kagura_agent.apply import runs
+from kagura_agent.approvals import log
+from kagura_agent.clock import SystemClock
+from kagura_agent.graduation import ledger as graduation
+from kagura_agent.membrane.egress import audit
+from kagura_agent.membrane.leases.ledger import Ledger
+from kagura_agent.memory.sqlite import SqliteMemoryStore
+from kagura_agent.patterns import checkpoint
+from kagura_agent.paths import state_dir
+from kagura_agent.plan import history
+from kagura_agent.cockpit import registry
+while time.time() < start:
+    time.sleep(0.001)
+store = StateStore()
+memory = SqliteMemoryStore(state_dir() / "memory.db")
+graduation.migrate(store)
+log.migrate(store)
+Ledger(store, SystemClock())
+audit.open_store(store)
+store.migrate("runs", runs.MIGRATIONS)
+store.migrate("plans", history.MIGRATIONS)
+store.migrate("cockpit", registry.MIGRATIONS)
+store.migrate(checkpoint.COMPONENT, checkpoint.MIGRATIONS)
+rows = store.conn.execute("SELECT component, version FROM schema_versions ORDER BY 1")
+print(sorted((r[0], r[1]) for r in rows))
+"""
+
+
+def _round(state: Path) -> list[subprocess.CompletedProcess[str]]:
+    env = {**os.environ, "KAGURA_AGENT_STATE_DIR": str(state), "PYTHONPATH": str(ROOT)}
+    start = time.time() + 3.0  # every interpreter is up and importing before then
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(start)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(PROCESSES)
+    ]
+    done = []
+    for child in children:
+        out, err = child.communicate(timeout=120)
+        done.append(subprocess.CompletedProcess(child.args, child.returncode, out, err))
+    return done
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_twenty_processes_migrate_a_fresh_state_directory_together(
+    tmp_path: Path, round_: int
+) -> None:
+    state = tmp_path / f"state-{round_}"  # does not exist yet: every process creates it
+    results = _round(state)
+    failed = [r for r in results if r.returncode != 0]
+    assert failed == [], failed[0].stderr
+    seen = {r.stdout for r in results}
+    assert len(seen) == 1, seen  # every process saw the same, complete schema
+    with StateStore(state / "state.db") as store:
+        versions = dict(store.conn.execute("SELECT component, version FROM schema_versions"))
+    assert versions["graduation"] >= 1 and versions["leases"] >= 1 and versions["runs"] >= 1
+    with StateStore(state / "memory.db") as store:
+        versions = dict(store.conn.execute("SELECT component, version FROM schema_versions"))
+    assert versions["memory"] >= 1
