@@ -107,6 +107,7 @@ def test_egress_log_cli(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "1x CONNECT evil.test:443 (host-not-listed)" in text
     assert main(["egress", "log", "run-a", "--json", "--denied"]) == 0
     body = json.loads(capsys.readouterr().out)
+    assert (body["ok"], body["errors"], body["run_id"]) == (True, [], "run-a")
     assert [e["host"] for e in body["events"]] == ["evil.test"]
     assert body["denials"][0]["reason"] == "host-not-listed"
     assert main(["egress", "log", "nope"]) == 2

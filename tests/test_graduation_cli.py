@@ -103,7 +103,7 @@ def test_status_proposals_approve_reset_history(
     assert "graduation approve " + DNS in text and "min_successes 2/5" in text
 
     found = _json(capsys, ["graduation", "proposals", "--json", flag])
-    assert [item["category"] for item in found] == [DNS]
+    assert [item["category"] for item in found["proposals"]] == [DNS]
 
     assert cli_main.main(["graduation", "approve", APT, "--who", "alice", flag]) == 6
     assert "no graduation proposal" in capsys.readouterr().err
@@ -173,7 +173,12 @@ def test_a_category_that_is_not_one_is_refused_and_nothing_stored(
     assert exit_info.value.code == 2
     assert "is not a capability category" in capsys.readouterr().err
     assert cli_main.main(["graduation", "history", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"decisions": [], "graduation_events": []}
+    assert json.loads(capsys.readouterr().out) == {
+        "ok": True,
+        "errors": [],
+        "decisions": [],
+        "graduation_events": [],
+    }
 
 
 def test_history_with_only_state_changes_prints_no_empty_table(

@@ -173,7 +173,7 @@ def test_verified_week_graduates_and_one_failure_demotes(scene: Scene) -> None:
         applied.append((plan["fingerprint"], iso(clock.now())))
 
     found = _cli(scene, "graduation", "proposals", "--json", *manifests)
-    (proposal,) = json.loads(found.stdout)
+    (proposal,) = json.loads(found.stdout)["proposals"]
     assert proposal["category"] == cat
     assert (proposal["successes"], proposal["distinct_tasks"], proposal["span"]) == (5, 3, "8d")
     assert f"graduation approve {cat}" in _cli(scene, "graduation", "proposals", *manifests).stdout

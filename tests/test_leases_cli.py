@@ -18,9 +18,9 @@ def test_list_and_sweep_on_an_empty_ledger(
     assert main(["leases", "list"]) == 0
     assert "no open leases" in capsys.readouterr().out
     assert main(["leases", "list", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"leases": []}
+    assert json.loads(capsys.readouterr().out) == {"ok": True, "errors": [], "leases": []}
     assert main(["leases", "sweep", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)["sweep"]
     assert report["revoked"] == [] and report["poison"] == []
     assert main(["leases", "revoke", "g-unknown"]) == 2
     assert "no open lease" in capsys.readouterr().err

@@ -93,7 +93,7 @@ def test_wheel_lists_and_finds_the_image_recipes_outside_the_checkout(
 
     listing = _run(installed, "images", "list", "--json", cwd=tmp_path)
     assert listing.returncode == 0, listing.stderr
-    rows = {row["name"]: row for row in json.loads(listing.stdout)}
+    rows = {row["name"]: row for row in json.loads(listing.stdout)["images"]}
     assert list(rows) == ["base", "python", "agent", "egress-proxy"]
     # The packaged recipes are the checkout's, byte for byte.
     for name, row in rows.items():

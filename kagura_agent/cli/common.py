@@ -6,6 +6,7 @@ import argparse
 import itertools
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -20,6 +21,13 @@ def add_manifest_option(parser: argparse.ArgumentParser) -> None:
 def print_json(value: Any) -> None:
     json.dump(value, sys.stdout, indent=2, ensure_ascii=False)
     sys.stdout.write("\n")
+
+
+def print_ok(body: Mapping[str, Any]) -> None:
+    """The ``--json`` shape of a success: ``{"ok": true, "errors": [], ...body}``."""
+    if "ok" in body or "errors" in body:
+        raise ValueError("a --json body may not carry the envelope's own keys")
+    print_json({"ok": True, "errors": [], **body})
 
 
 def wants_json(args: argparse.Namespace | None, argv: list[str]) -> bool:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
+
+from kagura_agent.cli.common import print_ok
 
 
 def register(subparsers: Any) -> None:
@@ -40,7 +41,7 @@ def _log(args: argparse.Namespace) -> int:
         events = [e for e in events if e.decision == "deny"]
     if args.json:
         body = {"run_id": run_id, "events": [e.to_json() for e in events], "denials": summary}
-        print(json.dumps(body, indent=2, sort_keys=True))
+        print_ok(body)
         return 0
     print(f"egress decisions of run {run_id}: {len(events)}")
     for e in events:
@@ -65,5 +66,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
     with docker_errors("sweeping egress orphans"):
         removed = sweep_orphans(connect(), audit.open_store(StateStore()))
-    print(json.dumps(removed) if args.json else "\n".join(removed) or "nothing to sweep")
+    if args.json:
+        print_ok({"removed": removed})
+    else:
+        print("\n".join(removed) or "nothing to sweep")
     return 0

@@ -10,11 +10,10 @@ graduation history [--json]           the approval log plus graduation state cha
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kagura_agent.cli.common import add_manifest_option
+from kagura_agent.cli.common import add_manifest_option, print_ok
 
 if TYPE_CHECKING:
     from kagura_agent.graduation import Knobs
@@ -82,7 +81,7 @@ def _status(args: argparse.Namespace) -> int:
 
     snap = snapshot(StateStore(), _knobs(args))
     if args.json:
-        print(json.dumps(snap.to_json(), indent=2))
+        print_ok(snap.to_json())
         return 0
     print(f"graduation state v{snap.version}; knobs: {_knob_text(snap.knobs.to_json())}")
     if not snap.categories:
@@ -116,7 +115,7 @@ def _proposals(args: argparse.Namespace) -> int:
 
     found = proposals(StateStore(), _knobs(args))
     if args.json:
-        print(json.dumps([status.to_json() for status in found], indent=2))
+        print_ok({"proposals": [status.to_json() for status in found]})
         return 0
     if not found:
         print("no graduation proposals")
@@ -209,7 +208,7 @@ def _history(args: argparse.Namespace) -> int:
             "decisions": [decision.to_json() for decision in decisions],
             "graduation_events": changes,
         }
-        print(json.dumps(payload, indent=2))
+        print_ok(payload)
         return 0
     if not decisions and not changes:
         print("no approval decisions recorded")

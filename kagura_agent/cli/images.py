@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
+
+from kagura_agent.cli.common import print_ok
 
 
 def register(subparsers: Any) -> None:
@@ -71,7 +72,7 @@ def _build(args: argparse.Namespace) -> int:
         upstream=args.from_upstream,
     )
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print_ok({"images": rows})
     else:
         for row in rows:
             print(f"{row['ref']:<28} {row['id'][:19]}  {row['seconds']}s")
@@ -83,7 +84,7 @@ def _list(args: argparse.Namespace) -> int:
 
     rows = list_images()
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print_ok({"images": rows})
         return 0
     print(f"{'IMAGE':<28} {'ID':<19}  STATUS")
     for row in rows:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
+
+from kagura_agent.cli.common import print_ok
 
 
 def register(subparsers: Any) -> None:
@@ -32,7 +33,7 @@ def _list(args: argparse.Namespace) -> int:
     with StateStore() as store:
         incidents = list_incidents(store, args.limit)
     if args.json:
-        print(json.dumps({"incidents": incidents}, indent=2, ensure_ascii=False))
+        print_ok({"incidents": incidents})
         return 0
     if not incidents:
         print("no incidents recorded")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
+
+from kagura_agent.cli.common import print_ok
 
 
 def register(subparsers: Any) -> None:
@@ -49,7 +50,7 @@ def _list(args: argparse.Namespace) -> int:
 
     rows = Ledger(StateStore(), SystemClock()).rows(include_closed=args.all)
     if args.json:
-        print(json.dumps({"leases": [row.to_json() for row in rows]}, indent=2))
+        print_ok({"leases": [row.to_json() for row in rows]})
         return 0
     if not rows:
         print("no open leases" if not args.all else "no leases recorded")
@@ -99,7 +100,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
     report = Sweeper(StateStore()).sweep()
     if args.json:
-        print(json.dumps(report.__dict__, indent=2))
+        print_ok({"sweep": report.__dict__})
     else:
         print(report.summary())
     return 0

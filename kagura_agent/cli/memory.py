@@ -17,6 +17,8 @@ import json
 import sys
 from typing import Any
 
+from kagura_agent.cli.common import add_manifest_option, print_ok
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("memory", help="search, show, forget and export memories")
@@ -61,7 +63,6 @@ def register(subparsers: Any) -> None:
 
 
 def _store_options(*parsers: argparse.ArgumentParser) -> None:
-    from kagura_agent.cli.common import add_manifest_option
 
     for parser in parsers:
         add_manifest_option(parser)
@@ -111,7 +112,7 @@ def _search(args: argparse.Namespace) -> int:
     try:
         found = store.recall(args.query, k=args.k, type=args.type, include_untrusted=args.untrusted)
         if args.json:
-            print(json.dumps({"results": [m.to_json() for m in found]}, indent=2))
+            print_ok({"results": [m.to_json() for m in found]})
         else:
             for memory in found:
                 print(_line(memory))
@@ -134,7 +135,7 @@ def _show(args: argparse.Namespace) -> int:
         edges = store.edges(args.id)
         if args.json:
             data = {**memory.to_json(), "edges": [e.to_json() for e in edges]}
-            print(json.dumps(data, indent=2))
+            print_ok(data)
             return 0
         print(f"id:        {memory.id}")
         print(f"type:      {memory.type}")
@@ -164,7 +165,7 @@ def _forget(args: argparse.Namespace) -> int:
     if not tombstones:
         raise UsageError(f"no memory {args.id}")
     if args.json:
-        print(json.dumps({"forgotten": [t.to_json() for t in tombstones]}, indent=2))
+        print_ok({"forgotten": [t.to_json() for t in tombstones]})
     else:
         for tombstone in tombstones:
             why = f" (derived from {tombstone.cascade_of})" if tombstone.cascade_of else ""
@@ -207,7 +208,7 @@ def _trust(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.json:
-        print(json.dumps({"memory": raised.to_json(), "decision": decision.to_json()}, indent=2))
+        print_ok({"memory": raised.to_json(), "decision": decision.to_json()})
     else:
         print(
             f"{memory.id} is trusted (was {memory.trust}); logged: {decision.who}"
@@ -224,7 +225,7 @@ def _export(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.json:
-        print(json.dumps({"memories": memories, "tombstones": tombstones}, indent=2))
+        print_ok({"memories": memories, "tombstones": tombstones})
     else:
         # JSON lines: one memory per line, easy to stream into other tools.
         for memory in memories:
