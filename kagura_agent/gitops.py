@@ -12,12 +12,14 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from kagura_agent.errors import UsageError
 from kagura_agent.manifest.loader import yaml_files
+from kagura_agent.plan.diff import Change
+from kagura_agent.plan.model import Plan
+from kagura_agent.plan.render import markdown_with_changes
 
 MARKER = "<!-- kagura-agent plan -->"
 _MAX_TASK_BYTES = 1 << 20  # larger files are not task files we would plan anyway
@@ -102,7 +104,5 @@ def comment_body(
     return body + "".join("\n" + section for section in sections)
 
 
-def plan_section(plan: Any, changes: Sequence[Any], label: str) -> str:
-    from kagura_agent.cli.plan import markdown_with_changes
-
+def plan_section(plan: Plan, changes: Sequence[Change], label: str) -> str:
     return markdown_with_changes(plan, list(changes), label)

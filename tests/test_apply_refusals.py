@@ -105,7 +105,7 @@ def test_a_saved_plan_is_fresh_from_another_working_directory(
     tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Input files are named relative to where plan ran; apply re-plans from there."""
-    from kagura_agent.cli.apply import check_saved_plan_fresh
+    from kagura_agent.apply.freshness import check_saved_plan_fresh
     from kagura_agent.plan import planfile
 
     project = make_project(tmp_path)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
 
-from kagura_agent.cli.run import write_task
+from kagura_agent.manifest.adhoc import write_adhoc_task
 from kagura_agent.plan.build import plan_tasks
 
 
@@ -18,8 +17,7 @@ def test_template_syntax_in_the_text_is_kept_verbatim(
     project.mkdir()
     monkeypatch.chdir(project)
     text = "fix {{ 7*7 }} and {% endraw %} {{ config.__class__ }}"
-    args = argparse.Namespace(brain="claude", manifests=None, egress=[], image=None)
-    path = write_task(text, args, session=None)
+    path = write_adhoc_task(text, manifests=None, brain="claude")
     [plan] = plan_tasks(None, [str(path)])
     assert plan["task"]["prompt"] == text
     assert plan["task"]["project_root"] == str(project.resolve())

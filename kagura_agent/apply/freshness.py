@@ -2,11 +2,49 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from kagura_agent.errors import RefusedError
-from kagura_agent.plan.model import Inputs, Plan
+from kagura_agent.plan.build import plan_tasks
+from kagura_agent.plan.diff import diff_plans
+from kagura_agent.plan.model import Inputs, Plan, TaskSection
+
+
+def check_saved_plan_fresh(plan: Plan) -> None:
+    """Re-plan ``plan``'s task from the same inputs; RefusedError (exit 6) when it differs."""
+    inputs = plan["inputs"]
+    manifests = inputs.get("manifests_dir", "")
+    task_path = plan["task"].get("path")
+    if "@" in manifests or not task_path or not Path(task_path).exists():
+        raise RefusedError(
+            "saved plan is stale: its task file or manifest directory is gone",
+            hint="make a new plan",
+        )
+    # Input files are named relative to the folder the plan was made in; re-plan from
+    # there, so a plan applied from another working directory is not called stale.
+    with contextlib.chdir(_planned_from(plan["task"])):
+        current = [
+            p
+            for p in plan_tasks(manifests, [task_path])
+            if p["task"]["name"] == plan["task"]["name"]
+        ]
+    if not current:
+        raise RefusedError(f"saved plan is stale: task {plan['task']['name']} no longer exists")
+    check_fresh(plan, current[0])
+
+
+def _planned_from(task: TaskSection) -> str:
+    """The working directory ``plan`` ran in: the task's absolute path minus its shown name."""
+    path, shown = str(task.get("path") or ""), str(task.get("file") or "")
+    if shown and not shown.startswith("/") and path.endswith("/" + shown):
+        folder = path[: -len(shown) - 1] or "/"
+        if Path(folder).is_dir():
+            return folder
+    return os.getcwd()
 
 
 def check_fresh(saved: Plan, current: Plan) -> None:
@@ -22,8 +60,6 @@ def check_fresh(saved: Plan, current: Plan) -> None:
 
 def changed_output(saved: Plan, current: Plan) -> list[str]:
     """Same inputs, different plan: name the sections the planner now fills differently."""
-    from kagura_agent.plan.diff import diff_plans
-
     old: Mapping[str, Any] = saved
     new: Mapping[str, Any] = current
     keys = sorted(k for k in set(old) | set(new) if k != "fingerprint")

@@ -156,16 +156,6 @@ def _print_text(plan: Plan, changes: list[Any], label: str) -> None:
 
 
 def _print_markdown(plan: Plan, changes: list[Any], label: str) -> None:
+    from kagura_agent.plan.render import markdown_with_changes
+
     sys.stdout.write(markdown_with_changes(plan, changes, label) + "\n")
-
-
-def markdown_with_changes(plan: Plan, changes: list[Any], label: str) -> str:
-    """The markdown plan plus a folded diff (a pull-request comment's section)."""
-    from kagura_agent.plan.render import render_markdown
-
-    text = render_markdown(plan)
-    if changes:
-        text += f"\n<details><summary>{len(changes)} changes against {label}</summary>\n\n```diff\n"
-        text += "".join(change.render() + "\n" for change in changes)
-        text += "```\n</details>\n"
-    return text

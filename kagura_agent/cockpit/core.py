@@ -29,6 +29,7 @@ from kagura_agent.cockpit.runner import AdoptedRun, ApplyProcess, Relay, RunOutc
 from kagura_agent.cockpit.transport import Event, Transport
 from kagura_agent.errors import KaguraError
 from kagura_agent.hygiene import neutralise
+from kagura_agent.manifest.adhoc import write_adhoc_task
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 
@@ -189,14 +190,13 @@ class Cockpit:
     def _adhoc_task(self, text: str, brain_session: str) -> Path:
         """A one-off task from chat text, exactly as `kagura-agent run "TEXT"` writes it:
         the default LLM brain, the text a value (never template source)."""
-        from argparse import Namespace
-
-        from kagura_agent.cli.run import write_task
-
-        defaults = Namespace(
-            brain=None, egress=[], image=self.config.image, manifests=self.config.manifests
+        return write_adhoc_task(
+            text,
+            manifests=self.config.manifests,
+            image=self.config.image,
+            session=brain_session,
+            project_root=self.config.project_root,
         )
-        return write_task(text, defaults, brain_session, self.config.project_root)
 
     def _plan(self, event: Event, task_path: str) -> None:
         from kagura_agent.plan.render import render_text

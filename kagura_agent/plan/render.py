@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from kagura_agent.hygiene import neutralise_data
 from kagura_agent.plan.injection import injected_provider
 from kagura_agent.plan.model import Approval, Budget, Credential, EgressRule, Plan, TaskSection
 from kagura_agent.ui import Style, quote
 from kagura_agent.units import format_duration, format_size
+
+if TYPE_CHECKING:
+    from kagura_agent.plan.diff import Change
 
 _CLASS_STYLE = {
     "baseline": ("green",),
@@ -302,6 +305,16 @@ def render_markdown(plan: Plan) -> str:
         lines.append("")
         lines += [f"- **refused**: {r['message']}" for r in refused]
     return "\n".join(lines) + "\n"
+
+
+def markdown_with_changes(plan: Plan, changes: Sequence[Change], label: str) -> str:
+    """The markdown plan plus a folded diff (a pull-request comment's section)."""
+    text = render_markdown(plan)
+    if changes:
+        text += f"\n<details><summary>{len(changes)} changes against {label}</summary>\n\n```diff\n"
+        text += "".join(change.render() + "\n" for change in changes)
+        text += "```\n</details>\n"
+    return text
 
 
 def _markdown_approvals(approvals: list[Approval]) -> list[str]:

@@ -1,0 +1,110 @@
+"""One-off tasks: the Task document that `run "TEXT"`, `repl` and the cockpit's `run TEXT`
+write to the state directory (kept there for review) and then plan like any task file."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kagura_agent.errors import UsageError
+from kagura_agent.manifest.catalog import Catalog
+from kagura_agent.manifest.workspace import load_workspace
+from kagura_agent.paths import state_dir
+
+
+def write_adhoc_task(
+    text: str,
+    *,
+    manifests: str | None,
+    brain: str | None = None,
+    image: str | None = None,
+    egress: Sequence[str] = (),
+    session: str | None = None,
+    project_root: Path | None = None,
+) -> Path:
+    """Write ``text`` as a Task document under the state directory; return its path.
+
+    ``brain`` defaults to the first LLM brain of the manifest set; ``project_root`` to the
+    current directory. Every name is checked first, so a wrong one is reported against the
+    option that gave it and no file is written.
+    """
+    catalog = load_workspace(manifests, []).catalog
+    document = adhoc_task(
+        text,
+        brain=checked_brain(catalog, brain=brain, image=image, egress=egress),
+        image=image,
+        egress=egress,
+        session=session,
+        project_root=(project_root or Path.cwd()).resolve(),
+    )
+    folder = state_dir() / "adhoc"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{int(time.time() * 1000)}.yml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def adhoc_task(
+    text: str,
+    *,
+    brain: str,
+    image: str | None,
+    egress: Sequence[str],
+    session: str | None,
+    project_root: Path,
+) -> dict[str, Any]:
+    """The Task document: ``text`` is a template *value*, never template source."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower())[:40].strip("-") or "task"
+    spec: dict[str, Any] = {
+        "brain": brain,
+        "prompt": "{{ text }}",
+        "vars": {"text": text},
+        "project_root": str(project_root),
+        "kind": "adhoc",
+    }
+    if session:
+        spec["session"] = session
+    if egress:
+        spec["egress"] = list(egress)
+    if image:
+        spec["image"] = image
+    return {
+        "apiVersion": "kagura.dev/v1",
+        "kind": "Task",
+        "metadata": {"name": f"run-{name}"[:63].rstrip("-")},
+        "spec": spec,
+    }
+
+
+def checked_brain(
+    catalog: Catalog, *, brain: str | None, image: str | None, egress: Sequence[str]
+) -> str:
+    """The brain to use, after checking every name given (by --brain, --image, --egress).
+
+    A wrong name is the user's option, so the error names the option, not the task file
+    generated from it.
+    """
+    given = [("--brain", "Brain", brain), ("--image", "Image", image)]
+    given += [("--egress", "EgressPolicy", name) for name in egress]
+    for option, kind, name in given:
+        if name and catalog.get(kind, name) is None:
+            known = ", ".join(catalog.names(kind)) or "(none)"
+            raise UsageError(f"{option} {name}: no {kind} of that name", hint=f"known: {known}")
+    return brain or _llm_brain(catalog)
+
+
+def _llm_brain(catalog: Catalog) -> str:
+    default = catalog.default("Brain")
+    if default is not None and default.spec["engine"] != "script":
+        return default.name
+    for found in catalog.of("Brain"):
+        if found.spec["engine"] != "script":
+            return found.name
+    raise UsageError(
+        "no LLM brain in the manifests", hint="add a Brain with engine sdk or kagura-brain"
+    )
