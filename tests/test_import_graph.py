@@ -40,9 +40,7 @@ def _statements(body: list[ast.stmt], *, everywhere: bool) -> Iterator[ast.stmt]
         if isinstance(node, ast.If) and _type_checking(node) and not everywhere:
             yield from _statements(node.orelse, everywhere=everywhere)
             continue
-        if not everywhere and isinstance(
-            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
-        ):
+        if not everywhere and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             continue
         for child in ("body", "orelse", "finalbody"):
             yield from _statements(getattr(node, child, None) or [], everywhere=everywhere)
