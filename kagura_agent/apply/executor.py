@@ -60,6 +60,9 @@ class RunResult:
     brain_error: str | None = None
     cost_usd: float | None = None
     turns: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    retries: int = 0  # re-attempts the engine or executor made (never a constant)
     wall_seconds: float = 0.0
     denials: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: int | None = None

@@ -134,7 +134,12 @@ class LiveView:
             self._result(event)
         elif isinstance(event, CostEvent):
             usd = f"${event.usd:.4f}" if event.usd is not None else "cost unknown"
-            self._write(f"{self._elapsed()} $ {usd}, {event.turns or 0} turns", "dim")
+            tokens = (event.input_tokens or 0) + (event.output_tokens or 0)
+            retried = f", {event.retries} retries" if event.retries else ""
+            self._write(
+                f"{self._elapsed()} $ {usd}, {event.turns or 0} turns, {tokens:,} tokens{retried}",
+                "dim",
+            )
         elif isinstance(event, CheckpointEvent):
             self._write(
                 f"{self._elapsed()} ✓ checkpoint: step {event.step} done, {event.pending} pending",

@@ -68,10 +68,13 @@ def record_outcome(
                 turns=result.turns,
                 wall_seconds=result.wall_seconds,
                 cost_usd=result.cost_usd,
-                retries=0,
+                retries=result.retries,
                 outcome="success" if success else "failure",
+                input_tokens=result.input_tokens,
+                output_tokens=result.output_tokens,
             ),
         )
+        _note_overruns(plan, result, live)
         if success:
             fixed = record_success(
                 memory,
@@ -113,6 +116,14 @@ def record_outcome(
             f"output memory {result.output_memory} (the parent recalls it:"
             f" kagura-agent memory show {result.output_memory})"
         )
+
+
+def _note_overruns(plan: Plan, result: Any, live: Any) -> None:
+    """A learnt token limit no engine enforces: say when the run went past it."""
+    limit = plan["budget"].get("tokens")
+    used = (result.input_tokens or 0) + (result.output_tokens or 0)
+    if limit and used > limit:
+        live.note(f"the run used {used:,} tokens, over its learnt budget of {limit:,}", "yellow")
 
 
 def _record_child_output(memory: Any, plan: Plan, run_id: str, result: Any, success: bool) -> str:

@@ -74,6 +74,12 @@ class BrainRun:
                 self.result.cost_usd = event.usd
             if event.turns is not None:
                 self.result.turns = event.turns
+            if event.input_tokens is not None:
+                self.result.input_tokens = event.input_tokens
+            if event.output_tokens is not None:
+                self.result.output_tokens = event.output_tokens
+            if event.retries is not None:
+                self.result.retries = event.retries
         elif isinstance(event, CheckpointEvent):
             self.result.turns = max(self.result.turns, event.step)
             self._checkpoint(event.step, event.session_id)

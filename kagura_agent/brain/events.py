@@ -51,13 +51,15 @@ class ToolResultEvent:
 
 @dataclass(frozen=True)
 class CostEvent:
-    """What the turn cost so far: dollars and tokens where the engine knows them."""
+    """What the turn cost so far: dollars and tokens where the engine knows them, and
+    ``retries``: the re-attempts the engine made (an API call it had to repeat)."""
 
     type: ClassVar[str] = "cost"
     usd: float | None = None
     turns: int | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
+    retries: int | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,7 @@ _SPEC: dict[str, dict[str, tuple[type | None, ...]]] = {
         "turns": (int, None),
         "input_tokens": (int, None),
         "output_tokens": (int, None),
+        "retries": (int, None),
     },
     "checkpoint": {"step": (int,), "pending": (int,), "session_id": (str, None)},
     "done": {"result": (str, None), "session_id": (str, None)},

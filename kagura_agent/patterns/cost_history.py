@@ -1,17 +1,42 @@
-"""Cost history: every run records turns, wall time, cost (when the brain reports it),
-retries and outcome; the planner reads the history of the same task kind and sets the
-budget with a reserve over the mean."""
+"""Cost history: every run records turns, tokens, dollars, wall time, retries and its
+outcome; the planner forecasts the next run of the same task kind from that history and
+learns its budget from the forecast (``forecast`` here is pure: the planner calls it on
+the samples the facts carry).
+
+The forecast, per dimension (turns, tokens, wall seconds, dollars):
+
+    expected = median of the recorded runs          (what the run will probably take)
+    limit    = max(floor, p_q of the runs * (1 + reserve))   (the budget it may take)
+
+``q`` (default 0.8, nearest rank), ``reserve`` (default 0.3) and the floors come from the
+Graduation manifest (``reserve``, ``budget_quantile``, ``budget_floors``). A dimension no
+run reported (the script engine has no tokens, say) is not forecast.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from statistics import fmean
+from statistics import fmean, median
 from typing import Any
 
 from kagura_agent.memory.model import Memory, MemoryStore, Source
 
 RUN_COST = "run-cost"
+HISTORY_RUNS = 20  # the newest runs of a task kind the forecast reads
+DIMENSIONS = ("turns", "tokens", "wall_seconds", "cost_usd")
+DEFAULT_QUANTILE = 0.8
+DEFAULT_RESERVE = 0.3
+# A learnt limit never drops below these: a run that took one turn and a second must not
+# get a budget that start-up jitter alone would blow (a blown budget is a failed run,
+# which demotes a graduated capability).
+DEFAULT_FLOORS: dict[str, float] = {
+    "turns": 5,
+    "tokens": 20_000,
+    "wall_seconds": 30,
+    "cost_usd": 0.05,
+}
 
 
 @dataclass(frozen=True)
@@ -23,60 +48,115 @@ class RunCost:
     cost_usd: float | None
     retries: int
     outcome: str  # "success" | "failure" | "refused" | "interrupted"
+    input_tokens: int | None = None
+    output_tokens: int | None = None
 
 
 def record_run(store: MemoryStore, cost: RunCost) -> Memory:
     """Remember one run's cost under its task kind."""
+    tokens = _tokens(asdict(cost))
     return store.remember(
         type=RUN_COST,
         summary=f"{cost.task_kind} run {cost.run_id}: {cost.outcome} in {cost.turns} turns,"
-        f" {cost.wall_seconds:.1f}s",
+        f" {cost.wall_seconds:.1f}s"
+        + (f", {tokens} tokens" if tokens is not None else "")
+        + (f", {cost.retries} retries" if cost.retries else ""),
         source=Source("run", cost.run_id),
         details=asdict(cost),
         task_kind=cost.task_kind,
     )
 
 
-def history(store: MemoryStore, task_kind: str, *, k: int = 50) -> dict[str, Any] | None:
-    """Statistics over the last ``k`` trusted runs of ``task_kind``; None without any.
+def history(store: MemoryStore, task_kind: str, *, k: int = HISTORY_RUNS) -> dict[str, Any] | None:
+    """The planner fact: the last ``k`` trusted runs of ``task_kind``; None without any.
 
-    Keys: count, mean_wall_seconds, worst_wall_seconds, mean_turns, worst_turns,
-    mean_cost, worst_cost (None when no run reported cost), mean_retries, success_rate.
+    ``{"count": n, "runs": [{turns, input_tokens, output_tokens, tokens, wall_seconds,
+    cost_usd, retries, outcome}, ...]}``, newest first.
     """
-    runs = [m.details for m in store.recall(type=RUN_COST, task_kind=task_kind, k=k)]
+    memories = store.recall(type=RUN_COST, task_kind=task_kind, k=k)
+    runs = [sample(m.details) for m in memories]
     if not runs:
         return None
-    walls = [float(r["wall_seconds"]) for r in runs]
-    turns = [int(r["turns"]) for r in runs]
-    costs = [float(r["cost_usd"]) for r in runs if r.get("cost_usd") is not None]
+    return {"count": len(runs), "runs": runs}
+
+
+def sample(details: Mapping[str, Any]) -> dict[str, Any]:
+    """One run's numbers, as the forecast reads them (older records lack tokens)."""
     return {
-        "count": len(runs),
-        "mean_wall_seconds": round(fmean(walls), 3),
-        "worst_wall_seconds": max(walls),
-        "mean_turns": round(fmean(turns), 3),
-        "worst_turns": max(turns),
-        "mean_cost": round(fmean(costs), 6) if costs else None,
-        "worst_cost": max(costs) if costs else None,
-        "mean_retries": round(fmean(int(r["retries"]) for r in runs), 3),
-        "success_rate": round(sum(r["outcome"] == "success" for r in runs) / len(runs), 3),
+        "turns": int(details.get("turns") or 0),
+        "input_tokens": _opt_int(details.get("input_tokens")),
+        "output_tokens": _opt_int(details.get("output_tokens")),
+        "tokens": _tokens(details),
+        "wall_seconds": float(details.get("wall_seconds") or 0.0),
+        "cost_usd": _opt_float(details.get("cost_usd")),
+        "retries": int(details.get("retries") or 0),
+        "outcome": str(details.get("outcome", "")),
     }
 
 
-def budget_with_reserve(history: dict[str, Any], reserve: float) -> dict[str, Any]:
-    """The plan's ``budget`` section from history: mean * (1 + reserve), rounded up."""
+def quantile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile: the smallest value at or above ``q`` of the sorted values."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def forecast(
+    runs: Sequence[Mapping[str, Any]],
+    *,
+    reserve: float = DEFAULT_RESERVE,
+    q: float = DEFAULT_QUANTILE,
+    floors: Mapping[str, float] | None = None,
+) -> dict[str, Any] | None:
+    """The next run's expected cost and learnt limits from ``runs``; None without runs.
+
+    Pure. Returns ``{basis, runs, quantile, reserve, expected: {dim: v}, limits: {dim: v},
+    retries}``; a dimension without data is None in both.
+    """
     if reserve < 0:
         raise ValueError("reserve must be >= 0")
-    factor = 1.0 + reserve
-    cost = history.get("mean_cost")
+    if not 0 < q <= 1:
+        raise ValueError("quantile must be in (0, 1]")
+    if not runs:
+        return None
+    bounds = {**DEFAULT_FLOORS, **(floors or {})}
+    expected: dict[str, float | int | None] = {}
+    limits: dict[str, float | int | None] = {}
+    for dim in DIMENSIONS:
+        values = [float(r[dim]) for r in runs if r.get(dim) is not None]
+        if not values:
+            expected[dim] = limits[dim] = None
+            continue
+        top = quantile(values, q) * (1.0 + reserve)
+        if dim == "cost_usd":
+            expected[dim] = round(median(values), 4)
+            limits[dim] = round(max(float(bounds[dim]), top), 4)
+        else:
+            expected[dim] = math.ceil(median(values))
+            limits[dim] = max(math.ceil(bounds[dim]), math.ceil(top))
     return {
-        "turns": max(1, math.ceil(history["mean_turns"] * factor)),
-        "wall_seconds": max(1, math.ceil(history["mean_wall_seconds"] * factor)),
-        "cost_usd": round(cost * factor, 4) if cost is not None else None,
-        "source": "history",
-        "history": {
-            "count": history["count"],
-            "mean_wall_seconds": history["mean_wall_seconds"],
-            "worst_wall_seconds": history["worst_wall_seconds"],
-            "reserve": reserve,
-        },
+        "basis": f"p{round(q * 100)} of {len(runs)} run{'s' if len(runs) != 1 else ''}"
+        f" + {round(reserve * 100)}%",
+        "runs": len(runs),
+        "quantile": q,
+        "reserve": reserve,
+        "expected": expected,
+        "limits": limits,
+        "retries": round(fmean(int(r.get("retries") or 0) for r in runs), 2),
     }
+
+
+def _tokens(details: Mapping[str, Any]) -> int | None:
+    parts = [_opt_int(details.get(key)) for key in ("input_tokens", "output_tokens")]
+    known = [p for p in parts if p is not None]
+    return sum(known) if known else None
+
+
+def _opt_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _opt_float(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)

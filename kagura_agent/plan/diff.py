@@ -45,15 +45,25 @@ def diff_plans(old: Mapping[str, Any] | None, new: Plan) -> list[Change]:
         changes += _fields(
             "hardening", base["hardening"], new["hardening"], tuple(new["hardening"])
         )
-        changes += _fields(
-            "budget",
-            base["budget"],
-            new["budget"],
-            ("turns", "wall_seconds", "cost_usd", "disk_bytes"),
-        )
+        changes += _budget(base["budget"], new["budget"])
     changes += _keyed("class", _classes(base), _classes(new))
     if base and base.get("applyable") != new["applyable"]:
         changes.append(Change("~", "applyable", f"{base.get('applyable')} → {new['applyable']}"))
+    return changes
+
+
+def _budget(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
+    """Budget limits that moved; a limit the history moved says so, with its basis."""
+    changes = _fields(
+        "budget", old, new, ("turns", "tokens", "wall_seconds", "cost_usd", "disk_bytes")
+    )
+    forecast = new.get("forecast") or {}
+    learnt = set(forecast.get("learnt") or [])
+    for index, change in enumerate(changes):
+        dimension = change.text.split(" ", 1)[0]
+        if dimension in learnt:
+            text = f"{change.text} (learnt: {forecast['basis']})"
+            changes[index] = Change(change.op, change.section, text)
     return changes
 
 

@@ -208,20 +208,32 @@ class MemorySection(TypedDict):
     known_failures: list[KnownFailure]
 
 
-class CostHistory(TypedDict):
-    count: int
-    mean_wall_seconds: float
-    worst_wall_seconds: float
+class CostFigures(TypedDict):
+    turns: int | None
+    tokens: int | None
+    wall_seconds: int | None
+    cost_usd: float | None
+
+
+class Forecast(TypedDict):
+    basis: str
+    runs: int
+    quantile: float
     reserve: float
+    expected: CostFigures
+    limits: CostFigures
+    retries: float
+    learnt: list[str]
 
 
 class Budget(TypedDict):
     turns: int | None
+    tokens: int | None
     wall_seconds: int
     cost_usd: float | None
     disk_bytes: int
     source: BudgetSource
-    history: CostHistory | None
+    forecast: Forecast | None
 
 
 Approval = TypedDict(
@@ -426,12 +438,25 @@ DESCRIPTIONS: dict[str, str] = {
     "budget.wall_seconds": "Wall-time limit.",
     "budget.cost_usd": "Cost limit, or null.",
     "budget.disk_bytes": "Most the run may add to the project root; past it the run stops.",
-    "budget.source": "`task`, `brain`, `default` or `history`.",
-    "budget.history": "Cost history the budget was learnt from, or null.",
-    "budget.history.count": "Runs counted.",
-    "budget.history.mean_wall_seconds": "Mean wall time.",
-    "budget.history.worst_wall_seconds": "Worst wall time.",
-    "budget.history.reserve": "Reserve added on top of the mean.",
+    "budget.tokens": "Input plus output tokens the run may use (learnt from history; no engine enforces it, the run notes an overrun), or null.",
+    "budget.source": "`task`, `brain`, `default` or `history` (any dimension learnt from history).",
+    "budget.forecast": "The forecast from this task kind's cost history, or null without history.",
+    "budget.forecast.basis": "How the limits were learnt, e.g. `p80 of 7 runs + 30%`.",
+    "budget.forecast.runs": "Runs of this task kind the forecast read (newest first, at most 20).",
+    "budget.forecast.quantile": "The quantile of the runs a limit starts from (Graduation `budget_quantile`).",
+    "budget.forecast.reserve": "Reserve added on top of that quantile (Graduation `reserve`).",
+    "budget.forecast.expected": "What the next run will probably take: the median of the runs.",
+    "budget.forecast.expected.turns": "Expected turns, or null when no run reported them.",
+    "budget.forecast.expected.tokens": "Expected input plus output tokens, or null.",
+    "budget.forecast.expected.wall_seconds": "Expected wall time in seconds, or null.",
+    "budget.forecast.expected.cost_usd": "Expected dollars, or null when no run reported cost.",
+    "budget.forecast.limits": "Learnt limits: max(floor, quantile * (1 + reserve)) per dimension.",
+    "budget.forecast.limits.turns": "Learnt turn limit, or null.",
+    "budget.forecast.limits.tokens": "Learnt token limit, or null.",
+    "budget.forecast.limits.wall_seconds": "Learnt wall-time limit, or null.",
+    "budget.forecast.limits.cost_usd": "Learnt dollar limit, or null.",
+    "budget.forecast.retries": "Mean re-attempts per run the engine or executor made.",
+    "budget.forecast.learnt": "The budget dimensions taken from the forecast (the task or brain set the others).",
     "tripwires": "What stops the run as hijacked (revoke, demote, incident).",
     "tripwires.denied_egress": "Denied egress requests within the window that trip.",
     "tripwires.window_seconds": "The window denials are counted in.",

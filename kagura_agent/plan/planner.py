@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import shlex
 from collections.abc import Mapping
 from typing import Any
@@ -21,6 +20,12 @@ from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.manifest.schema import schema_version
 from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.membrane.floor import floor_violations
+from kagura_agent.patterns.cost_history import (
+    DEFAULT_QUANTILE,
+    DEFAULT_RESERVE,
+    DIMENSIONS,
+    forecast,
+)
 from kagura_agent.patterns.dispatch import narrowing_violations
 from kagura_agent.plan.model import (
     Approval,
@@ -28,11 +33,11 @@ from kagura_agent.plan.model import (
     Budget,
     BudgetSource,
     Classified,
-    CostHistory,
     CredentialBase,
     EgressMode,
     EgressRule,
     EgressSection,
+    Forecast,
     Hardening,
     ImageBase,
     Inputs,
@@ -65,11 +70,6 @@ HARDENING_DEFAULTS: dict[str, Any] = {
     "stop_timeout": 10,
     "tmpfs_size": "256m",
 }
-DEFAULT_RESERVE = 0.3
-# A wall budget learnt from history never drops below this: a run that took under a second
-# must not get a one-second budget that container start-up jitter alone would blow (and a
-# blown budget is a failed run, which demotes a graduated capability).
-MIN_HISTORY_WALL_SECONDS = 30
 DEFAULT_USER = "1000:1000"
 REFUSED = "refused: "  # _unwritable_project's prefix for a refusal rather than a warning
 
@@ -558,40 +558,68 @@ def _tripwires(catalog: Catalog) -> Tripwires:
 
 
 def _budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
+    """The run's limits: the task's own, else learnt from the task kind's cost history
+    (``patterns/cost_history.forecast``), else the brain's, else the defaults."""
     budget = task.budget
-    explicit = "wall_time" in task.manifest.spec.get("budget", {})
-    wall = parse_duration(budget["wall_time"])
-    history = facts.cost_history
-    reserve = DEFAULT_RESERVE
-    for graduation in catalog.of("Graduation"):
-        reserve = float(graduation.spec.get("reserve", reserve))
-    source: BudgetSource = (
-        "task"
-        if task.manifest.spec.get("budget")
-        else "brain"
-        if task.brain.spec.get("budget")
-        else "default"
-    )
-    shown_history: CostHistory | None = None
-    if history and history.get("count"):
-        shown_history = {
-            "count": int(history["count"]),
-            "mean_wall_seconds": float(history["mean_wall_seconds"]),
-            "worst_wall_seconds": float(history["worst_wall_seconds"]),
-            "reserve": reserve,
-        }
-        if not explicit:
-            learnt = math.ceil(float(history["mean_wall_seconds"]) * (1 + reserve))
-            wall = max(MIN_HISTORY_WALL_SECONDS, learnt)
-            source = "history"
-    return {
+    explicit = task.manifest.spec.get("budget", {})
+    limits: dict[str, Any] = {
         "turns": budget.get("turns"),
-        "wall_seconds": wall,
+        "tokens": None,
+        "wall_seconds": parse_duration(budget["wall_time"]),
         "cost_usd": budget.get("cost_usd"),
+    }
+    source: BudgetSource = (
+        "task" if explicit else "brain" if task.brain.spec.get("budget") else "default"
+    )
+    knobs = _budget_knobs(catalog)
+    runs = (facts.cost_history or {}).get("runs") or []
+    predicted = forecast(runs, **knobs)
+    shown: Forecast | None = None
+    if predicted is not None:
+        own = {"wall_time" if dim == "wall_seconds" else dim for dim in explicit}
+        learnt = [
+            dim
+            for dim in DIMENSIONS
+            if predicted["limits"][dim] is not None
+            and ("wall_time" if dim == "wall_seconds" else dim) not in own
+        ]
+        for dim in learnt:
+            limits[dim] = predicted["limits"][dim]
+        if learnt:
+            source = "history"
+        shown = {
+            "basis": predicted["basis"],
+            "runs": predicted["runs"],
+            "quantile": predicted["quantile"],
+            "reserve": predicted["reserve"],
+            "expected": predicted["expected"],
+            "limits": predicted["limits"],
+            "retries": predicted["retries"],
+            "learnt": learnt,
+        }
+    return {
+        "turns": limits["turns"],
+        "tokens": limits["tokens"],
+        "wall_seconds": int(limits["wall_seconds"]),
+        "cost_usd": limits["cost_usd"],
         "disk_bytes": parse_size(str(budget.get("disk", "1g"))),
         "source": source,
-        "history": shown_history,
+        "forecast": shown,
     }
+
+
+def _budget_knobs(catalog: Catalog) -> dict[str, Any]:
+    """reserve, quantile and floors from the Graduation manifest (last one wins)."""
+    knobs: dict[str, Any] = {"reserve": DEFAULT_RESERVE, "q": DEFAULT_QUANTILE, "floors": {}}
+    for graduation in catalog.of("Graduation"):
+        spec = graduation.spec
+        knobs["reserve"] = float(spec.get("reserve", knobs["reserve"]))
+        knobs["q"] = float(spec.get("budget_quantile", knobs["q"]))
+        floors = dict(spec.get("budget_floors") or {})
+        if "wall" in floors:
+            floors["wall_seconds"] = parse_duration(str(floors.pop("wall")))
+        knobs["floors"] = floors
+    return knobs
 
 
 def untrusted_inputs(task: ResolvedTask, facts: Facts) -> list[str]:

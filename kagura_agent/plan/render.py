@@ -94,18 +94,42 @@ def _budget_line(budget: Budget) -> str:
     parts = []
     if budget.get("turns"):
         parts.append(f"{budget['turns']} turns")
+    if budget.get("tokens"):
+        parts.append(f"{budget['tokens']:,} tokens")
     parts.append(f"{format_duration(budget['wall_seconds'])} wall")
     if budget.get("cost_usd") is not None:
         parts.append(f"${budget['cost_usd']}")
     if budget.get("disk_bytes"):
         parts.append(f"{format_size(budget['disk_bytes'])} disk")
     text = ", ".join(parts) + f" (from {budget['source']})"
-    history = budget.get("history")
-    if history:
-        text += (
-            f"; history: {history['count']} runs, mean {history['mean_wall_seconds']:.1f}s,"
-            f" worst {history['worst_wall_seconds']:.1f}s, reserve {int(history['reserve'] * 100)}%"
-        )
+    forecast = budget.get("forecast")
+    if forecast:
+        text += "; " + forecast_text(forecast)
+    return text
+
+
+def forecast_text(forecast: Mapping[str, Any]) -> str:
+    """``forecast: 12 turns, 4,100 tokens, 40s wall, $0.31 (median of 7 runs); learnt
+    turns, wall from p80 of 7 runs + 30%`` — what the next run will probably take, and
+    which limits the history set."""
+    expected = forecast["expected"]
+    shown = []
+    if expected.get("turns") is not None:
+        shown.append(f"{expected['turns']} turns")
+    if expected.get("tokens") is not None:
+        shown.append(f"{expected['tokens']:,} tokens")
+    if expected.get("wall_seconds") is not None:
+        shown.append(f"{format_duration(int(expected['wall_seconds']))} wall")
+    if expected.get("cost_usd") is not None:
+        shown.append(f"${expected['cost_usd']}")
+    runs = forecast["runs"]
+    text = f"forecast {', '.join(shown)} (median of {runs} run{'s' if runs != 1 else ''}"
+    if forecast.get("retries"):
+        text += f", {forecast['retries']} retries/run"
+    text += ")"
+    learnt = [("wall" if d == "wall_seconds" else d) for d in forecast.get("learnt", [])]
+    if learnt:
+        text += f"; learnt {', '.join(learnt)} from {forecast['basis']}"
     return text
 
 

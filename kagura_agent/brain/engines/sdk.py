@@ -66,9 +66,10 @@ class SdkBrain:
                 f"mcp__{MEMORY_SERVER}__{op}" for op in ("recall", "remember", "get")
             ]
         finished = False
+        retries = _Retries()
         try:
             async for message in sdk.query(prompt=turn.full_prompt(), options=options):
-                for event in _map_message(sdk, message):
+                for event in _map_message(sdk, message, retries):
                     finished = finished or event.type in ("done", "error")
                     yield event
         except sdk.CLINotFoundError as exc:
@@ -82,10 +83,27 @@ class SdkBrain:
             yield ErrorEvent(message="the CLI ended without a result message", code="protocol")
 
 
-def _map_message(sdk: Any, message: Any) -> list[BrainEvent]:
+class _Retries:
+    """API calls the CLI had to repeat (its ``system`` ``api_retry`` messages)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+def _map_message(sdk: Any, message: Any, retries: _Retries) -> list[BrainEvent]:
     """Translate one SDK message into zero or more events."""
     events: list[BrainEvent] = []
-    if isinstance(message, sdk.AssistantMessage | sdk.UserMessage):
+    if isinstance(message, sdk.SystemMessage) and message.subtype == "api_retry":
+        retries.count += 1
+        data = message.data if isinstance(message.data, dict) else {}
+        status = data.get("error_status")
+        events.append(
+            TextEvent(
+                text=f"[the API call is retried (attempt {data.get('attempt', '?')},"
+                f" status {status if status is not None else 'none'})]\n\n"
+            )
+        )
+    elif isinstance(message, sdk.AssistantMessage | sdk.UserMessage):
         content = message.content
         if isinstance(content, str):
             return events  # a user echo of the prompt: nothing new to show
@@ -110,6 +128,7 @@ def _map_message(sdk: Any, message: Any) -> list[BrainEvent]:
                 turns=message.num_turns,
                 input_tokens=_int_or_none(usage.get("input_tokens")),
                 output_tokens=_int_or_none(usage.get("output_tokens")),
+                retries=retries.count,
             )
         )
         if message.is_error:

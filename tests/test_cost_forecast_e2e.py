@@ -1,0 +1,105 @@
+"""Budgets that learn, end to end: the fake claude CLI drives the SDK engine in the real
+agent container; the run records its turns, tokens, dollars, wall time and the API
+retries the CLI reported; the next plan of the same task kind forecasts from that run,
+shows its basis, learns its limits and the plan diff says the budget moved and why.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apply_helpers import (
+    cli_env,
+    json_lines,
+    kagura,
+    last_json,
+    leftovers,
+    make_project,
+    manifest_set,
+    run_ids,
+    write_task,
+)
+
+from testing.agent_test_image import ensure_agent_test_image
+
+pytestmark = pytest.mark.docker
+
+API_KEY = "sk-ant-kagura-forecast-" + "k" * 30
+
+
+@pytest.fixture(scope="module")
+def agent_test_image(docker_client: Any) -> tuple[Any, str]:
+    return docker_client, ensure_agent_test_image(docker_client)
+
+
+def test_a_run_records_its_cost_and_the_next_plan_forecasts_from_it(
+    agent_test_image: tuple[Any, str], tmp_path: Path, state_dir: Path
+) -> None:
+    client, image_ref = agent_test_image
+    manifests = manifest_set(
+        tmp_path,
+        {
+            "kind": "Image",
+            "metadata": {"name": "agent-test"},
+            "spec": {"recipe": "images/agent", "tag": image_ref, "baseline": True},
+        },
+    )
+    project = make_project(tmp_path)
+    task = write_task(
+        project,
+        "forecast",
+        {
+            "kind": "nightly-report",
+            "image": "agent-test",
+            "brain": "claude",
+            "prompt": "run: echo report > report.txt\nusage: 7 1200 300 0.0456\nretries: 2",
+            "egress": ["anthropic"],
+            "verify": ["grep -q report report.txt"],
+        },
+    )
+    env = cli_env(state_dir, ANTHROPIC_API_KEY=API_KEY)
+    plan_args = ["plan", "--json", "--manifests", str(manifests), str(task)]
+    before = json.loads(kagura(plan_args, env).stdout)["plans"][0]["plan"]["budget"]
+    assert before["forecast"] is None and before["source"] == "brain"
+
+    done = kagura(["apply", "--yes", "--json", "--manifests", str(manifests), str(task)], env)
+    assert done.returncode == 0, done.stderr
+    result = last_json(done.stdout)
+    [run_id] = run_ids(state_dir)
+    assert leftovers(client, run_id) == []
+    # What the run recorded came from the CLI's result message and its api_retry messages.
+    assert result["turns"] == 7
+    assert (result["input_tokens"], result["output_tokens"]) == (1200, 300)
+    assert result["cost_usd"] == pytest.approx(0.0456)
+    assert result["retries"] == 2
+    [cost] = [
+        e for e in json_lines(done.stderr) if e.get("kind") == "brain" and e["type"] == "cost"
+    ]
+    assert cost["retries"] == 2
+    shown = kagura(["memory", "search", "nightly-report", "--json"], cli_env(state_dir))
+    assert "1500 tokens, 2 retries" in shown.stdout, shown.stdout + shown.stderr
+
+    planned = kagura(plan_args, env)
+    assert planned.returncode == 0, planned.stderr
+    entry = json.loads(planned.stdout)["plans"][0]
+    budget = entry["plan"]["budget"]
+    forecast = budget["forecast"]
+    assert forecast["basis"] == "p80 of 1 run + 30%"
+    assert forecast["expected"]["turns"] == 7 and forecast["expected"]["tokens"] == 1500
+    assert forecast["expected"]["cost_usd"] == pytest.approx(0.0456)
+    assert forecast["retries"] == 2
+    # Learnt over the brain's defaults (30 turns, 30m, $2), floors holding where needed.
+    assert budget["source"] == "history"
+    assert budget["turns"] == 10 and budget["tokens"] == 20_000
+    assert budget["wall_seconds"] >= 30 and budget["cost_usd"] == pytest.approx(0.0593)
+    assert set(forecast["learnt"]) == {"turns", "tokens", "wall_seconds", "cost_usd"}
+    # The diff against the applied plan says the budget moved, and on what basis.
+    moved = [c["text"] for c in entry["changes"] if c["section"] == "budget"]
+    assert "turns 30 → 10 (learnt: p80 of 1 run + 30%)" in moved, moved
+    text = kagura(["plan", "--manifests", str(manifests), str(task)], env).stdout
+    assert "forecast 7 turns, 1,500 tokens" in text, text
+    assert "learnt turns, tokens, wall, cost_usd from p80 of 1 run + 30%" in text, text
+    assert "~ budget turns 30 → 10 (learnt: p80 of 1 run + 30%)" in text, text
