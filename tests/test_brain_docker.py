@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from brain_helpers import DictMemory
-from membrane_helpers import make_plan, new_run_id
+from membrane_helpers import copied_into, make_plan, new_run_id
 from resources import missing
 
 from kagura_agent.brain.channel import BrainChannel, ChannelLimits
@@ -58,7 +58,10 @@ def test_entrypoint_in_agent_container(docker_client: Any, tmp_path: Path) -> No
     plan = make_plan(
         project,
         image_name="agent",
-        extra_mounts=[(str(FAKE_DIR), "/opt/fakes"), (str(SOURCE), "/opt/src/kagura_agent")],
+        extra_mounts=[
+            (copied_into(project, FAKE_DIR), "/opt/fakes"),
+            (copied_into(project, SOURCE), "/opt/src/kagura_agent"),
+        ],
     )
     env = {"PYTHONPATH": "/opt/src", "PATH": IMAGE_PATH, "KAGURA_CLAUDE_CLI": "/opt/fakes/claude"}
     container = runtime.create(plan, new_run_id(), environment=env)

@@ -20,7 +20,7 @@ from typing import Any
 
 import boto3
 import pytest
-from membrane_helpers import make_plan, new_run_id
+from membrane_helpers import copied_into, make_plan, new_run_id
 from resources import missing
 
 from kagura_agent.brain.channel import BrainChannel
@@ -123,7 +123,7 @@ def test_leased_aws_credential_inside_a_container(
                 project,
                 image_name="agent",
                 egress="proxy",
-                extra_mounts=[(str(SOURCE), "/opt/src/kagura_agent")],
+                extra_mounts=[(copied_into(project, SOURCE), "/opt/src/kagura_agent")],
             )
             container = runtime.create(
                 plan, new_run_id(), environment={"PYTHONPATH": "/opt/src"}, network=network.name

@@ -61,11 +61,15 @@ def run(rt: DockerRuntime, plan: dict[str, Any], script: str) -> tuple[int, str,
     """Run ``bash -c script`` in the plan's container; (exit code, output, OOM-killed)."""
     run_id = new_run_id()
     _RUN_IDS.append(run_id)
-    container_id = rt.create(plan, run_id, command=["bash", "-c", script])
+    # The plan's log driver is none (nothing the agent prints lands on the host's disk),
+    # so the output goes to a file in the project root.
+    out = Path(plan["task"]["project_root"]) / f".out-{run_id}"
+    command = ["bash", "-c", f"exec > /workspace/{out.name} 2>&1\n{script}"]
+    container_id = rt.create(plan, run_id, command=command)
     try:
         rt.start(container_id)
         status = rt.wait(container_id, timeout=120)
-        output = rt.logs(container_id).decode(errors="replace")
+        output = out.read_text(errors="replace") if out.exists() else ""
         return status["exit_code"], output, status["oom_killed"]
     finally:
         rt.remove(container_id)
@@ -128,7 +132,7 @@ def test_pids_limit_stops_a_fork_loop(runtime: DockerRuntime, project: Path) -> 
 
 
 def test_memory_limit_oom_kill_is_reported(runtime: DockerRuntime, project: Path) -> None:
-    plan = make_plan(project, memory_bytes=64 * 1024 * 1024)
+    plan = make_plan(project, memory="64m")
     code, out, oom = run(runtime, plan, "python3 -c 'x = [b\"k\" * (1 << 20) for _ in range(400)]'")
     assert oom is True and code == 137, (code, out)
 
@@ -162,8 +166,10 @@ def test_symlink_to_etc_is_refused_and_cannot_write_through(
     from kagura_agent.errors import RefusedError
 
     (project / "etc-link").symlink_to("/etc")
-    plan = make_plan(project, extra_mounts=[(str(project / "etc-link"), "/hostetc")])
-    plan["mounts"][1]["source"] = str(project / "etc-link")  # as a manifest would write it
+    (project / "sub").mkdir()
+    plan = make_plan(project, extra_mounts=[(str(project / "sub"), "/hostetc")])
+    # The planner refuses the link itself; a hand-edited saved plan could still name it.
+    plan["mounts"][1]["source"] = str(project / "etc-link")
     run_id = new_run_id()
     _RUN_IDS.append(run_id)
     with pytest.raises(RefusedError, match="leaves the project root"):
@@ -177,10 +183,83 @@ def test_symlink_to_etc_is_refused_and_cannot_write_through(
 
 
 def test_extra_mount_is_read_only(runtime: DockerRuntime, project: Path, tmp_path: Path) -> None:
-    ref = tmp_path / "ref"
+    ref = project / "ref"
     ref.mkdir()
     (ref / "data.txt").write_text("reference\n")
     plan = make_plan(project, extra_mounts=[(str(ref), "/ref")])
     _code, out, _ = run(runtime, plan, "cat /ref/data.txt; touch /ref/new && echo ESCAPED")
     assert "reference" in out and "ESCAPED" not in out
     assert sorted(p.name for p in ref.iterdir()) == ["data.txt"]
+
+
+# Flags the kernel shows only when set (or, for rw/ro, always): the plan must say each one.
+_FLAG_PAIRS = (("ro", "rw"), ("noexec", "exec"), ("nosuid", "suid"), ("nodev", "dev"))
+# Docker's own tmpfs mounts (not the plan's): device nodes, shm, masked /proc and /sys paths.
+_ENGINE_TMPFS = ("/dev", "/proc/", "/sys/")
+
+
+def _proc_mounts(text: str) -> dict[str, tuple[str, list[str]]]:
+    """/proc/mounts as {target: (fstype, options)}; the last mount of a target wins."""
+    found = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[1].startswith("/"):
+            found[parts[1]] = (parts[2], parts[3].split(","))
+    return found
+
+
+def _flags(options: list[str]) -> list[str]:
+    """The state of each flag pair: the first of a pair when set, else the second."""
+    return [on if on in options else off for on, off in _FLAG_PAIRS]
+
+
+def _values(options: list[str]) -> dict[str, str]:
+    return dict(o.split("=", 1) for o in options if "=" in o)
+
+
+def _kernel_size(value: str) -> int:
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
+    return int(value[:-1]) * units[value[-1]] if value[-1] in units else int(value)
+
+
+def test_proc_mounts_inside_the_container_equal_the_plan(
+    runtime: DockerRuntime, project: Path
+) -> None:
+    """The plan states exactly the mounts the container gets (issue 17's tmpfs defect:
+    /run/kagura was planned rw,nosuid,nodev at 256 MiB and only Docker's default made it
+    noexec). Every tmpfs's flags, size, mode and owner, every bind mount's rw/ro and the
+    read-only root are read from /proc/mounts in a real container and compared."""
+    ref = project / "ref"
+    ref.mkdir()
+    plan = make_plan(project, extra_mounts=[(str(ref), "/ref")])
+    planned = plan["hardening"]["tmpfs"]
+    assert set(planned) == {"/tmp", "/home/agent", "/run/kagura"}
+    run_kagura = planned["/run/kagura"].split(",")
+    assert {"noexec", "nosuid", "nodev", "size=16777216", "mode=0700"} <= set(run_kagura)
+    code, out, _ = run(
+        runtime,
+        plan,
+        "cat /proc/mounts; echo '#!/bin/sh' > /run/kagura/x; chmod 700 /run/kagura/x;"
+        " /run/kagura/x && echo EXECUTED || echo NOEXEC",
+    )
+    assert code == 0, out
+    mounts = _proc_mounts(out)
+    live_tmpfs = {t for t, (kind, _) in mounts.items() if kind == "tmpfs"}
+    ours = {t for t in live_tmpfs if not t.startswith(_ENGINE_TMPFS) and t != "/dev"}
+    assert ours == set(planned), out
+    for target, options in planned.items():
+        kind, live = mounts[target]
+        want = options.split(",")
+        assert kind == "tmpfs"
+        assert _flags(live) == _flags(want), (target, live, want)
+        got, wanted = _values(live), _values(want)
+        assert _kernel_size(got["size"]) == int(wanted["size"]), (target, live)
+        # The kernel leaves out values equal to its defaults (mode 1777, uid 0, gid 0).
+        assert int(got.get("mode", "1777"), 8) == int(wanted["mode"], 8), (target, live)
+        assert got.get("uid", "0") == wanted["uid"] and got.get("gid", "0") == wanted["gid"]
+    uid, _, gid = plan["hardening"]["user"].partition(":")
+    assert _values(mounts["/run/kagura"][1])["uid"] == uid and gid
+    assert "NOEXEC" in out and "EXECUTED" not in out, out
+    assert _flags(mounts["/"][1])[0] == ("ro" if plan["hardening"]["read_only_rootfs"] else "rw")
+    for mount in plan["mounts"]:
+        assert _flags(mounts[mount["target"]][1])[0] == mount["mode"], mount

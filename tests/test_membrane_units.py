@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from membrane_helpers import make_plan
+from membrane_helpers import edited, make_plan
 
 from kagura_agent.errors import ExitCode, RefusedError, SetupError
 from kagura_agent.membrane import attach, bootstrap, hardening, images, isolation
@@ -47,8 +47,7 @@ def test_container_kwargs_maps_every_hardening_field(tmp_path: Path) -> None:
 def test_agent_container_runs_its_entrypoint_as_init_and_verify_is_cut_off(
     tmp_path: Path,
 ) -> None:
-    plan = make_plan(tmp_path, digest=DIGEST)
-    plan["egress"] = {"mode": "proxy"}
+    plan = make_plan(tmp_path, digest=DIGEST, egress="proxy")
     agent = hardening.container_kwargs(plan, "run-1", network="kagura-net", environment={"A": "1"})
     # The kagura entrypoint is PID 1 itself: no dumpable Docker init holds the channel.
     assert agent["init"] is False and agent["network_mode"] == "kagura-net"
@@ -71,13 +70,40 @@ def test_agent_container_runs_its_entrypoint_as_init_and_verify_is_cut_off(
         hardening.container_kwargs(plan, "run-1", network="kagura-net", role="brain")
 
 
-def test_tmpfs_owned_by_agent_and_run_kagura_private(tmp_path: Path) -> None:
-    kw = hardening.container_kwargs(make_plan(tmp_path, digest=DIGEST), "r")
-    assert set(kw["tmpfs"]) == {"/tmp", "/home/agent", "/run/kagura"}
-    for options in kw["tmpfs"].values():
-        assert "uid=1000" in options and "gid=1000" in options
-    assert "mode=0700" in kw["tmpfs"]["/run/kagura"]
-    assert "noexec" in kw["tmpfs"]["/run/kagura"]
+def test_tmpfs_is_exactly_what_the_plan_says(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, digest=DIGEST, tmpfs_size="64m")
+    tmpfs = plan["hardening"]["tmpfs"]
+    # The plan states every option the container gets (Docker adds nothing we rely on).
+    assert tmpfs == {
+        "/tmp": "rw,noexec,nosuid,nodev,size=67108864,mode=1777,uid=1000,gid=1000",
+        "/home/agent": "rw,noexec,nosuid,nodev,size=67108864,mode=0700,uid=1000,gid=1000",
+        "/run/kagura": "rw,noexec,nosuid,nodev,size=16777216,mode=0700,uid=1000,gid=1000",
+    }
+    assert hardening.container_kwargs(plan, "r")["tmpfs"] == tmpfs
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        ("rw,nosuid,nodev,size=16777216,mode=0700,uid=1000,gid=1000", "noexec,nosuid,nodev"),
+        ("rw,noexec,nosuid,nodev,exec,size=16777216,mode=0700,uid=1000,gid=1000", "noexec"),
+        ("rw,noexec,nosuid,nodev,size=268435456,mode=0700,uid=1000,gid=1000", "16 MiB"),
+        ("rw,noexec,nosuid,nodev,size=16777216,mode=0755,uid=1000,gid=1000", "0700"),
+        ("rw,noexec,nosuid,nodev,size=16777216,mode=0700,uid=0,gid=0", "owned by the agent"),
+        (None, "/run/kagura is missing"),
+    ],
+)
+def test_credentials_tmpfs_weaker_than_floor_is_refused(
+    tmp_path: Path, options: str | None, why: str
+) -> None:
+    plan = make_plan(tmp_path, digest=DIGEST)
+    tmpfs = dict(plan["hardening"]["tmpfs"])
+    if options is None:
+        del tmpfs["/run/kagura"]
+    else:
+        tmpfs["/run/kagura"] = options
+    with pytest.raises(RefusedError, match=why):
+        hardening.container_kwargs(edited(plan, tmpfs=tmpfs), "r")
 
 
 def test_mounts_only_project_root_writable(tmp_path: Path) -> None:
@@ -107,7 +133,7 @@ def test_mounts_only_project_root_writable(tmp_path: Path) -> None:
     ],
 )
 def test_weaker_than_floor_is_refused(tmp_path: Path, field: str, value: object) -> None:
-    plan = make_plan(tmp_path, digest=DIGEST, **{field: value})
+    plan = edited(make_plan(tmp_path, digest=DIGEST), **{field: value})
     with pytest.raises(RefusedError) as info:
         hardening.container_kwargs(plan, "r")
     assert info.value.exit_code == ExitCode.REFUSED

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Sequence
 
 from kagura_agent.brain.protocol import Budget, Turn, TurnContext
+from kagura_agent.plan.model import KnownFailure, Plan
 from kagura_agent.ui import quote
 
 
 def known_failures_text(
-    failures: list[Mapping[str, Any]], *, include_untrusted: bool = False
+    failures: Sequence[KnownFailure], *, include_untrusted: bool = False
 ) -> str:
     """The plan's memory.known_failures as quoted, labelled data the model can read.
 
@@ -24,8 +24,8 @@ def known_failures_text(
         tier = "trusted" if item.get("trust") == "trusted" else "untrusted"
         if tier == "untrusted" and not include_untrusted:
             continue
-        line = f"- [{tier}] failure: {quote(str(item.get('failure', '')))}"
-        fix = item.get("fix")
+        line = f"- [{tier}] failure: {quote(item['failure'])}"
+        fix = item["fix"]
         if fix:
             line += f"; fix [trusted]: {quote(str(fix))}"
         lines.append(line)
@@ -33,7 +33,7 @@ def known_failures_text(
 
 
 def turn_from_plan(
-    plan: Mapping[str, Any],
+    plan: Plan,
     *,
     session_id: str | None = None,
     completed_steps: int = 0,
@@ -45,43 +45,41 @@ def turn_from_plan(
     says ``runtime: host``. ``prompt`` overrides the task's prompt (a repl follow-up);
     ``session_id``/``completed_steps`` resume an engine session or script checkpoint.
     """
-    task, brain = plan["task"], plan["brain"]
-    memory = plan.get("memory") or {}
-    budget = plan.get("budget") or {}
-    on_host = brain.get("runtime") == "host"
-    steps = task.get("steps")
-    use_prompt = prompt if prompt is not None else task.get("prompt")
-    parent = task.get("parent") or {}
+    task, brain, budget = plan["task"], plan["brain"], plan["budget"]
+    steps = task["steps"]
+    use_prompt = prompt if prompt is not None else task["prompt"]
+    parent = task.get("parent")  # only a dispatched child has one
     # The parent's handoff first, then the task's own context; each id once.
     memory_ids = dict.fromkeys(
-        [
-            *(parent.get("context_memories") or ()),
-            *((task.get("context") or {}).get("memories") or ()),
-        ]
+        [*(parent["context_memories"] if parent else ()), *task["context"]["memories"]]
     )
     return Turn(
-        engine=brain.get("engine", "script"),
+        engine=brain["engine"],
         prompt=None if steps is not None and prompt is None else (use_prompt or ""),
         steps=None if steps is None or prompt is not None else tuple(_step(s) for s in steps),
         context=TurnContext(
             known_failures=known_failures_text(
-                memory.get("known_failures") or [],
-                include_untrusted=bool((task.get("context") or {}).get("include_untrusted")),
+                plan["memory"]["known_failures"],
+                include_untrusted=task["context"]["include_untrusted"],
             ),
             memory_ids=tuple(memory_ids),
         ),
         budget=Budget(
-            turns=budget.get("turns"),
-            wall_seconds=budget.get("wall_seconds"),
-            cost_usd=budget.get("cost_usd"),
+            turns=budget["turns"],
+            wall_seconds=budget["wall_seconds"],
+            cost_usd=budget["cost_usd"],
         ),
         session_id=session_id,
         completed_steps=completed_steps,
-        permission_mode=brain.get("permission_mode"),
-        model=brain.get("model"),
-        cwd=task["project_root"] if on_host else plan["hardening"].get("workdir", "/workspace"),
+        permission_mode=brain["permission_mode"],
+        model=brain["model"],
+        cwd=task["project_root"] if brain["runtime"] == "host" else plan["hardening"]["workdir"],
+        # The claude CLI's path is the host's or the image's business (KAGURA_CLAUDE_CLI),
+        # never the plan's: the planner writes no cli_path.
         engine_options={
-            key: brain.get(key) for key in ("backend", "local_provider", "endpoint", "cli_path")
+            "backend": brain["backend"],
+            "local_provider": brain["local_provider"],
+            "endpoint": brain["endpoint"],
         },
     )
 

@@ -52,6 +52,7 @@ MAX_PIDS = 4096
 MAX_MEMORY_BYTES = 32 * 1024**3
 MAX_NANO_CPUS = 16 * 10**9
 MAX_NOFILE = 65536
+MAX_RUN_KAGURA_BYTES = 16 * 1024**2
 _SOCKETS = re.compile(r"(^|/)(docker|containerd|podman|crio|cri-dockerd)\.sock$")
 _ENGINE_DIRS = ("/var/run/docker", "/run/docker", "/var/lib/docker", "/run/containerd")
 # Address ranges an egress entry may never resolve to: loopback (the proxy itself),
@@ -94,6 +95,7 @@ def hardening_violations(h: Mapping[str, Any]) -> list[str]:
         found.append(f"seccomp {h.get('seccomp')!r} (only Docker's default profile)")
     if h.get("no_new_privileges") is not True or h.get("read_only_rootfs") is not True:
         found.append("no_new_privileges and read_only_rootfs cannot be turned off")
+    found += tmpfs_violations(h.get("tmpfs"), str(h.get("user", "")))
     for key, ceiling, shown in (
         ("pids_limit", MAX_PIDS, str(MAX_PIDS)),
         ("memory_bytes", MAX_MEMORY_BYTES, "32g"),
@@ -105,6 +107,35 @@ def hardening_violations(h: Mapping[str, Any]) -> list[str]:
             found.append(f"{key} must be a positive integer")
         elif value > ceiling:
             found.append(f"{key} {value} is above the ceiling {shown}")
+    return found
+
+
+def tmpfs_violations(tmpfs: object, user: str) -> list[str]:
+    """Every tmpfs is noexec,nosuid,nodev and owned by the agent; /run/kagura (where the
+    credentials land) is there, owner-only and at most 16 MiB."""
+    if not isinstance(tmpfs, Mapping) or not all(isinstance(v, str) for v in tmpfs.values()):
+        return ["tmpfs must map each target to its mount options"]
+    found = []
+    uid, _, gid = user.partition(":")
+    for target, options in sorted(tmpfs.items()):
+        opts = options.split(",")
+        values = dict(o.split("=", 1) for o in opts if "=" in o)
+        missing = [flag for flag in ("noexec", "nosuid", "nodev") if flag not in opts]
+        widened = [flag for flag in ("exec", "suid", "dev") if flag in opts]
+        if missing or widened:
+            found.append(f"tmpfs {target} must be noexec,nosuid,nodev ({options})")
+        if values.get("uid") != uid or values.get("gid") != (gid or uid):
+            found.append(f"tmpfs {target} must be owned by the agent user {user}")
+    run = tmpfs.get("/run/kagura")
+    if run is None:
+        found.append("tmpfs /run/kagura is missing (credentials would have nowhere private)")
+    else:
+        values = dict(o.split("=", 1) for o in run.split(",") if "=" in o)
+        size = values.get("size", "")
+        if values.get("mode") != "0700":
+            found.append("tmpfs /run/kagura must be mode 0700")
+        if not size.isdigit() or not 0 < int(size) <= MAX_RUN_KAGURA_BYTES:
+            found.append("tmpfs /run/kagura needs a size in bytes of at most 16 MiB")
     return found
 
 

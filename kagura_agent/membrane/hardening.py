@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from kagura_agent.errors import RefusedError, SetupError
+from kagura_agent.membrane.floor import hardening_violations
 from kagura_agent.plan.model import Hardening, Plan
 
 LABEL_RUN = "dev.kagura.run"
@@ -19,16 +20,6 @@ LABEL_TASK = "dev.kagura.task"
 LABEL_PLAN = "dev.kagura.plan"
 LABEL_ROLE = "dev.kagura.role"
 ROLES = ("agent", "verify")
-
-# Scratch space the entrypoint and tools need on a read-only root; /run/kagura receives
-# the short-lived credentials the in-container entrypoint writes, so only uid 1000 reads it.
-_DEFAULT_TMPFS = {
-    "/tmp": "rw,nosuid,nodev,size=268435456",
-    "/home/agent": "rw,nosuid,nodev,size=268435456",
-    "/run/kagura": "rw,nosuid,nodev,noexec,size=16777216",
-}
-_TMPFS_MODES = {"/tmp": "1777", "/home/agent": "0700", "/run/kagura": "0700"}
-_HOST_MODES = {"host"}
 
 
 def _refuse(what: str) -> RefusedError:
@@ -44,27 +35,12 @@ def _uid_gid(user: str) -> tuple[int, int]:
     return int(uid), int(gid or uid)
 
 
-def _tmpfs(hardening: Hardening, uid: int, gid: int) -> dict[str, str]:
-    wanted = dict(_DEFAULT_TMPFS)
-    wanted.update(hardening.get("tmpfs") or {})
-    result = {}
-    for target, options in sorted(wanted.items()):
-        opts = [o for o in str(options).split(",") if o and o.split("=")[0] not in {"uid", "gid"}]
-        if not any(o.startswith("mode=") for o in opts):
-            opts.append(f"mode={_TMPFS_MODES.get(target, '0700')}")
-        # Owned by the agent user: the root file system is read-only, so these tmpfs
-        # mounts are the only places it can write besides the project root.
-        opts += [f"uid={uid}", f"gid={gid}"]
-        result[target] = ",".join(opts)
-    return result
-
-
 def _mounts(plan: Plan) -> list[dict[str, Any]]:
     project_root = plan["task"]["project_root"]
     result = []
-    for mount in plan.get("mounts", []):
-        writable = mount.get("mode", "ro") == "rw"
-        if writable and (mount.get("kind") != "project" or mount["source"] != project_root):
+    for mount in plan["mounts"]:
+        writable = mount["mode"] == "rw"
+        if writable and (mount["kind"] != "project" or mount["source"] != project_root):
             raise _refuse(f"only the project root may be mounted writable, not {mount['source']}")
         result.append(
             {
@@ -89,34 +65,21 @@ def _egress_mounts(mounts: list[dict[str, Any]], egress: str) -> list[dict[str, 
 
 
 def _check_floor(h: Hardening) -> None:
-    from kagura_agent.membrane.floor import hardening_violations
-
+    """The membrane floor once more, on the plan this container is created from (a saved
+    plan may have been edited by hand since it was compiled)."""
     broken = hardening_violations(h)
     if broken:
         raise _refuse("; ".join(broken))
-    if h.get("privileged"):
-        raise _refuse("privileged mode")
-    if h.get("devices"):
-        raise _refuse(f"devices {h['devices']}")
-    if h.get("pid_mode", "private") in _HOST_MODES or h.get("ipc_mode", "private") in _HOST_MODES:
-        raise _refuse("host PID or IPC namespace")
-    if h.get("seccomp", "default") != "default":
-        # Only Docker's default profile is accepted; a custom one could be weaker.
-        raise _refuse(f"seccomp profile {h.get('seccomp')!r} (only 'default')")
-    if h.get("no_new_privileges") is False or h.get("read_only_rootfs") is False:
-        raise _refuse("no_new_privileges and read_only_rootfs cannot be turned off")
-    if "ALL" not in [c.upper() for c in h.get("cap_drop", ["ALL"])]:
-        raise _refuse("cap_drop must be ALL")
 
 
 def labels(plan: Plan, run_id: str) -> dict[str, str]:
     """The labels every container of this run carries (and that list/sweep filter on)."""
-    task = plan.get("task", {})
+    task = plan["task"]
     return {
         LABEL_RUN: run_id,
-        LABEL_SESSION: task.get("session") or "",
-        LABEL_TASK: task.get("name") or "",
-        LABEL_PLAN: plan.get("fingerprint") or "",
+        LABEL_SESSION: task["session"] or "",
+        LABEL_TASK: task["name"],
+        LABEL_PLAN: plan["fingerprint"],
     }
 
 
@@ -153,8 +116,8 @@ def container_kwargs(
     _check_floor(h)
     if role not in ROLES:
         raise SetupError(f"unknown container role {role!r}")
-    uid, gid = _uid_gid(h.get("user", "1000:1000"))
-    egress = (plan.get("egress") or {}).get("mode", "none")
+    uid, gid = _uid_gid(h["user"])
+    egress = plan["egress"]["mode"]
     if role == "verify":
         network, environment, dns, dns_opt, egress = None, None, None, None, "none"
         egress_mounts = None  # not even the proxy's socket
@@ -169,15 +132,16 @@ def container_kwargs(
         "image": plan["image"].get("digest") or plan["image"]["ref"],
         "command": command,
         "user": f"{uid}:{gid}",
-        "working_dir": h.get("workdir", "/workspace"),
+        "working_dir": h["workdir"],
         "labels": labels(plan, run_id),
         "environment": dict(environment or {}),
         "cap_drop": ["ALL"],
-        "cap_add": list(h.get("cap_add", [])),
+        "cap_add": list(h["cap_add"]),
         # Docker applies its default seccomp profile when none is named; we never name one.
         "security_opt": ["no-new-privileges:true"],
         "read_only": True,
-        "tmpfs": _tmpfs(h, uid, gid),
+        # Exactly the plan's options: the planner wrote every flag, size, mode and owner.
+        "tmpfs": dict(h["tmpfs"]),
         "mounts": _mounts(plan) + _egress_mounts(egress_mounts or [], egress),
         "pids_limit": int(h["pids_limit"]),
         "mem_limit": int(h["memory_bytes"]),
@@ -187,17 +151,17 @@ def container_kwargs(
         "ulimits": [{"name": "nofile", "soft": nofile, "hard": nofile}],
         # The kagura entrypoint is its own init (brain/guard.py): Docker's would be a
         # process the agent's tools can ptrace, holding the brain channel's pipes.
-        "init": bool(h.get("init", True)) and not (role == "agent" and command is None),
+        "init": h["init"] and not (role == "agent" and command is None),
         "stop_signal": "SIGTERM",
-        "stop_timeout": int(h.get("stop_timeout", 10)),
+        "stop_timeout": h["stop_timeout"],
         "network_mode": network_mode,
         "ipc_mode": "private",
         "privileged": False,
         "devices": [],
-        "runtime": h.get("runtime", "runc"),
+        "runtime": h["runtime"],
         # The agent's stdout is the event stream, which may carry what a tool printed; with
         # no log driver it is never written to the host's disk (attach still works).
-        "log_config": {"type": h.get("log_driver", "json-file"), "config": {}},
+        "log_config": {"type": h["log_driver"], "config": {}},
         "stdin_open": True,
         "tty": False,
     }

@@ -84,8 +84,8 @@ def check_image_digest(plan: Plan) -> str:
     time, or was rebuilt since the plan was made.
     """
     image = plan["image"]
-    ref, planned = image["ref"], image.get("digest")
-    hint = f"run `kagura-agent images build {image.get('name', '')}`, then plan again"
+    ref, planned = image["ref"], image["digest"]
+    hint = f"run `kagura-agent images build {image['name']}`, then plan again"
     if not planned:
         raise RefusedError(f"image {ref} had no local digest when the plan was made", hint=hint)
     local = local_image_digest(ref)
@@ -109,8 +109,8 @@ def check_plan_mounts(plan: Plan) -> None:
     problem = check_project_root(root, allowed=[root])
     if problem:
         raise RefusedError(problem)
-    for mount in plan.get("mounts", []):
-        problem = mounts.check_mount(mount["source"], root, writable=mount.get("mode") == "rw")
+    for mount in plan["mounts"]:
+        problem = mounts.check_mount(mount["source"], root, writable=mount["mode"] == "rw")
         if problem:
             raise RefusedError(problem)
 

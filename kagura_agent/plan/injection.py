@@ -10,21 +10,15 @@ light: the plan renderer imports it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from kagura_agent.plan.model import Plan
 
 PLACEHOLDER = "injected-at-the-proxy"
 
 
-def injected_provider(plan: Mapping[str, Any]) -> str | None:
+def injected_provider(plan: Plan) -> str | None:
     """The credential provider whose key the proxy injects for this plan's brain, if any."""
-    brain = plan.get("brain") or {}
-    auth = brain.get("auth") or {}
-    if (
-        brain.get("engine") == "sdk"
-        and brain.get("runtime", "container") == "container"
-        and auth.get("mode") == "api-key"
-        and auth.get("credential")
-    ):
-        return str(auth["credential"])
+    brain = plan["brain"]
+    auth = brain["auth"]
+    if brain["engine"] == "sdk" and brain["runtime"] == "container" and auth["mode"] == "api-key":
+        return auth["credential"]
     return None

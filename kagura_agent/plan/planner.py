@@ -71,6 +71,12 @@ HARDENING_DEFAULTS: dict[str, Any] = {
     "tmpfs_size": "256m",
 }
 DEFAULT_USER = "1000:1000"
+# /run/kagura receives the run's short-lived credentials (a few KiB): small, and never
+# executable. Not an Image knob: no image needs more room for credentials.
+RUN_KAGURA_TMPFS_BYTES = 16 * 1024 * 1024
+# Every tmpfs states the flags the container gets. Docker adds noexec,nosuid,nodev to a
+# tmpfs unless an option says otherwise, so the plan writes them out rather than rely on it.
+TMPFS_FLAGS = "rw,noexec,nosuid,nodev"
 REFUSED = "refused: "  # _unwritable_project's prefix for a refusal rather than a warning
 
 
@@ -460,15 +466,15 @@ def _hardening(
     task: ResolvedTask, tenancy: Tenancy, facts: Facts, egress_mode: EgressMode
 ) -> Hardening:
     knobs = {**HARDENING_DEFAULTS, **task.image.spec.get("hardening", {})}
-    tmpfs = f"rw,nosuid,nodev,size={parse_size(knobs['tmpfs_size'])}"
+    user = _container_user(facts)
     return {
-        "user": _container_user(facts),
+        "user": user,
         "cap_drop": ["ALL"],
         "cap_add": sorted(knobs["cap_add"]),
         "no_new_privileges": True,
         "seccomp": "default",
         "read_only_rootfs": True,
-        "tmpfs": {"/tmp": tmpfs, "/home/agent": tmpfs, "/run/kagura": tmpfs},
+        "tmpfs": tmpfs_mounts(user, parse_size(knobs["tmpfs_size"])),
         "pids_limit": knobs["pids_limit"],
         "memory_bytes": parse_size(knobs["memory"]),
         "nano_cpus": round(float(knobs["cpus"]) * 1e9),
@@ -486,6 +492,23 @@ def _hardening(
         "log_driver": "none",
         "tenancy": tenancy,
         "workdir": "/workspace",
+    }
+
+
+def tmpfs_mounts(user: str, scratch_bytes: int) -> dict[str, str]:
+    """The tmpfs mounts with the exact options the container gets (checked against its
+    /proc/mounts in tests/test_membrane_container.py).
+
+    Owned by the agent user: the root file system is read-only, so these are the only
+    places it can write besides the project root. /tmp is world-writable and sticky like
+    any /tmp; the agent's home and /run/kagura (its credentials) are owner-only.
+    """
+    uid, _, gid = user.partition(":")
+    owner = f"uid={uid},gid={gid or uid}"
+    return {
+        "/tmp": f"{TMPFS_FLAGS},size={scratch_bytes},mode=1777,{owner}",
+        "/home/agent": f"{TMPFS_FLAGS},size={scratch_bytes},mode=0700,{owner}",
+        "/run/kagura": f"{TMPFS_FLAGS},size={RUN_KAGURA_TMPFS_BYTES},mode=0700,{owner}",
     }
 
 

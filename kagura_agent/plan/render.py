@@ -43,22 +43,22 @@ def _wildcard_cost(entry: EgressRule) -> str:
 
 def _may_resolve(entry: EgressRule) -> str:
     # A private range widens what this host (and only this host) may resolve to.
-    private = entry.get("allow_addresses") or []
+    private = entry["allow_addresses"]
     return f"this host only may resolve to {', '.join(private)}" if private else ""
 
 
 def layers_line(plan: Plan) -> str:
     """The manifest layers in force, bottom first, and what the operator's folder replaced."""
     inputs = plan["inputs"]
-    text = " + ".join(f"{info['layer']} {info['dir']}" for info in inputs.get("layers", []))
-    if inputs.get("overrides"):
+    text = " + ".join(f"{info['layer']} {info['dir']}" for info in inputs["layers"])
+    if inputs["overrides"]:
         text += "; your folder replaces " + ", ".join(inputs["overrides"])
     return text or inputs["manifests_dir"]
 
 
 def _own(plan: Plan) -> Callable[[Mapping[str, Any]], str]:
     """A suffix marking values from the operator's folder (only when there is one)."""
-    two = len(plan["inputs"].get("layers", [])) > 1
+    two = len(plan["inputs"]["layers"]) > 1
 
     def suffix(value: Mapping[str, Any]) -> str:
         return "  (from operator)" if two and value.get("layer") == "operator" else ""
@@ -184,24 +184,23 @@ def render_text(plan: Plan, style: Style) -> str:
         label = "credentials" if index == 0 else ""
         out.append(
             f"  {label:<11}  {_cred_line(cred, injected_provider(plan))}"
-            f"  {_tag(cred.get('class'), style)}{mine(cred)}"
+            f"  {_tag(cred['class'], style)}{mine(cred)}"
         )
     out.append(f"  budget       {_budget_line(plan['budget'])}")
-    trip = plan.get("tripwires")
-    if trip:
-        out.append(
-            f"  tripwires    {trip['denied_egress']} denied egress in"
-            f" {format_duration(trip['window_seconds'])} (from {trip['source']})"
-        )
+    trip = plan["tripwires"]
+    out.append(
+        f"  tripwires    {trip['denied_egress']} denied egress in"
+        f" {format_duration(trip['window_seconds'])} (from {trip['source']})"
+    )
     memory = plan["memory"]
     out.append(f"  memory       {memory['name']} ({memory['backend']})")
-    opted_in = bool((task.get("context") or {}).get("include_untrusted"))
-    for failure in memory.get("known_failures", []):
+    opted_in = task["context"]["include_untrusted"]
+    for failure in memory["known_failures"]:
         tier = "trusted" if failure.get("trust") == "trusted" else "untrusted"
-        fix = failure.get("fix")
+        fix = failure["fix"]
         withheld = tier == "untrusted" and not opted_in
         out.append(
-            f"  known failure  [{tier}] {quote(str(failure.get('failure', '')), 200)}"
+            f"  known failure  [{tier}] {quote(failure['failure'], 200)}"
             f"  -> fix: {quote(str(fix), 200) if fix else '(none yet)'}"
             + ("  (not sent to the brain)" if withheld else "")
         )
@@ -220,7 +219,7 @@ def render_text(plan: Plan, style: Style) -> str:
         out.append(
             f"  {_tag(approval['class'], style)} {approval['category']}: {approval['reason']}"
         )
-    for broken in plan.get("floor") or []:
+    for broken in plan["floor"]:
         out.append("  " + style(f"FLOOR {broken}", "red", "bold"))
     failed = [r for r in plan["policy"] if not r["passed"]]
     passed = len(plan["policy"]) - len(failed)
@@ -250,7 +249,7 @@ def _parent_lines(task: TaskSection, style: Style) -> list[str]:
     parent = task.get("parent")
     if not parent:
         return []
-    run = f", run {parent['run']}" if parent.get("run") else ""
+    run = f", run {parent['run']}" if parent["run"] else ""
     context = ", ".join(parent["context_memories"]) or "none"
     lines = [f"  parent       task {parent['task']}{run}; context memories: {context}"]
     if parent["narrowing"] is None:
@@ -288,7 +287,7 @@ def render_markdown(plan: Plan) -> str:
         "| capability | detail | class |",
         "|---|---|---|",
         f"| brain | {plan['brain']['name']} ({plan['brain']['engine']}, runtime {plan['brain']['runtime']}){mine(plan['brain'])} | |",
-        f"| image | `{plan['image']['ref']}` {_short(plan['image']['digest'])}{mine(plan['image'])} | {plan['image'].get('class', '')} |",
+        f"| image | `{plan['image']['ref']}` {_short(plan['image']['digest'])}{mine(plan['image'])} | {plan['image']['class']} |",
     ]
     for mount in plan["mounts"]:
         lines.append(
@@ -302,7 +301,7 @@ def render_markdown(plan: Plan) -> str:
         )
     for cred in plan["credentials"]:
         line = _cred_line(cred, injected_provider(plan))
-        lines.append(f"| credential | {line}{mine(cred)} | {cred.get('class', '')} |")
+        lines.append(f"| credential | {line}{mine(cred)} | {cred['class']} |")
     lines.append(f"| budget | {_budget_line(plan['budget'])} | |")
     parent = task.get("parent")
     if parent:
@@ -315,7 +314,7 @@ def render_markdown(plan: Plan) -> str:
         lines.append(f"| parent | task `{parent['task']}` ({widens}) | |")
     lines += _markdown_approvals(plan["approvals"])
     failed = [r for r in plan["policy"] if not r["passed"]]
-    floor = plan.get("floor") or []
+    floor = plan["floor"]
     if failed or plan["warnings"] or floor:
         lines.append("")
         for broken in floor:
