@@ -16,6 +16,7 @@ from kagura_agent import __version__
 from kagura_agent.facts import Facts
 from kagura_agent.graduation.classify import classify
 from kagura_agent.manifest.catalog import Catalog, Manifest
+from kagura_agent.manifest.ceilings import budget_ceilings, over_ceilings
 from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.manifest.schema import schema_version
 from kagura_agent.manifest.task import ResolvedTask
@@ -133,6 +134,7 @@ def compile_plan(
         for memory_id in facts.missing_memories
     ]
     refusals = _refusals(floor, policy, approvals, tenancy, hardening, unwritable, widened)
+    refusals += _ceiling_refusals(catalog, draft["budget"])
     plan: Plan = {
         "format_version": FORMAT_VERSION,
         "inputs": draft["inputs"],
@@ -564,6 +566,24 @@ def _known_failure(found: Mapping[str, Any]) -> KnownFailure:
     if "fix_id" in found:
         known["fix_id"] = found["fix_id"]
     return known
+
+
+def _ceiling_refusals(catalog: Catalog, budget: Budget) -> list[Refusal]:
+    """A budget over an operator-granted ceiling (manifest.ceilings) is refused."""
+    asked = {
+        "turns": budget["turns"],
+        "wall_time": budget["wall_seconds"],
+        "cost_usd": budget["cost_usd"],
+        "disk": budget["disk_bytes"],
+    }
+    return [
+        {
+            "code": "budget-ceiling",
+            "message": f"{message} ({ceiling.source}; raise it in a Policy of yours: spec.ceilings)",
+            "source": ceiling.source,
+        }
+        for ceiling, message in over_ceilings(asked, budget_ceilings(catalog))
+    ]
 
 
 def _tripwires(catalog: Catalog) -> Tripwires:
