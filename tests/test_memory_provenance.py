@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from kagura_agent.apply.executor import RunResult
 from kagura_agent.apply.hostmem import HostMemory, open_host_memory
 from kagura_agent.brain.plan_turn import turn_from_plan
 from kagura_agent.clock import SystemClock
@@ -86,15 +87,14 @@ def test_the_agents_error_text_is_stored_untrusted_and_shown_quoted(
 
     root, env = project
     plan = _plan(root, env)
-    result = SimpleNamespace(
+    result = RunResult(
+        "run-1",
+        "failed",
+        1,
         verify=[("make test", 0, "")],
         brain_error=INJECTION,
         turns=3,
         wall_seconds=1.5,
-        cost_usd=None,
-        outcome=None,
-        exit_code=None,
-        output_memory=None,
     )
     with StateStore() as store:
         record_outcome(store, plan, "run-1", set(), result, SystemClock(), _Live())
