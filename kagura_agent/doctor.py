@@ -13,6 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from kagura_agent.errors import KaguraError
+from kagura_agent.manifest.workspace import layers_summary, load_workspace
+from kagura_agent.membrane.images import list_images
+from kagura_agent.membrane.runtime import connect, daemon_isolation_report
+from kagura_agent.membrane.secrets import resolve
+from kagura_agent.memory.factory import section_from_manifest
+from kagura_agent.memory.gate import check_ready
+from kagura_agent.paths import state_dir
+from kagura_agent.plan.planner import agent_can_write
 
 
 @dataclass(frozen=True)
@@ -41,8 +49,6 @@ def run_checks(manifests: str | None, project_root: str | None = None) -> list[C
     checks: list[Check] = []
     catalog = None
     try:
-        from kagura_agent.manifest.workspace import layers_summary, load_workspace
-
         catalog = load_workspace(manifests, []).catalog
         checks.append(Check("manifests", "PASS", f"valid ({catalog.origin})"))
         # Which layers grant: the packaged defaults always, the operator's folder on top.
@@ -63,8 +69,6 @@ def run_checks(manifests: str | None, project_root: str | None = None) -> list[C
 def _project_root(explicit: str | None) -> Check:
     """Can the agent (never root) write the project root? FAIL when one was named."""
     import shlex
-
-    from kagura_agent.plan.planner import agent_can_write
 
     path = os.path.realpath(explicit or os.getcwd())
     try:
@@ -106,8 +110,6 @@ def _brain_credentials(catalog: Any) -> list[Check]:
 
 def _resolve_problem(ref: str) -> str:
     """Why a secret reference does not resolve ("" when it does); never the value."""
-    from kagura_agent.membrane.secrets import resolve
-
     try:
         resolve(ref)
     except KaguraError as exc:
@@ -116,8 +118,6 @@ def _resolve_problem(ref: str) -> str:
 
 
 def _state_dir() -> Check:
-    from kagura_agent.paths import state_dir
-
     path = state_dir()
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -130,12 +130,7 @@ def _state_dir() -> Check:
 
 
 def _docker() -> list[Check]:
-    from kagura_agent.membrane.images import list_images
-
     try:
-        from kagura_agent.membrane.isolation import daemon_isolation_report
-        from kagura_agent.membrane.runtime import connect
-
         client = connect(timeout=10)
         report = daemon_isolation_report(client)
     except KaguraError as exc:
@@ -164,9 +159,6 @@ def _docker() -> list[Check]:
 
 
 def _memory(catalog: Any) -> Check:
-    from kagura_agent.memory.factory import section_from_manifest
-    from kagura_agent.memory.gate import check_ready
-
     memory = catalog.default("Memory")
     section = section_from_manifest(*((memory.name, memory.spec) if memory else (None, None)))
     try:

@@ -13,10 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from kagura_agent.errors import UsageError
-from kagura_agent.graduation.knobs import Knobs
+from kagura_agent.graduation.knobs import Knobs, knobs_from_spec
+from kagura_agent.graduation.ledger import snapshot
 from kagura_agent.graduation.model import GraduationSnapshot
 from kagura_agent.manifest.catalog import Catalog
 from kagura_agent.manifest.task import ResolvedTask
+from kagura_agent.membrane.images import daemon_info, local_image_digest, recipe_digest, recipe_path
+from kagura_agent.membrane.isolation import isolation_report
+from kagura_agent.memory.factory import open_memory, section_from_manifest, sqlite_path
+from kagura_agent.paths import state_dir
+from kagura_agent.patterns.cost_history import history
+from kagura_agent.patterns.failure_learning import known_failures
+from kagura_agent.plan.history import last_applied
+from kagura_agent.state import STATE_FILE, StateStore
 
 # A facts file is a few KiB of JSON written by a test or a script.
 MAX_FACTS_BYTES = 8 * 2**20
@@ -96,13 +105,6 @@ class Facts:
 
 def gather_facts(catalog: Catalog, task: ResolvedTask) -> Facts:
     """Look everything up that the planner needs; never fails on a missing resource."""
-    from kagura_agent.membrane.images import (
-        daemon_info,
-        local_image_digest,
-        recipe_digest,
-        recipe_path,
-    )
-
     tag = task.image.spec["tag"]
     recipe = task.image.spec["recipe"]
     folder = recipe_path(recipe)
@@ -122,8 +124,6 @@ def _daemon(info: dict[str, Any] | None) -> dict[str, Any] | None:
     """Only what the plan shows: whether container root is host root."""
     if info is None:
         return None
-    from kagura_agent.membrane.isolation import isolation_report
-
     report = isolation_report(info)
     return {"userns_remap": report["userns_remap"], "rootless": report["rootless"]}
 
@@ -149,8 +149,6 @@ def _mode(path: str) -> int | None:
 
 
 def graduation_knobs(catalog: Catalog) -> Knobs:
-    from kagura_agent.graduation.knobs import knobs_from_spec
-
     knob_keys = ("min_successes", "min_distinct_tasks", "cooldown", "failure_window")
     for manifest in catalog.of("Graduation"):
         return knobs_from_spec({k: v for k, v in manifest.spec.items() if k in knob_keys})
@@ -158,15 +156,10 @@ def graduation_knobs(catalog: Catalog) -> Knobs:
 
 
 def _graduation(catalog: Catalog) -> GraduationSnapshot:
-    from kagura_agent.paths import state_dir
-    from kagura_agent.state import STATE_FILE, StateStore
-
     knobs = graduation_knobs(catalog)
     path = state_dir() / STATE_FILE
     if not path.exists():
         return GraduationSnapshot(version=0, knobs=knobs)
-    from kagura_agent.graduation.ledger import snapshot
-
     with StateStore(path) as store:
         return snapshot(store, knobs)
 
@@ -176,13 +169,8 @@ def _memory_facts(task: ResolvedTask) -> dict[str, Any]:
     section = _memory_section(task)
     if section["backend"] != "sqlite":
         return {}
-    from kagura_agent.memory.factory import open_memory, sqlite_path
-
     if not sqlite_path(section).exists():
         return {}
-    from kagura_agent.patterns.cost_history import history
-    from kagura_agent.patterns.failure_learning import known_failures
-
     store = open_memory(section)
     try:
         untrusted, missing = [], []
@@ -209,8 +197,6 @@ def _parent_facts(task: ResolvedTask) -> dict[str, Any]:
     """For a dispatched child: the parent's last applied plan and the run that applied it."""
     if task.parent is None:
         return {}
-    from kagura_agent.plan.history import last_applied
-
     parent_plan = last_applied(task.parent["task"])
     if parent_plan is None:
         return {}
@@ -221,9 +207,6 @@ def _applying_run(plan: Mapping[str, Any]) -> str | None:
     """The newest run of ``plan`` (same task, same fingerprint) in the runs table."""
     import sqlite3
     from contextlib import closing
-
-    from kagura_agent.paths import state_dir
-    from kagura_agent.state import STATE_FILE
 
     path = state_dir() / STATE_FILE
     # Read-only: planning must never create or migrate the state store.
@@ -240,7 +223,5 @@ def _applying_run(plan: Mapping[str, Any]) -> str | None:
 
 
 def _memory_section(task: ResolvedTask) -> dict[str, Any]:
-    from kagura_agent.memory.factory import section_from_manifest
-
     memory = task.memory
     return section_from_manifest(*((memory.name, memory.spec) if memory else (None, None)))

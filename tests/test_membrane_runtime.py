@@ -15,8 +15,7 @@ from resources import missing
 
 from kagura_agent.errors import ExitCode, RefusedError
 from kagura_agent.membrane import attach, build, images
-from kagura_agent.membrane.isolation import daemon_isolation_report
-from kagura_agent.membrane.runtime import DockerRuntime, check_image_digest
+from kagura_agent.membrane.runtime import DockerRuntime, check_image_digest, daemon_isolation_report
 
 pytestmark = pytest.mark.docker
 

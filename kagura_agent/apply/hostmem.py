@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from kagura_agent.memory.factory import open_memory
 from kagura_agent.memory.model import Memory, Source
 from kagura_agent.plan.model import Plan
 
@@ -64,8 +65,6 @@ class HostMemory:
 
 def open_host_memory(plan: Plan, run_id: str) -> HostMemory:
     """The memory server for ``plan``'s run, with the task's trust filter."""
-    from kagura_agent.memory.factory import open_memory
-
     store = open_memory(plan["memory"])
     include = bool(plan["task"].get("context", {}).get("include_untrusted"))
     kind = plan["task"].get("kind") or plan["task"]["name"]

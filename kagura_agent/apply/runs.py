@@ -19,6 +19,8 @@ from typing import Any
 
 from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import RefusedError
+from kagura_agent.membrane.hardening import LABEL_RUN
+from kagura_agent.membrane.leases.ledger import owner_alive, process_start
 from kagura_agent.paths import state_dir
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
@@ -47,8 +49,6 @@ def new_run_id() -> str:
 
 
 def open_run(store: StateStore, plan: Plan, run_id: str, clock: Clock) -> None:
-    from kagura_agent.membrane.leases.ledger import process_start
-
     store.migrate("runs", MIGRATIONS)
     with store.transaction() as conn:
         conn.execute(
@@ -76,9 +76,6 @@ def close_run(store: StateStore, run_id: str, outcome: str, exit_code: int, cloc
 
 def sweep_dead_runs(store: StateStore, runtime: Any, clock: Clock) -> list[str]:
     """Remove the containers of runs whose applying process died; close their rows."""
-    from kagura_agent.membrane.hardening import LABEL_RUN
-    from kagura_agent.membrane.leases.ledger import owner_alive
-
     store.migrate("runs", MIGRATIONS)
     swept = []
     rows = store.conn.execute(

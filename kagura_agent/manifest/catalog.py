@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kagura_agent.errors import Diagnostic
+from kagura_agent.manifest.cache import PassCache, key
 from kagura_agent.manifest.loader import Sources
 from kagura_agent.manifest.schema import KINDS, schema_version, validate_document
 from kagura_agent.manifest.yamlpos import Path, YamlDoc, json_path
@@ -93,8 +94,6 @@ def schema_valid(
     A document whose file digest (``digests``) passed this exact check before is not
     checked again (see kagura_agent.manifest.cache).
     """
-    from kagura_agent.manifest.cache import PassCache, key
-
     manifests: list[Manifest] = []
     problems: list[Diagnostic] = []
     passed = PassCache("schema-pass")

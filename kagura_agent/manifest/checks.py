@@ -10,6 +10,7 @@ from typing import Any
 
 from kagura_agent.errors import Diagnostic
 from kagura_agent.hygiene import looks_like_secret
+from kagura_agent.manifest.cache import PassCache, key
 from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.grants import check_grants
 from kagura_agent.manifest.hosts import normalize_host
@@ -175,8 +176,6 @@ def check_policy(manifest: Manifest) -> list[Diagnostic]:
 
 def _schema_problem(schema_json: str) -> str | None:
     """A rule schema's metaschema problem, or None; passes are remembered on disk."""
-    from kagura_agent.manifest.cache import PassCache, key
-
     passed = PassCache("metaschema-pass")
     digest = key("metaschema", schema_json)
     if digest in passed:

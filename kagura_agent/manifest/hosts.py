@@ -22,6 +22,8 @@ import unicodedata
 from functools import cache
 from typing import Any
 
+from kagura_agent.manifest.cache import PassCache, key
+
 MAX_NAME = 253
 _LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
 _ASCII_NAME = re.compile(r"(\*\.)?[a-z0-9.-]{1,253}")
@@ -103,8 +105,6 @@ def is_public_suffix(name: str) -> bool:
     shipped list file's identity, so a plan over the same wildcards does not load the
     list again; a suffix is always checked.
     """
-    from kagura_agent.manifest.cache import PassCache, key
-
     identity = _list_identity()
     passed = PassCache("suffix-pass")
     item = key("public-suffix", identity, name) if identity else ""

@@ -16,6 +16,7 @@ from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.template import TemplateLimit, render_prompt
 from kagura_agent.membrane.mounts import check_mount
 from kagura_agent.membrane.roots import check_project_root
+from kagura_agent.memory.factory import sqlite_path
 from kagura_agent.plan.model import BrainRuntime
 from kagura_agent.units import parse_duration
 
@@ -321,8 +322,6 @@ def workspace_roots(catalog: Catalog) -> list[str]:
 
 
 def _memory_files(catalog: Catalog) -> list[tuple[str, str]]:
-    from kagura_agent.memory.factory import sqlite_path
-
     found = []
     for manifest in catalog.of("Memory"):
         if manifest.spec.get("backend", "sqlite") == "sqlite":

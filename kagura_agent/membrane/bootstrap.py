@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kagura_agent.errors import SetupError
+from kagura_agent.membrane.runtime import docker_errors
 
 BOOTSTRAP_REF = "kagura/bootstrap:bookworm"
 SUITE = "bookworm"
@@ -116,8 +117,6 @@ def bootstrap(
     Skips (returning the existing ID) when the image exists and ``force`` is false.
     Needs root (debootstrap chroots) and the ``debootstrap`` tool.
     """
-    from kagura_agent.membrane.runtime import docker_errors
-
     api = client.api
     if not force:
         with docker_errors("looking up the bootstrap image"):
@@ -167,8 +166,6 @@ def _finish_rootfs(rootfs: Path, sources: list[AptSource]) -> None:
 
 def _import(api: Any, rootfs: Path, ref: str) -> str:
     """Stream ``tar`` of the rootfs into ``POST /images/create?fromSrc=-``."""
-    from kagura_agent.membrane.runtime import docker_errors
-
     repo, tag = ref.rsplit(":", 1)
     tar = subprocess.Popen(
         ["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "-c", "."],

@@ -26,6 +26,8 @@ from kagura_agent import __version__
 from kagura_agent.errors import SetupError, UsageError
 from kagura_agent.membrane import images
 from kagura_agent.membrane.bootstrap import BOOTSTRAP_REF
+from kagura_agent.membrane.runtime import docker_errors
+from kagura_agent.membrane.source import package_source
 
 WHEELHOUSE_EXTRAS = "claude,brain,aws"
 # The images' python3 is Debian bookworm's 3.11; compiled wheels must match its ABI.
@@ -64,8 +66,6 @@ def _wheelhouse(target: Path, log: Log, name: str) -> None:
             f"building the {name} image needs Python {'.'.join(map(str, CONTAINER_PYTHON))}"
             f" on the host (its wheels go into Debian bookworm's python3)"
         )
-    from kagura_agent.membrane.source import package_source
-
     log(name, f"pip wheel kagura-agent[{WHEELHOUSE_EXTRAS}] into the build context")
     cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(target)]
     # A fixed SOURCE_DATE_EPOCH makes our own wheel byte-identical while the source is
@@ -89,8 +89,6 @@ def _wheelhouse(target: Path, log: Log, name: str) -> None:
 
 def build_one(client: Any, name: str, directory: Path, *, log: Log, upstream: bool = False) -> str:
     """Build ``images/<name>`` as ``kagura/<name>:<version>``; return the image ID."""
-    from kagura_agent.membrane.runtime import docker_errors
-
     recipe = directory / name
     parent = _parent_ref(recipe, upstream)
     labels = {

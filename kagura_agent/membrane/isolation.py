@@ -56,12 +56,3 @@ def isolation_report(info: dict[str, Any]) -> dict[str, Any]:
     if not report["seccomp"]:
         report["warnings"].append("the Docker daemon reports no seccomp support")
     return report
-
-
-def daemon_isolation_report(client: Any) -> dict[str, Any]:
-    """``isolation_report`` for a live docker-py client (errors become SetupError)."""
-    from kagura_agent.membrane.runtime import docker_errors
-
-    with docker_errors("reading docker info"):
-        info = client.info()
-    return isolation_report(info)

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kagura_agent.manifest.cache import cache_dir
 from kagura_agent.paths import PACKAGE_DIR, state_dir
 
 # Forbidden with everything below them.
@@ -140,8 +141,6 @@ def _git_top(start: Path) -> Path | None:
 
 def forbidden_places(extra: Iterable[tuple[str, str]] = ()) -> list[Place]:
     """Every refused place on this host, resolved. ``extra`` adds (path, reason) trees."""
-    from kagura_agent.manifest.cache import cache_dir
-
     places = [Place("/", "the host root directory", tree=False)]
     places += [Place(p, "a system directory") for p in _SYSTEM_TREES]
     places += [Place(p, "a shared system directory", tree=False) for p in _SHARED_TOPS]

@@ -15,7 +15,7 @@ from typing import Any
 from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError
 from kagura_agent.membrane import hardening, mounts
 from kagura_agent.membrane.images import local_image_digest
-from kagura_agent.membrane.isolation import check_tenancy
+from kagura_agent.membrane.isolation import check_tenancy, isolation_report
 from kagura_agent.membrane.roots import check_project_root
 from kagura_agent.plan.model import Plan
 
@@ -37,6 +37,13 @@ _CREATE_KEYS = frozenset(
         "entrypoint",
     }
 )
+
+
+def daemon_isolation_report(client: Any) -> dict[str, Any]:
+    """``isolation.isolation_report`` for a live docker-py client (errors become SetupError)."""
+    with docker_errors("reading docker info"):
+        info = client.info()
+    return isolation_report(info)
 
 
 class ContainerError(KaguraError):

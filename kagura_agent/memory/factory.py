@@ -18,7 +18,9 @@ from typing import Any
 
 from kagura_agent.clock import Clock
 from kagura_agent.errors import SetupError, UsageError
+from kagura_agent.membrane.secrets import parse_secret_ref, resolve
 from kagura_agent.memory.model import MemoryStore
+from kagura_agent.memory.sqlite import MEMORY_FILE, SqliteMemoryStore
 from kagura_agent.paths import state_dir
 
 DEFAULT_CONTEXT = "kagura-agent"
@@ -40,8 +42,6 @@ def section_from_manifest(name: str | None, spec: Mapping[str, Any] | None) -> d
 
 def sqlite_path(section: Mapping[str, Any]) -> Path:
     """Where the embedded store lives: ``state-dir`` means ``<state_dir>/memory.db``."""
-    from kagura_agent.memory.sqlite import MEMORY_FILE
-
     location = str(section.get("location") or "state-dir")
     if location == "state-dir":
         return state_dir() / MEMORY_FILE
@@ -51,8 +51,6 @@ def sqlite_path(section: Mapping[str, Any]) -> Path:
 def resolve_token(token_ref: str | None) -> str:
     """Resolve the token reference (env:, file: or keyring:) the way every secret is
     resolved (membrane.secrets); the value is never logged or stored."""
-    from kagura_agent.membrane.secrets import parse_secret_ref, resolve
-
     if not token_ref:
         raise SetupError(
             "the cloud memory backend needs a token reference",
@@ -74,8 +72,6 @@ def open_memory(
     section = memory_plan_section or DEFAULT_SECTION
     backend = section.get("backend", "sqlite")
     if backend == "sqlite":
-        from kagura_agent.memory.sqlite import SqliteMemoryStore
-
         return SqliteMemoryStore(sqlite_path(section), clock=clock)
     if backend == "cloud":
         url = section.get("location")
@@ -83,6 +79,8 @@ def open_memory(
             raise SetupError(
                 f"the cloud memory backend needs an http(s) URL as location, got {url!r}"
             )
+        # Lazy: the cloud backend is chosen by configuration and pulls in asyncio, which
+        # `plan` (the sqlite backend) should not pay for.
         from kagura_agent.memory.cloud import CloudMemoryStore
 
         return CloudMemoryStore(

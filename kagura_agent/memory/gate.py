@@ -14,6 +14,7 @@ from typing import Any
 
 from kagura_agent.errors import SetupError
 from kagura_agent.memory.factory import DEFAULT_SECTION, open_memory
+from kagura_agent.memory.sqlite import SqliteMemoryStore
 
 RETRY_DELAY_SECONDS = 0.5
 
@@ -30,8 +31,6 @@ def check_ready(memory_plan_section: Mapping[str, Any] | None, *, token: str | N
 def _check_sqlite(section: Mapping[str, Any]) -> None:
     import sqlite3
 
-    from kagura_agent.memory.sqlite import SqliteMemoryStore
-
     store = open_memory(section)
     assert isinstance(store, SqliteMemoryStore)
     try:
@@ -46,7 +45,7 @@ def _check_sqlite(section: Mapping[str, Any]) -> None:
 
 
 def _check_cloud(section: Mapping[str, Any], token: str | None) -> None:
-    from kagura_agent.memory.cloud import CloudMemoryStore
+    from kagura_agent.memory.cloud import CloudMemoryStore  # lazy: see memory/factory.py
 
     store = open_memory(section, token=token)  # missing URL/token/client: raises, no retry
     assert isinstance(store, CloudMemoryStore)

@@ -6,7 +6,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from kagura_agent.errors import UsageError
+from kagura_agent.facts import Facts, gather_facts
+from kagura_agent.manifest.cache import PassCache, key
+from kagura_agent.manifest.workspace import load_workspace
 from kagura_agent.plan.model import Plan, Violation
+from kagura_agent.plan.planner import compile_plan
+from kagura_agent.plan.policy import CHECKER_VERSION, check_rule
 
 
 def plan_tasks(
@@ -16,10 +21,6 @@ def plan_tasks(
     facts_file: str | None = None,
     base_rev: str | None = None,
 ) -> list[Plan]:
-    from kagura_agent.facts import Facts, gather_facts
-    from kagura_agent.manifest.workspace import load_workspace
-    from kagura_agent.plan.planner import compile_plan
-
     workspace = load_workspace(manifests, paths, base_rev=base_rev)
     if not workspace.tasks:
         raise UsageError("no Task documents found in " + ", ".join(paths))
@@ -43,15 +44,10 @@ class CachedRuleChecker:
     """
 
     def __init__(self) -> None:
-        from kagura_agent.manifest.cache import PassCache
-
         self.passed = PassCache("policy-pass")
 
     def __call__(self, schema: dict[str, Any], plan: Mapping[str, Any]) -> list[Violation]:
         import json
-
-        from kagura_agent.manifest.cache import key
-        from kagura_agent.plan.policy import CHECKER_VERSION, check_rule
 
         digest = key(
             "policy",

@@ -21,6 +21,7 @@ from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.manifest.schema import schema_version
 from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.membrane.floor import floor_violations
+from kagura_agent.memory.factory import section_from_manifest
 from kagura_agent.patterns.cost_history import (
     DEFAULT_QUANTILE,
     DEFAULT_RESERVE,
@@ -537,8 +538,6 @@ def _brain(task: ResolvedTask) -> BrainSection:
 
 
 def _memory(task: ResolvedTask, facts: Facts) -> MemorySection:
-    from kagura_agent.memory.factory import section_from_manifest
-
     memory = task.memory
     section = section_from_manifest(*((memory.name, memory.spec) if memory else (None, None)))
     return {

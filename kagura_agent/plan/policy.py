@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kagura_agent.manifest.catalog import Catalog
+from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.plan.model import PolicyResult, Violation
 
 RuleChecker = Callable[[dict[str, Any], Mapping[str, Any]], list[Violation]]
@@ -26,8 +27,6 @@ CHECKER_VERSION = "2-denied-domains"
 
 
 def _bare(host: str) -> str:
-    from kagura_agent.manifest.hosts import normalize_host
-
     name, _ = normalize_host(host)
     return (name or host).lower().rstrip(".")
 

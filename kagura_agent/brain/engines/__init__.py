@@ -11,6 +11,9 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
+from kagura_agent.brain.engines.kagura_brain import BACKENDS, KaguraBrain
+from kagura_agent.brain.engines.script import ScriptBrain
+from kagura_agent.brain.engines.sdk import SdkBrain
 from kagura_agent.brain.protocol import ENGINES, PERMISSION_MODES, Brain, MemoryClient
 from kagura_agent.errors import SetupError, UsageError
 
@@ -46,16 +49,10 @@ def select_engine(brain: Mapping[str, Any], *, memory: MemoryClient | None = Non
         )
     require_extra(engine)
     if engine == "sdk":
-        from kagura_agent.brain.engines.sdk import SdkBrain
-
         return SdkBrain(cli_path=brain.get("cli_path"), memory=memory)
     if engine == "kagura-brain":
-        from kagura_agent.brain.engines.kagura_brain import BACKENDS, KaguraBrain
-
         backend = brain.get("backend") or "claude"
         if backend not in BACKENDS:
             raise UsageError(f"unknown kagura-brain backend {backend!r}; expected {BACKENDS}")
         return KaguraBrain()
-    from kagura_agent.brain.engines.script import ScriptBrain
-
     return ScriptBrain()
