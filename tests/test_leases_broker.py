@@ -200,6 +200,25 @@ def test_static_needs_standing(
     lease.release()
 
 
+def test_providers_date_leases_with_the_brokers_clock(
+    broker: Broker, cloudflare: FakeCloudflare, clock: FixedClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The static provider computes its own expiry: from the injected clock, not the wall."""
+    monkeypatch.setenv("KAGURA_TEST_LLM_KEY", "sk-ant-canary-standing-key-0000000000")
+    clock.advance(timedelta(days=3))
+    static = entry(
+        cloudflare,
+        name="anthropic",
+        type="static",
+        scope_spec={"env": "ANTHROPIC_API_KEY"},
+        secret_ref="env:KAGURA_TEST_LLM_KEY",
+        standing=True,
+    )
+    lease = broker.acquire(LeaseRequest.from_plan(static))
+    assert lease.expires_at == clock.now() + timedelta(seconds=900)
+    lease.release()
+
+
 def test_permanent_mint_failure_closes_the_row(
     broker: Broker, cloudflare: FakeCloudflare, store: StateStore
 ) -> None:

@@ -14,6 +14,7 @@ wider credential.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -110,7 +111,7 @@ class Broker:
         *,
         run_id: str | None = None,
         clock: Clock | None = None,
-        provider_factory: ProviderFactory = build_provider,
+        provider_factory: ProviderFactory | None = None,
         resolver: SecretResolver = resolve,
         redactor: Redactor | None = None,
     ) -> None:
@@ -118,7 +119,9 @@ class Broker:
         self.ledger = Ledger(store, self.clock)
         self.owner = Owner.current(run_id or new_id("run-"))
         self.redactor = redactor or Redactor()
-        self._factory = provider_factory
+        # By default providers are built with this broker's clock (leases and what the
+        # provider dates itself agree).
+        self._factory = provider_factory or functools.partial(build_provider, clock=self.clock)
         self._resolver = resolver
         self._providers: dict[tuple[str, str, str], CredentialProvider] = {}
         self.leases: list[Lease] = []

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from kagura_agent.clock import Clock, SystemClock
 from kagura_agent.errors import SetupError, UsageError
 
 CREDS_DIR = "/run/kagura/creds"  # a tmpfs inside the container, owner-only
@@ -106,13 +107,19 @@ _MODULES = {
 PROVIDER_TYPES = tuple(_MODULES)
 
 
-def build_provider(kind: str, settings: Mapping[str, Any], root_secret: str) -> CredentialProvider:
-    """Build the provider for ``kind``; ``settings`` is the scope_spec (endpoint, region…)."""
+def build_provider(
+    kind: str, settings: Mapping[str, Any], root_secret: str, *, clock: Clock | None = None
+) -> CredentialProvider:
+    """Build the provider for ``kind``; ``settings`` is the scope_spec (endpoint, region…).
+
+    ``clock`` dates what the provider computes itself (a static lease's expiry, a GitHub
+    App JWT); the broker passes its own.
+    """
     module_name = _MODULES.get(kind)
     if module_name is None:
         raise UsageError(f"unknown credential provider type {kind!r}")
     module = importlib.import_module(f"kagura_agent.membrane.providers.{module_name}")
-    provider: CredentialProvider = module.create(settings, root_secret)
+    provider: CredentialProvider = module.create(settings, root_secret, clock or SystemClock())
     return provider
 
 

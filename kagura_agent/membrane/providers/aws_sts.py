@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from kagura_agent.clock import Clock
 from kagura_agent.errors import UsageError
 from kagura_agent.membrane.providers import (
     CREDS_DIR,
@@ -152,5 +153,6 @@ class AwsStsProvider:
             raise ProviderError(f"sts {operation}: {type(exc).__name__}", transient=False) from None
 
 
-def create(settings: Mapping[str, Any], root_secret: str) -> AwsStsProvider:
+def create(settings: Mapping[str, Any], root_secret: str, clock: Clock) -> AwsStsProvider:
+    """``clock`` is unused: the provider's API dates its credentials."""
     return AwsStsProvider(settings, root_secret)

@@ -12,9 +12,10 @@ named ``kagura-<lease id>`` so a crash between minting and recording it is still
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
+from kagura_agent.clock import Clock
 from kagura_agent.errors import UsageError
 from kagura_agent.membrane.providers import (
     CREDS_DIR,
@@ -51,7 +52,8 @@ class CloudflareProvider:
     min_ttl = 60
     max_ttl = 3600
 
-    def __init__(self, settings: Mapping[str, Any], root_secret: str) -> None:
+    def __init__(self, settings: Mapping[str, Any], root_secret: str, clock: Clock) -> None:
+        self._clock = clock
         cloudflare = require_extra("cloudflare", "cloudflare")
         self._errors = cloudflare
         self._client = cloudflare.Cloudflare(
@@ -64,7 +66,7 @@ class CloudflareProvider:
     def mint(self, scope_spec: Mapping[str, Any], ttl_seconds: int, lease_id: str) -> Minted:
         # Cloudflare compares expires_on at second precision; round down so we never
         # outlive the lease we recorded.
-        expires_at = (datetime.now(UTC) + timedelta(seconds=ttl_seconds)).replace(microsecond=0)
+        expires_at = (self._clock.now() + timedelta(seconds=ttl_seconds)).replace(microsecond=0)
         token = self._call(
             "create token",
             lambda: self._client.user.tokens.create(
@@ -110,5 +112,5 @@ class CloudflareProvider:
             raise ProviderError(f"{what}: {type(exc).__name__}", transient=False) from None
 
 
-def create(settings: Mapping[str, Any], root_secret: str) -> CloudflareProvider:
-    return CloudflareProvider(settings, root_secret)
+def create(settings: Mapping[str, Any], root_secret: str, clock: Clock) -> CloudflareProvider:
+    return CloudflareProvider(settings, root_secret, clock)

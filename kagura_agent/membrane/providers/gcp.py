@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from kagura_agent.clock import Clock
 from kagura_agent.errors import UsageError
 from kagura_agent.membrane.providers import (
     CREDS_DIR,
@@ -154,5 +155,6 @@ class GcpProvider:
             ) from None
 
 
-def create(settings: Mapping[str, Any], root_secret: str) -> GcpProvider:
+def create(settings: Mapping[str, Any], root_secret: str, clock: Clock) -> GcpProvider:
+    """``clock`` is unused: the provider's API dates its credentials."""
     return GcpProvider(settings, root_secret)

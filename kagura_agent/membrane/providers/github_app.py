@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from kagura_agent.clock import Clock
 from kagura_agent.errors import UsageError
 from kagura_agent.membrane.providers import (
     CREDS_DIR,
@@ -50,6 +51,8 @@ class GithubAppProvider:
         self._tokens: dict[str, str] = {}  # minted id -> token, for in-process revocation
 
     def _app_jwt(self) -> str:
+        # Wall time, not the injected clock: GitHub judges the JWT by its own clock (and the
+        # expiry we record comes from GitHub's answer).
         now = int(time.time())
         # iat 60 s in the past tolerates clock drift, as GitHub's docs recommend.
         claims = {"iat": now - 60, "exp": now + 540, "iss": self.app_id}
@@ -120,5 +123,6 @@ class GithubAppProvider:
             raise ProviderError(f"{method} {path}: {type(exc).__name__}", transient=True) from None
 
 
-def create(settings: Mapping[str, Any], root_secret: str) -> GithubAppProvider:
+def create(settings: Mapping[str, Any], root_secret: str, clock: Clock) -> GithubAppProvider:
+    """``clock`` is unused: see ``_app_jwt``."""
     return GithubAppProvider(settings, root_secret)

@@ -9,9 +9,10 @@ broker refuses it unless the plan entry is ``standing``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
+from kagura_agent.clock import Clock
 from kagura_agent.errors import UsageError
 from kagura_agent.membrane.providers import Bundle, Minted
 
@@ -22,7 +23,8 @@ class StaticProvider:
     min_ttl = 1
     max_ttl = 3600
 
-    def __init__(self, settings: Mapping[str, Any], root_secret: str) -> None:
+    def __init__(self, settings: Mapping[str, Any], root_secret: str, clock: Clock) -> None:
+        self._clock = clock
         self._value = root_secret
 
     def mint(self, scope_spec: Mapping[str, Any], ttl_seconds: int, lease_id: str) -> Minted:
@@ -36,7 +38,7 @@ class StaticProvider:
         env = {str(env_name): self._value} if env_name else {}
         return Minted(
             id=f"static:{lease_id}",
-            expires_at=datetime.now(UTC) + timedelta(seconds=ttl_seconds),
+            expires_at=self._clock.now() + timedelta(seconds=ttl_seconds),
             bundle=Bundle(files=files, env=env),
             secrets=(self._value,),
         )
@@ -49,5 +51,5 @@ class StaticProvider:
         return []
 
 
-def create(settings: Mapping[str, Any], root_secret: str) -> StaticProvider:
-    return StaticProvider(settings, root_secret)
+def create(settings: Mapping[str, Any], root_secret: str, clock: Clock) -> StaticProvider:
+    return StaticProvider(settings, root_secret, clock)
