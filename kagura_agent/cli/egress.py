@@ -29,34 +29,35 @@ def _log(args: argparse.Namespace) -> int:
     from kagura_agent.membrane.egress import audit
     from kagura_agent.state import StateStore
 
-    store = audit.open_store(StateStore())
-    run_id = args.run or audit.latest_run(store)
-    if run_id is None:
-        raise UsageError("no egress runs recorded yet")
-    if audit.run_allowlist(store, run_id) is None:
-        raise UsageError(f"no egress record for run {run_id!r}")
-    events = audit.load_events(store, run_id)
-    summary = audit.denial_summary(events)
-    if args.denied:
-        events = [e for e in events if e.decision == "deny"]
-    if args.json:
-        body = {"run_id": run_id, "events": [e.to_json() for e in events], "denials": summary}
-        print_ok(body)
-        return 0
-    print(f"egress decisions of run {run_id}: {len(events)}")
-    for e in events:
-        why = e.entry if e.decision == "allow" else e.reason
-        print(
-            f"{e.time}  {e.decision.upper():<5} {e.method:<7} {e.host}:{e.port:<6}"
-            f" {e.status:>3}  in={e.bytes_in} out={e.bytes_out}  {why}"
-        )
-    if summary:
-        print("denied (what the agent tried to reach):")
-        for row in summary:
+    with StateStore() as store:
+        store = audit.open_store(store)
+        run_id = args.run or audit.latest_run(store)
+        if run_id is None:
+            raise UsageError("no egress runs recorded yet")
+        if audit.run_allowlist(store, run_id) is None:
+            raise UsageError(f"no egress record for run {run_id!r}")
+        events = audit.load_events(store, run_id)
+        summary = audit.denial_summary(events)
+        if args.denied:
+            events = [e for e in events if e.decision == "deny"]
+        if args.json:
+            body = {"run_id": run_id, "events": [e.to_json() for e in events], "denials": summary}
+            print_ok(body)
+            return 0
+        print(f"egress decisions of run {run_id}: {len(events)}")
+        for e in events:
+            why = e.entry if e.decision == "allow" else e.reason
             print(
-                f"  {row['count']:>4}x {row['method']} {row['host']}:{row['port']} ({row['reason']})"
+                f"{e.time}  {e.decision.upper():<5} {e.method:<7} {e.host}:{e.port:<6}"
+                f" {e.status:>3}  in={e.bytes_in} out={e.bytes_out}  {why}"
             )
-    return 0
+        if summary:
+            print("denied (what the agent tried to reach):")
+            for row in summary:
+                print(
+                    f"  {row['count']:>4}x {row['method']} {row['host']}:{row['port']} ({row['reason']})"
+                )
+        return 0
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -64,8 +65,8 @@ def _sweep(args: argparse.Namespace) -> int:
     from kagura_agent.membrane.runtime import connect, docker_errors
     from kagura_agent.state import StateStore
 
-    with docker_errors("sweeping egress orphans"):
-        removed = sweep_orphans(connect(), audit.open_store(StateStore()))
+    with docker_errors("sweeping egress orphans"), StateStore() as store:
+        removed = sweep_orphans(connect(), audit.open_store(store))
     if args.json:
         print_ok({"removed": removed})
     else:

@@ -79,7 +79,9 @@ def _status(args: argparse.Namespace) -> int:
     from kagura_agent.graduation import snapshot
     from kagura_agent.state import StateStore
 
-    snap = snapshot(StateStore(), _knobs(args))
+    knobs = _knobs(args)
+    with StateStore() as store:
+        snap = snapshot(store, knobs)
     if args.json:
         print_ok(snap.to_json())
         return 0
@@ -113,7 +115,9 @@ def _proposals(args: argparse.Namespace) -> int:
     from kagura_agent.graduation import proposals
     from kagura_agent.state import StateStore
 
-    found = proposals(StateStore(), _knobs(args))
+    knobs = _knobs(args)
+    with StateStore() as store:
+        found = proposals(store, knobs)
     if args.json:
         print_ok({"proposals": [status.to_json() for status in found]})
         return 0
@@ -167,9 +171,9 @@ def _approve(args: argparse.Namespace) -> int:
     from kagura_agent.state import StateStore
 
     who = args.who or operator_name()
-    approve_graduation(
-        StateStore(), args.category, who=who, clock=SystemClock(), knobs=_knobs(args)
-    )
+    knobs = _knobs(args)
+    with StateStore() as store:
+        approve_graduation(store, args.category, who=who, clock=SystemClock(), knobs=knobs)
     print(f"{args.category} graduated by {who}; one failed run demotes it again")
     return 0
 
@@ -183,14 +187,15 @@ def _reset(args: argparse.Namespace) -> int:
 
     who = args.who or operator_name()
     defined = _defined(load_workspace(args.manifests, []).catalog, args.category)
-    reset(
-        StateStore(),
-        args.category,
-        who=who,
-        clock=SystemClock(),
-        reason=args.reason,
-        defined=defined,
-    )
+    with StateStore() as store:
+        reset(
+            store,
+            args.category,
+            who=who,
+            clock=SystemClock(),
+            reason=args.reason,
+            defined=defined,
+        )
     print(f"{args.category} locked; its evidence count starts again from zero")
     return 0
 
@@ -200,9 +205,9 @@ def _history(args: argparse.Namespace) -> int:
     from kagura_agent.graduation import events
     from kagura_agent.state import StateStore
 
-    store = StateStore()
-    decisions = approvals.history(store, category=args.category, limit=args.limit)
-    changes = events(store, args.category)
+    with StateStore() as store:
+        decisions = approvals.history(store, category=args.category, limit=args.limit)
+        changes = events(store, args.category)
     if args.json:
         payload = {
             "decisions": [decision.to_json() for decision in decisions],

@@ -48,7 +48,8 @@ def _list(args: argparse.Namespace) -> int:
     from kagura_agent.membrane.leases.ledger import Ledger
     from kagura_agent.state import StateStore
 
-    rows = Ledger(StateStore(), SystemClock()).rows(include_closed=args.all)
+    with StateStore() as store:
+        rows = Ledger(store, SystemClock()).rows(include_closed=args.all)
     if args.json:
         print_ok({"leases": [row.to_json() for row in rows]})
         return 0
@@ -74,31 +75,32 @@ def _revoke(args: argparse.Namespace) -> int:
     from kagura_agent.membrane.leases.sweeper import Sweeper
     from kagura_agent.state import StateStore
 
-    store = StateStore()
-    ledger = Ledger(store, SystemClock())
-    targets = [r for r in ledger.open_rows() if args.id in (r.id, r.lease)]
-    if not targets:
-        raise UsageError(f"no open lease {args.id!r}", hint="kagura-agent leases list")
-    if args.acknowledge:
-        for row in targets:
-            ledger.close(row.id, "revoked", note="acknowledged by operator")
-        print(f"closed {len(targets)} row(s) as revoked by the operator")
+    with StateStore() as store:
+        ledger = Ledger(store, SystemClock())
+        targets = [r for r in ledger.open_rows() if args.id in (r.id, r.lease)]
+        if not targets:
+            raise UsageError(f"no open lease {args.id!r}", hint="kagura-agent leases list")
+        if args.acknowledge:
+            for row in targets:
+                ledger.close(row.id, "revoked", note="acknowledged by operator")
+            print(f"closed {len(targets)} row(s) as revoked by the operator")
+            return 0
+        report = Sweeper(store).sweep(only=args.id, force=True)
+        print(report.summary())
+        if report.poison or report.retry_later:
+            raise RefusedError(
+                f"lease {args.id} could not be revoked; see `kagura-agent leases list`",
+                hint="fix the provider access, retry, or --acknowledge after revoking by hand",
+            )
         return 0
-    report = Sweeper(store).sweep(only=args.id, force=True)
-    print(report.summary())
-    if report.poison or report.retry_later:
-        raise RefusedError(
-            f"lease {args.id} could not be revoked; see `kagura-agent leases list`",
-            hint="fix the provider access, retry, or --acknowledge after revoking by hand",
-        )
-    return 0
 
 
 def _sweep(args: argparse.Namespace) -> int:
     from kagura_agent.membrane.leases.sweeper import Sweeper
     from kagura_agent.state import StateStore
 
-    report = Sweeper(StateStore()).sweep()
+    with StateStore() as store:
+        report = Sweeper(store).sweep()
     if args.json:
         print_ok({"sweep": report.__dict__})
     else:
