@@ -105,6 +105,11 @@ async def _relay(client: socket.socket, path: str) -> None:
         client.close()
 
 
+def ready_line(path: str, port: int) -> str:
+    """What the forwarder prints on stderr once it listens (start_forwarder waits for it)."""
+    return f"forwarder: 127.0.0.1:{port} -> {path}"
+
+
 def listen(port: int, host: str = "127.0.0.1") -> socket.socket:
     """The forwarder's listening socket (bound now, so a port clash fails at start)."""
     server = socket.create_server((host, port), backlog=256)
@@ -140,7 +145,7 @@ def main(argv: list[str]) -> int:
 
     async def run() -> None:
         server = listen(port)
-        print(f"forwarder: 127.0.0.1:{port} -> {path}", file=sys.stderr, flush=True)
+        print(ready_line(path, port), file=sys.stderr, flush=True)
         await serve(server, path)
 
     with contextlib.suppress(KeyboardInterrupt):
