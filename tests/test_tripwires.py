@@ -101,6 +101,8 @@ def test_a_denial_burst_trips_the_run(docker_client: Any, tmp_path: Path, state_
     assert plan["tripwires"] == {
         "denied_egress": 4,
         "window_seconds": 30,
+        "canary_file": "/home/agent/.git-credentials",
+        "creds_after_wipe": True,
         "source": "strict-tripwires",
     }
     [category] = [a["category"] for a in plan["approvals"] if a["category"].startswith("egress")]

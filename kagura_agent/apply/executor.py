@@ -245,7 +245,7 @@ def _run_in_container(
     result: RunResult,
     cleanup: contextlib.ExitStack,
 ) -> None:
-    from kagura_agent.apply.tripwire import Tripwire
+    from kagura_agent.apply.tripwire import ContainerTraps, Tripwire
     from kagura_agent.apply.verify import stop_agent, verify_in_fresh_container
     from kagura_agent.membrane.egress.squid import ANTHROPIC_API
     from kagura_agent.plan.injection import PLACEHOLDER, injected_provider
@@ -255,6 +255,10 @@ def _run_in_container(
         dict(plan.get("tripwires") or {}),
         lambda reason: _stop_now(runtime, stoppable, live, f"hijack tripwire: {reason}"),
     )
+
+    knobs = dict(plan.get("tripwires") or {})
+    traps = ContainerTraps(tripwire, knobs, str(plan["hardening"].get("user") or "1000:1000"))
+    live.watchers.append(lambda event: tripwire.scan("the brain's output", event))
 
     def on_egress(event: dict[str, Any]) -> None:
         live.egress(event)
@@ -306,11 +310,16 @@ def _run_in_container(
         from kagura_agent.membrane.egress.session import start_forwarder
 
         start_forwarder(runtime.client, container_id, egress_config)
+    cleanup.callback(traps.stop)
+    _arm_traps(runtime, container_id, traps, bool(leases), live)
     asyncio.run(
-        _drive(store, plan, run_id, leases, runtime, container_id, sock, options, live, result)
+        _drive(
+            store, plan, run_id, leases, runtime, container_id, sock, options, live, result, traps
+        )
     )
     # Nothing the agent started may run into verify: its container goes first.
     problem = stop_agent(runtime, container_id)
+    traps.stop()
     watch.stop()
     if watch.exceeded:
         result.brain_error = f"disk: {watch.exceeded}"
@@ -344,6 +353,7 @@ async def _drive(
     options: ApplyOptions,
     live: LiveView,
     result: RunResult,
+    traps: Any = None,
 ) -> None:
     from kagura_agent.apply.hostmem import open_host_memory
     from kagura_agent.apply.session import BrainRun
@@ -371,9 +381,46 @@ async def _drive(
         # out too); verify runs elsewhere, after the container is gone.
         from kagura_agent.membrane.leases import withdraw
 
+        names = _bundle_names(leases)
         for problem in await withdraw(None if channel.closed else channel, leases):
             live.note(f"release problem (kept for the sweeper): {problem}", "red")
+        if traps is not None and leases and not channel.closed:
+            await _watch_after_wipe(traps, names, live)
         await channel.stop()
+
+
+def _bundle_names(leases: list[Any]) -> list[str]:
+    """The file names the run's credentials had under /run/kagura/creds."""
+    names: list[str] = []
+    for lease in leases:
+        with contextlib.suppress(Exception):
+            names += list(lease.bundle.files)
+    return names
+
+
+async def _watch_after_wipe(traps: Any, names: list[str], live: LiveView) -> None:
+    """Decoys take the wiped credentials' names, watched a moment before the stop."""
+    from kagura_agent.apply.tripwire import CREDS_WATCH_SECONDS
+
+    for problem in traps.after_wipe(names):
+        live.note(problem, "yellow")
+    if traps.wiped:
+        await asyncio.sleep(CREDS_WATCH_SECONDS)
+
+
+def _arm_traps(
+    runtime: Any, container_id: str, traps: Any, delivered: bool, live: LiveView
+) -> None:
+    """Plant the canary (and the credential decoy of a run given none) before the turn."""
+    if not traps.wanted:
+        return
+    try:
+        pid = int(runtime.inspect(container_id)["State"]["Pid"])
+    except (KaguraError, KeyError, TypeError, ValueError) as exc:
+        live.note(f"canary and credential tripwires off: {exc}", "yellow")
+        return
+    for problem in traps.arm(pid, delivered):
+        live.note(problem, "yellow")
 
 
 def _stop_now(runtime: Any, containers: list[str], live: LiveView, reason: str) -> None:

@@ -12,6 +12,7 @@ import json
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from kagura_agent.brain.events import (
@@ -57,6 +58,8 @@ class LiveView:
         self._gone = False
         # The run's last brain events, for an incident record.
         self.recent: deque[dict[str, Any]] = deque(maxlen=100)
+        # Called with every brain event's JSON (the canary tripwire scans the output).
+        self.watchers: list[Callable[[dict[str, Any]], None]] = []
 
     def _write(self, line: str, *styles: str) -> None:
         """One line: secrets scrubbed, control characters from the agent made visible,
@@ -118,6 +121,8 @@ class LiveView:
 
     def brain(self, event: BrainEvent) -> None:
         self.recent.append(event_to_json(event))
+        for watch in self.watchers:
+            watch(self.recent[-1])
         if self.as_json:
             self._json("brain", event_to_json(event))
             return

@@ -275,6 +275,8 @@ class Refusal(TypedDict):
 class Tripwires(TypedDict):
     denied_egress: int
     window_seconds: int
+    canary_file: str | None
+    creds_after_wipe: bool
     source: str
 
 
@@ -460,6 +462,10 @@ DESCRIPTIONS: dict[str, str] = {
     "tripwires": "What stops the run as hijacked (revoke, demote, incident).",
     "tripwires.denied_egress": "Denied egress requests within the window that trip.",
     "tripwires.window_seconds": "The window denials are counted in.",
+    "tripwires.canary_file": "Where apply plants the run's decoy credentials file in the"
+    " container (reading it trips), or null when off.",
+    "tripwires.creds_after_wipe": "Whether touching /run/kagura/creds after the"
+    " credentials are wiped (or at all, in a run given none) trips.",
     "tripwires.source": "The Graduation manifest the knobs come from, or `default`.",
     "floor": "How the plan breaks the membrane floor (code, not policy); anything refuses.",
     "policy": "Policy rules evaluated on the plan.",

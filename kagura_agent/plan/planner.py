@@ -79,6 +79,9 @@ RUN_KAGURA_TMPFS_BYTES = 16 * 1024 * 1024
 # Every tmpfs states the flags the container gets. Docker adds noexec,nosuid,nodev to a
 # tmpfs unless an option says otherwise, so the plan writes them out rather than rely on it.
 TMPFS_FLAGS = "rw,noexec,nosuid,nodev"
+# The hijack canary: a decoy credentials file in the agent's home (a tmpfs in the
+# container) that no tool reads unless told to (git only with credential.helper=store).
+CANARY_PATH = "/home/agent/.git-credentials"
 REFUSED = "refused: "  # _unwritable_project's prefix for a refusal rather than a warning
 
 
@@ -586,14 +589,27 @@ def _ceiling_refusals(catalog: Catalog, budget: Budget) -> list[Refusal]:
 
 
 def _tripwires(catalog: Catalog) -> Tripwires:
-    """The hijack tripwire knobs of the operator's Graduation manifest (last one wins)."""
-    found: Tripwires = {"denied_egress": 5, "window_seconds": 60, "source": "default"}
+    """The hijack tripwire knobs of the operator's Graduation manifest (last one wins).
+
+    The canary is a decoy credentials file apply plants in the agent's home (a tmpfs in
+    the container, never the operator's project root) with a per-run value; the plan
+    names where.
+    """
+    found: Tripwires = {
+        "denied_egress": 5,
+        "window_seconds": 60,
+        "canary_file": CANARY_PATH,
+        "creds_after_wipe": True,
+        "source": "default",
+    }
     for graduation in catalog.of("Graduation"):
         knobs = graduation.spec.get("tripwires")
         if knobs:
             found = {
                 "denied_egress": int(knobs.get("denied_egress", 5)),
                 "window_seconds": parse_duration(str(knobs.get("window", "60s"))),
+                "canary_file": CANARY_PATH if knobs.get("canary_file", True) else None,
+                "creds_after_wipe": bool(knobs.get("creds_after_wipe", True)),
                 "source": graduation.name,
             }
     return found

@@ -188,9 +188,14 @@ def render_text(plan: Plan, style: Style) -> str:
         )
     out.append(f"  budget       {_budget_line(plan['budget'])}")
     trip = plan["tripwires"]
+    extra = ""
+    if trip["canary_file"]:
+        extra += f", canary {trip['canary_file']}"
+    if trip["creds_after_wipe"]:
+        extra += ", creds after wipe"
     out.append(
         f"  tripwires    {trip['denied_egress']} denied egress in"
-        f" {format_duration(trip['window_seconds'])} (from {trip['source']})"
+        f" {format_duration(trip['window_seconds'])}{extra} (from {trip['source']})"
     )
     memory = plan["memory"]
     out.append(f"  memory       {memory['name']} ({memory['backend']})")
