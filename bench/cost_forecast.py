@@ -114,7 +114,10 @@ def _apply(manifests: Path, task: Path, env: dict[str, str]) -> dict[str, Any]:
     done = _kagura(["apply", "--yes", "--json", "--manifests", str(manifests), str(task)], env)
     if done.returncode != 0:
         raise SystemExit(f"apply failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    # The result object is printed last on stdout, indented.
+    start = done.stdout.rfind("\n{\n")
+    start = 0 if done.stdout.startswith("{\n") and start < 0 else start + 1
+    result: dict[str, Any] = json.loads(done.stdout[start:])
     return result
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kagura_agent.clock import SystemClock
 from kagura_agent.errors import UsageError
 from kagura_agent.graduation.knobs import Knobs, knobs_from_spec
 from kagura_agent.graduation.ledger import snapshot
@@ -182,7 +183,7 @@ def _memory_facts(task: ResolvedTask) -> dict[str, Any]:
             elif found.untrusted:
                 untrusted.append(f"memory:{memory_id}")
         return {
-            "known_failures": known_failures(store, task.kind),
+            "known_failures": known_failures(store, task.kind, now=SystemClock().now()),
             "cost_history": history(store, task.kind),
             "untrusted_inputs": untrusted,
             "missing_memories": missing,

@@ -6,7 +6,8 @@ is pointed at the fake with KAGURA_CLAUDE_CLI (its bundled CLI would win over PA
 The current source is copied to /opt/src (first on PYTHONPATH), so tests exercise this
 checkout even when the agent image predates it. Fakes log each call to /workspace so a
 test can read them from the project root. Rebuilt when any input changes (a content
-digest label), otherwise reused.
+digest label, also in the tag so concurrent checkouts do not clobber each other's image),
+otherwise reused.
 """
 
 from __future__ import annotations
@@ -79,9 +80,11 @@ def ensure_agent_test_image(client: Any) -> str:
     agent_id = images.local_image_digest(agent)
     if agent_id is None:
         raise RuntimeError(f"{agent} is not built (kagura-agent images build agent)")
-    ref = test_image_ref()
     files = _files()
     digest = _digest(agent_id, files)
+    # One tag per input digest: checkouts testing concurrently on one daemon (worktrees)
+    # must not rebuild each other's image under a run (its digest is in the plan).
+    ref = f"{test_image_ref()}-{digest[:12]}"
     try:
         labels = client.images.get(ref).labels or {}
     except Exception:  # docker.errors.ImageNotFound: build it

@@ -120,24 +120,38 @@ def test_failed_then_fixed_run_becomes_a_known_failure_in_the_next_plan(
     plan = _plan_json(similar, env)
     [known] = plan["memory"]["known_failures"]
     assert known["failure"] == "verify 'grep -q fixed out.txt' exited 1"
-    assert known["fix"] == "docs succeeded: echo fixed > out.txt"
+    # The fix names what the fixing run changed against the failed one.
+    fix = "docs succeeded, changed: + step 'echo fixed > out.txt'; - step 'echo broken > out.txt'"
+    assert known["fix"] == fix
+    assert known["fix_changes"] == [
+        {"change": "step", "op": "+", "value": "echo fixed > out.txt"},
+        {"change": "step", "op": "-", "value": "echo broken > out.txt"},
+    ]
+    assert known["occurrences"] == 1 and known["last_failed"].endswith("Z")
+    assert 0.99 <= known["weight"] <= 1.0  # it failed minutes ago: full weight
+    trust = plan["memory"]["failure_trust"]
+    assert trust["successes"] == 1 and trust["score"] == pytest.approx(0.5, abs=0.01)
     shown = _kagura(["plan", str(similar)], env).stdout
     assert (
-        "known failure  [trusted] \"verify 'grep -q fixed out.txt' exited 1\""
-        '  -> fix: "docs succeeded: echo fixed > out.txt"' in shown
-    )
+        "known failure  [trusted] \"verify 'grep -q fixed out.txt' exited 1\" (1 time, last "
+        in (shown)
+    ), shown
+    assert f'  -> fix: "{fix}"' in shown, shown
     # The brain receives both as context in its turn: quoted, with their tier (a verify
     # failure is the task's command and the host's exit code, so it is trusted).
     assert known["trust"] == "trusted"
     context = turn_from_plan(plan).context.known_failures
     assert "- [trusted] failure: \"verify 'grep -q fixed out.txt' exited 1\"" in context
-    assert 'fix [trusted]: "docs succeeded: echo fixed > out.txt"' in context
-    # The fix is linked to the failure in the store.
+    assert f'fix [trusted]: "{fix}"' in context
+    # The fix is linked to the failure in the store; the edge keeps the change.
     edges = _kagura(["memory", "show", known["failure_id"], "--json"], env)
-    assert {"source_id": known["fix_id"], "target_id": known["failure_id"], "type": "prevents"} in [
-        {k: e[k] for k in ("source_id", "target_id", "type")}
+    [edge] = [
+        e
         for e in json.loads(edges.stdout)["edges"]
+        if (e["source_id"], e["target_id"], e["type"])
+        == (known["fix_id"], known["failure_id"], "prevents")
     ]
+    assert edge["details"]["changes"] == known["fix_changes"]
 
 
 # -- checkpoint and resume --------------------------------------------------------------

@@ -15,10 +15,13 @@ from kagura_agent.memory import Source
 from kagura_agent.memory.sqlite import SqliteMemoryStore
 from kagura_agent.patterns.cost_history import RunCost, forecast, history, quantile, record_run
 from kagura_agent.patterns.failure_learning import (
+    differences,
+    failure_trust,
     known_failures,
     open_failures,
     record_failure,
     record_success,
+    run_shape,
 )
 
 
@@ -29,32 +32,114 @@ def store(tmp_path: Path) -> Iterator[SqliteMemoryStore]:
     opened.close()
 
 
-def test_failure_then_fix_is_linked_and_known(store: SqliteMemoryStore) -> None:
+FAILED_RUN = run_shape(["pip install ."], None, ["image:agent"])
+
+
+def test_a_fix_is_linked_only_when_the_run_changed_and_keeps_the_change(
+    store: SqliteMemoryStore,
+) -> None:
     failed = record_failure(
-        store, run_id="r1", task_kind="build", summary="verify failed: missing libssl-dev"
+        store,
+        run_id="r1",
+        task_kind="build",
+        summary="verify failed: missing libssl-dev",
+        run=FAILED_RUN,
     )
-    assert known_failures(store, "build") == [
-        {
-            "failure": failed.summary,
-            "fix": None,
-            "failure_id": failed.id,
-            "fix_id": None,
-            "trust": "untrusted",  # record_failure's default: fail closed
-        }
-    ]
+    [known] = known_failures(store, "build", now=START + timedelta(hours=2))
+    assert known == {
+        "failure": failed.summary,
+        "fix": None,
+        "failure_id": failed.id,
+        "fix_id": None,
+        "trust": "untrusted",  # record_failure's default: fail closed
+        "last_failed": "2026-01-02T03:04:05Z",
+        "occurrences": 1,
+        "ages_seconds": [7200],
+        "fix_changes": [],
+    }
+    # The same run passing again (a flaky pass) changed nothing recorded: no fix.
+    flaky = record_success(store, run_id="r2", task_kind="build", summary="ok", run=FAILED_RUN)
+    assert flaky.fix is None and flaky.unchanged == [failed.id]
+    assert open_failures(store, "build") == [failed]
+    # A run with a new step and a new capability is the fix; the edge keeps the change.
+    changed = run_shape(
+        ["apt-get install -y libssl-dev", "pip install ."], None, ["egress:debian", "image:agent"]
+    )
     result = record_success(
-        store, run_id="r2", task_kind="build", summary="installed libssl-dev before pip"
+        store, run_id="r3", task_kind="build", summary="build succeeded", run=changed
     )
     assert result.fix is not None
-    assert [(e.source_id, e.target_id, e.type) for e in result.prevents] == [
-        (result.fix.id, failed.id, "prevents")
+    [edge] = result.prevents
+    assert (edge.source_id, edge.target_id, edge.type) == (result.fix.id, failed.id, "prevents")
+    expected = [
+        {"change": "step", "op": "+", "value": "apt-get install -y libssl-dev"},
+        {"change": "capability", "op": "+", "value": "egress:debian"},
     ]
+    assert edge.details == {"run": "r3", "changes": expected}
+    # Read back from the store, not just the returned value.
+    [stored] = store.edges(failed.id, type="prevents", direction="in")
+    assert stored.details == edge.details
+    assert result.fix.summary == (
+        "build succeeded, changed: + step 'apt-get install -y libssl-dev';"
+        " + capability 'egress:debian'"
+    )
     assert open_failures(store, "build") == []
     [known] = known_failures(store, "build")
-    assert known["fix"] == "installed libssl-dev before pip"
+    assert known["fix"] == result.fix.summary and known["fix_changes"] == expected
     assert known_failures(store, "deploy") == []
     # A further success has nothing open to fix.
-    assert record_success(store, run_id="r3", task_kind="build", summary="ok again").fix is None
+    assert (
+        record_success(store, run_id="r4", task_kind="build", summary="ok", run=changed).fix is None
+    )
+
+
+def test_differences_name_steps_instructions_and_capabilities() -> None:
+    before = run_shape(["a", "b"], "do it", ["egress:x"])
+    assert differences(before, before) == []
+    assert differences(before, run_shape(["b", "a"], "do it", ["egress:x"])) == [
+        {"change": "step", "op": "~", "value": "the same steps, reordered"}
+    ]
+    assert differences(before, run_shape(["a"], "do it carefully", [])) == [
+        {"change": "step", "op": "-", "value": "b"},
+        {"change": "instruction", "op": "~", "value": "do it carefully"},
+        {"change": "capability", "op": "-", "value": "egress:x"},
+    ]
+
+
+def test_a_failure_recorded_without_its_run_is_never_fixed_by_guess(
+    store: SqliteMemoryStore,
+) -> None:
+    """Old records kept no run shape: nothing recorded to compare, so no fix is claimed."""
+    old = record_failure(store, run_id="r1", task_kind="build", summary="boom")
+    result = record_success(store, run_id="r2", task_kind="build", summary="ok", run=FAILED_RUN)
+    assert result.fix is None and result.unchanged == [old.id]
+
+
+def test_trust_weighs_recent_failures_more_than_old_ones() -> None:
+    day = 86400.0
+    # A failure just now weighs 1, one half-life ago 0.5, ten half-lives ago ~0.001.
+    assert failure_trust(4, [0.0], 7 * day) == 0.8
+    assert failure_trust(4, [7 * day], 7 * day) == round(4 / 4.5, 3)
+    old = failure_trust(4, [70 * day], 7 * day)
+    recent = failure_trust(4, [1 * day], 7 * day)
+    assert old is not None and recent is not None and old > 0.99 > recent
+    # The same two failures: recent ones cost more trust than old ones.
+    assert failure_trust(3, [day, 2 * day], 7 * day) < failure_trust(
+        3, [30 * day, 40 * day], 7 * day
+    )  # type: ignore[operator]
+    assert failure_trust(0, [], 7 * day) is None
+    assert failure_trust(0, [0.0], 7 * day) == 0.0
+    with pytest.raises(ValueError):
+        failure_trust(1, [], 0)
+
+
+def test_known_failures_group_occurrences_newest_first(store: SqliteMemoryStore) -> None:
+    for run in ("r1", "r2"):
+        record_failure(store, run_id=run, task_kind="build", summary="same trap", run=FAILED_RUN)
+        store.clock.advance(timedelta(days=1))  # type: ignore[attr-defined]
+    [known] = known_failures(store, "build", now=START + timedelta(days=2))
+    assert known["occurrences"] == 2 and known["last_failed"] == "2026-01-03T03:04:05Z"
+    assert known["ages_seconds"] == [86400, 172800]
 
 
 def test_untrusted_failures_reach_the_planner_labelled_untrusted(

@@ -80,11 +80,20 @@ def record_outcome(
                 memory,
                 run_id=run_id,
                 task_kind=task_kind,
-                summary=f"{plan['task']['name']} succeeded: " + _what_ran(plan),
+                summary=f"{plan['task']['name']} succeeded",
                 details={"verify": [c for c, _, _ in result.verify]},
+                run=_run_shape(plan),
             )
             if fixed.fix is not None:
-                live.note(f"linked this run as the fix of {len(fixed.prevents)} earlier failure(s)")
+                live.note(
+                    f"linked this run as the fix of {len(fixed.prevents)} earlier failure(s):"
+                    f" {fixed.fix.summary}"
+                )
+            if fixed.unchanged:
+                live.note(
+                    f"{len(fixed.unchanged)} earlier failure(s) stay open: this run changed"
+                    " nothing recorded (steps, instruction, capabilities) since"
+                )
         else:
             # The brain's error text is the agent's own words: untrusted. A verify failure
             # is the task's command and the host's exit code: trusted.
@@ -95,6 +104,7 @@ def record_outcome(
                 summary=_failure_summary(result),
                 details={"verify": [[c, code] for c, code, _ in result.verify]},
                 trust="untrusted" if result.brain_error else "trusted",
+                run=_run_shape(plan),
             )
         if plan["task"].get("parent"):
             result.output_memory = _record_child_output(memory, plan, run_id, result, success)
@@ -142,6 +152,14 @@ def _record_child_output(memory: Any, plan: Plan, run_id: str, result: Any, succ
         },
     )
     return str(output.id)
+
+
+def _run_shape(plan: Plan) -> dict[str, Any]:
+    """What failure learning compares between a failed run and a later success."""
+    from kagura_agent.patterns.failure_learning import run_shape
+
+    granted = [a["category"] for a in plan["approvals"] if a["class"] != "denied"]
+    return run_shape(plan["task"].get("steps"), plan["task"].get("prompt"), granted)
 
 
 def _what_ran(plan: Plan) -> str:

@@ -155,7 +155,15 @@ class CloudMemoryStore:
             task_kind=task_kind,
         )
 
-    def create_edge(self, source_id: str, target_id: str, type: str) -> Edge:
+    def create_edge(
+        self,
+        source_id: str,
+        target_id: str,
+        type: str,
+        details: Mapping[str, Any] | None = None,
+    ) -> Edge:
+        """The server's edges carry no details: they are returned here but not kept
+        (failure learning keeps them in the fix memory's details too)."""
         check_edge_type(type)
         edge = self._call(
             self._client.create_edge(
@@ -163,7 +171,8 @@ class CloudMemoryStore:
             ),
             "create_edge",
         )
-        return Edge(source_id, target_id, type, _edge_time(edge.created_at, self.clock))
+        created = _edge_time(edge.created_at, self.clock)
+        return Edge(source_id, target_id, type, created, dict(details or {}))
 
     def forget(
         self, memory_id: str, *, reason: str = "", cascade_of: str | None = None

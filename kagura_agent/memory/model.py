@@ -86,19 +86,25 @@ class Memory:
 
 @dataclass(frozen=True)
 class Edge:
-    """A directed link ``source_id -[type]-> target_id`` between two memories."""
+    """A directed link ``source_id -[type]-> target_id`` between two memories.
+
+    ``details`` is the evidence the link stands on (a ``prevents`` edge keeps what the
+    fixing run changed) and who made it (``by``: a run id for links the brain made).
+    """
 
     source_id: str
     target_id: str
     type: str
     created: datetime
+    details: Mapping[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, str]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "source_id": self.source_id,
             "target_id": self.target_id,
             "type": self.type,
             "created": iso(self.created),
+            "details": dict(self.details),
         }
 
 
@@ -178,8 +184,15 @@ class MemoryStore(Protocol):
         """The memory with this id, trusted or not, or None."""
         ...
 
-    def create_edge(self, source_id: str, target_id: str, type: str) -> Edge:
-        """Link two existing memories; idempotent for the same (source, target, type)."""
+    def create_edge(
+        self,
+        source_id: str,
+        target_id: str,
+        type: str,
+        details: Mapping[str, Any] | None = None,
+    ) -> Edge:
+        """Link two existing memories; idempotent for the same (source, target, type)
+        (the first link's details are kept)."""
         ...
 
     def edges(

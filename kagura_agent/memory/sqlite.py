@@ -107,8 +107,13 @@ _V4 = """
 CREATE INDEX memories_filter ON memories(rowid, trust, type, task_kind, source_kind, source_id);
 """
 
+# v5: an edge keeps its evidence and who made it (a prevents edge: what the fix changed).
+_V5 = """
+ALTER TABLE edges ADD COLUMN details TEXT NOT NULL DEFAULT '{}';
+"""
+
 # v3: document frequencies, so recall can leave out terms too common to rank by.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, terms.MIGRATION, _V4)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, terms.MIGRATION, _V4, _V5)
 
 RANK_WINDOW = 1000
 
@@ -191,8 +196,14 @@ class SqliteMemoryStore:
             terms.count_added(conn, terms.document_terms(row_text))
         return memory
 
-    def create_edge(self, source_id: str, target_id: str, type: str) -> Edge:
-        """Link two stored memories; a repeated link is kept once."""
+    def create_edge(
+        self,
+        source_id: str,
+        target_id: str,
+        type: str,
+        details: Mapping[str, Any] | None = None,
+    ) -> Edge:
+        """Link two stored memories; a repeated link is kept once (with its first details)."""
         check_edge_type(type)
         for memory_id in (source_id, target_id):
             if self.get(memory_id) is None:
@@ -200,9 +211,9 @@ class SqliteMemoryStore:
         created = self._now()
         with self._state.transaction() as conn:
             conn.execute(
-                "INSERT OR IGNORE INTO edges(source_id, target_id, type, created)"
-                " VALUES (?, ?, ?, ?)",
-                (source_id, target_id, type, iso(created)),
+                "INSERT OR IGNORE INTO edges(source_id, target_id, type, created, details)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (source_id, target_id, type, iso(created), json.dumps(dict(details or {}))),
             )
             row = conn.execute(
                 "SELECT * FROM edges WHERE source_id = ? AND target_id = ? AND type = ?",
@@ -410,7 +421,10 @@ def _memory(row: sqlite3.Row) -> Memory:
 
 
 def _edge(row: sqlite3.Row) -> Edge:
-    return Edge(row["source_id"], row["target_id"], row["type"], parse_iso(row["created"]))
+    # A store opened read-only before its v5 migration has no details column.
+    has_details = "details" in row.keys()  # noqa: SIM118 - a Row's `in` looks at values
+    details = json.loads(row["details"]) if has_details else {}
+    return Edge(row["source_id"], row["target_id"], row["type"], parse_iso(row["created"]), details)
 
 
 def _tombstone(row: sqlite3.Row) -> Tombstone:

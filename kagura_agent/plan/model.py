@@ -191,12 +191,29 @@ class BrainSection(TypedDict):
     layer: Layer
 
 
+class FixChange(TypedDict):
+    change: str  # step | instruction | capability
+    op: str  # + | - | ~
+    value: str
+
+
 class KnownFailure(TypedDict):
     failure: str
     fix: str | None
     failure_id: NotRequired[str]
     fix_id: NotRequired[str | None]
     trust: NotRequired[str]  # trusted | untrusted (the failure text's tier)
+    last_failed: NotRequired[str | None]
+    occurrences: NotRequired[int]
+    weight: NotRequired[float]
+    fix_changes: NotRequired[list[FixChange]]
+
+
+class FailureTrust(TypedDict):
+    score: float | None
+    successes: int
+    weighted_failures: float
+    half_life_seconds: int
 
 
 class MemorySection(TypedDict):
@@ -206,6 +223,7 @@ class MemorySection(TypedDict):
     token_ref: str | None
     untrusted_inputs: list[str]
     known_failures: list[KnownFailure]
+    failure_trust: FailureTrust
 
 
 class CostFigures(TypedDict):
@@ -435,6 +453,18 @@ DESCRIPTIONS: dict[str, str] = {
     "memory.known_failures[].failure_id": "The failure's memory id (`memory show`).",
     "memory.known_failures[].fix_id": "The fix's memory id, or null.",
     "memory.known_failures[].trust": "`trusted` or `untrusted`: the failure text's tier (untrusted text is quoted, never instructions).",
+    "memory.known_failures[].last_failed": "When this failure last happened (UTC), or null.",
+    "memory.known_failures[].occurrences": "How many recent runs failed this way.",
+    "memory.known_failures[].weight": "Its recency weight now: sum of 0.5 ** (age / failure_half_life) over its occurrences.",
+    "memory.known_failures[].fix_changes": "What the fixing run changed against the failed one (kept on the prevents edge).",
+    "memory.known_failures[].fix_changes[].change": "`step`, `instruction` or `capability`.",
+    "memory.known_failures[].fix_changes[].op": "`+` added, `-` removed, `~` changed.",
+    "memory.known_failures[].fix_changes[].value": "The step, the new instruction (cut at 300 characters) or the capability category.",
+    "memory.failure_trust": "How far this task kind's record is trusted: recent failures weigh more than old ones.",
+    "memory.failure_trust.score": "successes / (successes + weighted_failures), or null without any run.",
+    "memory.failure_trust.successes": "Verified successes among the task kind's recent runs.",
+    "memory.failure_trust.weighted_failures": "Sum of every failure's weight 0.5 ** (age / half_life).",
+    "memory.failure_trust.half_life_seconds": "Graduation `failure_half_life`: the age at which a failure weighs half.",
     "budget": "Turn, time, cost and disk budget.",
     "budget.turns": "Turn limit, or null.",
     "budget.wall_seconds": "Wall-time limit.",

@@ -29,6 +29,7 @@ from kagura_agent.patterns.cost_history import (
     forecast,
 )
 from kagura_agent.patterns.dispatch import narrowing_violations
+from kagura_agent.patterns.failure_learning import DEFAULT_HALF_LIFE_SECONDS, failure_trust
 from kagura_agent.plan.model import (
     Approval,
     BrainSection,
@@ -117,7 +118,7 @@ def compile_plan(
         "credentials": credentials,
         "hardening": hardening,
         "brain": brain,
-        "memory": _memory(task, facts),
+        "memory": _memory(task, facts, catalog),
         "budget": _budget(task, facts, catalog),
     }
     # The membrane floor is code: it holds whatever the manifests and policies say.
@@ -540,22 +541,42 @@ def _brain(task: ResolvedTask) -> BrainSection:
     }
 
 
-def _memory(task: ResolvedTask, facts: Facts) -> MemorySection:
+def _memory(task: ResolvedTask, facts: Facts, catalog: Catalog) -> MemorySection:
     memory = task.memory
     section = section_from_manifest(*((memory.name, memory.spec) if memory else (None, None)))
+    half_life = _failure_half_life(catalog)
+    runs = (facts.cost_history or {}).get("runs") or []
+    successes = sum(1 for run in runs if run.get("outcome") == "success")
+    ages = [float(a) for f in facts.known_failures for a in f.get("ages_seconds") or []]
     return {
         "name": section["name"],
         "backend": section["backend"],
         "location": section["location"],
         "token_ref": section["token_ref"],
         "untrusted_inputs": untrusted_inputs(task, facts),
-        "known_failures": [_known_failure(f) for f in facts.known_failures],
+        "known_failures": [_known_failure(f, half_life) for f in facts.known_failures],
+        "failure_trust": {
+            "score": failure_trust(successes, ages, half_life),
+            "successes": successes,
+            "weighted_failures": round(sum(float(0.5 ** (age / half_life)) for age in ages), 3),
+            "half_life_seconds": half_life,
+        },
     }
 
 
-def _known_failure(found: Mapping[str, Any]) -> KnownFailure:
+def _failure_half_life(catalog: Catalog) -> int:
+    """Graduation ``failure_half_life`` (last manifest wins), in seconds."""
+    half_life = DEFAULT_HALF_LIFE_SECONDS
+    for graduation in catalog.of("Graduation"):
+        if "failure_half_life" in graduation.spec:
+            half_life = parse_duration(str(graduation.spec["failure_half_life"]))
+    return half_life
+
+
+def _known_failure(found: Mapping[str, Any], half_life: int) -> KnownFailure:
     """A known failure and its fix, with their memory ids when the store gave them
-    (``memory show`` follows them)."""
+    (``memory show`` follows them), when it last happened, its recency weight and what
+    the fixing run changed."""
     # A failure whose tier is not stated is untrusted: it reaches the brain quoted either way.
     trust = "trusted" if found.get("trust") == "trusted" else "untrusted"
     known: KnownFailure = {
@@ -567,6 +588,15 @@ def _known_failure(found: Mapping[str, Any]) -> KnownFailure:
         known["failure_id"] = str(found["failure_id"])
     if "fix_id" in found:
         known["fix_id"] = found["fix_id"]
+    if "last_failed" in found:
+        ages = [float(a) for a in found.get("ages_seconds") or []]
+        known["last_failed"] = found.get("last_failed")
+        known["occurrences"] = int(found.get("occurrences") or 1)
+        known["weight"] = round(sum(float(0.5 ** (age / half_life)) for age in ages), 3)
+        known["fix_changes"] = [
+            {"change": str(c["change"]), "op": str(c["op"]), "value": str(c["value"])}
+            for c in found.get("fix_changes") or []
+        ]
     return known
 
 

@@ -108,6 +108,28 @@ def _budget_line(budget: Budget) -> str:
     return text
 
 
+def _trust_text(memory: Mapping[str, Any]) -> str:
+    """``; trust 0.82: 8 successes, failures weigh 1.76 (half-life 7d)`` or ""."""
+    trust = memory.get("failure_trust") or {}
+    if trust.get("score") is None:
+        return ""
+    return (
+        f"; trust {trust['score']}: {trust['successes']} successes, failures weigh"
+        f" {trust['weighted_failures']} (half-life {format_duration(trust['half_life_seconds'])})"
+    )
+
+
+def _last_failed(failure: Mapping[str, Any]) -> str:
+    """`` (2 times, last 2026-12-01T23:10:00Z, weight 0.93)`` or ""."""
+    if not failure.get("last_failed"):
+        return ""
+    times = failure.get("occurrences") or 1
+    return (
+        f" ({times} time{'s' if times != 1 else ''}, last {failure['last_failed']},"
+        f" weight {failure.get('weight', 0)})"
+    )
+
+
 def forecast_text(forecast: Mapping[str, Any]) -> str:
     """``forecast: 12 turns, 4,100 tokens, 40s wall, $0.31 (median of 7 runs); learnt
     turns, wall from p80 of 7 runs + 30%`` — what the next run will probably take, and
@@ -198,7 +220,7 @@ def render_text(plan: Plan, style: Style) -> str:
         f" {format_duration(trip['window_seconds'])}{extra} (from {trip['source']})"
     )
     memory = plan["memory"]
-    out.append(f"  memory       {memory['name']} ({memory['backend']})")
+    out.append(f"  memory       {memory['name']} ({memory['backend']}){_trust_text(memory)}")
     opted_in = task["context"]["include_untrusted"]
     for failure in memory["known_failures"]:
         tier = "trusted" if failure.get("trust") == "trusted" else "untrusted"
@@ -206,6 +228,7 @@ def render_text(plan: Plan, style: Style) -> str:
         withheld = tier == "untrusted" and not opted_in
         out.append(
             f"  known failure  [{tier}] {quote(failure['failure'], 200)}"
+            f"{_last_failed(failure)}"
             f"  -> fix: {quote(str(fix), 200) if fix else '(none yet)'}"
             + ("  (not sent to the brain)" if withheld else "")
         )
