@@ -171,11 +171,13 @@ def test_turn_from_plan() -> None:
     turn = turn_from_plan(plan, completed_steps=1)
     assert turn.steps == ("make docs",) and turn.prompt is None
     assert turn.cwd == "/workspace" and turn.completed_steps == 1
-    assert turn.budget == Budget(turns=20, wall_seconds=600, cost_usd=None)
+    # The case's cost history (3 runs of ~50 s, 3 turns) set the budget, floors holding.
+    assert turn.budget == Budget(turns=5, wall_seconds=65, cost_usd=None)
     assert turn.context.memory_ids == ("mem-7",)
     assert turn.context.known_failures == (
         '- [trusted] failure: "sphinx: command not found";'
-        ' fix [trusted]: "pip install -r docs/requirements.txt first"'
+        " fix [trusted]: \"build-docs succeeded, changed: + step"
+        " 'pip install -r docs/requirements.txt'\""
     )  # the untrusted failure is withheld from a run that did not opt into untrusted memory
     plan["task"]["context"]["include_untrusted"] = True
     opted = turn_from_plan(plan).context.known_failures.splitlines()
