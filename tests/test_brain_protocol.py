@@ -176,7 +176,7 @@ def test_turn_from_plan() -> None:
     assert turn.context.memory_ids == ("mem-7",)
     assert turn.context.known_failures == (
         '- [trusted] failure: "sphinx: command not found";'
-        " fix [trusted]: \"build-docs succeeded, changed: + step"
+        ' fix [trusted]: "build-docs succeeded, changed: + step'
         " 'pip install -r docs/requirements.txt'\""
     )  # the untrusted failure is withheld from a run that did not opt into untrusted memory
     plan["task"]["context"]["include_untrusted"] = True
