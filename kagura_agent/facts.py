@@ -22,11 +22,10 @@ from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.membrane.images import daemon_info, local_image_digest, recipe_digest, recipe_path
 from kagura_agent.membrane.isolation import isolation_report
 from kagura_agent.memory.factory import open_memory, section_from_manifest, sqlite_path
-from kagura_agent.paths import state_dir
 from kagura_agent.patterns.cost_history import history
 from kagura_agent.patterns.failure_learning import known_failures
 from kagura_agent.plan.history import last_applied
-from kagura_agent.state import STATE_FILE, StateStore
+from kagura_agent.state import StateStore, state_path
 
 # A facts file is a few KiB of JSON written by a test or a script.
 MAX_FACTS_BYTES = 8 * 2**20
@@ -158,7 +157,7 @@ def graduation_knobs(catalog: Catalog) -> Knobs:
 
 def _graduation(catalog: Catalog) -> GraduationSnapshot:
     knobs = graduation_knobs(catalog)
-    path = state_dir() / STATE_FILE
+    path = state_path()
     if not path.exists():
         return GraduationSnapshot(version=0, knobs=knobs)
     with StateStore(path) as store:
@@ -209,7 +208,7 @@ def _applying_run(plan: Mapping[str, Any]) -> str | None:
     import sqlite3
     from contextlib import closing
 
-    path = state_dir() / STATE_FILE
+    path = state_path()
     # Read-only: planning must never create or migrate the state store.
     try:
         with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:

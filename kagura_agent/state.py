@@ -20,9 +20,18 @@ from kagura_agent.paths import state_dir
 STATE_FILE = "state.db"
 
 
+def state_path() -> Path:
+    """Where state.db is: the state directory's (``KAGURA_AGENT_STATE_DIR``)."""
+    return state_dir() / STATE_FILE
+
+
 class StateStore:
+    """The one way to open state.db (creating it): at the edge (a CLI handler, apply, the
+    cockpit), then passed to whatever reads or writes it. A connection is not shared
+    between threads: a thread opens its own on ``store.path``."""
+
     def __init__(self, path: Path | None = None) -> None:
-        self.path = path if path is not None else state_dir() / STATE_FILE
+        self.path = path if path is not None else state_path()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)

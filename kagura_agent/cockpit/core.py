@@ -32,6 +32,7 @@ from kagura_agent.hygiene import neutralise
 from kagura_agent.manifest.adhoc import write_adhoc_task
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
+from kagura_agent.state import state_path as default_state_path
 
 STOP_WAIT_SECONDS = 120.0
 
@@ -58,7 +59,7 @@ class Cockpit:
         self.transport = transport
         self.config = config
         self.clock = clock or SystemClock()
-        state_path = config.state_path or StateStore().path
+        state_path = config.state_path or default_state_path()
         self.state_path = state_path
         self.plans_dir = config.plans_dir or state_path.parent / "cockpit-plans"
         self.registry = Registry(state_path, self.clock)
