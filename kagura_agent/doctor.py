@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,8 +69,6 @@ def run_checks(manifests: str | None, project_root: str | None = None) -> list[C
 
 def _project_root(explicit: str | None) -> Check:
     """Can the agent (never root) write the project root? FAIL when one was named."""
-    import shlex
-
     path = os.path.realpath(explicit or os.getcwd())
     try:
         info = os.stat(path)

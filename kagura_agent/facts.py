@@ -7,7 +7,11 @@ A Facts value can be written to and read from JSON (golden plan tests keep their
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
+import stat
 from collections.abc import Mapping
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,8 +133,6 @@ def _daemon(info: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _owner(path: str) -> list[int] | None:
-    import os
-
     try:
         info = os.stat(path)
     except OSError:
@@ -139,9 +141,6 @@ def _owner(path: str) -> list[int] | None:
 
 
 def _mode(path: str) -> int | None:
-    import os
-    import stat
-
     try:
         return stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
@@ -205,9 +204,6 @@ def _parent_facts(task: ResolvedTask) -> dict[str, Any]:
 
 def _applying_run(plan: Mapping[str, Any]) -> str | None:
     """The newest run of ``plan`` (same task, same fingerprint) in the runs table."""
-    import sqlite3
-    from contextlib import closing
-
     path = state_path()
     # Read-only: planning must never create or migrate the state store.
     try:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+import sys
 from collections import deque
 from typing import Any, Protocol
 
@@ -77,8 +78,6 @@ async def start_local_entrypoint(
     0700 directory: the host default /run/kagura/creds is rarely writable). Stop it with
     the channel's escalation: ``on_stop=stream.proc.terminate, on_kill=stream.proc.kill``.
     """
-    import sys
-
     proc = await asyncio.create_subprocess_exec(
         python or sys.executable,
         "-m",

@@ -16,7 +16,9 @@ wildcards over a public suffix (``*.co.uk``, ``*.github.io``: the Public Suffix 
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
+import os
 import re
 import unicodedata
 from functools import cache
@@ -118,9 +120,6 @@ def is_public_suffix(name: str) -> bool:
 
 def _list_identity() -> str:
     """The shipped list file's path, size and mtime (found without importing it)."""
-    import importlib.util
-    import os
-
     spec = importlib.util.find_spec("publicsuffixlist")
     folders = list(spec.submodule_search_locations or []) if spec else []
     for folder in folders:

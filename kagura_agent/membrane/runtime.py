@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -254,8 +255,6 @@ class DockerRuntime:
             raise
 
     def _wait_gone(self, container_id: str, timeout: float = 30.0) -> None:
-        import time
-
         import docker.errors
 
         deadline = time.monotonic() + timeout

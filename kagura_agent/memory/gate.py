@@ -8,6 +8,7 @@ token, client library or a refused credential fails at once.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -29,8 +30,6 @@ def check_ready(memory_plan_section: Mapping[str, Any] | None, *, token: str | N
 
 
 def _check_sqlite(section: Mapping[str, Any]) -> None:
-    import sqlite3
-
     store = open_memory(section)
     assert isinstance(store, SqliteMemoryStore)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,8 +48,6 @@ class CachedRuleChecker:
         self.passed = PassCache("policy-pass")
 
     def __call__(self, schema: dict[str, Any], plan: Mapping[str, Any]) -> list[Violation]:
-        import json
-
         digest = key(
             "policy",
             CHECKER_VERSION,
