@@ -9,38 +9,26 @@ one failure.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
-
-# The pure modules are imported eagerly. Importing a submodule binds its name on this
-# package, and ``classify`` is both a submodule and a function: binding the function here,
-# after the submodule import, is what makes ``from kagura_agent.graduation import
-# classify`` the function whichever module imported ``graduation.classify`` first.
+# Every submodule is imported here (plan loads the ledger anyway). Importing a submodule
+# binds its name on this package, and ``classify`` is both a submodule and a function:
+# binding the function here, after the submodule import, is what makes ``from
+# kagura_agent.graduation import classify`` the function whichever module imported
+# ``graduation.classify`` first.
 from kagura_agent.graduation.classify import Classification, classify
 from kagura_agent.graduation.knobs import Knobs, format_duration, knobs_from_spec, parse_duration
+from kagura_agent.graduation.ledger import (
+    RecordedOutcome,
+    approve_graduation,
+    events,
+    judge,
+    migrate,
+    proposals,
+    record_outcome,
+    reset,
+    snapshot,
+)
 from kagura_agent.graduation.model import CategoryStatus, GraduationSnapshot
 from kagura_agent.plan.model import CapabilityClass
-
-if TYPE_CHECKING:
-    from kagura_agent.graduation.ledger import (
-        RecordedOutcome,
-        approve_graduation,
-        events,
-        judge,
-        migrate,
-        proposals,
-        record_outcome,
-        reset,
-        snapshot,
-    )
-
-
-def __getattr__(name: str) -> Any:
-    # The state-store side (ledger) resolves lazily: `plan` must not pay for it.
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module("kagura_agent.graduation.ledger"), name)
-
 
 __all__ = [
     "CapabilityClass",
