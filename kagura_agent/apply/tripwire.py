@@ -34,6 +34,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from kagura_agent.apply.inotify import InotifyError, Watcher, describe
+
 MAX_LOG = 200
 CREDS_DIR = "/run/kagura/creds"
 # How long the decoys are watched after the wipe, before the agent's container stops.
@@ -129,8 +131,6 @@ class ContainerTraps:
     def arm(self, pid: int, delivered: bool) -> list[str]:
         """At start, before the first turn: plant the canary, and the credential decoy
         when no credentials will be delivered. Returns problems (the run goes on)."""
-        from kagura_agent.apply.inotify import InotifyError, Watcher
-
         if not self.wanted:
             return []
         self.root = f"/proc/{pid}/root"
@@ -197,8 +197,6 @@ class ContainerTraps:
         return problems
 
     def _touched(self, label: str, mask: int) -> None:
-        from kagura_agent.apply.inotify import describe
-
         what = describe(mask)
         if self.canary_path and label == self.canary_path:
             self.tripwire.trip(f"the canary file {label} was touched ({what})")
