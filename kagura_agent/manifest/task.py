@@ -304,7 +304,56 @@ def _paths(
             )
             continue
         mounts.append({"kind": "extra", "source": real, "target": mount["target"], "mode": "ro"})
-    return root, mounts
+    protected, problem = protected_inputs(root, host_inputs(task, catalog))
+    if problem:
+        problems.append(task.diag(("spec", "project_root"), problem))
+        return None, []
+    return root, mounts + protected
+
+
+def host_inputs(task: Manifest, catalog: Catalog) -> list[tuple[str, str]]:
+    """Files the host trusts on the next plan: this task file and every manifest folder."""
+    found = [(str(Path(task.file).resolve()), "this task file")]
+    found += [
+        (str(info["path"]), f"the {info['layer']} manifest folder") for info in catalog.layers
+    ]
+    return found
+
+
+def protected_inputs(
+    root: str, inputs: list[tuple[str, str]]
+) -> tuple[list[dict[str, str]], str | None]:
+    """Read-only mounts over the host's inputs that lie inside the project root.
+
+    The agent writes anything under its root; a task file or manifest folder in there
+    would let it grant itself capabilities for the next run (a baseline EgressPolicy, a
+    graduated category). Each such input's top-level entry under the root is mounted
+    read-only over the writable root: a mount point cannot be written, renamed or removed
+    from inside the container (EROFS/EBUSY), and nothing above it but the root itself,
+    which is a mount point too. A root that is (inside) such an input is refused.
+    """
+    tops: dict[str, str] = {}
+    for path, what in inputs:
+        real = os.path.realpath(path)
+        if real == root or _within(root, real):
+            return [], f"project root {root} is inside {what} ({real}); the agent could rewrite it"
+        if _within(real, root):
+            top = os.path.join(root, os.path.relpath(real, root).split(os.sep)[0])
+            tops.setdefault(top, what)
+    return [
+        {
+            "kind": "protected",
+            "source": top,
+            "target": "/workspace/" + os.path.relpath(top, root),
+            "mode": "ro",
+            "protects": what,
+        }
+        for top, what in sorted(tops.items())
+    ], None
+
+
+def _within(path: str, top: str) -> bool:
+    return path.startswith(top.rstrip("/") + "/")
 
 
 def mounts_of(task: Manifest) -> list[dict[str, str]]:

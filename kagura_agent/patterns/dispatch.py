@@ -143,6 +143,8 @@ def _within(path: str, root: str) -> bool:
 def _mounts(parent: Sequence[Mapping[str, Any]], child: Sequence[Mapping[str, Any]]) -> list[str]:
     found = []
     for mount in child:
+        if mount.get("kind") == "protected":
+            continue  # read-only over the child's own root: it takes access away, never adds
         covering = [p for p in parent if _within(mount["source"], p["source"])]
         if not covering:
             found.append(f"mount {mount['source']} is outside every parent mount")

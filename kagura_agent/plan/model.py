@@ -19,7 +19,7 @@ BrainEngine = Literal["script", "sdk", "kagura-brain"]
 AuthMode = Literal["none", "api-key", "subscription"]
 NetworkMode = Literal["none"]
 Tenancy = Literal["self-host", "shared"]
-MountKind = Literal["project", "extra"]
+MountKind = Literal["project", "extra", "protected"]
 MountMode = Literal["ro", "rw"]
 MemoryBackend = Literal["sqlite", "cloud"]
 BudgetSource = Literal["task", "brain", "default", "history"]
@@ -104,6 +104,7 @@ Mount = TypedDict(
         "category": NotRequired[str],
         "class": NotRequired[CapabilityClass],
         "reason": NotRequired[str],
+        "protects": NotRequired[str],
     },
 )
 
@@ -367,7 +368,8 @@ DESCRIPTIONS: dict[str, str] = {
     "image.class": "Approval class of the image.",
     "image.reason": "Why it has that class.",
     "mounts": "Bind mounts; the first is always the project root.",
-    "mounts[].kind": "`project` or `extra`.",
+    "mounts[].kind": "`project`, `extra` (a task's read-only mount) or `protected` (a host input inside the project root, mounted read-only over it).",
+    "mounts[].protects": "For `protected` mounts: what the host trusts there (this task file, a manifest folder).",
     "mounts[].source": "Host path.",
     "mounts[].target": "Container path.",
     "mounts[].mode": "`ro` or `rw`.",

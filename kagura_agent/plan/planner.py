@@ -102,7 +102,7 @@ def compile_plan(
     credentials = [_credential(request) for request in task.credentials]
     mounts: list[Mount] = [
         {"kind": "project", "source": task.project_root, "target": "/workspace", "mode": "rw"},
-        *[_extra_mount(m) for m in task.mounts],
+        *[_task_mount(m) for m in task.mounts],
     ]
     task_section = _task(task)
     parent, widened = _dispatch_check(task, facts)
@@ -145,7 +145,10 @@ def compile_plan(
         "inputs": draft["inputs"],
         "task": task_section,
         "image": {**image, **_classified(by_category[image["category"]])},
-        "mounts": [mounts[0], *[_classified_mount(m, by_category) for m in mounts[1:]]],
+        "mounts": [
+            mounts[0],
+            *[_classified_mount(m, by_category) if m["kind"] == "extra" else m for m in mounts[1:]],
+        ],
         "egress": egress,
         "credentials": [
             {**cred, **_classified(by_category[cred["category"]])} for cred in credentials
@@ -261,6 +264,18 @@ def _warnings(
 
 def _classified(approval: Approval) -> Classified:
     return {"class": approval["class"], "reason": approval["reason"]}
+
+
+def _task_mount(mount: Mapping[str, str]) -> Mount:
+    if mount["kind"] == "protected":
+        return {
+            "kind": "protected",
+            "source": mount["source"],
+            "target": mount["target"],
+            "mode": "ro",
+            "protects": mount["protects"],
+        }
+    return _extra_mount(mount)
 
 
 def _extra_mount(mount: Mapping[str, str]) -> Mount:
@@ -760,7 +775,7 @@ def _denied_categories(plan: Mapping[str, Any], by_path: dict[str, str]) -> dict
             denied.setdefault(f"egress:{entry['policy']}", policy)
         elif section == "credentials":
             denied.setdefault(plan["credentials"][int(index)]["category"], policy)
-        elif section == "mounts" and int(index) > 0:
+        elif section == "mounts" and "category" in plan["mounts"][int(index)]:
             denied.setdefault(plan["mounts"][int(index)]["category"], policy)
     return denied
 
@@ -785,7 +800,8 @@ def _classify_all(
         base = provider is not None and cred["scope"] in provider.spec.get("baseline_scopes", [])
         requested.append((cred["category"], base))
     for mount in draft["mounts"][1:]:
-        requested.append((mount["category"], False))
+        if mount["kind"] == "extra":
+            requested.append((mount["category"], False))
     untrusted = untrusted_inputs(task, facts)
     return [
         classify(

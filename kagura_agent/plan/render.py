@@ -190,6 +190,12 @@ def render_text(plan: Plan, style: Style) -> str:
         f"  writes       {project['source']} -> {project['target']} (the only writable mount)"
     )
     for mount in plan["mounts"][1:]:
+        if mount["kind"] == "protected":
+            out.append(
+                f"  protected    {mount['source']} -> {mount['target']} (read-only over the"
+                f" project root: {mount.get('protects', '')} stays the operator's)"
+            )
+            continue
         out.append(
             f"  reads        {mount['source']} -> {mount['target']} (ro)  {_tag(mount.get('class'), style)}"
         )
@@ -319,7 +325,7 @@ def render_markdown(plan: Plan) -> str:
     ]
     for mount in plan["mounts"]:
         lines.append(
-            f"| mount | `{mount['source']}` → `{mount['target']}` ({mount['mode']}) | {mount.get('class', 'baseline' if mount['kind'] == 'project' else '')} |"
+            f"| mount | `{mount['source']}` → `{mount['target']}` ({mount['mode']}) | {mount.get('class', {'project': 'baseline', 'protected': 'protected'}.get(mount['kind'], ''))} |"
         )
     classes = {a["category"]: a["class"] for a in plan["approvals"]}
     for entry in plan["egress"]["allow"]:

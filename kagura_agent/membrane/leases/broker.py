@@ -145,6 +145,10 @@ class Broker:
                 f" {refusal}",
                 hint="approve it (plan → approve → apply) or mark it baseline in its manifest",
             )
+        # The provider is built (its SDK imported, the root secret read) before the budget's
+        # clock starts: set-up time must not eat the budget (a 15m budget holding one 15m
+        # lease was refused as 899 s < 900 s when boto3's import took over half a second).
+        self.provider_for(request)
         lease = Lease(self, request, budget, lease_id, self.clock.now())
         lease._mint_next()
         self.leases.append(lease)

@@ -1,0 +1,124 @@
+"""The agent cannot rewrite what grants it: host inputs inside the project root are read-only.
+
+A task file or a manifest folder inside the project root (the usual layout: task.yml and
+manifests/ at the top of a repository) would let the agent grant itself capabilities for
+the next run — a baseline EgressPolicy, a graduation baseline, a new step. The planner
+mounts each one's top-level entry read-only over the root, and refuses a root that lies
+inside such an input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apply_helpers import AGENT_UID, cli_env, kagura, make_project, write_task
+
+from kagura_agent.cli.main import main
+from kagura_agent.manifest.task import protected_inputs
+
+REPO = Path(__file__).resolve().parents[1]
+FACTS = {"image_digests": {"kagura/agent:0.1.0": "sha256:" + "a" * 64}, "graduation": {}}
+
+
+def _plan(project: Path, capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    facts = project.parent / "facts.json"
+    facts.write_text(json.dumps(FACTS), encoding="utf-8")
+    assert main(["plan", "--json", "--facts", str(facts), *argv]) == 0, capsys.readouterr().err
+    plan: dict[str, Any] = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
+    return plan
+
+
+def test_a_task_file_and_manifest_folder_in_the_root_are_mounted_read_only(
+    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    project = make_project(tmp_path)
+    shutil.copytree(REPO / "manifests", project / "manifests")
+    task = write_task(project, "layout", {"steps": ["ls"]})
+    plan = _plan(project, capsys, "--manifests", str(project / "manifests"), str(task))
+    protected = [
+        (m["source"], m["target"], m["mode"], m["protects"])
+        for m in plan["mounts"]
+        if m["kind"] == "protected"
+    ]
+    root = os.path.realpath(project)
+    assert protected == [
+        (f"{root}/manifests", "/workspace/manifests", "ro", "the operator manifest folder"),
+        (f"{root}/task.yml", "/workspace/task.yml", "ro", "this task file"),
+    ]
+    # Not a capability: nothing to approve, nothing to graduate.
+    assert all(not a["category"].startswith("mount:") for a in plan["approvals"])
+    assert plan["applyable"] is True
+    assert main(["plan", "--manifests", str(project / "manifests"), str(task)]) == 0
+    assert "protected    " + f"{root}/task.yml -> /workspace/task.yml" in capsys.readouterr().out
+
+
+def test_a_nested_input_protects_its_top_level_entry(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    (tmp_path / "config" / "kagura").mkdir(parents=True)
+    mounts, problem = protected_inputs(
+        root, [(f"{root}/config/kagura", "the operator manifest folder"), ("/elsewhere", "x")]
+    )
+    assert problem is None
+    assert [(m["source"], m["target"]) for m in mounts] == [(f"{root}/config", "/workspace/config")]
+
+
+def test_a_root_inside_the_manifest_folder_is_refused(
+    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ops = tmp_path / "ops"
+    shutil.copytree(REPO / "manifests", ops)
+    (ops / "work").mkdir()
+    task = tmp_path / "task.yml"
+    task.write_text(
+        "apiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: t}\n"
+        "spec:\n  project_root: ops/work\n  steps: [ls]\n",
+        encoding="utf-8",
+    )
+    assert main(["validate", "--manifests", str(ops), str(task)]) == 2
+    err = capsys.readouterr().err
+    assert "task.yml:" in err and "$.spec.project_root" in err
+    assert "is inside the operator manifest folder" in err
+
+
+def test_the_agent_cannot_write_rename_or_remove_them(
+    tmp_path: Path, state_dir: Path, docker_client: Any
+) -> None:
+    """From inside a real container: every write to the protected inputs fails."""
+    project = make_project(tmp_path)
+    shutil.copytree(REPO / "manifests", project / "manifests")
+    if os.geteuid() == 0:
+        for path in [project / "manifests", *(project / "manifests").iterdir()]:
+            os.chown(path, AGENT_UID, AGENT_UID)
+    attempts = {
+        "add": "echo evil > manifests/zz-evil.yml",
+        "edit": "echo '# evil' >> manifests/egress.yml",
+        "rename": "mv manifests manifests.old",
+        "remove": "rm -rf manifests",
+        "task-append": "echo '# evil' >> task.yml",
+        "task-move": "mv task.yml task.old",
+        "task-remove": "rm -f task.yml",
+    }
+    steps = [
+        f"if {cmd}; then echo {name}=W$((0)); else echo {name}=R$((0)); fi"
+        for name, cmd in attempts.items()
+    ]
+    steps.append("echo fine > notes.txt")  # the rest of the root stays writable
+    task = write_task(project, "protected", {"steps": steps})
+    before = {p: p.read_bytes() for p in [task, *(project / "manifests").iterdir()]}
+    env = cli_env(state_dir)
+    done = kagura(["apply", "--yes", "--manifests", str(project / "manifests"), str(task)], env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = done.stdout + done.stderr  # the live view of the steps' output
+    for name in attempts:
+        # Markers computed by the shell, so the echoed command line never matches.
+        assert f"{name}=R0" in shown and f"{name}=W0" not in shown, (name, shown[-3000:])
+    assert {p: p.read_bytes() for p in before} == before
+    assert sorted(p.name for p in (project / "manifests").iterdir()) == sorted(
+        p.name for p in before if p.parent.name == "manifests"
+    )
+    assert (project / "notes.txt").read_text() == "fine\n"
