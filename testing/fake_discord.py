@@ -3,7 +3,9 @@
     GET  /api/v10/users/@me                         the bot user
     GET  /api/v10/oauth2/applications/@me           the bot's application (discord.py login)
     GET  /api/v10/gateway/bot                       url = ws://127.0.0.1:PORT/gateway
-    POST /api/v10/channels/{id}/messages            a message (recorded in ``posts``)
+    POST /api/v10/channels/{id}/messages            a message (recorded in ``posts``); JSON,
+                                                    or multipart/form-data with payload_json
+                                                    and files[N] (the attachments)
     POST /api/v10/interactions/{id}/{token}/callback
                                                     an interaction's answer (``callbacks``)
     GET  ws://127.0.0.1:PORT/gateway                the Gateway: HELLO, heartbeat ACKs,
@@ -53,6 +55,7 @@ class Post:
     channel: str
     payload: dict[str, Any]
     id: str
+    files: tuple[tuple[str, bytes], ...] = ()  # attachments: (filename, content)
 
 
 @dataclass(frozen=True)
@@ -280,18 +283,31 @@ class FakeDiscord(FakeServer):
         refused = self._guarded(request, "channels/messages")
         if refused:
             return refused
-        payload = request.json()
+        try:
+            payload, files = _message_body(request)
+        except ValueError as exc:
+            return 400, {"message": f"Invalid Form Body: {exc}", "code": 50035}
         content = str(payload.get("content") or "")
         if len(content) > CONTENT_LIMIT:
             errors = {"content": {"_errors": [{"code": "BASE_TYPE_MAX_LENGTH"}]}}
             return 400, {"message": "Invalid Form Body", "code": 50035, "errors": errors}
-        if not (content or payload.get("components") or payload.get("embeds")):
+        if not (content or payload.get("components") or payload.get("embeds") or files):
             return 400, {"message": "Cannot send an empty message", "code": 50006}
         channel = request.match["channel"]
         with self._cond:
             known = dict(self._messages)
         message = self._message(channel, self._bot(), content, guild=None)
         message["components"] = [_with_ids(row) for row in payload.get("components") or []]
+        message["attachments"] = [
+            {
+                "id": self._snowflake(),
+                "filename": name,
+                "size": len(data),
+                "url": f"{self.url}/attachments/{channel}/{name}",
+                "proxy_url": f"{self.url}/attachments/{channel}/{name}",
+            }
+            for name, data in files
+        ]
         reference = payload.get("message_reference")
         if reference:
             referenced = known.get(str(reference.get("message_id")))
@@ -302,7 +318,7 @@ class FakeDiscord(FakeServer):
             message["guild_id"] = (referenced or {}).get("guild_id")
         with self._cond:
             self._messages[str(message["id"])] = message
-            self.posts.append(Post(channel, payload, str(message["id"])))
+            self.posts.append(Post(channel, payload, str(message["id"]), tuple(files)))
             self._cond.notify_all()
         return 200, message
 
@@ -473,6 +489,31 @@ def _handshake(sock: socket.socket) -> _Gateway | None:
     # zlib-stream is the transport compression discord.py asks for; anything else (such as
     # zstd-stream) is answered uncompressed, which a client must read as plain JSON text.
     return _Gateway(Link(sock, rest), compress=query.get("compress") == "zlib-stream")
+
+
+def _message_body(request: Request) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    """A message's JSON payload and its attachments: a JSON body, or multipart/form-data
+    with ``payload_json`` and one ``files[N]`` part per attachment, as Discord takes."""
+    kind = request.headers.get("content-type", "")
+    if not kind.startswith("multipart/form-data"):
+        return request.json(), []
+    from email.parser import BytesParser
+    from email.policy import HTTP
+
+    head = f"Content-Type: {kind}\r\n\r\n".encode()
+    form = BytesParser(policy=HTTP).parsebytes(head + request.body)
+    if not form.is_multipart():
+        raise ValueError("not a multipart body")
+    payload: dict[str, Any] = {}
+    files: list[tuple[str, bytes]] = []
+    for part in form.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        data = part.get_payload(decode=True) or b""
+        if name == "payload_json":
+            payload = json.loads(data)
+        elif isinstance(name, str) and name.startswith("files["):
+            files.append((str(part.get_filename() or name), bytes(data)))
+    return payload, files
 
 
 def _user(user_id: str, name: str, *, bot: bool = False) -> dict[str, Any]:

@@ -4,6 +4,11 @@
     POST /api/apps.connections.open  app token  -> ok, url = ws://127.0.0.1:PORT/link?ticket=..
     POST /api/chat.postMessage       bot token  -> ok, channel, ts   (recorded in ``posts``)
     POST /api/chat.update            bot token  -> ok, channel, ts   (recorded in ``posts``)
+    POST /api/files.getUploadURLExternal   bot token, filename, length -> upload_url, file_id
+    POST /upload/FILE_ID             the file's bytes (no token: the URL is the credential)
+    POST /api/files.completeUploadExternal bot token, files=[{id,title}], channel_id,
+                                     thread_ts, initial_comment -> the file shared there
+                                     (recorded in ``uploads``)
     GET  ws://127.0.0.1:PORT/link    Socket Mode (RFC 6455): "hello", then the envelopes a
                                      test pushes; the client acks each with its envelope_id
 
@@ -43,7 +48,13 @@ from testing.websocket import (
     ProtocolError,
 )
 
-_BOT_METHODS = ("auth.test", "chat.postMessage", "chat.update")
+_BOT_METHODS = (
+    "auth.test",
+    "chat.postMessage",
+    "chat.update",
+    "files.getUploadURLExternal",
+    "files.completeUploadExternal",
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,18 @@ class Post:
     method: str
     payload: dict[str, Any]
     ts: str
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One file shared by files.completeUploadExternal: where, and what it held."""
+
+    channel: str
+    thread_ts: str | None
+    filename: str
+    title: str
+    content: bytes
+    initial_comment: str
 
 
 class FakeSlack(FakeServer):
@@ -71,7 +94,10 @@ class FakeSlack(FakeServer):
         self.app_token = app_token
         self.timeout = timeout
         self.refuse_websockets = False  # answer the WebSocket handshake with 403
+        self.missing_scopes: set[str] = set()  # methods answered missing_scope (no files:write)
         self.posts: list[Post] = []
+        self.uploads: list[Upload] = []
+        self._pending_files: dict[str, dict[str, Any]] = {}  # file id -> name, length, data
         self.received: list[dict[str, Any]] = []  # every JSON frame the client sent
         self._cond = threading.Condition()
         self._links: list[Link] = []
@@ -82,6 +108,7 @@ class FakeSlack(FakeServer):
         self._serial = 0
         self._listener: Listener | None = None
         self.route("POST", r"/api/(?P<method>[\w.]+)", self._api)
+        self.route("POST", r"/upload/(?P<file>F\w+)", self._upload)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -218,6 +245,13 @@ class FakeSlack(FakeServer):
                 raise TimeoutError(f"expected {count} posts, got {len(self.posts)}: {self.posts}")
             return list(self.posts)
 
+    def wait_for_uploads(self, count: int, timeout: float | None = None) -> list[Upload]:
+        """Block until at least ``count`` files were shared; return them all."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.uploads) >= count, timeout or self.timeout):
+                raise TimeoutError(f"expected {count} uploads, got {self.uploads}")
+            return list(self.uploads)
+
     def wait_for_connection(self, timeout: float | None = None) -> None:
         """Block until a Socket Mode client is connected."""
         self._open_link(timeout)
@@ -242,6 +276,8 @@ class FakeSlack(FakeServer):
             return 200, {"ok": False, "error": "not_authed"}
         if not secrets.compare_digest(token, expected):
             return 200, {"ok": False, "error": "invalid_auth"}
+        if method in self.missing_scopes:
+            return 200, {"ok": False, "error": "missing_scope", "needed": "files:write"}
         if method == "auth.test":
             return 200, {
                 "ok": True,
@@ -259,7 +295,60 @@ class FakeSlack(FakeServer):
             with self._cond:
                 self._tickets.add(ticket)
             return 200, {"ok": True, "url": f"ws://127.0.0.1:{port}/link?ticket={ticket}"}
+        if method == "files.getUploadURLExternal":
+            return 200, self._upload_url(params)
+        if method == "files.completeUploadExternal":
+            return 200, self._complete_upload(params)
         return 200, self._post(method, params)
+
+    def _upload_url(self, params: dict[str, Any]) -> dict[str, Any]:
+        filename, length = params.get("filename"), str(params.get("length", ""))
+        if not filename or not length.isdigit():
+            return {"ok": False, "error": "invalid_arguments"}
+        file_id = f"F{secrets.token_hex(5).upper()}"
+        with self._cond:
+            self._pending_files[file_id] = {"name": filename, "length": int(length), "data": None}
+        return {"ok": True, "upload_url": f"{self.url}/upload/{file_id}", "file_id": file_id}
+
+    def _upload(self, request: Request) -> tuple[int, Any]:
+        file_id = request.match["file"]
+        self.record("upload", file=file_id)
+        with self._cond:
+            pending = self._pending_files.get(file_id)
+            if pending is None or pending["data"] is not None:
+                return 404, {"ok": False, "error": "file_not_found"}
+            if len(request.body) != pending["length"]:
+                return 400, {"ok": False, "error": "length_mismatch"}
+            pending["data"] = request.body
+        return 200, {"ok": True}
+
+    def _complete_upload(self, params: dict[str, Any]) -> dict[str, Any]:
+        files = params.get("files")
+        if isinstance(files, str):
+            files = json.loads(files)
+        channel = params.get("channel_id")
+        if not isinstance(files, list) or not files or not channel:
+            return {"ok": False, "error": "invalid_arguments"}
+        shared = []
+        with self._cond:
+            for item in files:
+                pending = self._pending_files.pop(str(item.get("id")), None)
+                if pending is None or pending["data"] is None:
+                    return {"ok": False, "error": "file_not_found"}
+                upload = Upload(
+                    channel=str(channel),
+                    thread_ts=params.get("thread_ts") or None,
+                    filename=pending["name"],
+                    title=str(item.get("title") or pending["name"]),
+                    content=pending["data"],
+                    initial_comment=str(params.get("initial_comment") or ""),
+                )
+                self.uploads.append(upload)
+                shared.append(
+                    {"id": item.get("id"), "name": upload.filename, "title": upload.title}
+                )
+            self._cond.notify_all()
+        return {"ok": True, "files": shared}
 
     def _post(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         channel = params.get("channel")

@@ -63,3 +63,73 @@ class RunningTransport:
         assert not self.thread.is_alive(), "run() did not return after stop()"
         assert self.error is None
         return time.monotonic() - started
+
+
+# --- a scripted cockpit session, the same on every transport -----------------------------
+
+# A run that holds a leased credential, an egress proxy, its network and volume: what a
+# stop must take down. The script brain sleeps, so the run lasts until it is stopped.
+LEASED = (
+    {
+        "kind": "CredentialProvider",
+        "metadata": {"name": "token"},
+        "spec": {
+            "type": "static",
+            "standing": True,
+            "secret": "env:KAGURA_TEST_TOKEN",
+            "static": {"env": "TEST_TOKEN"},
+            "baseline_scopes": ["use"],
+            "scopes": {"use": {"description": "a canary token"}},
+        },
+    },
+    {
+        "kind": "EgressPolicy",
+        "metadata": {"name": "nowhere"},
+        "spec": {"baseline": True, "allow": [{"host": "nowhere.test"}]},
+    },
+)
+LEASED_SPEC = {"egress": ["nowhere"], "credentials": [{"provider": "token", "scope": "use"}]}
+CANARY = "kagura-cockpit-canary-" + "k" * 24
+API_KEY = "sk-ant-kagura-canary-" + "c" * 30
+LONG_LINES = 400  # `run say: 400`: the fake claude's answer, ~12 KB: a file on every chat
+
+
+def session_world(base: Any, docker_client: Any, transport: dict[str, Any] | None) -> Any:
+    """What a scripted session needs: the agent test image (fake claude), manifests with
+    it, the leased set and ``transport``; a project root for `run TEXT`; a task that
+    sleeps holding a lease; and serve's argv and environment."""
+    import os
+    import sys
+
+    from apply_helpers import make_project, manifest_set, write_task
+
+    from testing.agent_test_image import ensure_agent_test_image
+
+    image = ensure_agent_test_image(docker_client)
+    documents: list[dict[str, Any]] = [
+        {
+            "kind": "Image",
+            "metadata": {"name": "agent-test"},
+            "spec": {"recipe": "images/agent", "tag": image, "baseline": True},
+        },
+        *LEASED,
+    ]
+    if transport is not None:
+        documents.append(transport)
+    manifests = manifest_set(base / "m", *documents)
+    project = make_project(base, "chat-project")
+    stoppable = write_task(
+        make_project(base, "stoppable"),
+        "stoppable",
+        {"steps": ['test -n "$TEST_TOKEN"', "sleep 600"], **LEASED_SPEC},
+    )
+    argv = [sys.executable, "-m", "kagura_agent", "serve", "--manifests", str(manifests),
+            "--project-root", str(project), "--image", "agent-test"]  # fmt: skip
+    if transport is not None:
+        argv += ["--transport", transport["metadata"]["name"]]
+    env = {**os.environ, "NO_COLOR": "1", "KAGURA_TEST_TOKEN": CANARY, "ANTHROPIC_API_KEY": API_KEY}
+    return argv, env, stoppable
+
+
+def long_answer_lines() -> list[str]:
+    return [f"line {i:05d} of the long answer" for i in range(LONG_LINES)]

@@ -11,11 +11,13 @@ import subprocess
 import sys
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import pytest
 from apply_helpers import REPO, leftovers, make_project, manifest_set, run_ids, write_task
+from chat_helpers import CANARY, LEASED, LEASED_SPEC
 
 from kagura_agent import approvals
 from kagura_agent.clock import SystemClock
@@ -34,11 +36,16 @@ class ScriptedTransport:
     """Events in through :meth:`send`; everything the cockpit posts kept in order."""
 
     name = "test"
+    max_chars = 1000
+    post_interval = 0.0
 
     def __init__(self) -> None:
         self.inbox: queue.Queue[Event | None] = queue.Queue()
-        self.posts: list[tuple[str, str, str]] = []  # (kind, thread, text); kind say|ask
+        # (kind, thread, text); kind say | ask | stop | attach
+        self.posts: list[tuple[str, str, str]] = []
         self.requests: list[str] = []
+        self.stops: list[str] = []  # the sessions offered a ❌ Stop button
+        self.files: list[tuple[str, str, str]] = []  # (filename, content, comment)
         self._changed = threading.Condition()
 
     def run(self, handle: Any) -> None:
@@ -57,6 +64,18 @@ class ScriptedTransport:
         with self._changed:
             self.posts.append(("ask", thread, text))
             self.requests.append(request)
+            self._changed.notify_all()
+
+    def offer_stop(self, thread: str, text: str, request: str) -> None:
+        with self._changed:
+            self.posts.append(("stop", thread, text))
+            self.stops.append(request)
+            self._changed.notify_all()
+
+    def attach(self, thread: str, filename: str, content: str, comment: str) -> None:
+        with self._changed:
+            self.posts.append(("attach", thread, comment))
+            self.files.append((filename, content, comment))
             self._changed.notify_all()
 
     def send(
@@ -590,3 +609,285 @@ def test_a_launch_that_needs_approval_always_shows_the_buttons(
     transport.send(action="deny", request=transport.requests[0])
     transport.wait_for("nothing ran")
     assert run_ids(state_dir) == []
+
+
+# --- issue 13: kill from chat, output, concurrency ---------------------------------------
+
+
+@pytest.mark.docker
+def test_the_stop_button_stops_a_run_and_the_thread_is_told_what_it_left(
+    tmp_path: Path, state_dir: Path, docker_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running session offers a ❌ Stop button; a non-operator's press is refused, the
+    operator's is apply's SIGINT path: the leased credential is revoked, the agent, its
+    proxy, network and volume are removed, and the thread says so (checked, not assumed)."""
+    from apply_helpers import cli_env, live_leases
+
+    monkeypatch.setenv("KAGURA_TEST_TOKEN", CANARY)
+    manifests = manifest_set(tmp_path / "m", *LEASED)
+    task = _task(tmp_path, "stoppable", ['test -n "$TEST_TOKEN"', "sleep 600"], **LEASED_SPEC)
+    transport = ScriptedTransport()
+    cockpit = Cockpit(
+        transport, CockpitConfig(operators=frozenset({ALICE}), manifests=str(manifests))
+    )
+    thread = threading.Thread(target=cockpit.serve, daemon=True)
+    thread.start()
+    try:
+        transport.send(f"launch {task}")
+        transport.wait_for("▸ bash: sleep 600")
+        (session,) = cockpit.sessions()
+        assert transport.stops == [session.id]  # the ❌ Stop button, bound to the session
+        (run_id,) = run_ids(state_dir)
+        assert len(live_leases(cli_env(state_dir))) == 1
+        transport.send(action="kill", request=session.id, user=MALLORY)
+        transport.wait_for("only this cockpit's operators may kill")
+        transport.send(action="kill", request=session.id)
+        out = transport.wait_for("(exit 130)")
+        out = transport.wait_for("none left")
+    finally:
+        transport.stop()
+        thread.join(60)
+    assert f"session {session.id}: stopping (asked by test:{ALICE})" in out
+    assert f"run {run_id} killed" in out and f"stopped by test:{ALICE}" in out
+    assert "leases: 1 revoked, none open; containers, networks and volumes: none left" in out
+    (session,) = cockpit.sessions()
+    assert (session.state, session.stopped_by) == ("killed", f"test:{ALICE}")
+    assert leftovers(docker_client, run_id) == []
+    assert live_leases(cli_env(state_dir)) == []
+    assert CANARY not in out
+
+
+def test_kill_denies_a_pending_request(cockpit_world: Any, state_dir: Path) -> None:
+    transport, start, base, _ = cockpit_world
+    task = _task(base, "pending", ["true"], egress=["docs"])
+    cockpit = start()
+    transport.send(f"launch {task}")
+    transport.wait_for("needs approval")
+    (request,) = transport.requests
+    transport.send(f"kill {request}")
+    out = transport.wait_for(f"session {request} denied by test:{ALICE}; nothing ran")
+    assert [s.state for s in cockpit.sessions()] == ["denied"]
+    assert run_ids(state_dir) == []
+    assert "nothing ran" in out
+
+
+@pytest.mark.docker
+def test_ten_sessions_at_once_all_finish_and_same_root_ones_never_write_together(
+    cockpit_world: Any, docker_client: Any, state_dir: Path
+) -> None:
+    """Ten launches on one cockpit over five project roots (4 + 3 + 1 + 1 + 1): those on
+    different roots run at once; those on the same root are queued, visibly, and run one
+    after the other (a step that finds another run's marker in the root fails, and the runs'
+    own records never overlap); every one succeeds; status shows them all."""
+    import yaml
+
+    transport, start, base, _ = cockpit_world
+    roots = [make_project(base, f"root{i}") for i in range(5)]
+    counts = [4, 3, 1, 1, 1]
+    steps = ["mkdir .busy", "sleep 2", "rmdir .busy", "echo done >> runs.txt"]
+    tasks = []
+    for index, (root, count) in enumerate(zip(roots, counts, strict=True)):
+        for n in range(count):
+            task = base / "tasks" / f"t{index}-{n}.yml"
+            task.parent.mkdir(exist_ok=True)
+            document = {
+                "apiVersion": "kagura.dev/v1",
+                "kind": "Task",
+                "metadata": {"name": f"conc-{index}-{n}"},
+                "spec": {"project_root": str(root), "steps": steps, "verify": ["true"]},
+            }
+            task.write_text(yaml.safe_dump(document, sort_keys=False))
+            tasks.append(task)
+    cockpit = start()
+    for task in tasks:
+        transport.send(f"launch {task}")
+    transport.wait_for("queued behind s-")
+    transport.send("status")
+    listing = transport.wait_for("    queued behind s-")
+    assert "    phase: " in listing
+    deadline = time.monotonic() + 480
+    while True:
+        sessions = list(cockpit.registry.listing(closed=20))
+        if len(sessions) == 10 and all(s.state not in ("queued", "running") for s in sessions):
+            break
+        assert time.monotonic() < deadline, transport.text()
+        time.sleep(0.5)
+    assert sorted(s.state for s in sessions) == ["succeeded"] * 10, transport.text()
+    out = transport.text()
+    assert out.count("queued behind s-") >= 3 + 2  # every later same-root launch said so
+    for root, count in zip(roots, counts, strict=True):
+        assert (root / "runs.txt").read_text() == "done\n" * count
+    # The runs' own records: same-root runs never overlap in time.
+    with StateStore(state_dir / "state.db") as store:
+        rows = {
+            r["run_id"]: (r["started_at"], r["ended_at"])
+            for r in store.conn.execute("SELECT run_id, started_at, ended_at FROM runs")
+        }
+    by_root: dict[str, list[tuple[str, str]]] = {}
+    for session in sessions:
+        assert session.root is not None and session.run_id is not None
+        by_root.setdefault(session.root, []).append(rows[session.run_id])
+    assert sorted(len(v) for v in by_root.values()) == sorted(counts)
+    for windows in by_root.values():
+        windows.sort()
+        for (_, ended), (started, _) in pairwise(windows):
+            assert ended <= started, windows
+    for session in sessions:
+        assert leftovers(docker_client, session.run_id or "") == []
+
+
+@pytest.mark.docker
+def test_a_scripted_session_on_the_terminal_long_answer_whole_and_a_kill(
+    tmp_path: Path, state_dir: Path, docker_client: Any
+) -> None:
+    """`kagura-agent serve` on the terminal shows the same stream as a chat: the
+    assistant's 400-line answer printed whole between two rulers, the stop command of a
+    running session, and after `kill` what the stopped run left (nothing)."""
+    from apply_helpers import cli_env, live_leases
+    from chat_helpers import API_KEY, long_answer_lines, session_world
+
+    argv, env, stoppable = session_world(tmp_path, docker_client, None)
+    serve = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    assert serve.stdin is not None and serve.stdout is not None
+    lines: list[str] = []
+
+    def until(needle: str, timeout: float = 180, since: int = 0) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(needle in line for line in lines[since:]):
+            assert time.monotonic() < deadline, "".join(lines)
+            line = serve.stdout.readline()  # type: ignore[union-attr]
+            assert line, "".join(lines)
+            lines.append(line)
+
+    def type_in(text: str) -> None:
+        serve.stdin.write(text + "\n")  # type: ignore[union-attr]
+        serve.stdin.flush()  # type: ignore[union-attr]
+
+    try:
+        type_in("run say: 400")
+        until("(exit 0)")
+        launched = len(lines)
+        type_in(f"launch {stoppable}")
+        until("  stop it: kill s-", since=launched)
+        session = next(x for x in lines[launched:] if "stop it: kill" in x).split()[-1]
+        until("▸ bash: sleep 600")
+        type_in(f"kill {session}")
+        until("none left")
+        serve.stdin.close()
+        assert serve.wait(60) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+    out = "".join(lines)
+    opened = next(i for i, x in enumerate(lines) if x.startswith("──── s-") and "-text-1.md" in x)
+    closed = next(i for i, x in enumerate(lines) if x.startswith("──── end of s-"))
+    shown = [x.rstrip("\n") for x in lines[opened + 1 : closed]]
+    assert shown[1:] == [*long_answer_lines(), "END OF THE LONG ANSWER"]  # whole, in order
+    assert "✓ final answer: the text above" in out
+    assert f"session {session}: stopping (asked by terminal:" in out
+    assert "leases: 1 revoked, none open; containers, networks and volumes: none left" in out
+    for run_id in run_ids(state_dir):
+        assert leftovers(docker_client, run_id) == []
+    assert live_leases(cli_env(state_dir)) == []
+    assert CANARY not in out and API_KEY not in out
+
+
+# --- the documented Transport manifests, each served for real ------------------------------
+
+
+def _documented_transports() -> list[dict[str, Any]]:
+    import re
+
+    import yaml
+
+    text = (REPO / "docs" / "cockpit.md").read_text(encoding="utf-8")
+    found = []
+    for body in re.findall(r"^```yaml\n(.*?)^```", text, re.M | re.S):
+        document = yaml.safe_load(body)
+        if isinstance(document, dict) and document.get("kind") == "Transport":
+            found.append(document)
+    return found
+
+
+def test_the_docs_show_a_complete_transport_manifest_for_each_type() -> None:
+    import json as _json
+
+    schema = _json.loads((REPO / "schemas" / "transport.json").read_text())
+    types = schema["properties"]["spec"]["properties"]["type"]["enum"]
+    assert sorted(d["spec"]["type"] for d in _documented_transports()) == sorted(types)
+
+
+@pytest.mark.parametrize("kind", ["cli", "slack", "discord"])
+def test_each_documented_transport_manifest_serves(
+    kind: str, tmp_path: Path, state_dir: Path
+) -> None:
+    """The example of docs/cockpit.md, as written (secret references included, a keyring
+    one resolved through a file keyring), is served by `kagura-agent serve --transport
+    NAME`; its operator's `status` is answered (only the API root points at the fake)."""
+    import contextlib
+
+    import yaml
+
+    from testing.fake_discord import FakeDiscord
+    from testing.fake_slack import FakeSlack
+
+    (document,) = [d for d in _documented_transports() if d["spec"]["type"] == kind]
+    name, spec = document["metadata"]["name"], document["spec"]
+    env = {**os.environ, "NO_COLOR": "1", "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    env["PYTHON_KEYRING_BACKEND"] = "keyrings.alt.file.PlaintextKeyring"
+    bot, app = "xoxb-doc-example-bot", "xapp-doc-example-app"
+    with contextlib.ExitStack() as stack:
+        fake: Any = None
+        if kind == "slack":
+            fake = stack.enter_context(FakeSlack(bot, app))
+        elif kind == "discord":
+            fake = stack.enter_context(FakeDiscord(bot))
+        if fake is not None:
+            document = {**document, "spec": {**spec, "base_url": fake.base_url}}
+        for key in ("token", "app_token"):  # give each reference its value, as an operator would
+            ref = spec.get(key)
+            value = bot if key == "token" else app
+            if ref and ref.startswith("env:"):
+                env[ref[4:]] = value
+            elif ref and ref.startswith("keyring:"):
+                service, _, user = ref[8:].partition("/")
+                store = f"import keyring; keyring.set_password({service!r}, {user!r}, {value!r})"
+                subprocess.run([sys.executable, "-c", store], env=env, check=True)
+        manifests = tmp_path / "manifests"
+        manifests.mkdir()
+        (manifests / "transport.yml").write_text(yaml.safe_dump(document, sort_keys=False))
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "kagura_agent", "serve", "--manifests", str(manifests),
+             "--transport", name],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, env=env, cwd=REPO,
+        )  # fmt: skip
+        try:
+            operator = (spec.get("operators") or [""])[0]
+            if kind == "cli":
+                out, _ = serve.communicate("status\n", timeout=60)
+                assert "no sessions yet" in out, out
+            elif kind == "slack":
+                fake.wait_for_connection(timeout=30)
+                fake.send_message(operator, "D0DOCS", "status", ts="1700000000.000100")
+                (post,) = fake.wait_for_posts(1, timeout=30)
+                assert post.payload["text"] == "no sessions yet"
+            else:
+                fake.wait_for_connection(timeout=30)
+                fake.send_message(operator, "3000000000000000001", "status")
+                (post,) = fake.wait_for_posts(1, timeout=30)
+                assert post.payload["content"] == "no sessions yet"
+        finally:
+            if serve.poll() is None:
+                serve.terminate()
+            out = serve.communicate(timeout=60)[0]
+    assert serve.returncode == 0, out
+    assert bot not in out and app not in out

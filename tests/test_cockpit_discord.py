@@ -6,6 +6,7 @@ discord.com URL left anywhere would fail here rather than reach the internet.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import subprocess
@@ -136,6 +137,37 @@ def test_ask_posts_approve_and_deny_buttons_carrying_the_request(
         (2, 3, "Approve", "kagura_approve:req-42"),  # a button; success (green)
         (2, 4, "Deny", "kagura_deny:req-42"),  # danger (red)
     ]
+
+
+def test_the_stop_button_comes_back_as_a_kill(discord: FakeDiscord, running: Running) -> None:
+    asked = discord.send_message(ALICE, DM, "launch task.yml")
+    running.next_event()
+    running.transport.offer_stop(f"{DM}:{asked}", "s-1 is running", "s-1")
+
+    (post,) = discord.wait_for_posts(1)
+    (row,) = post.payload["components"]
+    (button,) = row["components"]
+    assert (button["style"], button["label"], button["custom_id"]) == (4, "Stop", "kagura_kill:s-1")
+    assert button["emoji"]["name"] == "❌"
+    discord.press(ALICE, post.id, "kagura_kill:s-1")
+    assert running.next_event() == Event(
+        "discord", ALICE, f"{DM}:{asked}", action="kill", request="s-1"
+    )
+
+
+def test_attach_posts_the_whole_text_as_an_attachment_of_a_reply(
+    discord: FakeDiscord, running: Running
+) -> None:
+    asked = discord.send_message(ALICE, DM, "run say: 5000")
+    running.next_event()
+    content = "".join(f"line {i}: ünïcode ✓\n" for i in range(5000))  # ~110 KB
+
+    running.transport.attach(f"{DM}:{asked}", "s-1-answer.md", content, "the answer")
+
+    (post,) = discord.wait_for_posts(1)
+    assert post.payload["content"] == "the answer"
+    assert post.payload["message_reference"]["message_id"] == int(asked)
+    assert post.files == (("s-1-answer.md", content.encode()),)  # whole, byte for byte
 
 
 @pytest.mark.parametrize(
@@ -442,3 +474,73 @@ def _wait_post(fake: FakeDiscord, found: Any, timeout: float = 60) -> Any:
                 return post
         assert time.monotonic() < deadline, "\n---\n".join(_content(p) for p in fake.posts)
         time.sleep(0.05)
+
+
+@pytest.mark.docker
+def test_a_scripted_session_on_discord_long_answer_whole_and_a_stop(
+    tmp_path: Any, state_dir: Any, docker_client: Any
+) -> None:
+    """As on Slack: `run say: 400`'s answer arrives whole as an attachment of a reply in
+    the thread; a leased run's ❌ Stop button stops it and the thread says what was left."""
+    from apply_helpers import REPO, cli_env, leftovers, live_leases, run_ids
+    from chat_helpers import API_KEY, CANARY, long_answer_lines, session_world
+
+    with FakeDiscord(TOKEN) as fake:
+        transport = {
+            "kind": "Transport",
+            "metadata": {"name": "dc"},
+            "spec": {
+                "type": "discord",
+                "token": "env:KAGURA_TEST_DISCORD",
+                "operators": [ALICE],
+                "base_url": fake.base_url,
+            },
+        }
+        argv, env, stoppable = session_world(tmp_path, docker_client, transport)
+        env.update(KAGURA_TEST_DISCORD=TOKEN)
+        serve = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
+        )
+        try:
+            fake.wait_for_connection(timeout=30)
+            asked = fake.send_message(ALICE, DM, "run say: 400")
+            attached = _wait_post(fake, lambda p: bool(p.files), timeout=180)
+            _wait_post(fake, lambda p: "(exit 0)" in _content(p), timeout=120)
+            stopping = fake.send_message(ALICE, DM, f"launch {stoppable}")
+            stop = _wait_post(
+                fake,
+                lambda p: (
+                    "kagura_kill:" in json.dumps(p.payload)
+                    and str(p.payload["message_reference"]["message_id"]) == stopping
+                ),
+                120,
+            )
+            _wait_post(fake, lambda p: "▸ bash: sleep 600" in _content(p), timeout=120)
+            custom_id = stop.payload["components"][0]["components"][0]["custom_id"]
+            fake.press(ALICE, stop.id, custom_id)
+            _wait_post(fake, lambda p: "none left" in _content(p), timeout=120)
+            said = "\n".join(_content(p) for p in fake.posts)
+        finally:
+            serve.terminate()
+            output = serve.communicate(timeout=60)[0]
+    assert serve.returncode == 0, output
+    (name, data), *_ = attached.files
+    content = data.decode()
+    assert name.endswith("-text-1.md")
+    assert attached.payload["message_reference"]["message_id"] == int(asked)
+    assert all(line in content for line in long_answer_lines())
+    assert content.rstrip().endswith("END OF THE LONG ANSWER")
+    assert "✓ final answer: the text above" in said
+    session = custom_id.partition(":")[2]
+    assert f"session {session}: stopping (asked by discord:{ALICE})" in said
+    assert "leases: 1 revoked, none open; containers, networks and volumes: none left" in said
+    stopped = [
+        p for p in fake.posts
+        if str((p.payload.get("message_reference") or {}).get("message_id")) == stopping
+    ]  # fmt: skip
+    assert any("killed" in _content(p) and "(exit 130)" in _content(p) for p in stopped)
+    for run_id in run_ids(state_dir):
+        assert leftovers(docker_client, run_id) == []
+    assert live_leases(cli_env(state_dir)) == []
+    for canary in (TOKEN, CANARY, API_KEY):
+        assert canary not in output and canary not in said and canary not in content

@@ -6,6 +6,7 @@ slack.com URL left anywhere would fail here rather than reach the internet.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -157,6 +158,55 @@ def test_a_button_press_comes_back_as_an_answer(
     # a press answers in the thread the question was asked in (or starts one under it)
     expected = f"{DM}:{thread_ts or post.ts}"
     assert running.next_event() == Event("slack", ALICE, expected, action=answer, request="req-42")
+
+
+def test_the_stop_button_comes_back_as_a_kill(slack: FakeSlack, running: Running) -> None:
+    running.transport.offer_stop(f"{DM}:1700000000.000100", "s-1 is running", "s-1")
+
+    (post,) = slack.wait_for_posts(1)
+    section, actions = post.payload["blocks"]
+    assert section["text"]["text"] == "s-1 is running"
+    (button,) = actions["elements"]
+    assert (button["action_id"], button["style"], button["value"]) == (
+        "kagura_kill",
+        "danger",
+        "s-1",
+    )
+    assert button["text"]["text"] == "❌ Stop"
+    slack.press(ALICE, DM, post.ts, "kagura_kill", "s-1")
+    assert running.next_event() == Event(
+        "slack", ALICE, f"{DM}:1700000000.000100", action="kill", request="s-1"
+    )
+
+
+def test_attach_uploads_the_whole_text_as_a_file_in_the_thread(
+    slack: FakeSlack, running: Running
+) -> None:
+    content = "".join(f"line {i}: ünïcode ✓\n" for i in range(5000))  # ~110 KB
+    running.transport.attach(f"{DM}:1700000000.000100", "s-1-answer.md", content, "the answer")
+
+    (upload,) = slack.wait_for_uploads(1)
+    assert (upload.channel, upload.thread_ts) == (DM, "1700000000.000100")
+    assert (upload.filename, upload.title, upload.initial_comment) == (
+        "s-1-answer.md",
+        "s-1-answer.md",
+        "the answer",
+    )
+    assert upload.content.decode() == content  # whole, byte for byte
+    assert [e["method"] for e in slack.ops("api")][-2:] == [
+        "files.getUploadURLExternal",
+        "files.completeUploadExternal",
+    ]
+
+
+def test_a_refused_upload_is_a_setup_error_naming_the_scope(
+    slack: FakeSlack, running: Running
+) -> None:
+    slack.missing_scopes.add("files.getUploadURLExternal")
+    with pytest.raises(SetupError) as caught:
+        running.transport.attach(f"{DM}:1", "x.md", "text", "comment")
+    assert caught.value.message == "slack files.upload failed: missing_scope"
+    assert "files:write" in caught.value.hint
 
 
 def test_a_press_on_some_other_button_is_acked_and_ignored(
@@ -403,3 +453,74 @@ def _wait_posts(slack: FakeSlack, found: Any, timeout: float = 60) -> list[Any]:
             return posts
         assert time.monotonic() < deadline, "\n---\n".join(_text(p) for p in posts)
         time.sleep(0.05)
+
+
+@pytest.mark.docker
+def test_a_scripted_session_on_slack_long_answer_whole_and_a_stop(
+    tmp_path: Any, state_dir: Any, docker_client: Any
+) -> None:
+    """serve on Slack, driven through the fake: `run say: 400` streams the assistant's text
+    and its 400-line answer arrives whole as a file in the thread (nothing cut); a second
+    session is launched, holds a lease, and its ❌ Stop button stops it: the thread says the
+    lease was revoked and nothing of the run is left, and that is so."""
+    from apply_helpers import REPO, cli_env, leftovers, live_leases, run_ids
+    from chat_helpers import API_KEY, CANARY, long_answer_lines, session_world
+
+    with FakeSlack(BOT_TOKEN, APP_TOKEN) as slack:
+        transport = {
+            "kind": "Transport",
+            "metadata": {"name": "chat"},
+            "spec": {
+                "type": "slack",
+                "token": "env:KAGURA_TEST_SLACK_BOT",
+                "app_token": "env:KAGURA_TEST_SLACK_APP",
+                "operators": [ALICE],
+                "base_url": slack.base_url,
+            },
+        }
+        argv, env, stoppable = session_world(tmp_path, docker_client, transport)
+        env.update(KAGURA_TEST_SLACK_BOT=BOT_TOKEN, KAGURA_TEST_SLACK_APP=APP_TOKEN)
+        serve = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
+        )
+        try:
+            slack.wait_for_connection(timeout=30)
+            asked = "1700000000.000100"
+            slack.send_message(ALICE, DM, "run say: 400", ts=asked)
+            (upload,) = slack.wait_for_uploads(1, timeout=180)
+            _wait_posts(slack, lambda p: "(exit 0)" in _text(p), timeout=120)
+            stopping = "1700000000.000200"
+            slack.send_message(ALICE, DM, f"launch {stoppable}", ts=stopping)
+
+            def is_stop(post: Any) -> bool:
+                return post.payload.get("thread_ts") == stopping and "kagura_stop" in json.dumps(
+                    post.payload
+                )
+
+            stop = next(p for p in _wait_posts(slack, is_stop, 120) if is_stop(p))
+            _wait_posts(slack, lambda p: "▸ bash: sleep 600" in _text(p), timeout=120)
+            session = stop.payload["blocks"][-1]["elements"][0]["value"]
+            slack.press(ALICE, DM, stop.ts, "kagura_kill", session)
+            _wait_posts(slack, lambda p: "none left" in _text(p), timeout=120)
+            said = "\n".join(_text(p) for p in slack.posts)
+        finally:
+            serve.terminate()
+            output = serve.communicate(timeout=60)[0]
+    assert serve.returncode == 0, output
+    # The long answer: a file in the run's thread, whole.
+    assert upload.thread_ts == asked and upload.filename.endswith("-text-1.md")
+    content = upload.content.decode()
+    assert all(line in content for line in long_answer_lines())
+    assert content.rstrip().endswith("END OF THE LONG ANSWER")
+    assert "(" in upload.initial_comment and "whole in" in upload.initial_comment
+    assert "✓ final answer: the text above" in said
+    # The stop.
+    assert f"session {session}: stopping (asked by slack:{ALICE})" in said
+    assert "leases: 1 revoked, none open; containers, networks and volumes: none left" in said
+    stopped = [p for p in slack.posts if p.payload.get("thread_ts") == stopping]
+    assert any("killed" in _text(p) and "(exit 130)" in _text(p) for p in stopped)
+    for run_id in run_ids(state_dir):
+        assert leftovers(docker_client, run_id) == []
+    assert live_leases(cli_env(state_dir)) == []
+    for canary in (BOT_TOKEN, APP_TOKEN, CANARY, API_KEY):
+        assert canary not in output and canary not in said and canary not in content

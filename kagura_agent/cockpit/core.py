@@ -9,10 +9,18 @@ timeout is recorded as a timeout and denies. Then ``apply`` runs the saved plan 
 process (cockpit/runner.py), accepting the approvals recorded since the request, and the
 thread follows its progress. A plan that changed since it was shown is refused by apply
 itself (the saved plan is checked against a fresh one).
+
+Many sessions run at once. Two that write the same project root (or resume the same brain
+session) never do: apply holds a lock on both, so the later one is queued, visibly
+("queued behind s-…"), and starts when the earlier one ends. A running session can be
+stopped from chat (``kill`` or its ❌ Stop button): apply's SIGINT path cleans up, and the
+thread is told what was revoked and removed.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
 import sys
 import threading
@@ -25,7 +33,16 @@ from typing import Any
 from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
 from kagura_agent.cockpit.intents import HELP, classify
 from kagura_agent.cockpit.registry import Registry, Session, new_session_id
-from kagura_agent.cockpit.runner import AdoptedRun, ApplyProcess, Relay, RunOutcome, apply_argv
+from kagura_agent.cockpit.runner import (
+    AdoptedRun,
+    ApplyProcess,
+    Feed,
+    Pacer,
+    Progress,
+    Relay,
+    RunOutcome,
+    apply_argv,
+)
 from kagura_agent.cockpit.transport import Event, Transport
 from kagura_agent.errors import KaguraError
 from kagura_agent.hygiene import neutralise
@@ -67,6 +84,12 @@ class Cockpit:
         self._runs: dict[str, ApplyProcess | AdoptedRun] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._timers: dict[str, threading.Timer] = {}
+        # Sessions whose apply runs (started or adopted), and those queued behind them.
+        self._active: dict[str, Session] = {}
+        self._queue: list[Session] = []
+        self._behind: dict[str, str] = {}  # queued session -> the one it waits for
+        self._progress: dict[str, Progress] = {}
+        self._pacer = Pacer(float(getattr(transport, "post_interval", 0.0)))
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -76,10 +99,14 @@ class Cockpit:
         the outcome it recorded in the ``runs`` table, or is lost. Returns every session
         that was open."""
         expired = self.registry.expire_requests()
-        running = [s for s in self.registry.open_sessions() if s.state == "running"]
+        left = [_with_keys(s) for s in self.registry.open_sessions()]
+        running = [s for s in left if s.state == "running"]
+        queued = [s for s in left if s.state == "queued"]
         for session in running:
             run = AdoptedRun(session.pid or 0, session.pid_start, self.state_path)
             if session.pid is not None and run.alive():
+                with self._lock:
+                    self._active[session.id] = session
                 self._follow_in_thread(session, run)
                 self._say(
                     session.thread,
@@ -88,7 +115,10 @@ class Cockpit:
                 )
             else:
                 self._finish(session, run.outcome())
-        return [*expired, *running]
+        for session in queued:  # approved, never started: they start (or queue) again
+            self._say(session.thread, f"session {session.id}: the cockpit restarted")
+            self._start(session)
+        return [*expired, *running, *queued]
 
     def serve(self) -> None:
         """Handle events until the transport stops; then interrupt and await every run."""
@@ -102,9 +132,16 @@ class Cockpit:
             timers = list(self._timers.items())
             self._timers.clear()
             runs = list(self._runs.values())
+            queued, self._queue = self._queue, []
         for session_id, timer in timers:
             timer.cancel()
             self._expire(session_id, "the cockpit stopped before anyone answered")
+        for session in queued:
+            if self.registry.update(session.id, expect="queued", state="cancelled"):
+                self._say(
+                    session.thread,
+                    f"session {session.id}: the cockpit stopped before it could start; nothing ran",
+                )
         for run in runs:
             run.interrupt()
         for thread in list(self._threads.values()):
@@ -152,9 +189,14 @@ class Cockpit:
 
     def _say(self, thread: str, text: str) -> None:
         try:
+            self._pacer.note(_channel(thread))
             self.transport.say(thread, neutralise(text))
         except Exception as exc:  # the chat being down must not take the cockpit down
             print(f"cockpit: could not post to {thread}: {exc}", file=sys.stderr)
+
+    def _attach(self, thread: str, filename: str, content: str, comment: str) -> None:
+        """A long output, whole (a Relay calls this; errors reach its own handler)."""
+        self.transport.attach(thread, filename, neutralise(content), neutralise(comment))
 
     # --- intents -------------------------------------------------------------------------
 
@@ -213,6 +255,7 @@ class Cockpit:
 
         plan = self._compile(task_path)
         refuse_unapplyable(plan, ApplyOptions())  # incl. host-runtime brains: never from chat
+        root = os.path.realpath(plan["task"]["project_root"])
         needs = [a["category"] for a in plan["approvals"] if a["class"] == "needs-approval"]
         now = iso(self.clock.now())
         session_id = new_session_id()
@@ -230,6 +273,8 @@ class Cockpit:
             created_at=now,
             updated_at=now,
             asked_at=now if needs else None,
+            root=root,
+            brain_session=plan["task"].get("session") or None,
         )
         planfile.save(plan, Path(session.plan_path))
         self.registry.add(session)
@@ -316,45 +361,164 @@ class Cockpit:
             timer.cancel()
 
     def _kill(self, event: Event, session_id: str) -> None:
+        """Stop a session, whatever it is doing: a pending request is denied, a queued
+        session dropped, a running apply interrupted (SIGINT: it revokes its leases and
+        removes its containers, then exits 130; the thread is told what it left)."""
+        who = f"{event.transport}:{event.user}"
+        session = self.registry.get(session_id)
+        if session is None:
+            self._say(event.thread, f"no session {session_id}")
+            return
+        if session.state == "awaiting-approval":
+            self._answer(event, session_id, approved=False)
+            return
         with self._lock:
             run = self._runs.get(session_id)
-        if run is None:
-            session = self.registry.get(session_id)
-            state = session.state if session else "unknown"
-            self._say(event.thread, f"session {session_id} is not running here ({state})")
+            queued = next((s for s in self._queue if s.id == session_id), None)
+            if queued is not None:
+                self._queue.remove(queued)
+                self._behind.pop(session_id, None)
+        if queued is not None:
+            self.registry.update(session_id, expect="queued", state="cancelled", stopped_by=who)
+            self._say(
+                session.thread,
+                f"session {session_id}: dropped from the queue by {who}; nothing ran",
+            )
             return
+        if run is None:
+            self._say(event.thread, f"session {session_id} is not running here ({session.state})")
+            return
+        self.registry.update(session_id, stopped_by=who)
         run.interrupt()
-        self._say(event.thread, f"interrupting session {session_id}; it cleans up, then stops")
+        self._say(
+            session.thread,
+            f"session {session_id}: stopping (asked by {who}); apply interrupts the run,"
+            " revokes its leases and removes its containers",
+        )
+        if event.thread != session.thread:
+            self._say(event.thread, f"stopping session {session_id}; its thread follows it")
 
     def _status(self, event: Event) -> None:
-        sessions = self.registry.recent()
+        """Every open session (then the latest ended ones): state, age, cost so far, what
+        it is doing (phase), waiting for (queued behind) or waiting on (approvals)."""
+        sessions = self.registry.listing()
         if not sessions:
             self._say(event.thread, "no sessions yet")
             return
-        lines = [
-            f"{s.id}  {s.state:<17} {s.task_name:<20} {s.run_id or '-':<16} by {s.requested_by}"
-            for s in sessions
-        ]
+        now = self.clock.now()
+        lines = []
+        for s in sessions:
+            progress = self._progress.get(s.id)
+            cost = progress.cost_usd if progress is not None else s.cost_usd
+            age = _age((now - parse_iso(s.created_at)).total_seconds())
+            lines.append(
+                f"{s.id}  {s.state:<17} {age:>5}  {_usd(cost):>8}  {s.task_name:<20}"
+                f" {s.run_id or '-':<16} by {s.requested_by}"
+            )
+            if s.state == "running":
+                phase = progress.phase if progress is not None else "followed after a restart"
+                lines.append(f"    phase: {phase}")
+            elif s.state == "queued":
+                lines.append(f"    queued behind {self._behind.get(s.id, 'a restart')}")
+            elif s.state == "awaiting-approval":
+                asked = parse_iso(s.asked_at or s.created_at)
+                left = self.config.approval_timeout - (now - asked).total_seconds()
+                lines.append(
+                    f"    pending approval: {', '.join(s.categories)}"
+                    f" (approve {s.id} | deny {s.id}; denied in {max(left, 0):.0f}s)"
+                )
         self._say(event.thread, "\n".join(lines))
 
     # --- runs ----------------------------------------------------------------------------
 
     def _start(self, session: Session) -> None:
+        """Run the session's apply now, or queue it behind the running (or earlier queued)
+        session that writes the same project root or resumes the same brain session."""
+        with self._lock:
+            blocker = self._blocker(session)
+            if blocker is None:
+                self._active[session.id] = session
+            else:
+                self._queue.append(session)
+                self._behind[session.id] = blocker.id
+        if blocker is None:
+            self._run(session)
+            return
+        self.registry.update(session.id, state="queued")
+        same = "project root" if blocker.root == session.root else "brain session"
+        self._say(
+            session.thread,
+            f"session {session.id}: queued behind {blocker.id} (the same {same}); it starts"
+            f" when that one ends (`kill {session.id}` drops it)",
+        )
+
+    def _blocker(self, session: Session) -> Session | None:
+        """(Under the lock.) The running or earlier queued session this one must wait for."""
+        for other in [*self._active.values(), *self._queue]:
+            if other.id != session.id and _conflict(other, session):
+                return other
+        return None
+
+    def _release(self, session_id: str) -> None:
+        """A session's apply ended: start the queued sessions nothing blocks any more."""
+        ready = []
+        with self._lock:
+            self._active.pop(session_id, None)
+            waiting, self._queue = self._queue, []
+            for session in waiting:
+                blocker = self._blocker(session)
+                if blocker is None:
+                    self._active[session.id] = session
+                    self._behind.pop(session.id, None)
+                    ready.append(session)
+                else:
+                    self._queue.append(session)
+                    self._behind[session.id] = blocker.id
+        for session in ready:
+            self._run(session)
+
+    def _run(self, session: Session) -> None:
         since = parse_iso(session.asked_at) if session.asked_at else None
-        relay = Relay(lambda text: self._say(session.thread, text))
+        thread = session.thread
+        relay = Relay(
+            lambda text: self._say(thread, text),
+            attach=lambda name, content, comment: self._attach(thread, name, content, comment),
+            max_chars=int(getattr(self.transport, "max_chars", 4000)),
+            pacer=self._pacer,
+            channel=_channel(thread),
+        )
+        progress = Progress()
         try:
             run = ApplyProcess(
-                apply_argv(Path(session.plan_path), since), relay, env=self.config.env
+                apply_argv(Path(session.plan_path), since),
+                relay,
+                env=self.config.env,
+                feed=Feed(relay, progress, session.id),
             )
         except OSError as exc:
             relay.close()
             self.registry.update(session.id, state="failed")
             self._say(session.thread, f"session {session.id}: apply could not start: {exc}")
+            self._release(session.id)
             return
         from kagura_agent.membrane.leases.ledger import process_start
 
-        self.registry.update(session.id, pid=run.pid, pid_start=process_start(run.pid))
+        self._progress[session.id] = progress
+        self.registry.update(
+            session.id, state="running", pid=run.pid, pid_start=process_start(run.pid)
+        )
         self._follow_in_thread(session, run)
+        try:
+            self.transport.offer_stop(
+                thread,
+                neutralise(
+                    f"session {session.id} is running: ❌ Stop (or `kill {session.id}`)"
+                    " interrupts it; apply cleans up and exits 130"
+                ),
+                session.id,
+            )
+        except Exception as exc:  # kill still works by name
+            print(f"cockpit: could not post to {thread}: {exc}", file=sys.stderr)
 
     def _follow_in_thread(self, session: Session, run: ApplyProcess | AdoptedRun) -> None:
         thread = threading.Thread(
@@ -373,19 +537,79 @@ class Cockpit:
         finally:
             with self._lock:
                 self._runs.pop(session.id, None)
-        self._finish(session, outcome)
+        try:
+            self._finish(session, outcome)
+        finally:
+            self._progress.pop(session.id, None)
+            self._release(session.id)
 
     def _finish(self, session: Session, outcome: RunOutcome) -> None:
         state = "lost" if outcome.outcome == "lost" else _state_for(outcome.exit_code)
+        progress = self._progress.get(session.id)
+        cost = (
+            outcome.cost_usd
+            if outcome.cost_usd is not None
+            else (progress.cost_usd if progress is not None else None)
+        )
         self.registry.update(
-            session.id, state=state, run_id=outcome.run_id, exit_code=outcome.exit_code
+            session.id,
+            state=state,
+            run_id=outcome.run_id,
+            exit_code=outcome.exit_code,
+            cost_usd=cost,
         )
         took = f" in {outcome.wall_seconds:.1f}s" if outcome.wall_seconds is not None else ""
         run_text = f"run {outcome.run_id}" if outcome.run_id else "apply"
-        self._say(
-            session.thread,
-            f"session {session.id}: {run_text} {state}{took} (exit {outcome.exit_code})",
-        )
+        spent = f", {_usd(cost)}" if cost is not None else ""
+        text = f"session {session.id}: {run_text} {state}{took}{spent} (exit {outcome.exit_code})"
+        if state == "killed":
+            stopped = self.registry.get(session.id)
+            who = stopped.stopped_by if stopped is not None and stopped.stopped_by else None
+            text += f"; stopped by {who}" if who else "; interrupted"
+            if outcome.run_id:
+                text += "\n" + self._left_behind(outcome.run_id)
+        self._say(session.thread, text)
+
+    def _left_behind(self, run_id: str) -> str:
+        """What a stopped run's apply left: its leases (revoked or still open) and any
+        container or network labelled with the run (checked, not assumed)."""
+        import sqlite3
+
+        leases = "leases: none"
+        try:
+            with StateStore(self.state_path) as store:
+                rows = store.conn.execute(
+                    "SELECT state, closed_at FROM lease_grants WHERE run_id = ?", (run_id,)
+                ).fetchall()
+        except sqlite3.OperationalError:  # no lease table: the run never leased
+            rows = []
+        if rows:
+            still = sum(1 for r in rows if r["closed_at"] is None)
+            closed = len(rows) - still
+            leases = f"leases: {closed} revoked" + (
+                f", ⚠ {still} still open (the next apply's sweep revokes them)"
+                if still
+                else ", none open"
+            )
+        try:
+            from kagura_agent.membrane.hardening import LABEL_RUN
+            from kagura_agent.membrane.runtime import connect
+
+            client = connect(timeout=15)
+            label = f"{LABEL_RUN}={run_id}"
+            found = [
+                f"container {c.get('Names', ['?'])[0].lstrip('/')}"
+                for c in client.api.containers(all=True, filters={"label": label})
+            ]
+            found += [f"network {n.name}" for n in client.networks.list(filters={"label": label})]
+            volumes = client.api.volumes(filters={"label": label}).get("Volumes") or []
+            found += [f"volume {v['Name']}" for v in volumes]
+            client.close()
+        except Exception as exc:  # Docker unreachable: say so rather than guess
+            return f"{leases}; containers: could not check ({exc})"
+        if found:
+            return f"{leases}; ⚠ left: {', '.join(found)} (the next apply's sweep removes them)"
+        return f"{leases}; containers, networks and volumes: none left"
 
     def sessions(self) -> Sequence[Session]:
         return self.registry.recent()
@@ -397,3 +621,40 @@ def _state_for(exit_code: int) -> str:
     if exit_code in (130, 143):
         return "killed"
     return "failed"
+
+
+def _channel(thread: str) -> str:
+    return thread.partition(":")[0]
+
+
+def _conflict(a: Session, b: Session) -> bool:
+    """Whether two sessions' applies would fight over apply's locks."""
+    return bool(
+        (a.root and a.root == b.root) or (a.brain_session and a.brain_session == b.brain_session)
+    )
+
+
+def _with_keys(session: Session) -> Session:
+    """A session of an older cockpit, given its lock keys from its saved plan."""
+    if session.root is not None:
+        return session
+    from dataclasses import replace
+
+    try:
+        task = json.loads(Path(session.plan_path).read_text(encoding="utf-8"))["task"]
+        root = os.path.realpath(task["project_root"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return session
+    return replace(session, root=root, brain_session=task.get("session") or None)
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{max(seconds, 0):.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.0f}h"
+
+
+def _usd(cost: float | None) -> str:
+    return "$-" if cost is None else f"${cost:.4f}"

@@ -3,8 +3,11 @@
     message from a person (DM or channel)  Event(text=..., thread="CHANNEL:MESSAGE")
     press on kagura_approve:REQUEST / kagura_deny:REQUEST
                                            Event(action="approve"|"deny", request=REQUEST)
+    press on kagura_kill:REQUEST           Event(action="kill", request=REQUEST)
     say(thread, text)                      a reply to MESSAGE in CHANNEL
     ask(thread, text, request)             the same, with Approve / Deny buttons
+    offer_stop(thread, text, request)      the same, with one ❌ Stop button
+    attach(thread, name, content, comment) the content whole, as an attachment to a reply
 
 discord.py is asyncio: ``run`` starts the client on its own event loop in a thread of its
 own, and calls ``handle`` in the calling thread, one event at a time and in arrival order,
@@ -29,7 +32,8 @@ from kagura_agent.errors import KaguraError, SetupError
 
 APPROVE = "kagura_approve"
 DENY = "kagura_deny"
-_ANSWERS = {APPROVE: "approve", DENY: "deny"}
+KILL = "kagura_kill"
+_ANSWERS = {APPROVE: "approve", DENY: "deny", KILL: "kill"}
 _CONTENT_LIMIT = 2000  # Discord refuses a longer message content (50035 Invalid Form Body)
 _READY_TIMEOUT = 30.0  # seconds from login to the Gateway's READY
 _CALL_TIMEOUT = 30.0  # seconds for one say / ask
@@ -48,6 +52,9 @@ class _Lost:
 
 class DiscordTransport:
     """A chat transport over one Discord bot: its token and, for tests, another API root."""
+
+    max_chars = _CONTENT_LIMIT
+    post_interval = 1.0  # Discord allows 5 messages per 5 seconds in a channel
 
     def __init__(
         self, bot_token: str, *, base_url: str | None = None, name: str = "discord"
@@ -105,6 +112,14 @@ class DiscordTransport:
     def ask(self, thread: str, text: str, request: str) -> None:
         """Post ``text`` in ``thread`` with Approve / Deny buttons that answer ``request``."""
         self._call(self._send(thread, text, request))
+
+    def offer_stop(self, thread: str, text: str, request: str) -> None:
+        """Post ``text`` in ``thread`` with a ❌ Stop button that stops ``request``."""
+        self._call(self._send(thread, text, request, view=stop_view))
+
+    def attach(self, thread: str, filename: str, content: str, comment: str) -> None:
+        """Post ``content`` whole as an attachment of a reply in ``thread``."""
+        self._call(self._send(thread, comment, None, file=(filename, content.encode())))
 
     # -- the client's thread -----------------------------------------------------------
 
@@ -247,8 +262,20 @@ class DiscordTransport:
 
     # -- events to Discord -------------------------------------------------------------
 
-    async def _send(self, thread: str, text: str, request: str | None) -> None:
+    async def _send(
+        self,
+        thread: str,
+        text: str,
+        request: str | None,
+        *,
+        view: Any = None,
+        file: tuple[str, bytes] | None = None,
+    ) -> None:
+        import io
+
         import discord
+
+        make_view = view or approval_view
 
         channel_id, _, message_id = thread.partition(":")
         channel = self._client.get_partial_messageable(int(channel_id))
@@ -259,16 +286,19 @@ class DiscordTransport:
         )
         chunks = _chunks(text)
         for index, chunk in enumerate(chunks):
-            view = None
-            if request is not None and index == len(chunks) - 1:
-                view = approval_view(request)
+            extra: dict[str, Any] = {}
+            last = index == len(chunks) - 1
+            if request is not None and last:
+                extra["view"] = make_view(request)
+            if file is not None and last:
+                extra["file"] = discord.File(io.BytesIO(file[1]), filename=file[0])
             await self._translate(
                 channel.send(
                     chunk,
                     reference=reference,
                     mention_author=False,
                     allowed_mentions=discord.AllowedMentions.none(),
-                    **({"view": view} if view is not None else {}),
+                    **extra,
                 ),
                 f"POST /channels/{channel_id}/messages",
                 "is the bot in that channel, and allowed to send messages there?",
@@ -301,6 +331,23 @@ def approval_view(request: str) -> Any:
         ("Deny", DENY, discord.ButtonStyle.danger),
     ):
         view.add_item(discord.ui.Button(label=label, style=style, custom_id=f"{action}:{request}"))
+    view.stop()
+    return view
+
+
+def stop_view(request: str) -> Any:
+    """One ❌ Stop button carrying ``request`` (read by custom_id, as approval_view's)."""
+    import discord
+
+    view = discord.ui.View(timeout=None)
+    view.add_item(
+        discord.ui.Button(
+            label="Stop",
+            emoji="❌",
+            style=discord.ButtonStyle.danger,
+            custom_id=f"{KILL}:{request}",
+        )
+    )
     view.stop()
     return view
 

@@ -9,7 +9,9 @@ gets the help text back: no language model reads chat text inside the trusted co
     run TEXT                   the same for a one-off task, as `kagura-agent run "TEXT"`
     continue SESSION TEXT      a follow-up in that one-off task's brain session (as `repl`)
     status                     the sessions of this cockpit
-    kill SESSION               interrupt a running session (it cleans up, exit 130)
+    kill SESSION               stop a session: a running one is interrupted (it cleans
+                               up, exit 130; the ❌ Stop button does the same), a queued
+                               one is dropped, a pending request is denied
     approve REQUEST | deny REQUEST
                                answer an approval request (chat buttons do the same)
     help
@@ -50,7 +52,7 @@ commands:
   continue SESSION TEXT
                       a follow-up in that run's brain session
   status              sessions of this cockpit
-  kill SESSION        interrupt a running session
+  kill SESSION        stop a session (its ❌ Stop button does the same)
   approve REQUEST     approve a pending request (or press its button)
   deny REQUEST        deny it
   help                this text"""
@@ -70,6 +72,8 @@ def classify(event: Event) -> Intent:
             return Intent("approve", event.request)
         if event.action == "deny" and event.request:
             return Intent("deny", event.request)
+        if event.action == "kill" and event.request:
+            return Intent("kill", event.request)
         return Intent("unknown", problem=f"unknown button {event.action!r}")
     words = event.text.split()
     if not words:

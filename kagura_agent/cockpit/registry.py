@@ -5,9 +5,11 @@ answers in, who asked, and where it stands. A session id doubles as its approval
 request id ("approve s-1a2b3c"). Each call opens its own connection: the cockpit calls
 in from transport, timer and runner threads.
 
-States: awaiting-approval → running → succeeded | failed | killed; or denied, expired
-(nobody answered in time, or the cockpit stopped first), lost (after a restart, the apply
-process was gone without having recorded an outcome).
+States: awaiting-approval → [queued →] running → succeeded | failed | killed; or denied,
+expired (nobody answered in time, or the cockpit stopped first), cancelled (killed while
+queued: nothing ran), lost (after a restart, the apply process was gone without having
+recorded an outcome). A session is queued while another one that writes the same project
+root (or resumes the same brain session) runs: apply holds a lock on both.
 """
 
 from __future__ import annotations
@@ -42,9 +44,15 @@ MIGRATIONS = [
         exit_code INTEGER
     );
     CREATE INDEX cockpit_sessions_state ON cockpit_sessions(state);
+    """,
     """
+    ALTER TABLE cockpit_sessions ADD COLUMN root TEXT;
+    ALTER TABLE cockpit_sessions ADD COLUMN brain_session TEXT;
+    ALTER TABLE cockpit_sessions ADD COLUMN cost_usd REAL;
+    ALTER TABLE cockpit_sessions ADD COLUMN stopped_by TEXT;
+    """,
 ]
-OPEN_STATES = ("awaiting-approval", "running")
+OPEN_STATES = ("awaiting-approval", "queued", "running")
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,10 @@ class Session:
     pid: int | None = None
     pid_start: str | None = None
     exit_code: int | None = None
+    root: str | None = None  # the project root's real path (what apply locks)
+    brain_session: str | None = None  # the task's brain session (apply locks it too)
+    cost_usd: float | None = None  # what the run cost, once it ended
+    stopped_by: str | None = None  # who killed it ("TRANSPORT:USER")
 
     @property
     def categories(self) -> list[str]:
@@ -125,6 +137,11 @@ class Registry:
             ).fetchone()
         return Session(**dict(row)) if row else None
 
+    def listing(self, closed: int = 10) -> list[Session]:
+        """Every open session (oldest first), then the ``closed`` latest ended ones."""
+        ended = [s for s in self.recent(closed + 200) if s.state not in OPEN_STATES]
+        return [*self.open_sessions(), *ended[:closed]]
+
     def recent(self, limit: int = 20) -> list[Session]:
         with self._store() as store:
             rows = store.conn.execute(
@@ -136,7 +153,8 @@ class Registry:
     def open_sessions(self) -> list[Session]:
         with self._store() as store:
             rows = store.conn.execute(
-                "SELECT * FROM cockpit_sessions WHERE state IN (?, ?) ORDER BY created_at",
+                "SELECT * FROM cockpit_sessions WHERE state IN (?, ?, ?)"
+                " ORDER BY created_at, rowid",
                 OPEN_STATES,
             ).fetchall()
         return [Session(**dict(row)) for row in rows]

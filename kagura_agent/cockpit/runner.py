@@ -2,9 +2,10 @@
 
 The cockpit never applies in-process: ``kagura-agent apply --yes --json PLAN.json`` does,
 with its own signal handling, lock, sweeps and clean-up, exactly as an operator's shell
-would run it. Its stderr carries one JSON line per live event; the relay turns the ones
-an operator follows (phases, tool calls, denials, errors) into short chat lines, batched
-so a chat service's rate limit is never the bottleneck. Interrupting is SIGINT, which
+would run it. Its stderr carries one JSON line per live event; the feed turns the ones
+an operator follows (phases, tool calls, denials, errors, what the assistant says, the
+final answer) into chat posts, and the relay batches them by time and size within the
+chat's rate limit; a long text goes whole as a file, never cut. Interrupting is SIGINT, which
 apply answers by cleaning up and exiting 130.
 """
 
@@ -30,6 +31,9 @@ from kagura_agent.clock import iso
 BATCH_SECONDS = 1.5
 MAX_BATCH_LINES = 40
 DETAIL_CHARS = 160
+# An assistant text longer than this many lines is posted whole as a file, as is one longer
+# than the chat's max_chars: a wall of text in a thread is unreadable, and cutting it is lying.
+ATTACH_LINES = 30
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,16 @@ class RunOutcome:
     run_id: str | None
     outcome: str  # the run's own word: success | failed | interrupted | ...; or "error"
     wall_seconds: float | None
+    cost_usd: float | None = None
+
+
+@dataclass
+class Progress:
+    """What ``status`` shows of a running session; updated from apply's live events."""
+
+    phase: str = "starting"
+    cost_usd: float | None = None
+    turns: int = 0
 
 
 def apply_argv(plan_path: Path, approvals_since: datetime | None) -> list[str]:
@@ -48,7 +62,8 @@ def apply_argv(plan_path: Path, approvals_since: datetime | None) -> list[str]:
 
 
 def chat_line(line: str) -> str | None:
-    """What of one stderr line of ``apply --json`` goes to chat (None: nothing)."""
+    """What of one stderr line of ``apply --json`` goes to chat as a line (None: nothing;
+    assistant text and the final answer are the :class:`Feed`'s, posted whole)."""
     try:
         item = json.loads(line)
     except ValueError:
@@ -80,18 +95,67 @@ def _brain_line(item: dict[str, Any]) -> str | None:
         return f"▸ {item.get('name')}: {detail[:DETAIL_CHARS]}"
     if kind == "error":
         return f"✗ brain error ({item.get('code')}): {item.get('message')}"
-    if kind == "done" and item.get("result"):
-        return f"  {str(item['result'])[:500]}"
     return None
 
 
-class Relay:
-    """Collects chat lines and posts them in batches from its own thread."""
+class Pacer:
+    """Posts in one channel at most every ``interval`` seconds (the chat's rate limit),
+    shared by every session's relay: ten runs streaming into one channel share its rate,
+    and each relay batches more while it waits."""
 
-    def __init__(self, post: Callable[[str], None], interval: float = BATCH_SECONDS) -> None:
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._next: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def wait(self, channel: str) -> None:
+        if self.interval <= 0:
+            return
+        with self._lock:
+            now = time.monotonic()
+            at = max(now, self._next.get(channel, 0.0))
+            self._next[channel] = at + self.interval
+        if at > now:
+            time.sleep(at - now)
+
+    def note(self, channel: str) -> None:
+        """A post that did not wait (an answer to an operator) still uses the rate."""
+        if self.interval <= 0:
+            return
+        with self._lock:
+            now = time.monotonic()
+            self._next[channel] = max(now, self._next.get(channel, 0.0)) + self.interval
+
+
+@dataclass(frozen=True)
+class _File:
+    name: str
+    content: str
+    comment: str
+
+
+class Relay:
+    """Collects a run's output and posts it in batches from its own thread: lines joined
+    into messages of at most ``max_chars``, at most one post per ``pacer`` interval in the
+    channel, a long text as a file (whole). Order is kept."""
+
+    def __init__(
+        self,
+        post: Callable[[str], None],
+        interval: float = BATCH_SECONDS,
+        *,
+        attach: Callable[[str, str, str], None] | None = None,
+        max_chars: int = 4000,
+        pacer: Pacer | None = None,
+        channel: str = "",
+    ) -> None:
         self._post = post
+        self._attach = attach
         self._interval = interval
-        self._lines: list[str] = []
+        self.max_chars = max_chars
+        self._pacer = pacer or Pacer(0.0)
+        self._channel = channel
+        self._items: list[str | _File] = []
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="cockpit-relay", daemon=True)
@@ -99,15 +163,51 @@ class Relay:
 
     def add(self, line: str) -> None:
         with self._lock:
-            self._lines.append(line)
+            self._items.append(line)
+
+    def attach(self, name: str, content: str, comment: str) -> None:
+        """``content`` whole, as a file (printed in full where the chat has no files)."""
+        with self._lock:
+            self._items.append(_File(name, content, comment))
+
+    def fits(self, text: str) -> bool:
+        """Whether ``text`` reads well as one message rather than as a file."""
+        return len(text) <= self.max_chars - 200 and text.count("\n") < ATTACH_LINES
+
+    def _batches(self, items: list[str | _File]) -> list[str | _File]:
+        out: list[str | _File] = []
+        lines: list[str] = []
+        size = 0
+        for item in items:
+            if isinstance(item, _File):
+                if lines:
+                    out.append("\n".join(lines))
+                    lines, size = [], 0
+                out.append(item)
+                continue
+            if len(item) > self.max_chars:  # a single overlong line: its own message(s)
+                item = item[: self.max_chars - 40] + " … (line cut; see the run's record)"
+            if lines and (size + len(item) + 1 > self.max_chars or len(lines) >= MAX_BATCH_LINES):
+                out.append("\n".join(lines))
+                lines, size = [], 0
+            lines.append(item)
+            size += len(item) + 1
+        if lines:
+            out.append("\n".join(lines))
+        return out
 
     def _flush(self) -> None:
         with self._lock:
-            lines, self._lines = self._lines, []
-        while lines:
-            chunk, lines = lines[:MAX_BATCH_LINES], lines[MAX_BATCH_LINES:]
+            items, self._items = self._items, []
+        for batch in self._batches(items):
+            self._pacer.wait(self._channel)
             try:
-                self._post("\n".join(chunk))
+                if isinstance(batch, str):
+                    self._post(batch)
+                elif self._attach is not None:
+                    self._attach(batch.name, batch.content, batch.comment)
+                else:
+                    self._post(f"{batch.comment}\n{batch.content}")
             except Exception as exc:  # a chat hiccup must not stop the run or the relay
                 print(f"cockpit: could not post progress: {exc}", file=sys.stderr)
 
@@ -121,11 +221,86 @@ class Relay:
         self._flush()
 
 
+class Feed:
+    """One run's live JSON lines (apply's stderr) into its relay and its progress.
+
+    Assistant text is posted whole: as a message when it reads as one, else as a file
+    named after the session. The final answer is posted at the end, whole, the same way;
+    when it is the text just posted it is named, not repeated."""
+
+    def __init__(self, relay: Relay, progress: Progress, session_id: str) -> None:
+        self.relay = relay
+        self.progress = progress
+        self.session_id = session_id
+        self._texts = 0
+        self._last_text = ""
+
+    def line(self, raw: str) -> None:
+        said = chat_line(raw)
+        if said:
+            self.relay.add(said)
+        try:
+            item = json.loads(raw)
+        except ValueError:
+            return
+        if not isinstance(item, dict):
+            return
+        if item.get("kind") == "phase":
+            self.progress.phase = str(item.get("message", ""))[:80]
+        elif item.get("kind") == "brain":
+            self._brain(item)
+
+    def _brain(self, item: dict[str, Any]) -> None:
+        kind = item.get("type")
+        if kind == "cost":
+            if isinstance(item.get("usd"), int | float):
+                self.progress.cost_usd = float(item["usd"])
+            if isinstance(item.get("turns"), int):
+                self.progress.turns = int(item["turns"])
+        elif kind == "text" and str(item.get("text") or "").strip():
+            text = str(item["text"]).strip()
+            self._texts += 1
+            self._last_text = text
+            self._post(text, f"{self.session_id}-text-{self._texts}.md", "💬")
+        elif kind == "done" and str(item.get("result") or "").strip():
+            result = str(item["result"]).strip()
+            if result == self._last_text:
+                self.relay.add("✓ final answer: the text above")
+            else:
+                self._post(result, f"{self.session_id}-answer.md", "✓ final answer:")
+
+    def _post(self, text: str, filename: str, label: str) -> None:
+        from kagura_agent.brain.events import MAX_TEXT_CHARS
+
+        capped = (
+            f"; the engine's event cap of {MAX_TEXT_CHARS // 1024} KiB was reached"
+            if len(text) >= MAX_TEXT_CHARS
+            else ""
+        )
+        if self.relay.fits(text) and not capped:
+            self.relay.add(f"{label} {text}" if "\n" not in text else f"{label}\n{text}")
+            return
+        first = text.splitlines()[0][:120]
+        lines = text.count("\n") + 1
+        self.relay.attach(
+            filename,
+            text + "\n",
+            f"{label} {first} … ({len(text)} chars, {lines} lines, whole in {filename}{capped})",
+        )
+
+
 class ApplyProcess:
     """A started ``apply``; :meth:`wait` relays its progress and returns its outcome."""
 
-    def __init__(self, argv: Sequence[str], relay: Relay, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        argv: Sequence[str],
+        relay: Relay,
+        env: dict[str, str] | None = None,
+        feed: Feed | None = None,
+    ):
         self.relay = relay
+        self.feed = feed
         child_env = {**(env if env is not None else os.environ), "NO_COLOR": "1"}
         # Its own process group: a Ctrl-C at the cockpit's terminal reaches the cockpit,
         # which interrupts each run itself, in order.
@@ -155,9 +330,12 @@ class ApplyProcess:
         reader.start()
         assert self.process.stderr is not None
         for line in self.process.stderr:
-            said = chat_line(line)
-            if said:
-                self.relay.add(said)
+            if self.feed is not None:
+                self.feed.line(line)
+            else:
+                said = chat_line(line)
+                if said:
+                    self.relay.add(said)
         code = self.process.wait()
         reader.join()
         self.relay.close()
@@ -168,8 +346,13 @@ class ApplyProcess:
         if not isinstance(result, dict) or "outcome" not in result:
             # No result, or the --json error envelope (apply refused or failed to start).
             return RunOutcome(code, None, "error", None)
+        cost = result.get("cost_usd")
         return RunOutcome(
-            code, result.get("run_id"), str(result.get("outcome")), result.get("wall_seconds")
+            code,
+            result.get("run_id"),
+            str(result.get("outcome")),
+            result.get("wall_seconds"),
+            float(cost) if isinstance(cost, int | float) else None,
         )
 
 

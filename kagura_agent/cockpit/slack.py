@@ -2,8 +2,14 @@
 
     message / app_mention from a person   Event(text=..., thread="CHANNEL:THREAD_TS")
     press on kagura_approve / kagura_deny Event(action="approve"|"deny", request=value)
+    press on kagura_kill                  Event(action="kill", request=value)
     say(thread, text)                     chat.postMessage in that thread
     ask(thread, text, request)            the same, with Approve / Deny buttons
+    offer_stop(thread, text, request)     the same, with one ❌ Stop button
+    attach(thread, name, content, comment)
+                                          the content whole, as a file in that thread
+                                          (files.getUploadURLExternal, the upload,
+                                          files.completeUploadExternal: files:write)
 
 Bolt acks each envelope as soon as its listener has queued the event; ``run`` then calls
 ``handle`` in its own thread, one event at a time and in arrival order, so a slow handler
@@ -30,7 +36,8 @@ from kagura_agent.errors import KaguraError, SetupError
 
 APPROVE = "kagura_approve"
 DENY = "kagura_deny"
-_ANSWERS = {APPROVE: "approve", DENY: "deny"}
+KILL = "kagura_kill"
+_ANSWERS = {APPROVE: "approve", DENY: "deny", KILL: "kill"}
 # A person's message has no subtype, except a thread reply also sent to the channel and a
 # message with a file; the rest (edits, deletions, joins, bot posts) are not commands.
 _PERSON_SUBTYPES = frozenset({"", "thread_broadcast", "file_share"})
@@ -49,6 +56,11 @@ _log.setLevel(logging.WARNING)
 
 class SlackTransport:
     """A chat transport over one Slack app: a bot token (xoxb-) and an app token (xapp-)."""
+
+    # Slack advises messages under 4,000 characters; chat.postMessage is limited to about
+    # one message per second per channel (short bursts allowed).
+    max_chars = 3900
+    post_interval = 1.0
 
     def __init__(
         self, bot_token: str, app_token: str, *, base_url: str | None = None, name: str = "slack"
@@ -117,6 +129,26 @@ class SlackTransport:
     def ask(self, thread: str, text: str, request: str) -> None:
         """Post ``text`` in ``thread`` with Approve / Deny buttons that answer ``request``."""
         self._post(thread, text=text, blocks=approval_blocks(text, request))
+
+    def offer_stop(self, thread: str, text: str, request: str) -> None:
+        """Post ``text`` in ``thread`` with a ❌ Stop button that stops ``request``."""
+        self._post(thread, text=text, blocks=stop_blocks(text, request))
+
+    def attach(self, thread: str, filename: str, content: str, comment: str) -> None:
+        """Post ``content`` whole as a file (a snippet) in ``thread``, with ``comment``."""
+        channel, _, thread_ts = thread.partition(":")
+
+        def upload() -> Any:
+            return self._client.files_upload_v2(
+                channel=channel,
+                thread_ts=thread_ts or None,
+                content=content,
+                filename=filename,
+                title=filename,
+                initial_comment=comment,
+            )
+
+        self._call("files.upload", upload, "the bot needs the files:write scope")
 
     # -- Slack to events ---------------------------------------------------------------
 
@@ -222,6 +254,20 @@ def approval_blocks(text: str, request: str) -> list[dict[str, Any]]:
                 _button("Approve", APPROVE, "primary", request),
                 _button("Deny", DENY, "danger", request),
             ],
+        },
+    ]
+
+
+def stop_blocks(text: str, request: str) -> list[dict[str, Any]]:
+    """Block Kit for a running session: the text, then one ❌ Stop button carrying ``request``."""
+    if len(text) > _SECTION_LIMIT:
+        text = text[: _SECTION_LIMIT - 1] + "…"
+    return [
+        {"type": "section", "text": {"type": "mrkdwn", "text": text}},
+        {
+            "type": "actions",
+            "block_id": "kagura_stop",
+            "elements": [_button("❌ Stop", KILL, "danger", request)],
         },
     ]
 

@@ -2,7 +2,8 @@
 
 Every line on stdin is a message from the local user in the single thread "tty"; the
 cockpit's answers go to stdout. Approval requests print the two commands that answer
-them. Input is read from the file descriptor (not a Python buffer) with a short select
+them; a running session prints the one that stops it. A long output (an attachment on a
+chat) is printed whole between two rulers, so the terminal shows the same stream. Input is read from the file descriptor (not a Python buffer) with a short select
 timeout, so :meth:`stop` from another thread — a signal handler — ends :meth:`run`.
 """
 
@@ -22,6 +23,8 @@ POLL_SECONDS = 0.2
 
 class TerminalTransport:
     name = "terminal"
+    max_chars = 4000  # longer outputs are printed whole, framed as an attachment
+    post_interval = 0.0  # a terminal has no rate limit
 
     def __init__(
         self, user: str, *, stdin: TextIO | None = None, stdout: TextIO | None = None
@@ -60,3 +63,13 @@ class TerminalTransport:
 
     def ask(self, thread: str, text: str, request: str) -> None:
         self.say(thread, f"{text}\n  answer: approve {request}  |  deny {request}")
+
+    def offer_stop(self, thread: str, text: str, request: str) -> None:
+        self.say(thread, f"{text}\n  stop it: kill {request}")
+
+    def attach(self, thread: str, filename: str, content: str, comment: str) -> None:
+        body = content.rstrip("\n")
+        self.say(
+            thread,
+            f"{comment}\n──── {filename} ({len(content)} chars) ────\n{body}\n──── end of {filename} ────",
+        )

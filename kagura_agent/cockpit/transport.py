@@ -6,7 +6,18 @@ values and offers three ways to answer. The core never imports a chat SDK.
     transport.ask(thread, text, request)
                                   post text with Approve / Deny buttons; a press comes
                                   back as Event(action="approve"|"deny", request=request)
+    transport.offer_stop(thread, text, request)
+                                  post text with one ❌ Stop button; a press comes back
+                                  as Event(action="kill", request=request)
+    transport.attach(thread, filename, content, comment)
+                                  post ``content`` whole as a file (Slack: a file upload,
+                                  Discord: an attachment, the terminal: printed in full)
     transport.stop()              make run() return (from any thread)
+
+Two attributes tell the relay how to batch a run's output for this chat:
+
+    max_chars       the longest message it posts as text (longer output is attached)
+    post_interval   seconds between posts in one channel (the chat's rate limit)
 
 ``thread`` is opaque to the core: the transport makes it (terminal: "tty"; Slack:
 "CHANNEL:THREAD_TS") and gets it back to reply in the same place.
@@ -29,12 +40,14 @@ class Event:
     user: str  # the transport's user id; the operator gate compares it
     thread: str
     text: str = ""
-    action: str = ""  # "approve" | "deny" for a button press
+    action: str = ""  # "approve" | "deny" | "kill" for a button press
     request: str = ""  # the approval request a button answers
 
 
 class Transport(Protocol):
     name: str
+    max_chars: int
+    post_interval: float
 
     def run(self, handle: Handler) -> None: ...
 
@@ -43,3 +56,7 @@ class Transport(Protocol):
     def say(self, thread: str, text: str) -> None: ...
 
     def ask(self, thread: str, text: str, request: str) -> None: ...
+
+    def offer_stop(self, thread: str, text: str, request: str) -> None: ...
+
+    def attach(self, thread: str, filename: str, content: str, comment: str) -> None: ...
