@@ -22,11 +22,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sqlite3
 import sys
 import threading
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,8 @@ from kagura_agent.cockpit.transport import Event, Transport
 from kagura_agent.errors import KaguraError
 from kagura_agent.hygiene import neutralise
 from kagura_agent.manifest.adhoc import write_adhoc_task
+from kagura_agent.membrane.hardening import LABEL_RUN
+from kagura_agent.membrane.runtime import connect
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 from kagura_agent.state import state_path as default_state_path
@@ -573,7 +576,6 @@ class Cockpit:
     def _left_behind(self, run_id: str) -> str:
         """What a stopped run's apply left: its leases (revoked or still open) and any
         container or network labelled with the run (checked, not assumed)."""
-        import sqlite3
 
         leases = "leases: none"
         try:
@@ -592,9 +594,6 @@ class Cockpit:
                 else ", none open"
             )
         try:
-            from kagura_agent.membrane.hardening import LABEL_RUN
-            from kagura_agent.membrane.runtime import connect
-
             client = connect(timeout=15)
             label = f"{LABEL_RUN}={run_id}"
             found = [
@@ -638,7 +637,6 @@ def _with_keys(session: Session) -> Session:
     """A session of an older cockpit, given its lock keys from its saved plan."""
     if session.root is not None:
         return session
-    from dataclasses import replace
 
     try:
         task = json.loads(Path(session.plan_path).read_text(encoding="utf-8"))["task"]

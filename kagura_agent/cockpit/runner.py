@@ -26,6 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
+from kagura_agent.brain.events import MAX_TEXT_CHARS
 from kagura_agent.clock import iso
 
 BATCH_SECONDS = 1.5
@@ -270,8 +271,6 @@ class Feed:
                 self._post(result, f"{self.session_id}-answer.md", "✓ final answer:")
 
     def _post(self, text: str, filename: str, label: str) -> None:
-        from kagura_agent.brain.events import MAX_TEXT_CHARS
-
         capped = (
             f"; the engine's event cap of {MAX_TEXT_CHARS // 1024} KiB was reached"
             if len(text) >= MAX_TEXT_CHARS
