@@ -3,6 +3,15 @@
 The container never holds a memory credential: it asks, the host answers. Recall returns
 trusted memories only unless the task asked for untrusted ones, and what the brain writes
 is recorded as coming from this run (untrusted: the agent's own words).
+
+Five tools: recall, get, remember, explore (a memory's neighbours over edges) and link (a
+new edge between two memories). The same filter holds for each: a memory the run may not
+read is answered as if it did not exist — ``get`` gives None, ``explore`` and ``link``
+refuse it, and ``explore`` leaves out every neighbour the run may not read (an edge from
+a trusted memory is no way into an untrusted one). A link the brain makes keeps its
+provenance on the edge (``by``: this run, ``trust``: untrusted) and may only be of the
+types in ``BRAIN_EDGE_TYPES``: ``prevents`` (failure learning's evidence) and ``produced``
+(a child's output) are written by the host alone.
 """
 
 from __future__ import annotations
@@ -11,11 +20,13 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from kagura_agent.brain.channel import MemoryRefused
 from kagura_agent.memory.factory import open_memory
 from kagura_agent.memory.model import Memory, Source
 from kagura_agent.plan.model import Plan
 
 T = TypeVar("T")
+BRAIN_EDGE_TYPES = ("related_to", "derived_from")
 
 
 class HostMemory:
@@ -57,10 +68,56 @@ class HostMemory:
         return str(memory.id)
 
     async def get(self, memory_id: str) -> dict[str, Any] | None:
-        found = await self._call(self.store.get, memory_id)
+        found = await self._readable(memory_id)
+        return _public(found) if found is not None else None
+
+    async def explore(self, memory_id: str, limit: int) -> dict[str, Any]:
+        """The memory and its neighbours over edges (either direction), readable ones only."""
+        start = await self._readable(memory_id)
+        if start is None:
+            raise MemoryRefused(f"no memory {memory_id} this run may read")
+        neighbours = []
+        for edge in await self._call(self.store.edges, memory_id):
+            outgoing = edge.source_id == memory_id
+            other = await self._readable(edge.target_id if outgoing else edge.source_id)
+            if other is None:
+                continue  # unreadable: not even its id is shown
+            neighbours.append(
+                {
+                    "edge": edge.type,
+                    "direction": "out" if outgoing else "in",
+                    "by": str(edge.details.get("by", "host")),
+                    "memory": _public(other),
+                }
+            )
+            if len(neighbours) >= max(1, min(limit, 50)):
+                break
+        return {"memory": _public(start), "neighbours": neighbours}
+
+    async def link(self, source_id: str, target_id: str, edge_type: str) -> dict[str, Any]:
+        """A new edge between two memories this run may read, recorded as made by it."""
+        if edge_type not in BRAIN_EDGE_TYPES:
+            raise MemoryRefused(f"the brain may link only as {', '.join(BRAIN_EDGE_TYPES)}")
+        if source_id == target_id:
+            raise MemoryRefused("a memory cannot be linked to itself")
+        for memory_id in (source_id, target_id):
+            if await self._readable(memory_id) is None:
+                raise MemoryRefused(f"no memory {memory_id} this run may read")
+        details = {"by": f"run:{self.run_id}", "trust": "untrusted"}
+        edge = await self._call(self.store.create_edge, source_id, target_id, edge_type, details)
+        return {
+            "source": edge.source_id,
+            "target": edge.target_id,
+            "edge": edge.type,
+            "by": str(edge.details.get("by", "")),
+        }
+
+    async def _readable(self, memory_id: str) -> Memory | None:
+        """The memory when this run may read it (the trust filter), else None."""
+        found: Memory | None = await self._call(self.store.get, memory_id)
         if found is None or (found.untrusted and not self.include_untrusted):
             return None
-        return _public(found)
+        return found
 
 
 def open_host_memory(plan: Plan, run_id: str) -> HostMemory:

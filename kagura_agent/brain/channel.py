@@ -33,15 +33,24 @@ Callback = Callable[[], Awaitable[None] | None]
 _ACKS = ("credentials-applied", "credentials-revoked")
 
 
+class MemoryRefused(Exception):
+    """A memory request the run may not make (its message goes back to the brain)."""
+
+
 class MemoryServer(Protocol):
     """Host memory as offered to the container. Implementations apply the trust-tier
-    filters of the run; results must be JSON-serialisable."""
+    filters of the run; results must be JSON-serialisable. ``explore`` and ``link`` raise
+    MemoryRefused for a memory the run may not read (as if it did not exist)."""
 
     async def recall(self, query: str, limit: int) -> list[dict[str, Any]]: ...
 
     async def remember(self, text: str, tags: list[str]) -> str: ...
 
     async def get(self, memory_id: str) -> dict[str, Any] | None: ...
+
+    async def explore(self, memory_id: str, limit: int) -> dict[str, Any]: ...
+
+    async def link(self, source_id: str, target_id: str, edge_type: str) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -290,7 +299,7 @@ class BrainChannel:
         async with self._memory_slots:
             try:
                 reply = {"ok": True, "result": await self._memory_call(req)}
-            except _Refused as exc:
+            except (_Refused, MemoryRefused) as exc:
                 reply = {"ok": False, "error": str(exc)}
             except Exception as exc:  # a memory backend failure must not kill the channel
                 reply = {"ok": False, "error": f"memory backend error: {type(exc).__name__}"}
@@ -320,6 +329,21 @@ class BrainChannel:
             if not isinstance(memory_id, str) or not memory_id or len(memory_id) > 256:
                 raise _Refused("get needs a memory id")
             return await self.memory.get(memory_id)
+        if op == "explore":
+            memory_id, limit = req.get("id"), req.get("limit", 10)
+            if not isinstance(memory_id, str) or not memory_id or len(memory_id) > 256:
+                raise _Refused("explore needs a memory id")
+            if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 50:
+                raise _Refused("explore limit must be 1..50")
+            return await self.memory.explore(memory_id, limit)
+        if op == "link":
+            source, target, kind = req.get("source"), req.get("target"), req.get("edge_type")
+            for value in (source, target):
+                if not isinstance(value, str) or not value or len(value) > 256:
+                    raise _Refused("link needs a source and a target memory id")
+            if not isinstance(kind, str) or len(kind) > 64:
+                raise _Refused("link needs an edge type")
+            return await self.memory.link(str(source), str(target), kind)
         raise _Refused(f"unknown memory op {op!r}")
 
 

@@ -10,7 +10,7 @@ Reads JSON lines on stdin from the host::
 
 and writes JSON lines on stdout: brain events (see events.py) plus the control lines
 ``credentials-applied`` / ``credentials-revoked`` (acks, with the lease id) and
-``memory-request`` (``request`` n, ``op`` recall|remember|get, op fields). Only this
+``memory-request`` (``request`` n, ``op`` recall|remember|get|explore|link, op fields). Only this
 module writes to the real stdout: fd 1 is pointed at stderr so stray prints from
 engines or libraries cannot corrupt the channel. Stdlib and the engines only.
 """

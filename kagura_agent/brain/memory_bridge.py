@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 MEMORY_SOCKET_ENV = "KAGURA_MEMORY_SOCKET"
-MEMORY_OPS = ("recall", "remember", "get")
+MEMORY_OPS = ("recall", "remember", "get", "explore", "link")
 REQUEST_TIMEOUT_SECONDS = 30.0
 MAX_SOCKET_LINE = 1024 * 1024
 
@@ -75,6 +75,15 @@ class BridgeMemory:
     async def get(self, memory_id: str) -> dict[str, Any] | None:
         result = await self.request("get", {"id": memory_id})
         return result if isinstance(result, dict) else None
+
+    async def explore(self, memory_id: str, limit: int = 10) -> dict[str, Any]:
+        result = await self.request("explore", {"id": memory_id, "limit": limit})
+        return result if isinstance(result, dict) else {}
+
+    async def link(self, source_id: str, target_id: str, edge_type: str) -> dict[str, Any]:
+        fields = {"source": source_id, "target": target_id, "edge_type": edge_type}
+        result = await self.request("link", fields)
+        return result if isinstance(result, dict) else {}
 
 
 async def serve_socket(path: str, memory: BridgeMemory) -> asyncio.Server:

@@ -3,6 +3,8 @@
     python3 -m kagura_agent.brain.memtool recall "query" [--limit N]
     python3 -m kagura_agent.brain.memtool remember "text" [--tag T ...]
     python3 -m kagura_agent.brain.memtool get ID
+    python3 -m kagura_agent.brain.memtool explore ID [--limit N]
+    python3 -m kagura_agent.brain.memtool link SOURCE TARGET [--type related_to|derived_from]
 
 Talks to the entrypoint's Unix socket (``KAGURA_MEMORY_SOCKET``), which forwards the
 request to the host. Prints the JSON result; exits 1 when the host refused.
@@ -28,6 +30,13 @@ def _parse(argv: list[str]) -> dict[str, object]:
     remember.add_argument("--tag", action="append", default=[], dest="tags")
     get = sub.add_parser("get")
     get.add_argument("id")
+    explore = sub.add_parser("explore")
+    explore.add_argument("id")
+    explore.add_argument("--limit", type=int, default=10)
+    link = sub.add_parser("link")
+    link.add_argument("source")
+    link.add_argument("target")
+    link.add_argument("--type", default="related_to", dest="edge_type")
     return vars(parser.parse_args(argv))
 
 

@@ -181,6 +181,14 @@ class MemoryClient(Protocol):
         """One memory by id, or None."""
         ...
 
+    async def explore(self, memory_id: str, limit: int = 10) -> dict[str, Any]:
+        """The memory and its readable neighbours over edges (raises when unreadable)."""
+        ...
+
+    async def link(self, source_id: str, target_id: str, edge_type: str) -> dict[str, Any]:
+        """Link two readable memories (related_to or derived_from); the edge names this run."""
+        ...
+
 
 def _step_json(step: Step) -> str | list[str]:
     return step if isinstance(step, str) else list(step)

@@ -23,10 +23,12 @@ from kagura_agent.brain.events import (
     ToolCallEvent,
     ToolResultEvent,
 )
+from kagura_agent.brain.memory_bridge import MemoryUnavailable
 from kagura_agent.brain.protocol import MemoryClient, Turn
 
 CLI_PATH_ENV = "KAGURA_CLAUDE_CLI"
 MEMORY_SERVER = "kagura-memory"
+MEMORY_TOOLS = ("recall", "remember", "get", "explore", "link")
 
 
 class SdkBrain:
@@ -62,9 +64,7 @@ class SdkBrain:
         )
         if self._memory is not None:
             options.mcp_servers = {MEMORY_SERVER: _memory_server(sdk, self._memory)}
-            options.allowed_tools = [
-                f"mcp__{MEMORY_SERVER}__{op}" for op in ("recall", "remember", "get")
-            ]
+            options.allowed_tools = [f"mcp__{MEMORY_SERVER}__{op}" for op in MEMORY_TOOLS]
         finished = False
         retries = _Retries()
         try:
@@ -167,11 +167,50 @@ def _memory_server(sdk: Any, memory: MemoryClient) -> Any:
     async def get(args: dict[str, Any]) -> dict[str, Any]:
         return reply(await memory.get(str(args["id"])))
 
+    def refused(exc: Exception) -> dict[str, Any]:
+        return {"content": [{"type": "text", "text": f"refused: {exc}"}], "is_error": True}
+
+    async def explore(args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return reply(await memory.explore(str(args["id"]), int(args.get("limit", 10))))
+        except MemoryUnavailable as exc:  # the host's answer: unreadable or unknown
+            return refused(exc)
+
+    async def link(args: dict[str, Any]) -> dict[str, Any]:
+        edge_type = str(args.get("type") or "related_to")
+        try:
+            return reply(await memory.link(str(args["source"]), str(args["target"]), edge_type))
+        except MemoryUnavailable as exc:
+            return refused(exc)
+
     tools = [
         sdk.tool("recall", "Recall memories relevant to a query", {"query": str, "limit": int})(
             recall
         ),
         sdk.tool("remember", "Store a memory for later runs", {"text": str})(remember),
         sdk.tool("get", "Fetch one memory by id", {"id": str})(get),
+        sdk.tool(
+            "explore",
+            "A memory and its neighbours over edges (fixes, sources, related memories)",
+            {
+                "type": "object",
+                "properties": {"id": {"type": "string"}, "limit": {"type": "integer"}},
+                "required": ["id"],
+            },
+        )(explore),
+        sdk.tool(
+            "link",
+            "Link two memories: type related_to or derived_from (source derived from target)",
+            {
+                "type": "object",
+                "properties": {
+                    "source": {"type": "string"},
+                    "target": {"type": "string"},
+                    # Not an enum: the host refuses other types (the check that counts).
+                    "type": {"type": "string"},
+                },
+                "required": ["source", "target"],
+            },
+        )(link),
     ]
     return sdk.create_sdk_mcp_server(MEMORY_SERVER, tools=tools)
