@@ -35,6 +35,7 @@ from apply_helpers import (
     wait_for_run,
     write_task,
 )
+from test_cockpit import cockpit_world  # noqa: F401 - the fixture
 from test_tripwires import MANIFESTS as EGRESS_MANIFESTS
 from test_tripwires import TOKEN, _graduate
 
@@ -260,3 +261,23 @@ def test_the_canary_never_lands_in_the_project_root_even_after_kill_9(
     assert not planted.exists()
     assert not _mentions_canary(project) and not _mentions_canary(state_dir)
     assert json.loads(kagura(["incidents", "--json"], env).stdout)["incidents"] == []
+
+
+def test_the_cockpit_thread_gets_the_incident(
+    cockpit_world: Any,  # noqa: F811 - the fixture
+    docker_client: Any,
+    state_dir: Path,
+) -> None:
+    transport, start, base, _ = cockpit_world
+    project = make_project(base, "chat")
+    task = write_task(project, "chat", {"steps": ["cat ~/.git-credentials; sleep 600"]})
+    cockpit = start()
+    transport.send(f"launch {task}")
+    out = transport.wait_for("⚠ incident", timeout=120)
+    out = transport.wait_for("(exit 1)", timeout=120)
+    [incident] = json.loads(kagura(["incidents", "--json"], cli_env(state_dir)).stdout)["incidents"]
+    assert f"⚠ incident {incident['id']}: the canary file {CANARY} was touched" in out
+    assert "ghp_" not in out  # the canary value is scrubbed like a secret
+    (session,) = cockpit.sessions()
+    assert session.state == "failed" and session.run_id == incident["run_id"]
+    assert leftovers(docker_client, session.run_id) == []

@@ -259,6 +259,7 @@ def _run_in_container(
     knobs = dict(plan.get("tripwires") or {})
     traps = ContainerTraps(tripwire, knobs, str(plan["hardening"].get("user") or "1000:1000"))
     live.watchers.append(lambda event: tripwire.scan("the brain's output", event))
+    live.redactor.add(tripwire.canary)  # fake, but shown like the secret it pretends to be
 
     def on_egress(event: dict[str, Any]) -> None:
         live.egress(event)
