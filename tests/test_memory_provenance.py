@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import sqlite3
@@ -22,7 +23,6 @@ from typing import Any
 
 import pytest
 
-from kagura_agent.apply.executor import RunResult
 from kagura_agent.apply.hostmem import HostMemory, open_host_memory
 from kagura_agent.brain.plan_turn import turn_from_plan
 from kagura_agent.clock import SystemClock
@@ -63,14 +63,6 @@ def project(tmp_path: Path, state_dir: Path) -> tuple[Path, dict[str, str]]:
     return root, env
 
 
-class _Live:
-    def note(self, message: str, *styles: str) -> None:
-        pass
-
-    def phase(self, message: str) -> None:
-        pass
-
-
 def _plan(root: Path, env: dict[str, str]) -> dict[str, Any]:
     done = _cli(["plan", "--json", "task.yml"], env, root)
     assert done.returncode == 0, done.stderr
@@ -82,23 +74,21 @@ def _plan(root: Path, env: dict[str, str]) -> dict[str, Any]:
 def test_the_agents_error_text_is_stored_untrusted_and_shown_quoted(
     project: tuple[Path, dict[str, str]], state_dir: Path
 ) -> None:
-    from kagura_agent.apply.record import record_outcome
+    from kagura_agent.apply.context import BrainOutcome, RunContext, RunReport, assemble
+    from kagura_agent.apply.live import LiveView
+    from kagura_agent.apply.record import record_result
+    from kagura_agent.membrane.secrets import Redactor
     from kagura_agent.state import StateStore
 
     root, env = project
     plan = _plan(root, env)
-    result = RunResult(
-        "run-1",
-        "failed",
-        1,
-        verify=[("make test", 0, "")],
-        brain_error=INJECTION,
-        turns=3,
-        wall_seconds=1.5,
-    )
+    report = RunReport(BrainOutcome(error=INJECTION, turns=3), verify=(("make test", 0, ""),))
+    result = assemble("run-1", report, 1.5, ())
+    assert result.outcome == "failed"  # decided before recording: the brain erred
+    live = LiveView(Redactor(), stream=io.StringIO())
     with StateStore() as store:
-        record_outcome(store, plan, "run-1", set(), result, SystemClock(), _Live())
-    assert result.outcome == "failed"
+        ctx = RunContext(store, plan, "run-1", None, live, SystemClock())
+        record_result(ctx, result)
     with sqlite3.connect(state_dir / "memory.db") as db:
         rows = db.execute("SELECT trust, summary FROM memories WHERE type = 'failure'").fetchall()
     assert rows == [("untrusted", f"brain error {INJECTION}")]

@@ -10,65 +10,46 @@ import asyncio
 import os
 import shutil
 import tempfile
-from typing import Any
+from collections.abc import Sequence
 
-from kagura_agent.plan.model import Plan
-from kagura_agent.state import StateStore
+from kagura_agent.apply.context import BrainOutcome, RunContext, RunReport
+from kagura_agent.apply.hostmem import open_host_memory
+from kagura_agent.apply.session import drive_brain
+from kagura_agent.apply.verify import verify_on_host
+from kagura_agent.brain.channel import BrainChannel
+from kagura_agent.brain.streams import start_local_entrypoint
+from kagura_agent.membrane.leases import Lease
 
 
-def run_on_host(
-    store: StateStore,
-    plan: Plan,
-    run_id: str,
-    leases: list[Any],
-    options: Any,
-    live: Any,
-    result: Any,
-) -> None:
-    from kagura_agent.apply.verify import verify_on_host
-
+def run_on_host(ctx: RunContext, leases: Sequence[Lease]) -> RunReport:
+    """The brain as a local process, then the verify commands on the host."""
     creds = tempfile.mkdtemp(prefix="kagura-creds-")
     os.chmod(creds, 0o700)
     try:
-        live.phase("starting the brain ON THE HOST (runtime: host)")
-        asyncio.run(_drive(store, plan, run_id, leases, creds, options, live, result))
+        ctx.live.phase("starting the brain ON THE HOST (runtime: host)")
+        brain = asyncio.run(_drive(ctx, leases, creds))
     finally:
         shutil.rmtree(creds, ignore_errors=True)
-    if plan["task"]["verify"]:
-        live.phase(f"verifying: {len(plan['task']['verify'])} command(s) on the host")
-        result.verify = verify_on_host(plan["task"]["verify"], plan["task"]["project_root"])
-        live.verify(result.verify)
+    commands = ctx.plan["task"]["verify"]
+    if not commands:
+        return RunReport(brain)
+    ctx.live.phase(f"verifying: {len(commands)} command(s) on the host")
+    verify = tuple(verify_on_host(commands, ctx.plan["task"]["project_root"]))
+    ctx.live.verify(list(verify))
+    return RunReport(brain, verify)
 
 
-async def _drive(
-    store: StateStore,
-    plan: Plan,
-    run_id: str,
-    leases: list[Any],
-    creds: str,
-    options: Any,
-    live: Any,
-    result: Any,
-) -> None:
-    from kagura_agent.apply.hostmem import open_host_memory
-    from kagura_agent.apply.session import BrainRun
-    from kagura_agent.brain.channel import BrainChannel
-    from kagura_agent.brain.streams import start_local_entrypoint
-
+async def _drive(ctx: RunContext, leases: Sequence[Lease], creds: str) -> BrainOutcome:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": os.environ.get("HOME", "/tmp"),
         "KAGURA_CREDS_DIR": creds,
     }
-    stream = await start_local_entrypoint(env=env, cwd=plan["task"]["project_root"])
+    stream = await start_local_entrypoint(env=env, cwd=ctx.plan["task"]["project_root"])
     channel = BrainChannel(
         stream,
-        memory=open_host_memory(plan, run_id),
+        memory=open_host_memory(ctx.plan, ctx.run_id),
         on_stop=stream.proc.terminate,
         on_kill=stream.proc.kill,
     )
-    channel.start()
-    try:
-        await BrainRun(store, plan, leases, channel, options, live, result).run()
-    finally:
-        await channel.stop()
+    return await drive_brain(ctx, channel, leases)

@@ -1,4 +1,4 @@
-"""After a run: decide the outcome from verify exit codes, then remember everything.
+"""After a run: remember everything about it (its outcome was decided before).
 
 Memory gets the cost and, for failures, the failure (a later success of the same task
 kind is linked to it as its fix). Whatever carries text the agent controls — the brain's
@@ -11,31 +11,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from kagura_agent.clock import Clock, iso
+from kagura_agent.apply.context import RunContext, RunResult
+from kagura_agent.apply.live import LiveView
+from kagura_agent.clock import iso
+from kagura_agent.graduation.ledger import record_outcome as graduation_evidence
+from kagura_agent.memory.factory import open_memory
+from kagura_agent.memory.model import MemoryStore
+from kagura_agent.patterns.checkpoint import clear_checkpoint
+from kagura_agent.patterns.cost_history import RunCost, record_run
+from kagura_agent.patterns.dispatch import record_output
+from kagura_agent.patterns.failure_learning import record_failure, record_success, run_shape
+from kagura_agent.plan.history import record_applied
 from kagura_agent.plan.model import Plan
-from kagura_agent.state import StateStore
 
 
-def record_outcome(
-    store: StateStore,
-    plan: Plan,
-    run_id: str,
-    approved: set[str],
-    result: Any,
-    clock: Clock,
-    live: Any,
-) -> None:
-    from kagura_agent.graduation.ledger import record_outcome as graduation_evidence
-    from kagura_agent.memory.factory import open_memory
-    from kagura_agent.patterns.checkpoint import clear_checkpoint
-    from kagura_agent.patterns.cost_history import RunCost, record_run
-    from kagura_agent.patterns.failure_learning import record_failure, record_success
-    from kagura_agent.plan.history import record_applied
-
-    verify_ok = all(code == 0 for _, code, _ in result.verify)
-    success = result.brain_error is None and verify_ok
-    result.outcome = "success" if success else "failed"
-    result.exit_code = 0 if success else 1
+def record_result(ctx: RunContext, result: RunResult) -> str | None:
+    """Store ``result`` (its outcome already decided); the child output memory's id, if any."""
+    store, plan, run_id, clock, live = ctx.store, ctx.plan, ctx.run_id, ctx.clock, ctx.live
+    success = result.success
     task_kind = plan["task"].get("kind") or plan["task"]["name"]
     # Graduation evidence goes first, so no later failure (a memory backend down, say) can
     # skip it. It comes only from the host-side verify exit codes; a brain error counts
@@ -58,6 +51,7 @@ def record_outcome(
                 f" ({recorded.reason})",
                 "red",
             )
+    output_memory = None
     memory = open_memory(plan["memory"], clock=clock)
     try:
         record_run(
@@ -107,7 +101,7 @@ def record_outcome(
                 run=_run_shape(plan),
             )
         if plan["task"].get("parent"):
-            result.output_memory = _record_child_output(memory, plan, run_id, result, success)
+            output_memory = _record_child_output(memory, plan, run_id, result)
     finally:
         close = getattr(memory, "close", None)
         if close is not None:
@@ -121,14 +115,15 @@ def record_outcome(
         f"run {run_id} {verdict} in {result.wall_seconds:.1f}s"
         + (f", cost ${result.cost_usd:.4f}" if result.cost_usd is not None else "")
     )
-    if result.output_memory:
+    if output_memory:
         live.note(
-            f"output memory {result.output_memory} (the parent recalls it:"
-            f" kagura-agent memory show {result.output_memory})"
+            f"output memory {output_memory} (the parent recalls it:"
+            f" kagura-agent memory show {output_memory})"
         )
+    return output_memory
 
 
-def _note_overruns(plan: Plan, result: Any, live: Any) -> None:
+def _note_overruns(plan: Plan, result: RunResult, live: LiveView) -> None:
     """A learnt token limit no engine enforces: say when the run went past it."""
     limit = plan["budget"].get("tokens")
     used = (result.input_tokens or 0) + (result.output_tokens or 0)
@@ -136,10 +131,9 @@ def _note_overruns(plan: Plan, result: Any, live: Any) -> None:
         live.note(f"the run used {used:,} tokens, over its learnt budget of {limit:,}", "yellow")
 
 
-def _record_child_output(memory: Any, plan: Plan, run_id: str, result: Any, success: bool) -> str:
+def _record_child_output(memory: MemoryStore, plan: Plan, run_id: str, result: RunResult) -> str:
     """A dispatched child's result, citing the context memories its parent handed over."""
-    from kagura_agent.patterns.dispatch import record_output
-
+    success = result.success
     outcome = "succeeded" if success else "failed"
     output = record_output(
         memory,
@@ -156,8 +150,6 @@ def _record_child_output(memory: Any, plan: Plan, run_id: str, result: Any, succ
 
 def _run_shape(plan: Plan) -> dict[str, Any]:
     """What failure learning compares between a failed run and a later success."""
-    from kagura_agent.patterns.failure_learning import run_shape
-
     granted = [a["category"] for a in plan["approvals"] if a["class"] != "denied"]
     return run_shape(plan["task"].get("steps"), plan["task"].get("prompt"), granted)
 
@@ -169,7 +161,7 @@ def _what_ran(plan: Plan) -> str:
     return (plan["task"].get("prompt") or "")[:300]
 
 
-def _failure_summary(result: Any) -> str:
+def _failure_summary(result: RunResult) -> str:
     if result.brain_error:
         return f"brain error {result.brain_error}"[:300]
     failed = [(c, code) for c, code, _ in result.verify if code != 0]

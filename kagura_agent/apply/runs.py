@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from kagura_agent.apply.context import ApplyRuntime
 from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import RefusedError
 from kagura_agent.membrane.hardening import LABEL_RUN
@@ -74,7 +75,7 @@ def close_run(store: StateStore, run_id: str, outcome: str, exit_code: int, cloc
         )
 
 
-def sweep_dead_runs(store: StateStore, runtime: Any, clock: Clock) -> list[str]:
+def sweep_dead_runs(store: StateStore, runtime: ApplyRuntime, clock: Clock) -> list[str]:
     """Remove the containers of runs whose applying process died; close their rows."""
     store.migrate("runs", MIGRATIONS)
     swept = []

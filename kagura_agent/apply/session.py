@@ -1,104 +1,156 @@
-"""One brain turn over the channel: credentials in, events out, checkpoints, renewals."""
+"""One brain turn over the channel: credentials in, events out, checkpoints, renewals.
+
+:func:`drive_brain` is the one sequence both runtimes use (a container's attached stream,
+or a local entrypoint for ``runtime: host``); it returns what the turn came to as a
+:class:`~kagura_agent.apply.context.BrainOutcome` and always withdraws the credentials
+and stops the channel on its way out.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from kagura_agent.brain.events import (
-    CheckpointEvent,
-    CostEvent,
-    DoneEvent,
-    ErrorEvent,
-)
+from kagura_agent.apply.context import BrainOutcome, RunContext
+from kagura_agent.apply.live import LiveView
+from kagura_agent.apply.tripwire import CREDS_WATCH_SECONDS, ContainerTraps
+from kagura_agent.brain.channel import BrainChannel
+from kagura_agent.brain.events import BrainEvent, CheckpointEvent, CostEvent, DoneEvent, ErrorEvent
+from kagura_agent.brain.plan_turn import turn_from_plan
 from kagura_agent.errors import RefusedError
-from kagura_agent.plan.model import Plan
-from kagura_agent.state import StateStore
+from kagura_agent.membrane.leases import Lease, deliver, keep_fresh, withdraw
+from kagura_agent.patterns.checkpoint import Checkpoint, resume, save_checkpoint
 
 RENEW_CHECK_SECONDS = 5.0
 
 
-class BrainRun:
-    def __init__(
-        self,
-        store: StateStore,
-        plan: Plan,
-        leases: list[Any],
-        channel: Any,
-        options: Any,
-        live: Any,
-        result: Any,
-    ) -> None:
-        self.store = store
-        self.plan = plan
-        self.leases = leases
+async def drive_brain(
+    ctx: RunContext,
+    channel: BrainChannel,
+    leases: Sequence[Lease],
+    *,
+    traps: ContainerTraps | None = None,
+) -> BrainOutcome:
+    """Run the plan's turn on ``channel``; wipe and release ``leases``, stop the channel.
+
+    With ``traps`` (a container's), decoys take the wiped credentials' names and are
+    watched a moment before the stop.
+    """
+    channel.start()
+    try:
+        return await _Turn(ctx, channel, leases).run()
+    finally:
+        # Wipe and release the credentials, then end the entrypoint (it wipes on its way
+        # out too); verify runs elsewhere, after the brain is gone.
+        names = _bundle_names(leases)
+        for problem in await withdraw(None if channel.closed else channel, leases):
+            ctx.live.note(f"release problem (kept for the sweeper): {problem}", "red")
+        if traps is not None and leases and not channel.closed:
+            await _watch_after_wipe(traps, names, ctx.live)
+        await channel.stop()
+
+
+def _bundle_names(leases: Sequence[Lease]) -> list[str]:
+    """The file names the run's credentials had under /run/kagura/creds."""
+    names: list[str] = []
+    for lease in leases:
+        with contextlib.suppress(Exception):
+            names += list(lease.bundle.files)
+    return names
+
+
+async def _watch_after_wipe(traps: ContainerTraps, names: list[str], live: LiveView) -> None:
+    """Decoys take the wiped credentials' names, watched a moment before the stop."""
+    for problem in traps.after_wipe(names):
+        live.note(problem, "yellow")
+    if traps.wiped:
+        await asyncio.sleep(CREDS_WATCH_SECONDS)
+
+
+@dataclass
+class _Tally:
+    """What the events said so far (private to one turn; returned frozen)."""
+
+    error: str | None = None
+    cost_usd: float | None = None
+    turns: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    retries: int = 0
+    resumed_from: int | None = None
+    session_id: str | None = None
+
+    def frozen(self) -> BrainOutcome:
+        return BrainOutcome(**dataclasses.asdict(self))
+
+
+class _Turn:
+    def __init__(self, ctx: RunContext, channel: BrainChannel, leases: Sequence[Lease]) -> None:
+        self.ctx = ctx
+        self.plan = ctx.plan
         self.channel = channel
-        self.options = options
-        self.live = live
-        self.result = result
-        self.session = plan["task"].get("session")
+        self.leases = leases
+        self.session = ctx.plan["task"]["session"]
+        self.tally = _Tally()
 
-    async def run(self) -> None:
-        from kagura_agent.brain.plan_turn import turn_from_plan
-        from kagura_agent.patterns.checkpoint import resume
-
-        checkpoint = resume(self.store, self.session)
+    async def run(self) -> BrainOutcome:
+        checkpoint = resume(self.ctx.store, self.session)
         completed, session_id = 0, None
         if checkpoint is not None:
-            self.live.phase(checkpoint.message())
-            self.result.resumed_from = checkpoint.step
+            self.ctx.live.phase(checkpoint.message())
+            self.tally.resumed_from = checkpoint.step
             completed = checkpoint.step if self.plan["brain"]["engine"] == "script" else 0
             session_id = checkpoint.brain_session_id
         turn = turn_from_plan(
-            self.plan, session_id=session_id, completed_steps=completed, prompt=self.options.prompt
+            self.plan, session_id=session_id, completed_steps=completed, prompt=self.ctx.prompt
         )
-        from kagura_agent.membrane.leases import deliver
-
         for lease in self.leases:
             await deliver(self.channel, lease)
         renewer = asyncio.create_task(self._keep_fresh())
         try:
             async for event in self.channel.run_turn(turn):
-                self.live.brain(event)
+                self.ctx.live.brain(event)
                 self._observe(event)
         finally:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
-            self.live.flush_text()
+            self.ctx.live.flush_text()
+        return self.tally.frozen()
 
-    def _observe(self, event: Any) -> None:
+    def _observe(self, event: BrainEvent) -> None:
+        tally = self.tally
         if isinstance(event, CostEvent):
             if event.usd is not None:
-                self.result.cost_usd = event.usd
+                tally.cost_usd = event.usd
             if event.turns is not None:
-                self.result.turns = event.turns
+                tally.turns = event.turns
             if event.input_tokens is not None:
-                self.result.input_tokens = event.input_tokens
+                tally.input_tokens = event.input_tokens
             if event.output_tokens is not None:
-                self.result.output_tokens = event.output_tokens
+                tally.output_tokens = event.output_tokens
             if event.retries is not None:
-                self.result.retries = event.retries
+                tally.retries = event.retries
         elif isinstance(event, CheckpointEvent):
-            self.result.turns = max(self.result.turns, event.step)
+            tally.turns = max(tally.turns, event.step)
             self._checkpoint(event.step, event.session_id)
         elif isinstance(event, DoneEvent):
-            self.result.brain_session_id = event.session_id
+            tally.session_id = event.session_id
             if event.session_id and self.plan["brain"]["engine"] != "script":
                 self._checkpoint(0, event.session_id)
         elif isinstance(event, ErrorEvent):
-            self.result.brain_error = f"{event.code}: {event.message}"
+            tally.error = f"{event.code}: {event.message}"
 
     def _checkpoint(self, step: int, session_id: str | None) -> None:
         if not self.session:
             return
-        from kagura_agent.patterns.checkpoint import Checkpoint, save_checkpoint
-
         steps = self.plan["task"].get("steps") or []
         budget = self.plan["budget"]
         save_checkpoint(
-            self.store,
+            self.ctx.store,
             Checkpoint(
                 session=self.session,
                 step=step,
@@ -111,16 +163,14 @@ class BrainRun:
                 },
                 plan_fingerprint=self.plan["fingerprint"],
             ),
-            clock=self.options.clock,
+            clock=self.ctx.clock,
         )
 
     async def _keep_fresh(self) -> None:
         """Renew leases inside their budget; exhaustion (already wiped) stops the run."""
-        from kagura_agent.membrane.leases import keep_fresh
-
         try:
             await keep_fresh(self.channel, self.leases, poll_seconds=RENEW_CHECK_SECONDS)
         except RefusedError as exc:
-            self.live.note(f"credential budget exhausted: {exc.message}; stopping", "red")
-            self.result.brain_error = f"budget: {exc.message}"
+            self.ctx.live.note(f"credential budget exhausted: {exc.message}; stopping", "red")
+            self.tally.error = f"budget: {exc.message}"
             await self.channel.stop()

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from typing import Any
 
+from kagura_agent.apply.context import ApplyRuntime, VerifyResult
 from kagura_agent.errors import KaguraError
-from kagura_agent.membrane.runtime import docker_errors
 from kagura_agent.plan.model import Plan
 
 VERIFY_SECONDS = 300
@@ -24,17 +23,17 @@ OUTPUT_CAP = 4000
 STOP_SECONDS = 30
 
 
-def stop_agent(runtime: Any, container_id: str) -> str | None:
+def stop_agent(runtime: ApplyRuntime, container_id: str) -> str | None:
     """Kill the agent's container and wait until it has exited; a problem, or None.
 
     SIGKILL to its init ends the PID namespace: the kernel kills every process left in
     it, whatever session or process group it put itself in.
     """
     try:
-        if runtime.inspect(container_id)["State"].get("Running"):
+        if runtime.state(container_id).running:
             runtime.kill(container_id)
         runtime.wait(container_id, timeout=STOP_SECONDS)
-        if runtime.inspect(container_id)["State"].get("Running"):
+        if runtime.state(container_id).running:
             return "the agent's container is still running"
     except KaguraError as exc:
         # Gone already (the agent took it down) is stopped; anything else is a problem.
@@ -45,8 +44,8 @@ def stop_agent(runtime: Any, container_id: str) -> str | None:
 
 
 def verify_in_fresh_container(
-    runtime: Any, plan: Plan, run_id: str, commands: list[str]
-) -> list[tuple[str, int, str]]:
+    runtime: ApplyRuntime, plan: Plan, run_id: str, commands: list[str]
+) -> list[VerifyResult]:
     """Run ``commands`` in a new verify container, removed afterwards (also on error).
 
     Fail closed: a verify container that cannot be made or started fails every command
@@ -72,32 +71,25 @@ def verify_in_fresh_container(
 
 
 def verify_in_container(
-    runtime: Any, container_id: str, commands: list[str], workdir: str, user: str
-) -> list[tuple[str, int, str]]:
+    runtime: ApplyRuntime, container_id: str, commands: list[str], workdir: str, user: str
+) -> list[VerifyResult]:
     """Run each command in a running container; one that cannot run counts as failed
     (exit code -1)."""
-    results = []
-    api = runtime.client.api
+    results: list[VerifyResult] = []
     for command in commands:
         argv = ["timeout", str(VERIFY_SECONDS), "bash", "-c", command]
         try:
-            with docker_errors(f"running verify {command!r}"):
-                exec_id = api.exec_create(
-                    container_id, argv, user=user, workdir=workdir, stdout=True, stderr=True
-                )["Id"]
-                output = api.exec_start(exec_id, demux=False) or b""
-                code = api.exec_inspect(exec_id).get("ExitCode")
+            code, output = runtime.exec(container_id, argv, user=user, workdir=workdir)
         except KaguraError as exc:
             results.append((command, -1, f"verify could not run: {exc.message}"))
             continue
-        text = output.decode("utf-8", "replace")[-OUTPUT_CAP:]
-        results.append((command, int(code if code is not None else -1), text))
+        results.append((command, code, output.decode("utf-8", "replace")[-OUTPUT_CAP:]))
     return results
 
 
-def verify_on_host(commands: list[str], workdir: str) -> list[tuple[str, int, str]]:
+def verify_on_host(commands: list[str], workdir: str) -> list[VerifyResult]:
     """For ``runtime: host`` plans (the operator allowed an unsandboxed brain)."""
-    results = []
+    results: list[VerifyResult] = []
     for command in commands:
         try:
             done = subprocess.run(

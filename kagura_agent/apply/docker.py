@@ -1,0 +1,83 @@
+"""The Docker implementation of :class:`~kagura_agent.apply.context.ApplyRuntime`.
+
+``DockerRuntime`` (membrane/runtime.py) creates and drives the hardened containers; this
+adds what apply needs on top, through the same client: the brain stream over an
+attached socket, container state, exec (verify), and the run's egress proxy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from kagura_agent.apply.context import ContainerState, EgressSink
+from kagura_agent.brain.streams import DockerAttachStream, DuplexStream
+from kagura_agent.clock import Clock
+from kagura_agent.membrane.egress import EgressSession, sweep_orphans
+from kagura_agent.membrane.egress.session import AgentNetworkConfig, start_forwarder
+from kagura_agent.membrane.egress.squid import Injection
+from kagura_agent.membrane.runtime import DockerRuntime, docker_errors
+from kagura_agent.plan.model import Plan
+from kagura_agent.state import StateStore
+
+
+class DockerApplyRuntime(DockerRuntime):
+    """Docker, as apply drives it."""
+
+    @contextlib.contextmanager
+    def attach(self, container_id: str) -> Iterator[DuplexStream]:
+        sock = self.attach_socket(container_id)
+        try:
+            yield DockerAttachStream(sock)
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def state(self, container_id: str) -> ContainerState:
+        state = self.inspect(container_id)["State"]
+        code = state.get("ExitCode")
+        return ContainerState(
+            running=bool(state.get("Running")),
+            pid=int(state.get("Pid") or 0),
+            exit_code=None if code is None else int(code),
+        )
+
+    def exec(
+        self, container_id: str, argv: list[str], *, user: str, workdir: str
+    ) -> tuple[int, bytes]:
+        api = self.client.api
+        with docker_errors(f"running {argv[-1]!r} in container {container_id[:12]}"):
+            exec_id = api.exec_create(
+                container_id, argv, user=user, workdir=workdir, stdout=True, stderr=True
+            )["Id"]
+            output = api.exec_start(exec_id, demux=False) or b""
+            code = api.exec_inspect(exec_id).get("ExitCode")
+        return int(code if code is not None else -1), bytes(output)
+
+    def start_egress(
+        self,
+        plan: Plan,
+        run_id: str,
+        on_event: EgressSink,
+        *,
+        store: StateStore,
+        clock: Clock,
+        injection: Injection | None,
+        injection_secret: str | None,
+    ) -> EgressSession:
+        return EgressSession.start(
+            self.client,
+            plan,
+            run_id,
+            on_event,
+            store=store,
+            clock=clock,
+            injection=injection,
+            injection_secret=injection_secret,
+        )
+
+    def start_forwarder(self, container_id: str, config: AgentNetworkConfig) -> None:
+        start_forwarder(self.client, container_id, config)
+
+    def sweep_egress(self, store: StateStore) -> list[str]:
+        return sweep_orphans(self.client, store)

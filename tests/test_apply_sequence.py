@@ -1,0 +1,307 @@
+"""apply's sequence against an in-memory runtime (testing/memory_runtime.py): no Docker.
+
+The real-Docker tests (test_apply_e2e.py, test_apply_signals.py, test_verify_isolation.py,
+…) prove the containers; these prove the sequence around them, every branch of it, in
+well under a second each: a success, a verify failure, a brain error, a brain crash, a
+hijack tripwire, and every clean-up path — a Docker error, Ctrl-C or SIGTERM at each
+point of the run leaves no container, network, volume, proxy or open lease behind, and
+the run's row records how it ended. Plans come from the planner (``plan_tasks``), the
+state store is the test's own, everything else (leases, memory, graduation, the brain
+channel) is the real code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apply_helpers import make_project, manifest_set, write_task
+
+from kagura_agent.apply.context import (
+    ApplyRuntime,
+    BrainOutcome,
+    RunReport,
+    assemble,
+    decide,
+)
+from kagura_agent.apply.executor import ApplyOptions, RunResult, apply_plan
+from kagura_agent.brain.events import CostEvent, DoneEvent, ErrorEvent, TextEvent
+from kagura_agent.clock import SystemClock
+from kagura_agent.errors import ExitCode, KaguraError, Terminated
+from kagura_agent.membrane.leases import Ledger
+from kagura_agent.membrane.runtime import ContainerError
+from kagura_agent.plan.build import plan_tasks
+from kagura_agent.plan.model import Plan
+from kagura_agent.state import StateStore
+from testing.memory_runtime import BrainScript, MemoryRuntime
+
+TOKEN = "kagura-sequence-canary-" + "s" * 24
+VERIFY = "test -s out.txt"
+MANIFESTS: tuple[dict[str, Any], ...] = (
+    {
+        "kind": "CredentialProvider",
+        "metadata": {"name": "token"},
+        "spec": {
+            "type": "static",
+            "standing": True,
+            "secret": "env:KAGURA_SEQ_TOKEN",
+            "static": {"env": "TEST_TOKEN"},
+            "baseline_scopes": ["use"],
+            "scopes": {"use": {"description": "a canary token"}},
+        },
+    },
+    {
+        "kind": "EgressPolicy",
+        "metadata": {"name": "nowhere"},
+        "spec": {"baseline": True, "allow": [{"host": "nowhere.test"}]},
+    },
+)
+
+
+@dataclass(frozen=True)
+class Scene:
+    plan: Plan
+    state_dir: Path
+
+
+@pytest.fixture()
+def scene(tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Scene]:
+    """A planned task with a leased credential, an egress proxy and one verify command."""
+    monkeypatch.setenv("KAGURA_SEQ_TOKEN", TOKEN)
+    manifests = manifest_set(tmp_path, *MANIFESTS)
+    project = make_project(tmp_path)
+    spec = {
+        "brain": "script",
+        "egress": ["nowhere"],
+        "credentials": [{"provider": "token", "scope": "use"}],
+        "steps": ["echo hi > out.txt"],
+        "verify": [VERIFY],
+    }
+    task = write_task(project, "sequence", spec)
+    (plan,) = plan_tasks(str(manifests), [str(task)])
+    assert plan["applyable"], plan["refusals"]
+    assert plan["egress"]["mode"] == "proxy" and len(plan["credentials"]) == 1
+    yield Scene(plan, state_dir)
+
+
+def _apply(scene: Scene, runtime: MemoryRuntime) -> RunResult:
+    checked: ApplyRuntime = runtime  # the fake is a real implementation of the Protocol
+    return apply_plan(scene.plan, ApplyOptions(clock=SystemClock()), checked)
+
+
+def _runs(state_dir: Path) -> list[tuple[str, int]]:
+    with sqlite3.connect(state_dir / "state.db") as db:
+        rows = db.execute("SELECT outcome, exit_code FROM runs WHERE ended_at IS NOT NULL")
+        return [(str(o), int(c)) for o, c in rows.fetchall()]
+
+
+def _open_leases() -> list[str]:
+    with StateStore() as store:
+        return [row.name for row in Ledger(store, SystemClock()).open_rows()]
+
+
+def _all_leases() -> list[str]:
+    with StateStore() as store:
+        return [row.state for row in Ledger(store, SystemClock()).rows()]
+
+
+def _assert_nothing_left(runtime: MemoryRuntime) -> None:
+    """No container (agent, verify, proxy), network or volume; no open lease; proxy gone."""
+    assert runtime.containers == {}, runtime.log
+    assert runtime.networks == {} and runtime.volumes == {}, runtime.log
+    assert all(egress.closed for egress in runtime.egress), runtime.log
+    assert _open_leases() == []
+
+
+def _index(runtime: MemoryRuntime, entry: tuple[str, str]) -> int:
+    return runtime.log.index(entry)
+
+
+# --- the outcome ----------------------------------------------------------------------
+
+
+def test_success_runs_the_whole_sequence_in_order(scene: Scene) -> None:
+    brain = BrainScript(
+        [TextEvent("working\n\n"), CostEvent(usd=0.25, turns=2), DoneEvent(result="done")]
+    )
+    runtime = MemoryRuntime(brain, verify={VERIFY: (0, "fine")})
+    result = _apply(scene, runtime)
+
+    assert (result.outcome, result.exit_code) == ("success", 0)
+    assert result.verify == ((VERIFY, 0, "fine"),)
+    assert (result.brain_error, result.cost_usd, result.turns) == (None, 0.25, 2)
+    assert _runs(scene.state_dir) == [("success", 0)]
+    _assert_nothing_left(runtime)
+    [agent] = runtime.agents
+    # The credential went in over the channel before the turn, and was wiped after it.
+    assert len(agent.delivered) == 1 and agent.revoked == agent.delivered
+    assert TOKEN not in str(agent.environment)
+    assert agent.environment["HTTP_PROXY"] and agent.network == "none"
+    assert len(agent.turns) == 1
+    assert _all_leases() and _open_leases() == []
+    log = runtime.log
+    # Proxy first, then the agent (attached before it starts), its forwarder, and verify
+    # in a fresh container only after the agent's container stopped.
+    order = [
+        ("start_egress", result.run_id),
+        ("create", "agent"),
+        ("attach", "agent"),
+        ("start", "agent"),
+        ("exited", "agent"),
+        ("create", "verify"),
+        ("exec", VERIFY),
+        ("remove", "verify"),
+        ("remove", "agent"),
+        ("egress_close", result.run_id),
+    ]
+    assert [_index(runtime, entry) for entry in order] == sorted(
+        _index(runtime, entry) for entry in order
+    ), log
+    assert log.index(("start", "agent")) < [e[0] for e in log].index("start_forwarder")
+
+
+def test_a_failing_verify_fails_the_run_whatever_the_brain_said(scene: Scene) -> None:
+    runtime = MemoryRuntime(
+        BrainScript([DoneEvent(result="success - all checks passed")]),
+        verify={VERIFY: (1, "out.txt is empty")},
+    )
+    result = _apply(scene, runtime)
+    assert (result.outcome, result.exit_code) == ("failed", 1)
+    assert result.verify == ((VERIFY, 1, "out.txt is empty"),)
+    assert result.brain_error is None
+    assert _runs(scene.state_dir) == [("failed", 1)]
+    _assert_nothing_left(runtime)
+
+
+def test_a_brain_error_fails_the_run_even_when_verify_passes(scene: Scene) -> None:
+    runtime = MemoryRuntime(BrainScript([ErrorEvent(message="gave up", code="engine")]))
+    result = _apply(scene, runtime)
+    assert (result.outcome, result.exit_code, result.brain_error) == (
+        "failed",
+        1,
+        "engine: gave up",
+    )
+    assert result.verify == ((VERIFY, 0, ""),)  # verify still ran, independently
+    _assert_nothing_left(runtime)
+
+
+def test_a_brain_crash_fails_the_run_and_still_cleans_up(scene: Scene) -> None:
+    runtime = MemoryRuntime(BrainScript([TextEvent("half a thought")], crash=True, exit_code=139))
+    result = _apply(scene, runtime)
+    assert (result.outcome, result.exit_code) == ("failed", 1)
+    assert result.brain_error is not None and result.brain_error.startswith("crash:")
+    assert _runs(scene.state_dir) == [("failed", 1)]
+    [agent] = runtime.agents
+    # The container was gone, so nothing could be wiped inside; the host revoked anyway.
+    assert agent.exit_code == 139 and agent.revoked == []
+    _assert_nothing_left(runtime)
+
+
+def test_a_tripwire_stops_the_run_skips_verify_and_records_an_incident(scene: Scene) -> None:
+    denied = {"decision": "deny", "host": "evil.test", "port": 443}
+    runtime = MemoryRuntime(BrainScript(egress=[denied] * 5))
+    result = _apply(scene, runtime)
+    assert (result.outcome, result.exit_code) == ("failed", 1)
+    assert result.brain_error is not None and result.brain_error.startswith("tripwire:")
+    assert result.verify == ((VERIFY, -1, "not run: the run tripped a hijack tripwire"),)
+    assert ("create", "verify") not in runtime.log and ("kill", "agent") in runtime.log
+    assert result.denials == ({"host": "evil.test", "port": 443, "count": 5},)
+    with sqlite3.connect(scene.state_dir / "state.db") as db:
+        [(run_id,)] = db.execute("SELECT run_id FROM incidents").fetchall()
+    assert run_id == result.run_id
+    _assert_nothing_left(runtime)
+
+
+def test_the_outcome_is_decided_before_recording() -> None:
+    """decide() is the one place: brain error or any non-zero verify fails, fail closed."""
+    ok = BrainOutcome()
+    assert decide(RunReport(ok, ((VERIFY, 0, ""),))) == ("success", 0)
+    assert decide(RunReport(ok)) == ("success", 0)
+    assert decide(RunReport(ok, ((VERIFY, 0, ""), ("b", -1, "")))) == ("failed", 1)
+    assert decide(RunReport(BrainOutcome(error="crash: x"), ((VERIFY, 0, ""),))) == ("failed", 1)
+    stopped = RunReport(BrainOutcome(error="crash: x"), (), host_stop="disk: over")
+    result = assemble("run-1", stopped, 1.0, ())
+    assert (result.outcome, result.brain_error) == ("failed", "disk: over")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.outcome = "success"  # type: ignore[misc]
+
+
+# --- every clean-up path --------------------------------------------------------------
+
+# Each point the run can fail at, in the order the run reaches them.
+POINTS = (
+    "start_egress",
+    "create:agent",
+    "attach",
+    "start:agent",
+    "start_forwarder",
+    "credentials",
+    "turn",
+)
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_a_docker_error_at_each_point_leaves_nothing_behind(scene: Scene, point: str) -> None:
+    runtime = MemoryRuntime(fail_at={point: ContainerError(f"{point}: the daemon said no")})
+    with pytest.raises(KaguraError) as raised:
+        _apply(scene, runtime)
+    assert point in raised.value.message
+    assert _runs(scene.state_dir) == [("failed", int(ExitCode.SETUP))]
+    _assert_nothing_left(runtime)
+
+
+@pytest.mark.parametrize("point", (*POINTS, "create:verify", "exec"))
+@pytest.mark.parametrize(
+    ("exc", "outcome", "code"),
+    [(KeyboardInterrupt, "interrupted", 130), (Terminated, "terminated", 143)],
+)
+def test_ctrl_c_or_sigterm_at_each_point_leaves_nothing_behind(
+    scene: Scene, point: str, exc: type[BaseException], outcome: str, code: int
+) -> None:
+    runtime = MemoryRuntime(fail_at={point: exc()})
+    result = _apply(scene, runtime)
+    assert (result.outcome, result.exit_code) == (outcome, code)
+    assert ("fail", point) in runtime.log
+    assert _runs(scene.state_dir) == [(outcome, code)]
+    _assert_nothing_left(runtime)
+
+
+@pytest.mark.parametrize("point", ["create:verify", "start:verify", "exec"])
+def test_verify_that_cannot_run_fails_closed_and_is_recorded(scene: Scene, point: str) -> None:
+    runtime = MemoryRuntime(fail_at={point: ContainerError(f"{point}: no")})
+    result = _apply(scene, runtime)
+    assert (result.outcome, result.exit_code) == ("failed", 1)
+    [(command, exit_code, output)] = result.verify
+    assert (command, exit_code) == (VERIFY, -1) and "verify could not run" in output
+    assert _runs(scene.state_dir) == [("failed", 1)]
+    _assert_nothing_left(runtime)
+
+
+def test_a_failing_teardown_is_an_error_but_the_rest_is_still_cleaned(scene: Scene) -> None:
+    """The proxy that will not go: the run was recorded, leases and containers are gone,
+    and the error reaches the operator (the next start's sweep removes the proxy)."""
+    runtime = MemoryRuntime(fail_at={"egress_close": ContainerError("proxy stuck")})
+    with pytest.raises(ContainerError):
+        _apply(scene, runtime)
+    assert _runs(scene.state_dir) == [("failed", int(ExitCode.SETUP))]
+    assert [c.role for c in runtime.containers.values()] == ["proxy"]
+    assert _open_leases() == []
+    with sqlite3.connect(scene.state_dir / "memory.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM memories").fetchone()[0] >= 1
+
+
+def test_an_agent_container_that_will_not_go_is_an_error_after_the_rest(scene: Scene) -> None:
+    runtime = MemoryRuntime(fail_at={"remove:agent": ContainerError("remove: device busy")})
+    with pytest.raises(ContainerError):
+        _apply(scene, runtime)
+    assert _runs(scene.state_dir) == [("failed", int(ExitCode.SETUP))]
+    # Only the agent's container stayed (labelled with its run, for the sweep); the proxy,
+    # its network and volume and the leases are gone.
+    assert [c.role for c in runtime.containers.values()] == ["agent"]
+    assert runtime.networks == {} and all(e.closed for e in runtime.egress)
+    assert _open_leases() == []
