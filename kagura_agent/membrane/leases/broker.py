@@ -274,8 +274,10 @@ class Lease:
 
     def _mint_next(self) -> None:
         broker = self.broker
-        provider = broker.provider_for(self.request)
+        # The time left is read before the provider is built: building it (an SDK client)
+        # can take a second under load, which would cut a 15m budget to 899 s < 900 s.
         ttl = self._ttl()
+        provider = broker.provider_for(self.request)
         if ttl < provider.min_ttl:
             self._exhaust(f"{max(ttl, 0)} s of the {self.budget.seconds} s budget left")
         grant = broker.ledger.record_intent(
