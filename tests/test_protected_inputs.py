@@ -91,8 +91,10 @@ def test_the_agent_cannot_write_rename_or_remove_them(
     """From inside a real container: every write to the protected inputs fails."""
     project = make_project(tmp_path)
     shutil.copytree(REPO / "manifests", project / "manifests")
+    (project / ".git" / "hooks").mkdir(parents=True)
+    (project / ".git" / "config").write_text("[core]\n\tbare = false\n")
     if os.geteuid() == 0:
-        for path in [project / "manifests", *(project / "manifests").iterdir()]:
+        for path in [*project.rglob("*")]:
             os.chown(path, AGENT_UID, AGENT_UID)
     attempts = {
         "add": "echo evil > manifests/zz-evil.yml",
@@ -102,6 +104,9 @@ def test_the_agent_cannot_write_rename_or_remove_them(
         "task-append": "echo '# evil' >> task.yml",
         "task-move": "mv task.yml task.old",
         "task-remove": "rm -f task.yml",
+        "git-hook": "echo 'touch /tmp/owned' > .git/hooks/post-checkout",
+        "git-config": "printf '[core]\\n\\tfsmonitor = evil\\n' >> .git/config",
+        "git-rename": "mv .git .git2",
     }
     steps = [
         f"if {cmd}; then echo {name}=W$((0)); else echo {name}=R$((0)); fi"
@@ -109,7 +114,10 @@ def test_the_agent_cannot_write_rename_or_remove_them(
     ]
     steps.append("echo fine > notes.txt")  # the rest of the root stays writable
     task = write_task(project, "protected", {"steps": steps})
-    before = {p: p.read_bytes() for p in [task, *(project / "manifests").iterdir()]}
+    before = {
+        p: p.read_bytes()
+        for p in [task, project / ".git" / "config", *(project / "manifests").iterdir()]
+    }
     env = cli_env(state_dir)
     done = kagura(["apply", "--yes", "--manifests", str(project / "manifests"), str(task)], env)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -121,4 +129,27 @@ def test_the_agent_cannot_write_rename_or_remove_them(
     assert sorted(p.name for p in (project / "manifests").iterdir()) == sorted(
         p.name for p in before if p.parent.name == "manifests"
     )
+    assert list((project / ".git" / "hooks").iterdir()) == []
     assert (project / "notes.txt").read_text() == "fine\n"
+
+
+def test_git_metadata_is_read_only_unless_the_operator_allows_it(
+    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    project = make_project(tmp_path)
+    (project / ".git").mkdir()
+    task = write_task(project, "git", {"steps": ["ls"]})
+
+    def protected(*argv: str) -> list[str]:
+        plan = _plan(project, capsys, *argv, str(task))
+        return [m["target"] for m in plan["mounts"] if m["kind"] == "protected"]
+
+    assert protected() == ["/workspace/.git", "/workspace/task.yml"]
+    ops = tmp_path / "ops"
+    ops.mkdir()
+    (ops / "git.yml").write_text(
+        "apiVersion: kagura.dev/v1\nkind: Policy\nmetadata: {name: agents-commit}\n"
+        "spec:\n  writable_git: true\n  rules: []\n",
+        encoding="utf-8",
+    )
+    assert protected("--manifests", str(ops)) == ["/workspace/task.yml"]

@@ -304,7 +304,9 @@ def _paths(
             )
             continue
         mounts.append({"kind": "extra", "source": real, "target": mount["target"], "mode": "ro"})
-    protected, problem = protected_inputs(root, host_inputs(task, catalog))
+    protected, problem = protected_inputs(
+        root, host_inputs(task, catalog) + git_metadata(root, catalog)
+    )
     if problem:
         problems.append(task.diag(("spec", "project_root"), problem))
         return None, []
@@ -318,6 +320,20 @@ def host_inputs(task: Manifest, catalog: Catalog) -> list[tuple[str, str]]:
         (str(info["path"]), f"the {info['layer']} manifest folder") for info in catalog.layers
     ]
     return found
+
+
+def git_metadata(root: str, catalog: Catalog) -> list[tuple[str, str]]:
+    """The root's own .git: its hooks and config run on the operator's next git command.
+
+    Read-only unless a Policy of the operator's folder sets ``writable_git: true``.
+    """
+    git = os.path.join(root, ".git")
+    writable = any(
+        p.spec.get("writable_git") is True for p in catalog.of("Policy") if p.layer == "operator"
+    )
+    if writable or not os.path.lexists(git):
+        return []
+    return [(git, "git metadata (hooks and config run on the operator's next git command)")]
 
 
 def protected_inputs(
