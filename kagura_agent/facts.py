@@ -11,7 +11,6 @@ import os
 import sqlite3
 import stat
 from collections.abc import Mapping
-from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,11 +24,12 @@ from kagura_agent.manifest.catalog import Catalog
 from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.membrane.images import daemon_info, local_image_digest, recipe_digest, recipe_path
 from kagura_agent.membrane.isolation import isolation_report
-from kagura_agent.memory.factory import open_memory, section_from_manifest, sqlite_path
+from kagura_agent.memory.factory import section_from_manifest, sqlite_path
+from kagura_agent.memory.sqlite import SqliteMemoryStore
 from kagura_agent.patterns.cost_history import history
 from kagura_agent.patterns.failure_learning import known_failures
 from kagura_agent.plan.history import last_applied
-from kagura_agent.state import StateStore, state_path
+from kagura_agent.state import SchemaBehind, StateStore
 
 # A facts file is a few KiB of JSON written by a test or a script.
 MAX_FACTS_BYTES = 8 * 2**20
@@ -50,6 +50,8 @@ class Facts:
     parent_plan: dict[str, Any] | None = None
     parent_run: str | None = None
     missing_memories: list[str] = field(default_factory=list)  # context ids not in the store
+    # State the read-only look-ups could not read (an older schema): the plan warns.
+    state_notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +67,7 @@ class Facts:
             "parent_plan": self.parent_plan,
             "parent_run": self.parent_run,
             "missing_memories": list(self.missing_memories),
+            "state_notes": list(self.state_notes),
         }
 
     @classmethod
@@ -104,23 +107,32 @@ class Facts:
             parent_plan=data.get("parent_plan"),
             parent_run=data.get("parent_run"),
             missing_memories=list(data.get("missing_memories", [])),
+            state_notes=list(data.get("state_notes", [])),
         )
 
 
 def gather_facts(catalog: Catalog, task: ResolvedTask) -> Facts:
-    """Look everything up that the planner needs; never fails on a missing resource."""
+    """Look everything up that the planner needs; never fails on a missing resource.
+
+    Read-only: the state store and the memory store are opened with
+    ``StateStore.read_only`` (nothing created, nothing migrated; docs/architecture.md, State).
+    """
     tag = task.image.spec["tag"]
     recipe = task.image.spec["recipe"]
     folder = recipe_path(recipe)
+    found: dict[str, Any] = {}
+    notes: list[str] = []
+    for part in (_graduation(catalog), _memory_facts(task), _parent_facts(task)):
+        notes += part.pop("state_notes", [])
+        found.update(part)
     return Facts(
         image_digests={tag: local_image_digest(tag)},
         recipe_digests={recipe: recipe_digest(folder) if folder is not None else None},
-        graduation=_graduation(catalog),
         project_owner=_owner(task.project_root),
         project_mode=_mode(task.project_root),
         daemon=_daemon(daemon_info()) if task.runtime == "container" else None,
-        **_memory_facts(task),
-        **_parent_facts(task),
+        state_notes=notes,
+        **found,
     )
 
 
@@ -154,13 +166,25 @@ def graduation_knobs(catalog: Catalog) -> Knobs:
     return Knobs()
 
 
-def _graduation(catalog: Catalog) -> GraduationSnapshot:
+def _graduation(catalog: Catalog) -> dict[str, Any]:
+    """The graduation snapshot; an absent or older graduation schema is "nothing
+    graduated yet" (fail closed), with a note when there was state it could not read."""
+
     knobs = graduation_knobs(catalog)
-    path = state_path()
-    if not path.exists():
-        return GraduationSnapshot(version=0, knobs=knobs)
-    with StateStore(path) as store:
-        return snapshot(store, knobs)
+    store = StateStore.read_only()
+    if store is None:
+        return {"graduation": GraduationSnapshot(version=0, knobs=knobs)}
+    with store:
+        try:
+            return {"graduation": snapshot(store, knobs)}
+        except SchemaBehind as exc:
+            empty = GraduationSnapshot(version=0, knobs=knobs)
+            if exc.current == 0:
+                return {"graduation": empty}
+            return {
+                "graduation": empty,
+                "state_notes": [f"{exc.message}: nothing counts as graduated"],
+            }
 
 
 def _memory_facts(task: ResolvedTask) -> dict[str, Any]:
@@ -168,9 +192,27 @@ def _memory_facts(task: ResolvedTask) -> dict[str, Any]:
     section = _memory_section(task)
     if section["backend"] != "sqlite":
         return {}
-    if not sqlite_path(section).exists():
+    path = sqlite_path(section)
+    state = StateStore.read_only(path)
+    if state is None:
         return {}
-    store = open_memory(section)
+    try:
+        store = SqliteMemoryStore(path, state=state)
+    except SchemaBehind as exc:
+        state.close()
+        if exc.current == 0:
+            return {}
+        # Fail closed: memories that cannot be read cannot be shown trusted.
+        context = [
+            *task.context.get("memories", []),
+            *(task.parent["context"] if task.parent else []),
+        ]
+        return {
+            "untrusted_inputs": [f"memory:{memory_id}" for memory_id in context],
+            "state_notes": [
+                f"{exc.message}: no known failures or cost history, context memories untrusted"
+            ],
+        }
     try:
         untrusted, missing = [], []
         parent_context = task.parent["context"] if task.parent else []
@@ -187,9 +229,7 @@ def _memory_facts(task: ResolvedTask) -> dict[str, Any]:
             "missing_memories": missing,
         }
     finally:
-        close = getattr(store, "close", None)
-        if close is not None:
-            close()
+        store.close()
 
 
 def _parent_facts(task: ResolvedTask) -> dict[str, Any]:
@@ -204,17 +244,19 @@ def _parent_facts(task: ResolvedTask) -> dict[str, Any]:
 
 def _applying_run(plan: Mapping[str, Any]) -> str | None:
     """The newest run of ``plan`` (same task, same fingerprint) in the runs table."""
-    path = state_path()
     # Read-only: planning must never create or migrate the state store.
-    try:
-        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
-            row = conn.execute(
+    store = StateStore.read_only()
+    if store is None:
+        return None
+    with store:
+        try:
+            row = store.conn.execute(
                 "SELECT run_id FROM runs WHERE task = ? AND fingerprint = ?"
                 " ORDER BY started_at DESC LIMIT 1",
                 (plan["task"]["name"], plan["fingerprint"]),
             ).fetchone()
-    except sqlite3.Error:
-        return None
+        except sqlite3.Error:
+            return None
     return str(row[0]) if row else None
 
 

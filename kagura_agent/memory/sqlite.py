@@ -128,10 +128,15 @@ class SqliteMemoryStore:
 
     backend = "sqlite"
 
-    def __init__(self, path: Path, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, path: Path, *, clock: Clock | None = None, state: StateStore | None = None
+    ) -> None:
+        """Open (creating and migrating) the store at ``path``; or, with ``state``, use
+        that already open store — ``StateStore.read_only(path)`` for a reader that never
+        migrates (it raises ``SchemaBehind`` when the memory schema is not current)."""
         self.path = path
         self.clock: Clock = clock or SystemClock()
-        self._state = StateStore(path)
+        self._state = state if state is not None else StateStore(path)
         try:
             self._state.migrate(COMPONENT, MIGRATIONS)
         except sqlite3.Error as exc:

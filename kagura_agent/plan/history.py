@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kagura_agent.paths import state_dir
 from kagura_agent.plan.model import Plan
-from kagura_agent.state import STATE_FILE, StateStore
+from kagura_agent.state import SchemaBehind, StateStore
 
 MIGRATIONS = [
     """
@@ -33,12 +32,19 @@ def record_applied(store: StateStore, plan: Plan, applied_at: str) -> None:
 
 
 def last_applied(task: str) -> dict[str, Any] | None:
-    """The last plan applied for ``task``, or None (never creates the state store)."""
-    path = state_dir() / STATE_FILE
-    if not path.exists():
+    """The last plan applied for ``task``, or None.
+
+    Read-only (``plan`` never creates or migrates the state store): None when there is
+    no store, or its ``plans`` tables are not at this version yet.
+    """
+    store = StateStore.read_only()
+    if store is None:
         return None
-    with StateStore(path) as store:
-        store.migrate("plans", MIGRATIONS)
+    with store:
+        try:
+            store.migrate("plans", MIGRATIONS)  # read-only: only checks the version
+        except SchemaBehind:
+            return None
         row = store.conn.execute(
             "SELECT plan_json FROM applied_plans WHERE task = ?", (task,)
         ).fetchone()

@@ -134,10 +134,14 @@ def compile_plan(
     approvals = _classify_all(catalog, task, draft, facts, denials)
     by_category = {a["category"]: a for a in approvals}
     unwritable = _unwritable_project(brain, hardening, mounts, facts)
-    warnings = _warnings(tenancy, image, credentials, hardening, brain, facts, unwritable) + [
-        f"context memory {memory_id} does not exist (forgotten?); the brain will not find it"
-        for memory_id in facts.missing_memories
-    ]
+    warnings = (
+        _warnings(tenancy, image, credentials, hardening, brain, facts, unwritable)
+        + [
+            f"context memory {memory_id} does not exist (forgotten?); the brain will not find it"
+            for memory_id in facts.missing_memories
+        ]
+        + list(facts.state_notes)
+    )
     refusals = _refusals(floor, policy, approvals, tenancy, hardening, unwritable, widened)
     refusals += _ceiling_refusals(catalog, draft["budget"])
     plan: Plan = {
