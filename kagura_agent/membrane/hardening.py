@@ -129,7 +129,7 @@ def container_kwargs(
         network_mode = "none"
     nofile = int(h["nofile"])
     kwargs: dict[str, Any] = {
-        "image": plan["image"].get("digest") or plan["image"]["ref"],
+        "image": plan["image"]["digest"] or plan["image"]["ref"],
         "command": command,
         "user": f"{uid}:{gid}",
         "working_dir": h["workdir"],
