@@ -257,6 +257,8 @@ def test_failed_renewal_retries_while_valid_then_fails_closed_at_expiry(
     clock.advance(timedelta(minutes=11))
     assert lease.tick() is None  # the mint failed, but the credential is still good
     assert not lease.closed and lease.bundle
+    assert lease.retries == 1  # counted: the run's cost history records it
+    assert lease.tick() is None and lease.retries == 2
     clock.advance(timedelta(minutes=5))  # now past its expiry
     with pytest.raises(RefusedError, match="expired and could not be renewed"):
         lease.tick()

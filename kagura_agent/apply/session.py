@@ -119,6 +119,8 @@ class _Turn:
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
             self.ctx.live.flush_text()
+            # The executor's own re-attempts: lease renewals that failed and were retried.
+            self.tally.retries += sum(lease.retries for lease in self.leases)
         return self.tally.frozen()
 
     def _observe(self, event: BrainEvent) -> None:

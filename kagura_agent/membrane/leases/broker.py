@@ -199,6 +199,7 @@ class Lease:
     grant: str = ""
     minted: Minted | None = field(default=None, repr=False)
     closed: bool = False
+    retries: int = 0  # failed renewals re-attempted on a later tick (the run's cost history)
 
     @property
     def name(self) -> str:
@@ -240,6 +241,7 @@ class Lease:
             # A failed mint: retry on the next tick while the current credential is still
             # good; once it has expired, fail closed.
             if self.broker.clock.now() < self.expires_at:
+                self.retries += 1
                 return None
             self._exhaust(f"it expired and could not be renewed: {exc.message}")
 
