@@ -61,6 +61,7 @@ from kagura_agent.membrane.floor import floor_violations
 from kagura_agent.membrane.leases import Broker, Lease, LeaseRequest, Sweeper
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.memory.gate import check_ready
+from kagura_agent.patterns.checkpoint import foreign_checkpoint, session_owner
 from kagura_agent.plan.injection import PLACEHOLDER, injected_provider
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
@@ -111,6 +112,7 @@ def apply_plan(
         runtime = DockerApplyRuntime()
     clock = options.clock
     with apply_lock(plan), _sigterm_as_exception():
+        _refuse_foreign_session(store, plan)
         _sweep(store, runtime, clock, live)
         ctx = RunContext(
             store=store,
@@ -136,6 +138,18 @@ def apply_plan(
             raise
         close_run(store, ctx.run_id, result.outcome, result.exit_code, clock)
     return result
+
+
+def _refuse_foreign_session(store: StateStore, plan: Plan) -> None:
+    """A named session resumes only for the task kind and project root that saved it."""
+    task = plan["task"]
+    owner = session_owner(task["project_root"], task["kind"])
+    problem = foreign_checkpoint(store, task["session"], owner)
+    if problem:
+        raise RefusedError(
+            f"cannot resume: {problem}",
+            hint="name another session (spec.session / --session) for this task",
+        )
 
 
 def _sequence(ctx: RunContext, denials: Denials) -> RunResult:

@@ -22,7 +22,7 @@ from kagura_agent.brain.events import BrainEvent, CheckpointEvent, CostEvent, Do
 from kagura_agent.brain.plan_turn import turn_from_plan
 from kagura_agent.errors import RefusedError
 from kagura_agent.membrane.leases import Lease, deliver, keep_fresh, withdraw
-from kagura_agent.patterns.checkpoint import Checkpoint, resume, save_checkpoint
+from kagura_agent.patterns.checkpoint import Checkpoint, resume, save_checkpoint, session_owner
 
 RENEW_CHECK_SECONDS = 5.0
 
@@ -164,6 +164,7 @@ class _Turn:
                     "cost_usd": budget.get("cost_usd"),
                 },
                 plan_fingerprint=self.plan["fingerprint"],
+                owner=session_owner(self.plan["task"]["project_root"], self.plan["task"]["kind"]),
             ),
             clock=self.ctx.clock,
         )

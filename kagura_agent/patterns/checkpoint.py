@@ -10,6 +10,7 @@ atomically) so a crash between steps loses at most the step in flight.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,8 @@ class Checkpoint:
     budget_left: Mapping[str, float | int | None] = field(default_factory=dict)
     plan_fingerprint: str | None = None
     saved: datetime | None = None
+    # Whose session this is: the project root (real path) and task kind that saved it.
+    owner: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def next_step(self) -> int:
@@ -75,6 +78,7 @@ class Checkpoint:
             "budget_left": dict(self.budget_left),
             "plan_fingerprint": self.plan_fingerprint,
             "saved": iso(self.saved) if self.saved else None,
+            "owner": dict(self.owner),
         }
 
 
@@ -133,6 +137,7 @@ def load_checkpoint(state: StateStore, session: str) -> Checkpoint | None:
         budget_left=data["budget_left"],
         plan_fingerprint=data["plan_fingerprint"],
         saved=parse_iso(data["saved"]) if data["saved"] else None,
+        owner=data.get("owner") or {},
     )
 
 
@@ -146,3 +151,29 @@ def clear_checkpoint(state: StateStore, session: str) -> bool:
     with _migrated(state).transaction() as conn:
         cursor = conn.execute("DELETE FROM checkpoints WHERE session = ?", (session,))
     return cursor.rowcount > 0
+
+
+def session_owner(project_root: str, kind: str) -> dict[str, str]:
+    """The identity a session is bound to: the project root's real path and the task kind."""
+    return {"project_root": os.path.realpath(project_root), "kind": kind}
+
+
+def foreign_checkpoint(
+    state: StateStore, session: str | None, owner: Mapping[str, str]
+) -> str | None:
+    """Why ``session``'s checkpoint may not be resumed by ``owner``, or None when it may.
+
+    A session carries a brain conversation (what the agent read, what tools printed) and
+    the steps already done; another task naming the same session must not inherit them.
+    A checkpoint saved without an owner (before sessions were bound) is not resumed either.
+    """
+    checkpoint = load_checkpoint(state, session) if session else None
+    if checkpoint is None or dict(checkpoint.owner) == dict(owner):
+        return None
+    if not checkpoint.owner:
+        return f"session {session!r} has a checkpoint that names no owner"
+    return (
+        f"session {session!r} belongs to task kind {checkpoint.owner.get('kind')!r} on"
+        f" {checkpoint.owner.get('project_root')}, not to kind {owner.get('kind')!r} on"
+        f" {owner.get('project_root')}"
+    )
