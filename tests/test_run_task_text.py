@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from kagura_agent.clock import FixedClock
 from kagura_agent.manifest.adhoc import write_adhoc_task
 from kagura_agent.plan.build import plan_tasks
 
@@ -21,3 +23,20 @@ def test_template_syntax_in_the_text_is_kept_verbatim(
     [plan] = plan_tasks(None, [str(path)])
     assert plan["task"]["prompt"] == text
     assert plan["task"]["project_root"] == str(project.resolve())
+
+
+def test_one_off_tasks_written_at_the_same_instant_are_two_files(
+    state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cockpit writes from many threads: a task file is never overwritten by another."""
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    clock = FixedClock(datetime(2026, 12, 1, 12, 0, tzinfo=UTC))
+    first = write_adhoc_task("first", manifests=None, brain="claude", clock=clock)
+    second = write_adhoc_task("second", manifests=None, brain="claude", clock=clock)
+    assert first != second and first.name.startswith(str(int(clock.now().timestamp() * 1000)))
+    assert [plan_tasks(None, [str(p)])[0]["task"]["prompt"] for p in (first, second)] == [
+        "first",
+        "second",
+    ]

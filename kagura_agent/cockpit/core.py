@@ -242,6 +242,7 @@ class Cockpit:
             image=self.config.image,
             session=brain_session,
             project_root=self.config.project_root,
+            clock=self.clock,
         )
 
     def _plan(self, event: Event, task_path: str) -> None:

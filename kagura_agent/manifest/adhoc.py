@@ -4,13 +4,14 @@ write to the state directory (kept there for review) and then plan like any task
 from __future__ import annotations
 
 import re
-import time
+import secrets
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from kagura_agent.clock import Clock, SystemClock
 from kagura_agent.errors import UsageError
 from kagura_agent.manifest.catalog import Catalog
 from kagura_agent.manifest.workspace import load_workspace
@@ -26,12 +27,14 @@ def write_adhoc_task(
     egress: Sequence[str] = (),
     session: str | None = None,
     project_root: Path | None = None,
+    clock: Clock | None = None,
 ) -> Path:
     """Write ``text`` as a Task document under the state directory; return its path.
 
     ``brain`` defaults to the first LLM brain of the manifest set; ``project_root`` to the
     current directory. Every name is checked first, so a wrong one is reported against the
-    option that gave it and no file is written.
+    option that gave it and no file is written. Each call writes a new file (the cockpit
+    writes from many threads): named by the clock's millisecond plus a random suffix.
     """
     catalog = load_workspace(manifests, []).catalog
     document = adhoc_task(
@@ -44,8 +47,10 @@ def write_adhoc_task(
     )
     folder = state_dir() / "adhoc"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{int(time.time() * 1000)}.yml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    millis = int((clock or SystemClock()).now().timestamp() * 1000)
+    path = folder / f"{millis}-{secrets.token_hex(4)}.yml"
+    with path.open("x", encoding="utf-8") as stream:
+        stream.write(yaml.safe_dump(document, sort_keys=False))
     return path
 
 
