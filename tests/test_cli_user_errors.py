@@ -132,7 +132,12 @@ def test_graduation_reset_of_an_unknown_category_writes_nothing(project: Path) -
     refused(proc, "no capability category 'image:nosuch'")
     history = cli(project, "graduation", "history", "--json")
     assert history.returncode == 0, history.stderr
-    assert json.loads(history.stdout) == {"decisions": [], "graduation_events": []}
+    assert json.loads(history.stdout) == {
+        "ok": True,
+        "errors": [],
+        "decisions": [],
+        "graduation_events": [],
+    }
     status = cli(project, "graduation", "status", "--json")
     assert json.loads(status.stdout)["categories"] == {}
     # A category the manifests define may be reset before it has evidence.
