@@ -39,7 +39,10 @@ CANARY_PREFIX = "kagura-verify-canary-"
 TOKEN = CANARY_PREFIX + "v" * 24
 
 LINGERER = (
-    "setsid bash -c 'while :; do date +%s%N > watched; sleep 0.05; done'"
+    # Written to a temporary file and renamed: the lingerer may be killed at any instant,
+    # and a kill between '>' truncating and date writing would leave watched empty.
+    "setsid bash -c 'while :; do date +%s%N > watched.new && mv watched.new watched;"
+    " sleep 0.05; done'"
     " </dev/null >/dev/null 2>&1 & sleep 0.5; test -s watched"
 )
 STEPS = [
