@@ -48,18 +48,15 @@ def test_a_run_records_its_cost_and_the_next_plan_forecasts_from_it(
         },
     )
     project = make_project(tmp_path)
-    task = write_task(
-        project,
-        "forecast",
-        {
-            "kind": "nightly-report",
-            "image": "agent-test",
-            "brain": "claude",
-            "prompt": "run: echo report > report.txt\nusage: 7 1200 300 0.0456\nretries: 2",
-            "egress": ["anthropic"],
-            "verify": ["grep -q report report.txt"],
-        },
-    )
+    spec = {
+        "kind": "nightly-report",
+        "image": "agent-test",
+        "brain": "claude",
+        "prompt": "run: echo report > report.txt\nusage: 7 1200 300 0.0456\nretries: 2",
+        "egress": ["anthropic"],
+        "verify": ["grep -q report report.txt"],
+    }
+    task = write_task(project, "forecast", spec)
     env = cli_env(state_dir, ANTHROPIC_API_KEY=API_KEY)
     plan_args = ["plan", "--json", "--manifests", str(manifests), str(task)]
     before = json.loads(kagura(plan_args, env).stdout)["plans"][0]["plan"]["budget"]
@@ -69,7 +66,7 @@ def test_a_run_records_its_cost_and_the_next_plan_forecasts_from_it(
     assert done.returncode == 0, done.stderr
     result = last_json(done.stdout)
     [run_id] = run_ids(state_dir)
-    assert leftovers(client, run_id) == []
+    assert leftovers(client, run_id) == []  # (the later runs' teardown is the same path)
     # What the run recorded came from the CLI's result message and its api_retry messages.
     assert result["turns"] == 7
     assert (result["input_tokens"], result["output_tokens"]) == (1200, 300)
@@ -82,6 +79,7 @@ def test_a_run_records_its_cost_and_the_next_plan_forecasts_from_it(
     shown = kagura(["memory", "search", "nightly-report", "--json"], cli_env(state_dir))
     assert "1500 tokens, 2 retries" in shown.stdout, shown.stdout + shown.stderr
 
+    # One run: the plan forecasts from it, but one run is too few to set the budget.
     planned = kagura(plan_args, env)
     assert planned.returncode == 0, planned.stderr
     entry = json.loads(planned.stdout)["plans"][0]
@@ -91,15 +89,34 @@ def test_a_run_records_its_cost_and_the_next_plan_forecasts_from_it(
     assert forecast["expected"]["turns"] == 7 and forecast["expected"]["tokens"] == 1500
     assert forecast["expected"]["cost_usd"] == pytest.approx(0.0456)
     assert forecast["retries"] == 2
-    # Learnt over the brain's defaults (30 turns, 30m, $2), floors holding where needed.
+    assert forecast["learnt"] == [] and budget["source"] == "brain" and budget["turns"] == 30
+    assert not [c for c in entry["changes"] if c["section"] == "budget"]
+    text = kagura(["plan", "--manifests", str(manifests), str(task)], env).stdout
+    assert "forecast 7 turns, 1,500 tokens" in text, text
+    assert "the budget is learnt from 3 runs on" in text, text
+
+    # Two more runs of the same kind (another prompt, other costs): now it is learnt.
+    for usage in ("9 1500 400 0.05", "8 1400 350 0.048"):
+        prompt = f"run: echo report > report.txt\nusage: {usage}"
+        write_task(project, "forecast", {**spec, "prompt": prompt})
+        done = kagura(["apply", "--yes", "--json", "--manifests", str(manifests), str(task)], env)
+        assert done.returncode == 0, done.stderr
+        assert last_json(done.stdout)["retries"] == 0
+    entry = json.loads(kagura(plan_args, env).stdout)["plans"][0]
+    budget = entry["plan"]["budget"]
+    forecast = budget["forecast"]
+    assert forecast["basis"] == "p80 of 3 runs + 30%"
+    assert forecast["expected"]["turns"] == 8 and forecast["expected"]["tokens"] == 1750
+    # Learnt over the brain's defaults (30 turns, 30m, $2), floors holding where needed:
+    # turns p80 9 * 1.3 -> 12; tokens 1900 * 1.3 under the 20000 floor; $0.05 * 1.3.
     assert budget["source"] == "history"
-    assert budget["turns"] == 10 and budget["tokens"] == 20_000
-    assert budget["wall_seconds"] >= 30 and budget["cost_usd"] == pytest.approx(0.0593)
+    assert budget["turns"] == 12 and budget["tokens"] == 20_000
+    assert budget["wall_seconds"] >= 30 and budget["cost_usd"] == pytest.approx(0.065)
     assert set(forecast["learnt"]) == {"turns", "tokens", "wall_seconds", "cost_usd"}
     # The diff against the applied plan says the budget moved, and on what basis.
     moved = [c["text"] for c in entry["changes"] if c["section"] == "budget"]
-    assert "turns 30 → 10 (learnt: p80 of 1 run + 30%)" in moved, moved
+    assert "turns 30 → 12 (learnt: p80 of 3 runs + 30%)" in moved, moved
     text = kagura(["plan", "--manifests", str(manifests), str(task)], env).stdout
-    assert "forecast 7 turns, 1,500 tokens" in text, text
-    assert "learnt turns, tokens, wall, cost_usd from p80 of 1 run + 30%" in text, text
-    assert "~ budget turns 30 → 10 (learnt: p80 of 1 run + 30%)" in text, text
+    assert "forecast 8 turns, 1,750 tokens" in text, text
+    assert "learnt turns, tokens, wall, cost_usd from p80 of 3 runs + 30%" in text, text
+    assert "~ budget turns 30 → 12 (learnt: p80 of 3 runs + 30%)" in text, text

@@ -9,7 +9,9 @@ The forecast, per dimension (turns, tokens, wall seconds, dollars):
     limit    = max(floor, p_q of the runs * (1 + reserve))   (the budget it may take)
 
 ``q`` (default 0.8, nearest rank), ``reserve`` (default 0.3) and the floors come from the
-Graduation manifest (``reserve``, ``budget_quantile``, ``budget_floors``). A dimension no
+Graduation manifest (``reserve``, ``budget_quantile``, ``budget_floors``); the planner
+sets the budget from the limits once ``budget_min_runs`` (default 3) runs are recorded,
+and never above a Policy ceiling. A dimension no
 run reported (the script engine has no tokens, say) is not forecast.
 """
 
@@ -28,6 +30,9 @@ HISTORY_RUNS = 20  # the newest runs of a task kind the forecast reads
 DIMENSIONS = ("turns", "tokens", "wall_seconds", "cost_usd")
 DEFAULT_QUANTILE = 0.8
 DEFAULT_RESERVE = 0.3
+# Fewer runs than this: the plan shows the forecast but keeps its budget (one fast run
+# must not become a limit the next, ordinary run blows).
+DEFAULT_MIN_RUNS = 3
 # A learnt limit never drops below these: a run that took one turn and a second must not
 # get a budget that start-up jitter alone would blow (a blown budget is a failed run,
 # which demotes a graduated capability).

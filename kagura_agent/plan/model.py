@@ -242,6 +242,7 @@ class Forecast(TypedDict):
     expected: CostFigures
     limits: CostFigures
     retries: float
+    min_runs: int
     learnt: list[str]
 
 
@@ -490,6 +491,7 @@ DESCRIPTIONS: dict[str, str] = {
     "budget.forecast.limits.wall_seconds": "Learnt wall-time limit, or null.",
     "budget.forecast.limits.cost_usd": "Learnt dollar limit, or null.",
     "budget.forecast.retries": "Mean re-attempts per run the engine or executor made.",
+    "budget.forecast.min_runs": "Runs needed before the limits set the budget (Graduation `budget_min_runs`).",
     "budget.forecast.learnt": "The budget dimensions taken from the forecast (the task or brain set the others).",
     "tripwires": "What stops the run as hijacked (revoke, demote, incident).",
     "tripwires.denied_egress": "Denied egress requests within the window that trip.",

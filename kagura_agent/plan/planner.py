@@ -23,6 +23,7 @@ from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.membrane.floor import floor_violations
 from kagura_agent.memory.factory import section_from_manifest
 from kagura_agent.patterns.cost_history import (
+    DEFAULT_MIN_RUNS,
     DEFAULT_QUANTILE,
     DEFAULT_RESERVE,
     DIMENSIONS,
@@ -679,19 +680,28 @@ def _budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
         "task" if explicit else "brain" if task.brain.spec.get("budget") else "default"
     )
     knobs = _budget_knobs(catalog)
+    min_runs = knobs.pop("min_runs")
     runs = (facts.cost_history or {}).get("runs") or []
     predicted = forecast(runs, **knobs)
     shown: Forecast | None = None
     if predicted is not None:
         own = {"wall_time" if dim == "wall_seconds" else dim for dim in explicit}
+        # Too few runs: the forecast is shown, the budget is not set from it yet.
         learnt = [
             dim
             for dim in DIMENSIONS
             if predicted["limits"][dim] is not None
             and ("wall_time" if dim == "wall_seconds" else dim) not in own
+            and predicted["runs"] >= min_runs
         ]
+        ceilings = budget_ceilings(catalog)
         for dim in learnt:
             limits[dim] = predicted["limits"][dim]
+            # A learnt limit never makes the plan unapplyable: it stops at the ceiling.
+            ceiling = ceilings.get("wall_time" if dim == "wall_seconds" else dim)
+            if ceiling is not None and limits[dim] > ceiling.limit:
+                cap = ceiling.limit
+                limits[dim] = cap if dim == "cost_usd" else int(cap)
         if learnt:
             source = "history"
         shown = {
@@ -702,6 +712,7 @@ def _budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
             "expected": predicted["expected"],
             "limits": predicted["limits"],
             "retries": predicted["retries"],
+            "min_runs": min_runs,
             "learnt": learnt,
         }
     return {
@@ -716,10 +727,16 @@ def _budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
 
 
 def _budget_knobs(catalog: Catalog) -> dict[str, Any]:
-    """reserve, quantile and floors from the Graduation manifest (last one wins)."""
-    knobs: dict[str, Any] = {"reserve": DEFAULT_RESERVE, "q": DEFAULT_QUANTILE, "floors": {}}
+    """reserve, quantile, floors and min_runs from the Graduation manifest (last one wins)."""
+    knobs: dict[str, Any] = {
+        "reserve": DEFAULT_RESERVE,
+        "q": DEFAULT_QUANTILE,
+        "floors": {},
+        "min_runs": DEFAULT_MIN_RUNS,
+    }
     for graduation in catalog.of("Graduation"):
         spec = graduation.spec
+        knobs["min_runs"] = int(spec.get("budget_min_runs", knobs["min_runs"]))
         knobs["reserve"] = float(spec.get("reserve", knobs["reserve"]))
         knobs["q"] = float(spec.get("budget_quantile", knobs["q"]))
         floors = dict(spec.get("budget_floors") or {})

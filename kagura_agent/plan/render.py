@@ -152,6 +152,8 @@ def forecast_text(forecast: Mapping[str, Any]) -> str:
     learnt = [("wall" if d == "wall_seconds" else d) for d in forecast.get("learnt", [])]
     if learnt:
         text += f"; learnt {', '.join(learnt)} from {forecast['basis']}"
+    elif runs < forecast.get("min_runs", 0):
+        text += f"; the budget is learnt from {forecast['min_runs']} runs on"
     return text
 
 
