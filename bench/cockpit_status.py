@@ -52,6 +52,9 @@ def main() -> int:
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="kagura-bench-cockpit-"))
     os.environ["KAGURA_AGENT_STATE_DIR"] = str(base / "state")
+    # Out of the checkout: planned from its root, the packaged layer is named "manifests"
+    # (relative), and apply's freshness re-plan names it absolutely and calls it stale.
+    os.chdir(base)
 
     from kagura_agent.cockpit.core import Cockpit, CockpitConfig
     from kagura_agent.cockpit.slack import SlackTransport

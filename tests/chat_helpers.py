@@ -97,7 +97,8 @@ LONG_LINES = 400  # `run say: 400`: the fake claude's answer, ~12 KB: a file on 
 def session_world(base: Any, docker_client: Any, transport: dict[str, Any] | None) -> Any:
     """What a scripted session needs: the agent test image (fake claude), manifests with
     it, the leased set and ``transport``; a project root for `run TEXT`; a task that
-    sleeps holding a lease; and serve's argv and environment."""
+    sleeps holding a lease; a standing graduation proposal (egress:docs); and serve's
+    argv and environment."""
     import os
     import sys
 
@@ -117,6 +118,10 @@ def session_world(base: Any, docker_client: Any, transport: dict[str, Any] | Non
     if transport is not None:
         documents.append(transport)
     manifests = manifest_set(base / "m", *documents)
+    # egress:docs has earned a graduation proposal (two verified successes, lowered knobs):
+    # serve asks for it in the operators' channel as it starts.
+    (manifests / "graduation.yml").write_text(EAGER_GRADUATION)
+    earn("egress:docs")
     project = make_project(base, "chat-project")
     stoppable = write_task(
         make_project(base, "stoppable"),
@@ -129,6 +134,31 @@ def session_world(base: Any, docker_client: Any, transport: dict[str, Any] | Non
         argv += ["--transport", transport["metadata"]["name"]]
     env = {**os.environ, "NO_COLOR": "1", "KAGURA_TEST_TOKEN": CANARY, "ANTHROPIC_API_KEY": API_KEY}
     return argv, env, stoppable
+
+
+EAGER_GRADUATION = """\
+apiVersion: kagura.dev/v1
+kind: Graduation
+metadata: {name: default}
+spec: {min_successes: 2, min_distinct_tasks: 1, cooldown: 1s}
+"""
+
+
+def earn(category: str) -> None:
+    """Two verified successes of ``category``, two seconds apart, ending a minute ago."""
+    from datetime import UTC, datetime, timedelta
+
+    from kagura_agent.clock import FixedClock
+    from kagura_agent.graduation import record_outcome
+    from kagura_agent.state import StateStore
+
+    clock = FixedClock(datetime.now(UTC) - timedelta(minutes=1))
+    with StateStore() as store:
+        for n in (1, 2):
+            record_outcome(
+                store, [category], f"run-earned-{n}", "t", "sha256:f", [("true", 0)], clock
+            )
+            clock.advance(timedelta(seconds=2))
 
 
 def long_answer_lines() -> list[str]:

@@ -772,6 +772,11 @@ def test_a_scripted_session_on_the_terminal_long_answer_whole_and_a_kill(
         serve.stdin.flush()  # type: ignore[union-attr]
 
     try:
+        until("answer: approve g-")  # the standing graduation proposal, on this terminal
+        proposal = next(x for x in lines if "answer: approve g-" in x).split()[2]
+        assert any("egress:docs has earned it: 2 verified successes" in x for x in lines)
+        type_in(f"approve {proposal}")
+        until("egress:docs graduated by terminal:")
         type_in("run say: 400")
         until("(exit 0)")
         launched = len(lines)
@@ -891,3 +896,156 @@ def test_each_documented_transport_manifest_serves(
             out = serve.communicate(timeout=60)[0]
     assert serve.returncode == 0, out
     assert bot not in out and app not in out
+
+
+# --- graduation proposals in chat --------------------------------------------------------
+
+EAGER_GRADUATION = """\
+apiVersion: kagura.dev/v1
+kind: Graduation
+metadata: {name: default}
+spec: {min_successes: 2, min_distinct_tasks: 1, cooldown: 1s}
+"""
+
+
+def _earn(state_dir: Path, category: str, run: str) -> None:
+    """Two verified successes two seconds apart, ending a minute ago: a proposal stands."""
+    from datetime import UTC, datetime, timedelta
+
+    from kagura_agent.clock import FixedClock
+    from kagura_agent.graduation import record_outcome
+
+    clock = FixedClock(datetime.now(UTC) - timedelta(minutes=1))
+    with StateStore(state_dir / "state.db") as store:
+        for n in (1, 2):
+            record_outcome(store, [category], f"{run}-{n}", "t", "sha256:f", [("true", 0)], clock)
+            clock.advance(timedelta(seconds=2))
+
+
+def test_graduation_proposals_are_asked_in_the_operators_channel_and_logged_as_the_cli_logs(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """Three categories have earned a proposal: each is posted once to the operators'
+    channel with its evidence and Approve / Deny. An approval from chat graduates it
+    through the same call as `kagura-agent graduation approve`, and the approval log holds
+    the same record but for who and via; a denial and a silence are logged too and leave
+    the category locked; a stranger's press changes nothing."""
+    from kagura_agent.cli import main as cli_main
+    from kagura_agent.graduation import snapshot
+
+    manifests = manifest_set(
+        tmp_path,
+        *({"kind": "EgressPolicy", "metadata": {"name": n}, "spec": {"allow": [{"host": f"{n}.invalid"}]}}
+          for n in ("docs", "wheels", "npm", "cli")),
+    )  # fmt: skip
+    (manifests / "graduation.yml").write_text(EAGER_GRADUATION)  # the packaged knobs, lowered
+    for category in ("egress:docs", "egress:wheels", "egress:npm", "egress:cli"):
+        _earn(state_dir, category, f"run-{category[7:]}")
+    transport = ScriptedTransport()
+    cockpit = Cockpit(
+        transport,
+        CockpitConfig(
+            operators=frozenset({ALICE}),
+            manifests=str(manifests),
+            channel="C-OPS",
+            approval_timeout=3.0,
+        ),
+    )
+    assert (
+        cli_main.main(["graduation", "approve", "egress:cli", "--manifests", str(manifests)]) == 0
+    )
+    cockpit.settle_previous()  # as serve does: the standing proposals are asked
+    asked = {
+        text.split()[2].rstrip(":"): (thread, text)
+        for kind, thread, text in transport.posts
+        if kind == "ask"
+    }
+    by_category = {text.split()[3]: request for request, (_, text) in asked.items()}
+    assert sorted(by_category) == ["egress:docs", "egress:npm", "egress:wheels"]
+    assert {thread for thread, _ in asked.values()} == {"C-OPS"}
+    text = asked[by_category["egress:docs"]][1]
+    assert "2 verified successes over 1 distinct tasks in 2s" in text and "no failure" in text
+    cockpit.propose_graduations(None)  # asked once, not again without new evidence
+    assert len([p for p in transport.posts if p[0] == "ask"]) == 3
+    thread = threading.Thread(target=cockpit.serve, daemon=True)
+    thread.start()
+    try:
+        transport.inbox.put(
+            Event("test", MALLORY, "C-OPS:1", action="approve", request=by_category["egress:docs"])
+        )
+        transport.wait_for("only this cockpit's operators may approve")
+        transport.inbox.put(
+            Event("test", ALICE, "C-OPS:1", action="approve", request=by_category["egress:docs"])
+        )
+        transport.inbox.put(
+            Event("test", ALICE, "C-OPS:2", action="deny", request=by_category["egress:wheels"])
+        )
+        transport.wait_for(f"egress:docs graduated by test:{ALICE}")
+        transport.wait_for(f"egress:wheels stays locked: denied by test:{ALICE}")
+        out = transport.wait_for("no answer within 3s; it stays locked", timeout=30)
+    finally:
+        transport.stop()
+        thread.join(60)
+    assert "egress:npm" in out.splitlines()[-1]
+    with StateStore(state_dir / "state.db") as store:
+        states = {c: s.state for c, s in snapshot(store, cockpit._knobs()).categories.items()}
+        log = {
+            d.category: d
+            for d in approvals.history(store)
+            if d.kind == "graduation"
+        }  # fmt: skip
+    assert states == {
+        "egress:cli": "graduated",
+        "egress:docs": "graduated",
+        "egress:wheels": "proposed",
+        "egress:npm": "proposed",
+    }
+    chat, cli = log["egress:docs"], log["egress:cli"]
+    assert (chat.outcome, chat.who, chat.via) == ("approved", f"test:{ALICE}", "test")
+    assert (chat.kind, chat.fingerprint, chat.reason) == (cli.kind, cli.fingerprint, cli.reason)
+    assert cli.via == "cli"
+    assert (log["egress:wheels"].outcome, log["egress:wheels"].who) == ("denied", f"test:{ALICE}")
+    assert (log["egress:npm"].outcome, log["egress:npm"].who) == ("timeout", "nobody")
+
+
+@pytest.mark.docker
+def test_a_run_that_makes_a_category_eligible_gets_its_proposal_approved_from_chat(
+    cockpit_world: Any, state_dir: Path
+) -> None:
+    """egress:docs has one verified success from a minute ago; a chat launch asks for it,
+    is approved, runs and verifies: the second success makes the proposal stand, and it is
+    posted in that thread (no operators' channel here) with Approve / Deny. Approved from
+    chat, the category is graduated: launching the task again asks for nothing."""
+    from datetime import UTC, datetime, timedelta
+
+    from kagura_agent.clock import FixedClock
+    from kagura_agent.graduation import record_outcome
+
+    transport, start, base, _ = cockpit_world
+    (base / "manifests" / "graduation.yml").write_text(EAGER_GRADUATION)
+    with StateStore(state_dir / "state.db") as store:
+        clock = FixedClock(datetime.now(UTC) - timedelta(minutes=1))
+        record_outcome(store, ["egress:docs"], "run-old", "t", "sha256:f", [("true", 0)], clock)
+    task = _task(base, "earns", ["true"], egress=["docs"])
+    start()
+    transport.send(f"launch {task}")
+    transport.wait_for("needs approval")
+    transport.send(action="approve", request=transport.requests[0])
+    out = transport.wait_for("graduation proposal g-", timeout=120)
+    assert "(exit 0)" in out
+    assert "egress:docs has earned it: 2 verified successes over 2 distinct tasks" in out
+    proposal = transport.requests[-1]
+    assert proposal.startswith("g-")
+    transport.send(action="approve", request=proposal)
+    transport.wait_for(f"egress:docs graduated by test:{ALICE} ({proposal})")
+    asked = len(transport.requests)
+    transport.send(f"launch {task}")
+    deadline = time.monotonic() + 120
+    while transport.text().count("(exit 0)") < 2:
+        assert time.monotonic() < deadline, transport.text()
+        time.sleep(0.1)
+    assert len(transport.requests) == asked  # graduated: no approval asked any more
+    decisions = approvals.history(StateStore(state_dir / "state.db"), category="egress:docs")
+    assert [(d.kind, d.outcome, d.who, d.via) for d in decisions if d.kind == "graduation"] == [
+        ("graduation", "approved", f"test:{ALICE}", "test")
+    ]

@@ -18,15 +18,18 @@ from typing import Any
 import pytest
 from chat_helpers import RunningTransport, loopback_guard
 
+from kagura_agent import approvals
 from kagura_agent.cockpit.discord import DiscordTransport
 from kagura_agent.cockpit.transport import Event
 from kagura_agent.errors import SetupError
+from kagura_agent.state import StateStore
 from testing.fake_discord import MESSAGE_CONTENT, FakeDiscord
 
 TOKEN = "MTEwMC5jYW5hcnk.discord-canary.7f3a9e"
 ALICE = "2000000000000000001"
 DM = "3000000000000000001"
 GUILD, GENERAL = "4000000000000000001", "4000000000000000002"
+OPS = "3000000000000000009"  # the operators' channel
 
 
 @pytest.fixture(autouse=True)
@@ -480,7 +483,7 @@ def _wait_post(fake: FakeDiscord, found: Any, timeout: float = 60) -> Any:
 def test_a_scripted_session_on_discord_long_answer_whole_and_a_stop(
     tmp_path: Any, state_dir: Any, docker_client: Any
 ) -> None:
-    """As on Slack: `run say: 400`'s answer arrives whole as an attachment of a reply in
+    """As on Slack: the graduation proposal approved in the operators' channel; `run say: 400`'s answer arrives whole as an attachment of a reply in
     the thread; a leased run's ❌ Stop button stops it and the thread says what was left."""
     from apply_helpers import REPO, cli_env, leftovers, live_leases, run_ids
     from chat_helpers import API_KEY, CANARY, long_answer_lines, session_world
@@ -493,6 +496,7 @@ def test_a_scripted_session_on_discord_long_answer_whole_and_a_stop(
                 "type": "discord",
                 "token": "env:KAGURA_TEST_DISCORD",
                 "operators": [ALICE],
+                "channel": OPS,
                 "base_url": fake.base_url,
             },
         }
@@ -503,6 +507,12 @@ def test_a_scripted_session_on_discord_long_answer_whole_and_a_stop(
         )
         try:
             fake.wait_for_connection(timeout=30)
+            # The standing graduation proposal, in the operators' channel, approved there.
+            proposal = _wait_post(fake, lambda p: p.channel == OPS, 60)
+            assert "egress:docs has earned it: 2 verified successes" in _content(proposal)
+            approve = proposal.payload["components"][0]["components"][0]["custom_id"]
+            fake.press(ALICE, proposal.id, approve)
+            _wait_post(fake, lambda p: f"egress:docs graduated by discord:{ALICE}" in _content(p))
             asked = fake.send_message(ALICE, DM, "run say: 400")
             attached = _wait_post(fake, lambda p: bool(p.files), timeout=180)
             _wait_post(fake, lambda p: "(exit 0)" in _content(p), timeout=120)
@@ -524,6 +534,10 @@ def test_a_scripted_session_on_discord_long_answer_whole_and_a_stop(
             serve.terminate()
             output = serve.communicate(timeout=60)[0]
     assert serve.returncode == 0, output
+    with StateStore() as store:
+        (decision,) = [d for d in approvals.history(store) if d.kind == "graduation"]
+    assert (decision.category, decision.outcome) == ("egress:docs", "approved")
+    assert (decision.who, decision.via) == (f"discord:{ALICE}", "discord")
     (name, data), *_ = attached.files
     content = data.decode()
     assert name.endswith("-text-1.md")

@@ -19,9 +19,11 @@ from typing import Any
 import pytest
 from chat_helpers import RunningTransport, loopback_guard
 
+from kagura_agent import approvals
 from kagura_agent.cockpit.slack import SlackTransport
 from kagura_agent.cockpit.transport import Event
 from kagura_agent.errors import SetupError
+from kagura_agent.state import StateStore
 from testing.fake_slack import FakeSlack
 
 BOT_TOKEN = "xoxb-canary-bot-5e1d0c"
@@ -459,7 +461,8 @@ def _wait_posts(slack: FakeSlack, found: Any, timeout: float = 60) -> list[Any]:
 def test_a_scripted_session_on_slack_long_answer_whole_and_a_stop(
     tmp_path: Any, state_dir: Any, docker_client: Any
 ) -> None:
-    """serve on Slack, driven through the fake: `run say: 400` streams the assistant's text
+    """serve on Slack, driven through the fake: the standing graduation proposal is posted
+    to the operators' channel and approved there; `run say: 400` streams the assistant's text
     and its 400-line answer arrives whole as a file in the thread (nothing cut); a second
     session is launched, holds a lease, and its ❌ Stop button stops it: the thread says the
     lease was revoked and nothing of the run is left, and that is so."""
@@ -475,6 +478,7 @@ def test_a_scripted_session_on_slack_long_answer_whole_and_a_stop(
                 "token": "env:KAGURA_TEST_SLACK_BOT",
                 "app_token": "env:KAGURA_TEST_SLACK_APP",
                 "operators": [ALICE],
+                "channel": "C0OPS",
                 "base_url": slack.base_url,
             },
         }
@@ -485,6 +489,12 @@ def test_a_scripted_session_on_slack_long_answer_whole_and_a_stop(
         )
         try:
             slack.wait_for_connection(timeout=30)
+            # The standing graduation proposal, in the operators' channel, approved there.
+            proposal = _wait_posts(slack, lambda p: p.payload.get("channel") == "C0OPS", 60)[0]
+            assert "egress:docs has earned it: 2 verified successes" in _text(proposal)
+            request = proposal.payload["blocks"][-1]["elements"][0]["value"]
+            slack.press(ALICE, "C0OPS", proposal.ts, "kagura_approve", request)
+            _wait_posts(slack, lambda p: f"egress:docs graduated by slack:{ALICE}" in _text(p))
             asked = "1700000000.000100"
             slack.send_message(ALICE, DM, "run say: 400", ts=asked)
             (upload,) = slack.wait_for_uploads(1, timeout=180)
@@ -507,6 +517,11 @@ def test_a_scripted_session_on_slack_long_answer_whole_and_a_stop(
             serve.terminate()
             output = serve.communicate(timeout=60)[0]
     assert serve.returncode == 0, output
+    # The graduation: logged as the CLI logs it, by the operator, via slack.
+    with StateStore() as store:
+        (decision,) = [d for d in approvals.history(store) if d.kind == "graduation"]
+    assert (decision.category, decision.outcome) == ("egress:docs", "approved")
+    assert (decision.who, decision.via) == (f"slack:{ALICE}", "slack")
     # The long answer: a file in the run's thread, whole.
     assert upload.thread_ts == asked and upload.filename.endswith("-text-1.md")
     content = upload.content.decode()

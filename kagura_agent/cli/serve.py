@@ -78,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
             approval_timeout=args.approval_timeout,
             project_root=Path(args.project_root) if args.project_root else None,
             image=args.image,
+            # graduation proposals: the operators' channel (the terminal is its own)
+            channel="tty" if spec["type"] == "cli" else spec.get("channel"),
         ),
     )
     for session in cockpit.settle_previous():

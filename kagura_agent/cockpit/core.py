@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kagura_agent.approvals import record_decision
 from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
 from kagura_agent.cockpit.intents import HELP, classify
 from kagura_agent.cockpit.registry import Registry, Session, new_session_id
@@ -46,8 +47,11 @@ from kagura_agent.cockpit.runner import (
 )
 from kagura_agent.cockpit.transport import Event, Transport
 from kagura_agent.errors import KaguraError
+from kagura_agent.facts import graduation_knobs
+from kagura_agent.graduation import Knobs, approve_graduation, format_duration, proposals
 from kagura_agent.hygiene import neutralise
 from kagura_agent.manifest.adhoc import write_adhoc_task
+from kagura_agent.manifest.workspace import load_workspace
 from kagura_agent.membrane.hardening import LABEL_RUN
 from kagura_agent.membrane.runtime import connect
 from kagura_agent.plan.model import Plan
@@ -55,6 +59,7 @@ from kagura_agent.state import StateStore
 from kagura_agent.state import state_path as default_state_path
 
 STOP_WAIT_SECONDS = 120.0
+GRADUATION_PREFIX = "g-"  # request ids of graduation proposals (sessions are s-…)
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,9 @@ class CockpitConfig:
     state_path: Path | None = None  # the state store (default: the state dir's)
     plans_dir: Path | None = None  # saved plans of sessions (default: beside the state store)
     env: dict[str, str] | None = field(default=None, repr=False)  # for apply (default: ours)
+    # The operators' channel (a thread id of the transport: "C0123OPS", "tty"): graduation
+    # proposals go there; without one, to the thread of the run that made them eligible.
+    channel: str | None = None
 
 
 class Cockpit:
@@ -93,6 +101,10 @@ class Cockpit:
         self._behind: dict[str, str] = {}  # queued session -> the one it waits for
         self._progress: dict[str, Progress] = {}
         self._pacer = Pacer(float(getattr(transport, "post_interval", 0.0)))
+        # Graduation proposals asked in chat: request id -> category, and per category the
+        # evidence count it was last asked with (asked again only with more evidence).
+        self._graduations: dict[str, tuple[str, str]] = {}  # request -> (category, where)
+        self._asked_graduation: dict[str, int] = {}
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -121,6 +133,7 @@ class Cockpit:
         for session in queued:  # approved, never started: they start (or queue) again
             self._say(session.thread, f"session {session.id}: the cockpit restarted")
             self._start(session)
+        self.propose_graduations(None)
         return [*expired, *running, *queued]
 
     def serve(self) -> None:
@@ -138,7 +151,10 @@ class Cockpit:
             queued, self._queue = self._queue, []
         for session_id, timer in timers:
             timer.cancel()
-            self._expire(session_id, "the cockpit stopped before anyone answered")
+            if session_id.startswith(GRADUATION_PREFIX):
+                self._expire_graduation(session_id, "the cockpit stopped before anyone answered")
+            else:
+                self._expire(session_id, "the cockpit stopped before anyone answered")
         for session in queued:
             if self.registry.update(session.id, expect="queued", state="cancelled"):
                 self._say(
@@ -311,6 +327,9 @@ class Cockpit:
         )
 
     def _answer(self, event: Event, session_id: str, *, approved: bool) -> None:
+        if session_id.startswith(GRADUATION_PREFIX):
+            self._answer_graduation(event, session_id, approved=approved)
+            return
         session = self.registry.get(session_id)
         if session is None:
             self._say(event.thread, f"no session {session_id}")
@@ -343,8 +362,6 @@ class Cockpit:
         self._say(session.thread, f"session {session_id}: {why}; denied, nothing ran")
 
     def _record(self, session: Session, outcome: Any, who: str, reason: str) -> None:
-        from kagura_agent.approvals import record_decision
-
         with StateStore(self.state_path) as store:
             for category in session.categories:
                 record_decision(
@@ -546,6 +563,8 @@ class Cockpit:
         finally:
             self._progress.pop(session.id, None)
             self._release(session.id)
+        if outcome.exit_code == 0:  # a verified success is new evidence
+            self.propose_graduations(session.thread)
 
     def _finish(self, session: Session, outcome: RunOutcome) -> None:
         state = "lost" if outcome.outcome == "lost" else _state_for(outcome.exit_code)
@@ -610,6 +629,126 @@ class Cockpit:
         if found:
             return f"{leases}; ⚠ left: {', '.join(found)} (the next apply's sweep removes them)"
         return f"{leases}; containers, networks and volumes: none left"
+
+    # --- graduation ----------------------------------------------------------------------
+
+    def propose_graduations(self, thread: str | None) -> None:
+        """Post each standing graduation proposal not asked yet (or asked with less
+        evidence) to the operators' channel, with its evidence and Approve / Deny.
+        Never raises: a proposal that cannot be posted is asked again later."""
+        where = self.config.channel or thread
+        if where is None:
+            return
+        try:
+            knobs = self._knobs()
+            with StateStore(self.state_path) as store:
+                found = proposals(store, knobs)
+        except Exception as exc:  # the run's outcome is posted already; say why, carry on
+            self._say(where, f"could not read graduation proposals: {exc}")
+            return
+        timeout = self.config.approval_timeout
+        for status in found:
+            with self._lock:
+                if self._asked_graduation.get(status.category, -1) >= status.successes:
+                    continue
+                if any(c == status.category for c, _ in self._graduations.values()):
+                    continue
+                request = f"{GRADUATION_PREFIX}{secrets.token_hex(3)}"
+                self._graduations[request] = (status.category, where)
+                self._asked_graduation[status.category] = status.successes
+                timer = threading.Timer(
+                    timeout,
+                    self._expire_graduation,
+                    args=(request, f"no answer within {timeout:g}s"),
+                )
+                timer.daemon = True
+                self._timers[request] = timer
+            timer.start()
+            span = format_duration(status.span)
+            text = (
+                f"graduation proposal {request}: {status.category} has earned it:"
+                f" {status.successes} verified successes over {status.distinct_tasks}"
+                f" distinct tasks in {span}, no failure since it was last reset.\n"
+                "Approve graduates it: plans stop asking for it, as `kagura-agent graduation"
+                " approve` does (recorded in the approval log); one failed run demotes it"
+                f" again. Deny keeps it asking (nothing changes if nobody answers within"
+                f" {timeout:g}s)."
+            )
+            try:
+                self.transport.ask(where, neutralise(text), request)
+            except Exception as exc:  # the timer still lapses it; asked again with more evidence
+                print(f"cockpit: could not post to {where}: {exc}", file=sys.stderr)
+
+    def _knobs(self) -> Knobs:
+        """The knobs the planner uses (a manifest raising the bar holds here too)."""
+        return graduation_knobs(load_workspace(self.config.manifests, []).catalog)
+
+    def _answer_graduation(self, event: Event, request: str, *, approved: bool) -> None:
+        with self._lock:
+            asked = self._graduations.pop(request, None)
+            timer = self._timers.pop(request, None)
+        if timer is not None:
+            timer.cancel()
+        if asked is None:
+            self._say(event.thread, f"no pending graduation proposal {request}")
+            return
+        category = asked[0]
+        who = f"{event.transport}:{event.user}"
+        with StateStore(self.state_path) as store:
+            if approved:
+                try:
+                    approve_graduation(
+                        store,
+                        category,
+                        who=who,
+                        clock=self.clock,
+                        knobs=self._knobs(),
+                        via=event.transport,
+                    )
+                except KaguraError:
+                    with self._lock:  # it may be asked again once it stands again
+                        self._asked_graduation.pop(category, None)
+                    raise
+            else:
+                record_decision(
+                    store,
+                    category=category,
+                    fingerprint=None,
+                    outcome="denied",
+                    who=who,
+                    via=event.transport,
+                    clock=self.clock,
+                    kind="graduation",
+                    reason="graduation proposal denied in chat",
+                )
+        if approved:
+            self._say(
+                event.thread,
+                f"{category} graduated by {who} ({request}); one failed run demotes it again",
+            )
+        else:
+            self._say(event.thread, f"{category} stays locked: denied by {who} ({request})")
+
+    def _expire_graduation(self, request: str, why: str) -> None:
+        with self._lock:
+            asked = self._graduations.pop(request, None)
+            self._timers.pop(request, None)
+        if asked is None:
+            return
+        category, where = asked
+        with StateStore(self.state_path) as store:
+            record_decision(
+                store,
+                category=category,
+                fingerprint=None,
+                outcome="timeout",
+                who="nobody",
+                via=self.transport.name,
+                clock=self.clock,
+                kind="graduation",
+                reason=why,
+            )
+        self._say(where, f"graduation proposal {request} ({category}): {why}; it stays locked")
 
     def sessions(self) -> Sequence[Session]:
         return self.registry.recent()

@@ -53,7 +53,8 @@ commands:
                       a follow-up in that run's brain session
   status              sessions of this cockpit
   kill SESSION        stop a session (its ❌ Stop button does the same)
-  approve REQUEST     approve a pending request (or press its button)
+  approve REQUEST     approve a pending request (or press its button): a
+                      session's (s-…) or a graduation proposal's (g-…)
   deny REQUEST        deny it
   help                this text"""
 
