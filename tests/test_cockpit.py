@@ -639,6 +639,8 @@ def test_the_stop_button_stops_a_run_and_the_thread_is_told_what_it_left(
         assert transport.stops == [session.id]  # the ❌ Stop button, bound to the session
         (run_id,) = run_ids(state_dir)
         assert len(live_leases(cli_env(state_dir))) == 1
+        transport.send("please also update the README")  # a reply in the running thread
+        transport.wait_for(f"session {session.id} is running, and a message cannot reach")
         transport.send(action="kill", request=session.id, user=MALLORY)
         transport.wait_for("only this cockpit's operators may kill")
         transport.send(action="kill", request=session.id)
@@ -954,7 +956,7 @@ def test_graduation_proposals_are_asked_in_the_operators_channel_and_logged_as_t
     assert (
         cli_main.main(["graduation", "approve", "egress:cli", "--manifests", str(manifests)]) == 0
     )
-    cockpit.settle_previous()  # as serve does: the standing proposals are asked
+    assert cockpit.propose_graduations(None)  # as serve does once its transport can post
     asked = {
         text.split()[2].rstrip(":"): (thread, text)
         for kind, thread, text in transport.posts
@@ -965,7 +967,7 @@ def test_graduation_proposals_are_asked_in_the_operators_channel_and_logged_as_t
     assert {thread for thread, _ in asked.values()} == {"C-OPS"}
     text = asked[by_category["egress:docs"]][1]
     assert "2 verified successes over 1 distinct tasks in 2s" in text and "no failure" in text
-    cockpit.propose_graduations(None)  # asked once, not again without new evidence
+    assert cockpit.propose_graduations(None)  # asked once, not again without new evidence
     assert len([p for p in transport.posts if p[0] == "ask"]) == 3
     thread = threading.Thread(target=cockpit.serve, daemon=True)
     thread.start()
@@ -1049,3 +1051,37 @@ def test_a_run_that_makes_a_category_eligible_gets_its_proposal_approved_from_ch
     assert [(d.kind, d.outcome, d.who, d.via) for d in decisions if d.kind == "graduation"] == [
         ("graduation", "approved", f"test:{ALICE}", "test")
     ]
+
+
+def test_a_graduation_proposal_the_chat_did_not_take_is_asked_again(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """A post that fails (a Gateway not connected yet) does not count as asked: the next
+    call asks again, and only then is there a request to answer."""
+    manifests = manifest_set(tmp_path)
+    (manifests / "graduation.yml").write_text(EAGER_GRADUATION)
+    _earn(state_dir, "egress:docs", "run-docs")
+    transport = ScriptedTransport()
+    answer = transport.ask
+
+    def not_yet(thread: str, text: str, request: str) -> None:
+        raise KaguraError("the discord transport is not connected")
+
+    transport.ask = not_yet  # type: ignore[method-assign]
+    cockpit = Cockpit(
+        transport,
+        CockpitConfig(operators=frozenset({ALICE}), manifests=str(manifests), channel="C-OPS"),
+    )
+    assert not cockpit.propose_graduations(None)
+    assert cockpit._graduations == {} and not cockpit._timers
+    transport.ask = answer  # type: ignore[method-assign]
+    assert cockpit.propose_graduations(None)
+    (request,) = transport.requests
+    assert cockpit._graduations == {request: ("egress:docs", "C-OPS")}
+    cockpit.shutdown()  # a proposal open at a stop is logged as a timeout
+    with StateStore(state_dir / "state.db") as store:
+        (decision,) = [d for d in approvals.history(store) if d.kind == "graduation"]
+    assert (decision.outcome, decision.reason) == (
+        "timeout",
+        "the cockpit stopped before anyone answered",
+    )

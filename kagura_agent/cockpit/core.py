@@ -60,6 +60,7 @@ from kagura_agent.state import state_path as default_state_path
 
 STOP_WAIT_SECONDS = 120.0
 GRADUATION_PREFIX = "g-"  # request ids of graduation proposals (sessions are s-…)
+GRADUATION_RETRY_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -133,14 +134,26 @@ class Cockpit:
         for session in queued:  # approved, never started: they start (or queue) again
             self._say(session.thread, f"session {session.id}: the cockpit restarted")
             self._start(session)
-        self.propose_graduations(None)
         return [*expired, *running, *queued]
 
     def serve(self) -> None:
-        """Handle events until the transport stops; then interrupt and await every run."""
+        """Handle events until the transport stops; then interrupt and await every run.
+
+        The standing graduation proposals are asked once the transport can post (a
+        Gateway connects inside ``run``): tried every few seconds until they are out."""
+        stopped = threading.Event()
+
+        def ask_graduations() -> None:
+            while not stopped.wait(GRADUATION_RETRY_SECONDS):
+                if self.propose_graduations(None):
+                    return
+
+        asker = threading.Thread(target=ask_graduations, name="cockpit-graduation", daemon=True)
+        asker.start()
         try:
             self.transport.run(self.handle)
         finally:
+            stopped.set()
             self.shutdown()
 
     def shutdown(self) -> None:
@@ -184,6 +197,16 @@ class Cockpit:
             self._say(event.thread, HELP)
             return
         if intent.problem:
+            running = self._running_in(event.thread) if intent.kind == "unknown" else None
+            if running is not None:  # a reply in a running session's thread
+                self._say(
+                    event.thread,
+                    f"session {running} is running, and a message cannot reach its brain"
+                    " mid-run: no engine takes one from chat in this version. Say"
+                    f" `kill {running}` to stop it, or `continue {running} TEXT` after it"
+                    " ends (for `run` sessions)",
+                )
+                return
             self._say(event.thread, f"{intent.problem}; say `help` for the commands")
             return
         if event.user not in self.config.operators:
@@ -205,6 +228,12 @@ class Cockpit:
             self._answer(event, intent.argument, approved=intent.kind == "approve")
         elif intent.kind == "kill":
             self._kill(event, intent.argument)
+
+    def _running_in(self, thread: str) -> str | None:
+        """The session running (or queued) in ``thread``, if any."""
+        with self._lock:
+            found = [s.id for s in [*self._active.values(), *self._queue] if s.thread == thread]
+        return found[-1] if found else None
 
     def _say(self, thread: str, text: str) -> None:
         try:
@@ -632,21 +661,23 @@ class Cockpit:
 
     # --- graduation ----------------------------------------------------------------------
 
-    def propose_graduations(self, thread: str | None) -> None:
+    def propose_graduations(self, thread: str | None) -> bool:
         """Post each standing graduation proposal not asked yet (or asked with less
         evidence) to the operators' channel, with its evidence and Approve / Deny.
-        Never raises: a proposal that cannot be posted is asked again later."""
+        Never raises; returns False when one could not be posted (it is not taken as
+        asked, so the next call tries again)."""
         where = self.config.channel or thread
         if where is None:
-            return
+            return True
         try:
             knobs = self._knobs()
             with StateStore(self.state_path) as store:
                 found = proposals(store, knobs)
         except Exception as exc:  # the run's outcome is posted already; say why, carry on
             self._say(where, f"could not read graduation proposals: {exc}")
-            return
+            return True
         timeout = self.config.approval_timeout
+        posted = True
         for status in found:
             with self._lock:
                 if self._asked_graduation.get(status.category, -1) >= status.successes:
@@ -676,8 +707,15 @@ class Cockpit:
             )
             try:
                 self.transport.ask(where, neutralise(text), request)
-            except Exception as exc:  # the timer still lapses it; asked again with more evidence
+            except Exception as exc:  # not asked: forget it, so the next call asks again
                 print(f"cockpit: could not post to {where}: {exc}", file=sys.stderr)
+                timer.cancel()
+                with self._lock:
+                    self._graduations.pop(request, None)
+                    self._timers.pop(request, None)
+                    self._asked_graduation.pop(status.category, None)
+                posted = False
+        return posted
 
     def _knobs(self) -> Knobs:
         """The knobs the planner uses (a manifest raising the bar holds here too)."""
