@@ -32,7 +32,7 @@ import docker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testing.concurrent_applies import run_concurrent
+from testing.concurrent_applies import daemon_cpu_ms, run_concurrent
 
 # Where a run's time goes: the first live-view line starting with each mark.
 MARKS = [
@@ -67,8 +67,10 @@ def main() -> int:
     args = parser.parse_args()
     client = docker.from_env(timeout=300)
     for round_no in range(args.rounds):
+        daemon_before = daemon_cpu_ms()
         with tempfile.TemporaryDirectory(prefix="kagura-bench-conc-") as tmp:
             outcomes = run_concurrent(client, Path(tmp), args.runs)
+        daemon_ms = (daemon_cpu_ms() - daemon_before) / args.runs
         ok = [o for o in outcomes if o.ok]
         leaks = [o for o in outcomes if o.ok and o.crosstalk(args.runs)]
         for o in outcomes:
@@ -87,12 +89,19 @@ def main() -> int:
             f" (max {max(o.peak_rss_kb for o in outcomes) / 1024:.0f}), proxy cgroup peak"
             f" {proxy_mb:.0f} MB (rss {proxy_rss:.0f} MB)"
         )
+        cpu = {
+            "apply": statistics.median(o.apply_cpu_ms for o in outcomes),
+            "proxy": statistics.median(o.proxy_cpu_ms for o in outcomes),
+            "agent": statistics.median(o.agent_cpu_ms for o in outcomes),
+            "docker daemons (all users)": daemon_ms,
+        }
+        print("cpu ms per run: " + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items()))
         print(f"median ms from the common start: {_marks(outcomes)}, exit {_pct(walls, 0.5):.0f}")
         print(
             f"RESULT concurrency runs={args.runs} ok={len(ok)} crosstalk={len(leaks)}"
             f" p50_ms={_pct(walls, 0.5):.0f} p95_ms={_pct(walls, 0.95):.0f}"
             f" rss_mb_per_run={apply_mb + proxy_mb:.0f} apply_rss_mb={apply_mb:.0f}"
-            f" proxy_mb={proxy_mb:.0f} cores={os.cpu_count()}"
+            f" proxy_mb={proxy_mb:.0f} cpu_ms_per_run={sum(cpu.values()):.0f} cores={os.cpu_count()}"
         )
     return 0
 

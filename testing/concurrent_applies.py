@@ -34,6 +34,7 @@ import yaml
 
 from kagura_agent.membrane import images
 from kagura_agent.membrane.egress import owner
+from kagura_agent.membrane.hardening import LABEL_RUN
 
 REPO = Path(__file__).resolve().parents[1]
 PORT = 8080
@@ -64,6 +65,9 @@ class Outcome:
     peak_rss_kb: int = 0
     proxy_peak_kb: int = 0
     proxy_rss_kb: int = 0
+    apply_cpu_ms: float = 0.0
+    proxy_cpu_ms: float = 0.0
+    agent_cpu_ms: float = 0.0
     stamps: list[tuple[float, str]] = field(default_factory=list)
 
     @property
@@ -152,6 +156,47 @@ def _tree_rss_kb(pid: int) -> int:
     return total
 
 
+def _cpu_ms(pid: int) -> float:
+    """CPU time of ``pid`` and its reaped children so far (user + system), ms; 0 if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def _cgroup_cpu_ms(container_id: str) -> float:
+    """CPU time charged to a container's cgroup so far, ms (0 if unreadable)."""
+    for path, scale in (
+        (f"/sys/fs/cgroup/cpuacct/docker/{container_id}/cpuacct.usage", 1e-6),
+        (f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/cpu.stat", 1e-3),
+    ):
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        if path.endswith("cpu.stat"):
+            text = text.split("usage_usec", 1)[1].split()[0]
+        return int(text) * scale
+    return 0.0
+
+
+def daemon_cpu_ms() -> float:
+    """CPU time of dockerd, containerd and the shims so far, ms (shared with everyone)."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            name = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if name in ("dockerd", "containerd") or name.startswith("containerd-shim"):
+            total += _cpu_ms(int(entry.name))
+    return total
+
+
 def _cgroup_memory_kb(container_id: str) -> tuple[int, int]:
     """(peak usage, current rss) of a container's memory cgroup, kB; (0, 0) if unreadable."""
     for base in (
@@ -179,8 +224,11 @@ class _Watcher(threading.Thread):
         self.attached: set[str] = set()
         self.rss: dict[int, int] = {}
         self.proxy: dict[int, tuple[int, int]] = {}
+        self.cpu: dict[int, float] = {}
+        self.container_cpu: dict[tuple[int, str], float] = {}
         self.error: BaseException | None = None
         self.aliases = [host(i) for i in range(len(roots))]
+        self.runs: dict[str, int] = {}  # run id -> index, learnt from the proxies' labels
 
     def _index(self, labels: dict[str, str]) -> int | None:
         parts = labels.get(owner.LABEL_OWNER, "").rsplit(":", 2)
@@ -206,14 +254,24 @@ class _Watcher(threading.Thread):
     def _sample(self) -> None:
         for pid, index in self.procs.items():
             self.rss[index] = max(self.rss.get(index, 0), _tree_rss_kb(pid))
-        label = f"{owner.LABEL_COMPONENT}={owner.COMPONENT_PROXY}"
-        for summary in self.client.api.containers(filters={"label": label}):
-            index = self._index(summary.get("Labels") or {})
+            self.cpu[index] = max(self.cpu.get(index, 0.0), _cpu_ms(pid))
+        for summary in self.client.api.containers(filters={"label": "dev.kagura.run"}):
+            labels = summary.get("Labels") or {}
+            kind = "proxy" if owner.LABEL_OWNER in labels else "agent"
+            index = (
+                self._index(labels) if kind == "proxy" else self.runs.get(labels.get(LABEL_RUN, ""))
+            )
             if index is None:
                 continue
-            peak, rss = _cgroup_memory_kb(summary["Id"])
-            old = self.proxy.get(index, (0, 0))
-            self.proxy[index] = (max(old[0], peak), max(old[1], rss))
+            key = (index, kind)
+            self.container_cpu[key] = max(
+                self.container_cpu.get(key, 0.0), _cgroup_cpu_ms(summary["Id"])
+            )
+            if kind == "proxy":
+                self.runs[labels.get(LABEL_RUN, "")] = index
+                peak, rss = _cgroup_memory_kb(summary["Id"])
+                old = self.proxy.get(index, (0, 0))
+                self.proxy[index] = (max(old[0], peak), max(old[1], rss))
 
     def run(self) -> None:
         try:
@@ -323,4 +381,7 @@ def run_concurrent(
         if watcher is not None:
             outcome.peak_rss_kb = watcher.rss.get(outcome.index, 0)
             outcome.proxy_peak_kb, outcome.proxy_rss_kb = watcher.proxy.get(outcome.index, (0, 0))
+            outcome.apply_cpu_ms = watcher.cpu.get(outcome.index, 0.0)
+            outcome.proxy_cpu_ms = watcher.container_cpu.get((outcome.index, "proxy"), 0.0)
+            outcome.agent_cpu_ms = watcher.container_cpu.get((outcome.index, "agent"), 0.0)
     return outcomes
