@@ -191,6 +191,7 @@ class EgressSession:
         self._collector: threading.Thread | None = None
         self._stream: Any = None
         self._closed = False
+        self._complete = False  # the collector read the proxy's log to its end
         self._volume_pending = False
         self.injection: Injection | None = None
         self._inject_line = ""
@@ -212,6 +213,7 @@ class EgressSession:
         injection: Injection | None = None,
         injection_secret: str | None = None,
         extra_networks: tuple[str, ...] = (),
+        sweep: bool = True,
     ) -> EgressSession:
         """Sweep orphans, create the networks and the proxy, and wait until it listens.
 
@@ -225,8 +227,9 @@ class EgressSession:
         if policy.mode != "proxy":
             raise SetupError("egress mode is 'none': the agent gets network_mode none, no proxy")
         store = audit.open_store(store or StateStore())
-        with docker_errors("sweeping egress orphans"):
-            sweep_orphans(client, store)
+        if sweep:  # sweep=False: the caller has just swept (apply does, before its run row)
+            with docker_errors("sweeping egress orphans"):
+                sweep_orphans(client, store)
         session = cls(client, policy, run_id, store, on_event or (lambda _event: None))
         if injection is not None:
             if not injection_secret:
@@ -271,37 +274,11 @@ class EgressSession:
         }
         if self.injection is not None:
             environment["KAGURA_EGRESS_INJECT_SOCKET"] = f"{PROXY_SOCKET_DIR}/{INJECT_SOCKET_NAME}"
-        try:
-            self.client.images.get(image)
-        except docker.errors.ImageNotFound as exc:
-            raise SetupError(
-                f"the egress proxy image {image} is not built",
-                hint="run: kagura-agent images build egress-proxy",
-            ) from exc
         socket_mount = docker.types.Mount(
             PROXY_SOCKET_DIR, self.socket_volume, type="volume", no_copy=True
         )
+        self.proxy = self._create_proxy(image, environment, socket_mount, extra_hosts)
         with docker_errors(f"starting the egress proxy of run {self.run_id}"):
-            self.proxy = self.client.containers.create(
-                image,
-                name=self.proxy_name,
-                labels=self._labels_for(owner.COMPONENT_PROXY),
-                environment=environment,
-                # The injected credential goes in on stdin, never into the config.
-                stdin_open=self.injection is not None,
-                user=PROXY_USER,
-                network=self.outbound_network,
-                mounts=[socket_mount],
-                read_only=True,
-                cap_drop=["ALL"],
-                security_opt=["no-new-privileges:true"],
-                tmpfs=PROXY_TMPFS,
-                pids_limit=64,
-                mem_limit=512 * 1024 * 1024,
-                extra_hosts=extra_hosts,
-                # json-file without rotation: the audit re-reads the whole log at teardown.
-                log_config=docker.types.LogConfig(type="json-file"),
-            )
             for name in self._extra_networks:
                 self.client.networks.get(name).connect(self.proxy)
             if self.injection is not None:
@@ -313,6 +290,46 @@ class EgressSession:
             target=self._collect, name=f"egress-audit-{self.run_id}", daemon=True
         )
         self._collector.start()
+
+    def _create_proxy(
+        self,
+        image: str,
+        environment: dict[str, str],
+        socket_mount: Any,
+        extra_hosts: dict[str, str],
+    ) -> Any:
+        import docker.errors
+        import docker.types
+
+        with docker_errors(f"starting the egress proxy of run {self.run_id}"):
+            # No separate image inspect first: create says "no such image" itself (one
+            # daemon round trip fewer per run).
+            try:
+                return self.client.containers.create(
+                    image,
+                    name=self.proxy_name,
+                    labels=self._labels_for(owner.COMPONENT_PROXY),
+                    environment=environment,
+                    # The injected credential goes in on stdin, never into the config.
+                    stdin_open=self.injection is not None,
+                    user=PROXY_USER,
+                    network=self.outbound_network,
+                    mounts=[socket_mount],
+                    read_only=True,
+                    cap_drop=["ALL"],
+                    security_opt=["no-new-privileges:true"],
+                    tmpfs=PROXY_TMPFS,
+                    pids_limit=64,
+                    mem_limit=512 * 1024 * 1024,
+                    extra_hosts=extra_hosts,
+                    # json-file without rotation: the audit re-reads the whole log at teardown.
+                    log_config=docker.types.LogConfig(type="json-file"),
+                )
+            except docker.errors.ImageNotFound as exc:
+                raise SetupError(
+                    f"the egress proxy image {image} is not built",
+                    hint="run: kagura-agent images build egress-proxy",
+                ) from exc
 
     def _start_with_secret(self) -> None:
         params = {"stdin": 1, "stream": 1}
@@ -424,6 +441,9 @@ class EgressSession:
                             event = audit.classify(raw, self.policy, self.run_id, seq)
                             self._accept([event], store)
                             seq += 1
+                # The followed log ended by itself (the proxy stopped) on a whole line:
+                # every decision has been read, teardown need not read the log again.
+                self._complete = not pending
             except Exception:  # the stream ends when the proxy goes; teardown re-reads the log
                 pass
 
@@ -481,6 +501,8 @@ class EgressSession:
             self._collector.join(timeout=5)
             if self._stream is not None and self._collector.is_alive():
                 self._stream.close()
+        if self._complete and self._collector is not None and not self._collector.is_alive():
+            return
         text = self.proxy.logs(stdout=True, stderr=False).decode(errors="replace")
         self._accept(audit.events_from_log(text, self.policy, self.run_id), self.store)
 
