@@ -125,7 +125,7 @@ def record_result(ctx: RunContext, result: RunResult) -> str | None:
 
 def _note_overruns(plan: Plan, result: RunResult, live: LiveView) -> None:
     """A learnt token limit no engine enforces: say when the run went past it."""
-    limit = plan["budget"].get("tokens")
+    limit = plan["budget"]["tokens"]
     used = (result.input_tokens or 0) + (result.output_tokens or 0)
     if limit and used > limit:
         live.note(f"the run used {used:,} tokens, over its learnt budget of {limit:,}", "yellow")

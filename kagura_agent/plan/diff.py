@@ -57,8 +57,8 @@ def _budget(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
     changes = _fields(
         "budget", old, new, ("turns", "tokens", "wall_seconds", "cost_usd", "disk_bytes")
     )
-    forecast = new.get("forecast") or {}
-    learnt = set(forecast.get("learnt") or [])
+    forecast = new["forecast"]
+    learnt = set(forecast["learnt"]) if forecast else set()
     for index, change in enumerate(changes):
         dimension = change.text.split(" ", 1)[0]
         if dimension in learnt:

@@ -94,7 +94,7 @@ def _budget_line(budget: Budget) -> str:
     parts = []
     if budget.get("turns"):
         parts.append(f"{budget['turns']} turns")
-    if budget.get("tokens"):
+    if budget["tokens"]:
         parts.append(f"{budget['tokens']:,} tokens")
     parts.append(f"{format_duration(budget['wall_seconds'])} wall")
     if budget.get("cost_usd") is not None:
@@ -102,7 +102,7 @@ def _budget_line(budget: Budget) -> str:
     if budget.get("disk_bytes"):
         parts.append(f"{format_size(budget['disk_bytes'])} disk")
     text = ", ".join(parts) + f" (from {budget['source']})"
-    forecast = budget.get("forecast")
+    forecast = budget["forecast"]
     if forecast:
         text += "; " + forecast_text(forecast)
     return text
@@ -110,8 +110,8 @@ def _budget_line(budget: Budget) -> str:
 
 def _trust_text(memory: Mapping[str, Any]) -> str:
     """``; trust 0.82: 8 successes, failures weigh 1.76 (half-life 7d)`` or ""."""
-    trust = memory.get("failure_trust") or {}
-    if trust.get("score") is None:
+    trust = memory["failure_trust"]
+    if trust["score"] is None:
         return ""
     return (
         f"; trust {trust['score']}: {trust['successes']} successes, failures weigh"
@@ -136,23 +136,23 @@ def forecast_text(forecast: Mapping[str, Any]) -> str:
     which limits the history set."""
     expected = forecast["expected"]
     shown = []
-    if expected.get("turns") is not None:
+    if expected["turns"] is not None:
         shown.append(f"{expected['turns']} turns")
-    if expected.get("tokens") is not None:
+    if expected["tokens"] is not None:
         shown.append(f"{expected['tokens']:,} tokens")
-    if expected.get("wall_seconds") is not None:
+    if expected["wall_seconds"] is not None:
         shown.append(f"{format_duration(int(expected['wall_seconds']))} wall")
-    if expected.get("cost_usd") is not None:
+    if expected["cost_usd"] is not None:
         shown.append(f"${expected['cost_usd']}")
     runs = forecast["runs"]
     text = f"forecast {', '.join(shown)} (median of {runs} run{'s' if runs != 1 else ''}"
-    if forecast.get("retries"):
+    if forecast["retries"]:
         text += f", {forecast['retries']} retries/run"
     text += ")"
-    learnt = [("wall" if d == "wall_seconds" else d) for d in forecast.get("learnt", [])]
+    learnt = [("wall" if d == "wall_seconds" else d) for d in forecast["learnt"]]
     if learnt:
         text += f"; learnt {', '.join(learnt)} from {forecast['basis']}"
-    elif runs < forecast.get("min_runs", 0):
+    elif runs < forecast["min_runs"]:
         text += f"; the budget is learnt from {forecast['min_runs']} runs on"
     return text
 
