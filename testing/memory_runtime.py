@@ -28,7 +28,7 @@ import json
 import secrets
 import threading
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from kagura_agent.apply.context import ContainerState, EgressSink
@@ -37,12 +37,11 @@ from kagura_agent.brain.streams import DuplexStream, StreamClosed
 from kagura_agent.clock import Clock
 from kagura_agent.membrane.egress.session import AgentNetworkConfig
 from kagura_agent.membrane.egress.squid import Injection
-from kagura_agent.membrane.hardening import LABEL_RUN
+from kagura_agent.membrane.hardening import LABEL_ROLE, LABEL_RUN
 from kagura_agent.membrane.runtime import ContainerError
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 
-LABEL_ROLE = "test.memory-runtime.role"
 _POLL_SECONDS = 0.002
 
 
@@ -54,6 +53,8 @@ class BrainScript:
     egress: list[dict[str, object]] = field(default_factory=list)  # proxy decisions
     crash: bool = False  # the output ends after ``events``, no terminal event needed
     exit_code: int = 0
+    # What the agent does to the world when its turn arrives (writes to the project root).
+    on_turn: Callable[[], None] | None = None
 
 
 @dataclass
@@ -167,7 +168,8 @@ class MemoryRuntime:
             id=secrets.token_hex(32),
             run_id=run_id,
             role=role,
-            labels={LABEL_RUN: run_id, LABEL_ROLE: role},
+            # As hardening labels them: the run on every container, the role on verify's.
+            labels={LABEL_RUN: run_id, **({LABEL_ROLE: role} if role == "verify" else {})},
             environment=dict(environment),
             network=network,
             mounts=list(mounts),
@@ -355,6 +357,8 @@ class _BrainEnd:
             container.turns.append(msg)
             runtime._point("turn")
             script = runtime.brain
+            if script.on_turn is not None:
+                script.on_turn()
             for decision in script.egress:
                 runtime.egress[-1].decide(decision)
             for event in script.events:

@@ -30,6 +30,7 @@ from kagura_agent.apply.context import (
     decide,
 )
 from kagura_agent.apply.executor import ApplyOptions, RunResult, apply_plan
+from kagura_agent.apply.runs import open_run
 from kagura_agent.brain.events import CostEvent, DoneEvent, ErrorEvent, TextEvent
 from kagura_agent.clock import SystemClock
 from kagura_agent.errors import ExitCode, KaguraError, Terminated
@@ -305,3 +306,55 @@ def test_an_agent_container_that_will_not_go_is_an_error_after_the_rest(scene: S
     assert [c.role for c in runtime.containers.values()] == ["agent"]
     assert runtime.networks == {} and all(e.closed for e in runtime.egress)
     assert _open_leases() == []
+
+
+def test_a_run_over_its_disk_budget_is_stopped_by_the_host(tmp_path: Path, state_dir: Path) -> None:
+    """The brain writes past ``budget.disk`` and then stays silent: the host's disk watch
+    kills its container, the run fails with the reason, and verify still decides nothing
+    in its favour."""
+    manifests = manifest_set(tmp_path)
+    project = make_project(tmp_path)
+    spec = {"steps": ["true"], "verify": [VERIFY], "budget": {"disk": "1m"}}
+    (plan,) = plan_tasks(str(manifests), [str(write_task(project, "disk", spec))])
+    assert plan["budget"]["disk_bytes"] == 1024 * 1024
+
+    def fill() -> None:
+        (project / "big.bin").write_bytes(b"\1" * (32 * 1024 * 1024))
+
+    runtime = MemoryRuntime(BrainScript(events=[], on_turn=fill))
+    result = apply_plan(plan, ApplyOptions(clock=SystemClock()), runtime)
+    assert (result.outcome, result.exit_code) == ("failed", 1)
+    assert result.brain_error is not None and result.brain_error.startswith("disk: ")
+    assert "past its disk budget of 1 MiB" in result.brain_error
+    assert ("kill", "agent") in runtime.log
+    assert runtime.containers == {}
+    assert _runs(state_dir) == [("failed", 1)]
+
+
+def test_the_next_apply_removes_what_a_dead_run_left(scene: Scene) -> None:
+    """A run whose applying process died (its row open, its owner gone) still had its
+    container: the next apply removes it and closes the row as crashed, before it starts."""
+    runtime = MemoryRuntime()
+    with StateStore() as store:
+        open_run(store, scene.plan, "run-dead", SystemClock())
+        with store.transaction() as conn:
+            conn.execute("UPDATE runs SET pid_start = 'not this process' WHERE run_id = 'run-dead'")
+    leftover = runtime.create(scene.plan, "run-dead")
+    runtime.start(leftover)
+    result = _apply(scene, runtime)
+    assert result.outcome == "success"
+    assert runtime.log.index(("remove", "agent")) < runtime.log.index(
+        ("start_egress", result.run_id)
+    )
+    with sqlite3.connect(scene.state_dir / "state.db") as db:
+        rows = dict(db.execute("SELECT run_id, outcome FROM runs").fetchall())
+    assert rows == {"run-dead": "crashed", result.run_id: "success"}
+    _assert_nothing_left(runtime)
+
+
+def test_a_verify_container_that_would_not_go_gets_a_second_try(scene: Scene) -> None:
+    runtime = MemoryRuntime(fail_at={"remove:verify": ContainerError("remove: device busy")})
+    result = _apply(scene, runtime)
+    assert (result.outcome, result.exit_code) == ("success", 0)
+    assert ("fail", "remove:verify") in runtime.log and ("remove", "verify") in runtime.log
+    _assert_nothing_left(runtime)

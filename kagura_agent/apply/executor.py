@@ -58,6 +58,7 @@ from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError, Terminated
 from kagura_agent.membrane.egress.squid import ANTHROPIC_API
 from kagura_agent.membrane.floor import floor_violations
+from kagura_agent.membrane.hardening import LABEL_ROLE, LABEL_RUN
 from kagura_agent.membrane.leases import Broker, Lease, LeaseRequest, Sweeper
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.memory.gate import check_ready
@@ -99,32 +100,42 @@ def apply_plan(
     """Execute ``plan`` exactly; returns the run's result (exit code inside).
 
     ``runtime`` runs the containers (Docker when not given; unused for ``runtime: host``
-    plans); ``store`` is the state store (the state directory's when not given).
+    plans); ``store`` is the state store (the state directory's when not given). What
+    this opens itself (the store, the Docker client) it closes.
     """
     refuse_unapplyable(plan, options)
-    store = store if store is not None else StateStore()
-    live = LiveView(Redactor(), as_json=options.as_json)
-    check_ready(plan["memory"])
-    approved = _approvals(store, plan, options, live)
-    if plan["brain"]["runtime"] != "container":
-        runtime = None
-    elif runtime is None:
-        runtime = DockerApplyRuntime()
-    clock = options.clock
-    with apply_lock(plan), _sigterm_as_exception():
-        _refuse_foreign_session(store, plan)
-        _sweep(store, runtime, clock, live)
+    with contextlib.ExitStack() as owned:
+        if store is None:
+            store = owned.enter_context(StateStore())
+        live = LiveView(Redactor(), as_json=options.as_json)
+        check_ready(plan["memory"])
+        approved = _approvals(store, plan, options, live)
+        if plan["brain"]["runtime"] != "container":
+            runtime = None
+        elif runtime is None:
+            docker = DockerApplyRuntime()
+            owned.callback(docker.client.close)
+            runtime = docker
         ctx = RunContext(
             store=store,
             plan=plan,
             run_id=new_run_id(),
             runtime=runtime,
             live=live,
-            clock=clock,
+            clock=options.clock,
             approved=frozenset(approved),
             prompt=options.prompt,
         )
-        open_run(store, plan, ctx.run_id, clock)
+        return _locked(ctx)
+
+
+def _locked(ctx: RunContext) -> RunResult:
+    """Under the project-root lock: sweep, open the run's row, run, close the row."""
+    store, clock = ctx.store, ctx.clock
+    with apply_lock(ctx.plan), _sigterm_as_exception():
+        _refuse_foreign_session(store, ctx.plan)
+        _sweep(store, ctx.runtime, clock, ctx.live)
+        open_run(store, ctx.plan, ctx.run_id, clock)
         denials: Denials = []  # filled when the egress proxy is removed, on every path
         try:
             result = _sequence(ctx, denials)
@@ -252,6 +263,9 @@ def _run_in_container(
     denials: Denials,
 ) -> RunReport:
     plan, run_id, live = ctx.plan, ctx.run_id, ctx.live
+    # Last on the way out: a verify container whose own removal failed gets a second try
+    # (its run's row is closed by then, so no later sweep looks for it).
+    cleanup.callback(_remove_verify_leftovers, runtime, run_id, live)
     stoppable: list[str] = []  # the agent's container, once it exists
     tripwire = Tripwire(
         dict(plan.get("tripwires") or {}),
@@ -434,6 +448,14 @@ def _close_egress(egress: EgressRun, denials: Denials, live: LiveView) -> None:
             f"egress denied: {denial.get('host')}:{denial.get('port')} ({denial.get('count', 1)} times)",
             "yellow",
         )
+
+
+def _remove_verify_leftovers(runtime: ApplyRuntime, run_id: str, live: LiveView) -> None:
+    try:
+        for container_id in runtime.list({LABEL_RUN: run_id, LABEL_ROLE: "verify"}):
+            runtime.remove(container_id, force=True)
+    except KaguraError as exc:
+        live.note(f"could not remove this run's verify container: {exc.message}", "red")
 
 
 def _remove_container(runtime: ApplyRuntime, container_id: str, live: LiveView) -> None:
