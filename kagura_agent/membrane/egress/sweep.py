@@ -95,8 +95,15 @@ def sweep_orphans(
             # Salvage is best effort; removing the orphan is not.
             with contextlib.suppress(Exception):
                 _salvage(client, summary["Id"], labels.get(LABEL_RUN, ""), store)
-        with contextlib.suppress(docker.errors.NotFound):
+        try:
             client.api.remove_container(summary["Id"], force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            # 409: another apply's sweep is removing this orphan right now; it is theirs.
+            if exc.status_code != 409:
+                raise
+            continue
         removed.append((summary.get("Names") or [summary["Id"]])[0].lstrip("/"))
     for component in _COMPONENTS:
         label = f"{owner.LABEL_COMPONENT}={component}"
