@@ -74,6 +74,9 @@ class DockerApplyRuntime(DockerRuntime):
             clock=clock,
             injection=injection,
             injection_secret=injection_secret,
+            # apply's _sweep() ran sweep_egress at the start of this run: not again here
+            # (3-4 daemon list calls per run, many at once when runs start together).
+            sweep=False,
         )
 
     def start_forwarder(self, container_id: str, config: AgentNetworkConfig) -> None:
