@@ -142,14 +142,10 @@ def test_no_core_module_imports_the_cli() -> None:
 
 # (importing module, imported module): function-level imports of our own modules that are
 # allowed. memory.cloud is a configured backend that pulls in asyncio, which plan (sqlite)
-# does not need. The apply and cockpit entries are files being restructured in parallel
-# (issue 17 item 4, issue 13); remove them as those land with their imports at the top.
+# does not need.
 LAZY_ALLOWED = {
     ("kagura_agent.memory.factory", "kagura_agent.memory.cloud"),
     ("kagura_agent.memory.gate", "kagura_agent.memory.cloud"),
-    *((f"kagura_agent.apply.{name}", "*") for name in ("executor", "session", "hostrun", "record")),
-    ("kagura_agent.cockpit.core", "*"),
-    ("kagura_agent.cockpit.runner", "*"),
 }
 
 
@@ -160,9 +156,4 @@ def test_core_imports_its_own_modules_at_the_top() -> None:
         if not name.startswith("kagura_agent.cli")
         for module in imports(name, everywhere=True) - imports(name, type_checking=True)
     }
-    allowed = {
-        (name, module)
-        for name, module in lazy
-        if (name, module) in LAZY_ALLOWED or (name, "*") in LAZY_ALLOWED
-    }
-    assert sorted(lazy - allowed) == []
+    assert sorted(lazy - LAZY_ALLOWED) == []

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kagura_agent.apply.executor import ApplyOptions, refuse_unapplyable
 from kagura_agent.approvals import record_decision
 from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
 from kagura_agent.cockpit.intents import HELP, classify
@@ -46,17 +47,22 @@ from kagura_agent.cockpit.runner import (
     apply_argv,
 )
 from kagura_agent.cockpit.transport import Event, Transport
-from kagura_agent.errors import KaguraError
+from kagura_agent.errors import KaguraError, UsageError
 from kagura_agent.facts import graduation_knobs
 from kagura_agent.graduation import Knobs, approve_graduation, format_duration, proposals
 from kagura_agent.hygiene import neutralise
 from kagura_agent.manifest.adhoc import write_adhoc_task
 from kagura_agent.manifest.workspace import load_workspace
 from kagura_agent.membrane.hardening import LABEL_RUN
+from kagura_agent.membrane.leases.ledger import process_start
 from kagura_agent.membrane.runtime import connect
+from kagura_agent.plan import planfile
+from kagura_agent.plan.build import plan_tasks
 from kagura_agent.plan.model import Plan
+from kagura_agent.plan.render import render_text
 from kagura_agent.state import StateStore
 from kagura_agent.state import state_path as default_state_path
+from kagura_agent.ui import Style
 
 STOP_WAIT_SECONDS = 120.0
 GRADUATION_PREFIX = "g-"  # request ids of graduation proposals (sessions are s-…)
@@ -249,9 +255,6 @@ class Cockpit:
     # --- intents -------------------------------------------------------------------------
 
     def _compile(self, task_path: str) -> Plan:
-        from kagura_agent.errors import UsageError
-        from kagura_agent.plan.build import plan_tasks
-
         plans = plan_tasks(self.config.manifests, [task_path])
         if len(plans) != 1:
             raise UsageError(f"{task_path} holds {len(plans)} tasks; launch one task at a time")
@@ -260,8 +263,6 @@ class Cockpit:
     def _brain_session(self, session_id: str) -> str:
         """The brain session of a `run` session, which `continue` resumes."""
         import yaml
-
-        from kagura_agent.errors import UsageError
 
         session = self.registry.get(session_id)
         if session is None:
@@ -291,17 +292,9 @@ class Cockpit:
         )
 
     def _plan(self, event: Event, task_path: str) -> None:
-        from kagura_agent.plan.render import render_text
-        from kagura_agent.ui import Style
-
         self._say(event.thread, render_text(self._compile(task_path), Style(False)).rstrip())
 
     def _launch(self, event: Event, task_path: str) -> None:
-        from kagura_agent.apply.executor import ApplyOptions, refuse_unapplyable
-        from kagura_agent.plan import planfile
-        from kagura_agent.plan.render import render_text
-        from kagura_agent.ui import Style
-
         plan = self._compile(task_path)
         refuse_unapplyable(plan, ApplyOptions())  # incl. host-runtime brains: never from chat
         root = os.path.realpath(plan["task"]["project_root"])
@@ -551,8 +544,6 @@ class Cockpit:
             self._say(session.thread, f"session {session.id}: apply could not start: {exc}")
             self._release(session.id)
             return
-        from kagura_agent.membrane.leases.ledger import process_start
-
         self._progress[session.id] = progress
         self.registry.update(
             session.id, state="running", pid=run.pid, pid_start=process_start(run.pid)

@@ -26,8 +26,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
+from kagura_agent.apply.live import tool_call_detail
 from kagura_agent.brain.events import MAX_TEXT_CHARS
 from kagura_agent.clock import iso
+from kagura_agent.membrane.leases.ledger import owner_alive
+from kagura_agent.state import StateStore
 
 BATCH_SECONDS = 1.5
 MAX_BATCH_LINES = 40
@@ -90,8 +93,6 @@ def chat_line(line: str) -> str | None:
 def _brain_line(item: dict[str, Any]) -> str | None:
     kind = item.get("type")
     if kind == "tool_call":
-        from kagura_agent.apply.live import tool_call_detail
-
         detail = tool_call_detail(item.get("input") or {})
         return f"▸ {item.get('name')}: {detail[:DETAIL_CHARS]}"
     if kind == "error":
@@ -369,8 +370,6 @@ class AdoptedRun:
         self.poll = poll
 
     def alive(self) -> bool:
-        from kagura_agent.membrane.leases.ledger import owner_alive
-
         return owner_alive(self.pid, self.pid_start)
 
     def interrupt(self) -> None:
@@ -384,8 +383,6 @@ class AdoptedRun:
         return self.outcome()
 
     def outcome(self) -> RunOutcome:
-        from kagura_agent.state import StateStore
-
         with StateStore(self.state_path) as store:
             try:
                 row = store.conn.execute(
