@@ -183,8 +183,9 @@ def test_turn_from_plan() -> None:
     opted = turn_from_plan(plan).context.known_failures.splitlines()
     assert opted[1] == '- [untrusted] failure: "linkcheck timed out"'
     hosted = _golden("host-runtime")
-    host = turn_from_plan(hosted, prompt="and now?")
-    assert host.cwd == hosted["task"]["project_root"] and host.prompt == "and now?"
+    host = turn_from_plan(hosted)
+    assert host.cwd == hosted["task"]["project_root"]
+    assert host.prompt == hosted["task"]["prompt"]
     assert host.steps is None and host.engine == "sdk"
     assert host.permission_mode == hosted["brain"]["permission_mode"]
     assert host.engine_options == {"backend": None, "local_provider": None, "endpoint": None}

@@ -43,7 +43,6 @@ class ApplyOptions:
     as_json: bool = False
     who: str = ""
     clock: Clock = field(default_factory=SystemClock)
-    prompt: str | None = None  # a follow-up prompt (repl) instead of the task's
     # Approvals for this plan recorded since then count (the cockpit asked in chat).
     accept_since: datetime | None = None
 
@@ -147,7 +146,6 @@ class RunContext:
     live: LiveView
     clock: Clock
     approved: frozenset[str] = frozenset()
-    prompt: str | None = None  # a follow-up prompt instead of the task's
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,6 @@ def apply_plan(
             live=live,
             clock=options.clock,
             approved=frozenset(approved),
-            prompt=options.prompt,
         )
         return _locked(ctx)
 

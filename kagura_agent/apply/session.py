@@ -104,9 +104,7 @@ class _Turn:
             self.tally.resumed_from = checkpoint.step
             completed = checkpoint.step if self.plan["brain"]["engine"] == "script" else 0
             session_id = checkpoint.brain_session_id
-        turn = turn_from_plan(
-            self.plan, session_id=session_id, completed_steps=completed, prompt=self.ctx.prompt
-        )
+        turn = turn_from_plan(self.plan, session_id=session_id, completed_steps=completed)
         for lease in self.leases:
             await deliver(self.channel, lease)
         renewer = asyncio.create_task(self._keep_fresh())

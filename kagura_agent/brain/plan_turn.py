@@ -37,17 +37,17 @@ def turn_from_plan(
     *,
     session_id: str | None = None,
     completed_steps: int = 0,
-    prompt: str | None = None,
 ) -> Turn:
     """The Turn ``apply`` sends for ``plan``.
 
     The working directory is the container workdir, or the project root when the plan
-    says ``runtime: host``. ``prompt`` overrides the task's prompt (a repl follow-up);
-    ``session_id``/``completed_steps`` resume an engine session or script checkpoint.
+    says ``runtime: host``. ``session_id``/``completed_steps`` resume an engine session or
+    script checkpoint. (A follow-up prompt within one run, for steering from the cockpit,
+    would be a new Turn field; the repl instead runs each line as its own task of the same
+    brain session.)
     """
     task, brain, budget = plan["task"], plan["brain"], plan["budget"]
     steps = task["steps"]
-    use_prompt = prompt if prompt is not None else task["prompt"]
     parent = task.get("parent")  # only a dispatched child has one
     # The parent's handoff first, then the task's own context; each id once.
     memory_ids = dict.fromkeys(
@@ -55,8 +55,8 @@ def turn_from_plan(
     )
     return Turn(
         engine=brain["engine"],
-        prompt=None if steps is not None and prompt is None else (use_prompt or ""),
-        steps=None if steps is None or prompt is not None else tuple(_step(s) for s in steps),
+        prompt=None if steps is not None else (task["prompt"] or ""),
+        steps=None if steps is None else tuple(_step(s) for s in steps),
         context=TurnContext(
             known_failures=known_failures_text(
                 plan["memory"]["known_failures"],

@@ -105,6 +105,7 @@ def execute(plan: Plan, options: ApplyOptions, *, confirm: bool) -> int:
     from kagura_agent.cli.common import print_json
     from kagura_agent.errors import RefusedError
     from kagura_agent.plan.render import render_text
+    from kagura_agent.state import StateStore
     from kagura_agent.ui import Style
 
     if not options.as_json:
@@ -115,7 +116,8 @@ def execute(plan: Plan, options: ApplyOptions, *, confirm: bool) -> int:
         answer = input("Apply this plan? [y/N] ").strip().lower()
         if answer not in ("y", "yes"):
             raise RefusedError("not confirmed")
-    result = apply_plan(plan, options)
+    with StateStore() as store:
+        result = apply_plan(plan, options, store=store)
     if options.as_json:
         try:
             print_json({"ok": result.exit_code == 0, "errors": [], **result.to_json()})
