@@ -48,8 +48,8 @@ from kagura_agent.apply.incidents import record_incident
 from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.record import record_result
 from kagura_agent.apply.runs import apply_lock, close_run, new_run_id, open_run, sweep_dead_runs
-from kagura_agent.apply.session import drive_brain
 from kagura_agent.apply.tripwire import ContainerTraps, Tripwire
+from kagura_agent.apply.turn import drive_brain
 from kagura_agent.apply.verify import stop_agent, verify_in_fresh_container
 from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_prompt
 from kagura_agent.brain.channel import BrainChannel, ChannelLimits

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from kagura_agent.apply.context import BrainOutcome, RunContext, RunReport
 from kagura_agent.apply.hostmem import open_host_memory
-from kagura_agent.apply.session import drive_brain
+from kagura_agent.apply.turn import drive_brain
 from kagura_agent.apply.verify import verify_on_host
 from kagura_agent.brain.channel import BrainChannel
 from kagura_agent.brain.streams import start_local_entrypoint

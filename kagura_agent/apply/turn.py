@@ -4,6 +4,9 @@
 or a local entrypoint for ``runtime: host``); it returns what the turn came to as a
 :class:`~kagura_agent.apply.context.BrainOutcome` and always withdraws the credentials
 and stops the channel on its way out.
+
+(This module was apply/session.py; "session" now means the brain session a task names
+with ``spec.session`` and resumes, as in ``run --session``.)
 """
 
 from __future__ import annotations
