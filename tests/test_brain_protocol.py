@@ -6,10 +6,9 @@ import asyncio
 import json
 import socket
 import struct
-from pathlib import Path
-from typing import cast
 
 import pytest
+from golden import golden_plan
 
 from kagura_agent.brain import engines
 from kagura_agent.brain.engines import select_engine
@@ -27,9 +26,6 @@ from kagura_agent.brain.plan_turn import turn_from_plan
 from kagura_agent.brain.protocol import PERMISSION_MODES, Budget, Turn, TurnContext
 from kagura_agent.brain.streams import STDERR, STDOUT, DockerAttachStream, FrameDemuxer
 from kagura_agent.errors import ExitCode, SetupError, UsageError
-from kagura_agent.plan.model import Plan, check_shape
-
-PLANS = Path(__file__).parent / "plans"
 
 
 def test_events_round_trip_through_json() -> None:
@@ -153,15 +149,8 @@ def test_docker_attach_stream_over_a_socket() -> None:
     asyncio.run(scenario())
 
 
-def _golden(case: str) -> Plan:
-    """A compiled plan from a golden case (tests/plans/<case>/expected.json)."""
-    data = json.loads((PLANS / case / "expected.json").read_text())
-    check_shape(data, Plan)
-    return cast(Plan, data)
-
-
 def test_turn_from_plan() -> None:
-    plan = _golden("known-failures")
+    plan = golden_plan("known-failures")
     plan["task"]["parent"] = {
         "task": "parent",
         "run": "r1",
@@ -182,7 +171,7 @@ def test_turn_from_plan() -> None:
     plan["task"]["context"]["include_untrusted"] = True
     opted = turn_from_plan(plan).context.known_failures.splitlines()
     assert opted[1] == '- [untrusted] failure: "linkcheck timed out"'
-    hosted = _golden("host-runtime")
+    hosted = golden_plan("host-runtime")
     host = turn_from_plan(hosted)
     assert host.cwd == hosted["task"]["project_root"]
     assert host.prompt == hosted["task"]["prompt"]

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from golden import golden_plan
 
 from kagura_agent.apply.hostmem import HostMemory, open_host_memory
 from kagura_agent.brain.plan_turn import turn_from_plan
@@ -157,10 +158,9 @@ def test_the_host_filter_holds_even_when_a_backend_ignores_the_flag(tmp_path: Pa
 
 
 def test_open_host_memory_takes_the_tier_from_the_plan(tmp_path: Path, state_dir: Path) -> None:
-    plan = {
-        "memory": {"backend": "sqlite", "location": str(tmp_path / "memory.db")},
-        "task": {"name": "deploy", "context": {"include_untrusted": False}},
-    }
+    plan = golden_plan("hello-script")
+    plan["memory"]["location"] = str(tmp_path / "memory.db")
+    assert plan["task"]["context"]["include_untrusted"] is False
     store, trusted, _ = _store(tmp_path)
     store.close()
     host = open_host_memory(plan, "run-1")

@@ -267,11 +267,11 @@ def _run_in_container(
     cleanup.callback(_remove_verify_leftovers, runtime, run_id, live)
     stoppable: list[str] = []  # the agent's container, once it exists
     tripwire = Tripwire(
-        dict(plan.get("tripwires") or {}),
+        dict(plan["tripwires"]),
         lambda reason: _stop_now(runtime, stoppable, live, f"hijack tripwire: {reason}"),
     )
-    knobs = dict(plan.get("tripwires") or {})
-    traps = ContainerTraps(tripwire, knobs, str(plan["hardening"].get("user") or "1000:1000"))
+    knobs = dict(plan["tripwires"])
+    traps = ContainerTraps(tripwire, knobs, plan["hardening"]["user"])
     live.watchers.append(lambda event: tripwire.scan("the brain's output", event))
     live.redactor.add(tripwire.canary)  # fake, but shown like the secret it pretends to be
 
@@ -362,8 +362,8 @@ async def _drive(
 ) -> BrainOutcome:
     brain = ctx.plan["brain"]
     limits = ChannelLimits(
-        max_line_bytes=int(brain.get("max_line_bytes", 1024 * 1024)),
-        idle_seconds=float(brain.get("idle_timeout_seconds", 300)),
+        max_line_bytes=brain["max_line_bytes"],
+        idle_seconds=float(brain["idle_timeout_seconds"]),
     )
     channel = BrainChannel(
         stream,
@@ -434,7 +434,7 @@ def _watch_disk(ctx: RunContext, runtime: ApplyRuntime, container_id: str) -> Di
     def over(reason: str) -> None:
         _stop_now(runtime, [container_id], ctx.live, reason)
 
-    budget = int(ctx.plan["budget"].get("disk_bytes") or 1024**3)
+    budget = ctx.plan["budget"]["disk_bytes"]
     return DiskWatch(ctx.plan["task"]["project_root"], budget, over).start()
 
 

@@ -123,8 +123,8 @@ class HostMemory:
 def open_host_memory(plan: Plan, run_id: str) -> HostMemory:
     """The memory server for ``plan``'s run, with the task's trust filter."""
     store = open_memory(plan["memory"])
-    include = bool(plan["task"].get("context", {}).get("include_untrusted"))
-    kind = plan["task"].get("kind") or plan["task"]["name"]
+    include = plan["task"]["context"]["include_untrusted"]
+    kind = plan["task"]["kind"]
     return HostMemory(store, run_id, kind, include_untrusted=include)
 
 

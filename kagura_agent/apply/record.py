@@ -29,7 +29,7 @@ def record_result(ctx: RunContext, result: RunResult) -> str | None:
     """Store ``result`` (its outcome already decided); the child output memory's id, if any."""
     store, plan, run_id, clock, live = ctx.store, ctx.plan, ctx.run_id, ctx.clock, ctx.live
     success = result.success
-    task_kind = plan["task"].get("kind") or plan["task"]["name"]
+    task_kind = plan["task"]["kind"]
     # Graduation evidence goes first, so no later failure (a memory backend down, say) can
     # skip it. It comes only from the host-side verify exit codes; a brain error counts
     # against the run (fail closed), a brain's claim of success counts for nothing.
@@ -151,14 +151,14 @@ def _record_child_output(memory: MemoryStore, plan: Plan, run_id: str, result: R
 def _run_shape(plan: Plan) -> dict[str, Any]:
     """What failure learning compares between a failed run and a later success."""
     granted = [a["category"] for a in plan["approvals"] if a["class"] != "denied"]
-    return run_shape(plan["task"].get("steps"), plan["task"].get("prompt"), granted)
+    return run_shape(plan["task"]["steps"], plan["task"]["prompt"], granted)
 
 
 def _what_ran(plan: Plan) -> str:
-    steps = plan["task"].get("steps")
+    steps = plan["task"]["steps"]
     if steps:
         return "; ".join(steps)[:300]
-    return (plan["task"].get("prompt") or "")[:300]
+    return (plan["task"]["prompt"] or "")[:300]
 
 
 def _failure_summary(result: RunResult) -> str:

@@ -58,7 +58,7 @@ def open_run(store: StateStore, plan: Plan, run_id: str, clock: Clock) -> None:
             (
                 run_id,
                 plan["task"]["name"],
-                plan["task"].get("session"),
+                plan["task"]["session"],
                 plan["fingerprint"],
                 os.getpid(),
                 process_start(os.getpid()),

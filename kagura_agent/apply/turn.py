@@ -150,7 +150,7 @@ class _Turn:
     def _checkpoint(self, step: int, session_id: str | None) -> None:
         if not self.session:
             return
-        steps = self.plan["task"].get("steps") or []
+        steps = self.plan["task"]["steps"] or []
         budget = self.plan["budget"]
         save_checkpoint(
             self.ctx.store,
@@ -160,9 +160,9 @@ class _Turn:
                 pending=tuple(steps[step:]),
                 brain_session_id=session_id,
                 budget_left={
-                    "turns": budget.get("turns"),
-                    "wall_seconds": budget.get("wall_seconds"),
-                    "cost_usd": budget.get("cost_usd"),
+                    "turns": budget["turns"],
+                    "wall_seconds": budget["wall_seconds"],
+                    "cost_usd": budget["cost_usd"],
                 },
                 plan_fingerprint=self.plan["fingerprint"],
                 owner=session_owner(self.plan["task"]["project_root"], self.plan["task"]["kind"]),
