@@ -64,6 +64,7 @@ def test_existing_store_is_backfilled_from_the_index(tmp_path: Path) -> None:
         conn.execute("DROP TABLE memory_terms")
         conn.execute("DROP TABLE memory_totals")
         conn.execute("DROP INDEX memories_filter")  # v4
+        conn.execute("ALTER TABLE edges DROP COLUMN details")  # v5
         conn.execute(
             "UPDATE schema_versions SET version = ? WHERE component = ?",
             (MIGRATIONS.index(terms.MIGRATION), COMPONENT),
