@@ -121,7 +121,13 @@ def _inspect_image_fast(ref: str, timeout: float) -> dict[str, Any] | None:
         conn.close()
 
 
-def daemon_info(timeout: float = 3.0) -> dict[str, Any] | None:
+# A daemon that answers slowly (busy with many containers) is still a daemon: a fact
+# that times out makes ``apply`` think the saved plan is stale, so the wait is generous.
+# An absent daemon refuses the connection at once; this bounds only a hung one.
+FACT_TIMEOUT_SECONDS = 15.0
+
+
+def daemon_info(timeout: float = FACT_TIMEOUT_SECONDS) -> dict[str, Any] | None:
     """``docker info`` over the unix socket (no docker-py); None when no daemon answers."""
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     if not host.startswith("unix://"):
@@ -153,7 +159,7 @@ def _inspect_image_docker_py(ref: str, timeout: float) -> dict[str, Any] | None:
         return None
 
 
-def local_image_digest(ref: str, *, timeout: float = 3.0) -> str | None:
+def local_image_digest(ref: str, *, timeout: float = FACT_TIMEOUT_SECONDS) -> str | None:
     """The local image ID (``sha256:…``) of ``ref``; None when absent or no daemon answers."""
     found = _inspect_image_fast(ref, timeout)
     return str(found["Id"]) if found else None
