@@ -168,3 +168,32 @@ def test_an_older_schema_is_read_fail_closed_and_not_migrated(
     with closing(sqlite3.connect(state_dir / STATE_FILE)) as conn:
         versions = dict(conn.execute("SELECT component, version FROM schema_versions"))
     assert versions["graduation"] == 1
+
+
+def test_a_store_a_writer_holds_open_is_read_through_its_wal(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """While apply holds state.db open, its last commits are still in the WAL: plan reads
+    them (mode=ro through the existing -wal/-shm) and adds no file of its own."""
+    state_dir.mkdir()
+    [plan] = plan_tasks(None, [TASK])
+    writer = StateStore(state_dir / STATE_FILE)
+    try:
+        history.record_applied(writer, plan, "2026-12-01T00:00:00Z")
+        names = sorted(p.name for p in state_dir.iterdir())
+        assert names == [STATE_FILE, STATE_FILE + "-shm", STATE_FILE + "-wal"]
+        main_file = (state_dir / STATE_FILE).read_bytes()
+        done = subprocess.run(
+            [sys.executable, "-m", "kagura_agent", "plan", TASK],
+            env={**os.environ, "KAGURA_AGENT_STATE_DIR": str(state_dir), "NO_COLOR": "1"},
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "no changes against the last applied plan" in done.stdout, done.stdout
+        assert sorted(p.name for p in state_dir.iterdir()) == names
+        assert (state_dir / STATE_FILE).read_bytes() == main_file  # nothing checkpointed
+    finally:
+        writer.close()
