@@ -158,10 +158,20 @@ class FakeDiscord(FakeServer):
         *,
         guild: str | None = None,
         bot: bool = False,
+        reply_to: str | None = None,
     ) -> str:
-        """Dispatch MESSAGE_CREATE for a message ``user`` wrote; return its id."""
+        """Dispatch MESSAGE_CREATE for a message ``user`` wrote (a reply to the message
+        ``reply_to``, as Discord's Reply does); return its id."""
         author = _user(user, f"user{user[-4:]}", bot=bot)
         message = self._message(channel, author, content, guild=guild)
+        if reply_to is not None:
+            with self._cond:
+                referenced = self._messages.get(reply_to)
+            message.update(
+                type=19,  # REPLY
+                message_reference={"type": 0, "message_id": reply_to, "channel_id": channel},
+                referenced_message=referenced,
+            )
         if guild is not None:
             message["member"] = _member()
         self._push("MESSAGE_CREATE", message)

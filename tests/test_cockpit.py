@@ -150,6 +150,8 @@ def _task(base: Path, name: str, steps: list[str], **spec: Any) -> Path:
         ("plan a.yml", "plan", "a.yml", ""),
         ("status", "status", "", ""),
         ("kill s-abc123", "kill", "s-abc123", ""),
+        ("say s-abc123 also the README", "say", "s-abc123 also the README", ""),
+        ("say s-abc123", "say", "", "say needs a session and the text to send it"),
         ("approve s-1", "approve", "s-1", ""),
         ("", "help", "", ""),
         ("launch", "launch", "", "launch needs an argument"),
@@ -640,7 +642,8 @@ def test_the_stop_button_stops_a_run_and_the_thread_is_told_what_it_left(
         (run_id,) = run_ids(state_dir)
         assert len(live_leases(cli_env(state_dir))) == 1
         transport.send("please also update the README")  # a reply in the running thread
-        transport.wait_for(f"session {session.id} is running, and a message cannot reach")
+        # The script engine takes none (an agent image older than steering does not answer)
+        transport.wait_for("↳ message 1 did not reach the brain: ", timeout=120)
         transport.send(action="kill", request=session.id, user=MALLORY)
         transport.wait_for("only this cockpit's operators may kill")
         transport.send(action="kill", request=session.id)
@@ -781,6 +784,14 @@ def test_a_scripted_session_on_the_terminal_long_answer_whole_and_a_kill(
         until("egress:docs graduated by terminal:")
         type_in("run say: 400")
         until("(exit 0)")
+        steered = len(lines)  # steering from the terminal: `say SESSION TEXT`
+        type_in("run run: sleep 6")
+        until("  stop it: kill s-", since=steered)
+        target = next(x for x in lines[steered:] if "stop it: kill" in x).split()[-1]
+        until("▸ Bash: sleep 6", since=steered)
+        type_in(f"say {target} and also list the README")
+        until("Heard mid-run: and also list the README", since=steered)
+        until("(exit 0)", since=steered)
         launched = len(lines)
         type_in(f"launch {stoppable}")
         until("  stop it: kill s-", since=launched)
@@ -799,6 +810,7 @@ def test_a_scripted_session_on_the_terminal_long_answer_whole_and_a_kill(
     shown = [x.rstrip("\n") for x in lines[opened + 1 : closed]]
     assert shown[1:] == [*long_answer_lines(), "END OF THE LONG ANSWER"]  # whole, in order
     assert "✓ final answer: the text above" in out
+    assert "↳ message 1 reached the brain as its next user message" in out
     assert f"session {session}: stopping (asked by terminal:" in out
     assert "leases: 1 revoked, none open; containers, networks and volumes: none left" in out
     for run_id in run_ids(state_dir):
@@ -1085,3 +1097,57 @@ def test_a_graduation_proposal_the_chat_did_not_take_is_asked_again(
         "timeout",
         "the cockpit stopped before anyone answered",
     )
+
+
+@pytest.mark.docker
+def test_a_reply_in_a_running_sessions_thread_reaches_its_brain_mid_run(
+    cockpit_world: Any, docker_client: Any, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steering: `run run: sleep 6` (the sdk engine against the fake claude); while its
+    Bash sleeps, an operator's reply in the thread goes to apply, over the channel into the
+    container, into the SDK's streaming input; the CLI answers it as the next user message
+    (the fake echoes it) and the run ends once both are answered. A stranger's reply does
+    not reach it."""
+    from chat_helpers import API_KEY
+
+    from testing.agent_test_image import ensure_agent_test_image
+
+    transport, _start, base, _ = cockpit_world
+    monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
+    image = ensure_agent_test_image(docker_client)
+    manifests = manifest_set(
+        base / "steer",
+        {
+            "kind": "Image",
+            "metadata": {"name": "agent-test"},
+            "spec": {"recipe": "images/agent", "tag": image, "baseline": True},
+        },
+    )
+    cockpit = Cockpit(
+        transport,
+        CockpitConfig(
+            operators=frozenset({ALICE}),
+            manifests=str(manifests),
+            project_root=make_project(base, "steered"),
+            image="agent-test",
+        ),
+    )
+    thread = threading.Thread(target=cockpit.serve, daemon=True)
+    thread.start()
+    try:
+        transport.send("run run: sleep 6")
+        transport.wait_for("▸ Bash: sleep 6", timeout=180)
+        transport.send("and also list the README", user=MALLORY)
+        transport.wait_for("only this cockpit's operators may say")
+        transport.send("and also list the README")
+        out = transport.wait_for("(exit 0)", timeout=120)
+    finally:
+        transport.stop()
+        thread.join(60)
+    assert f"message from test:{ALICE} sent to its brain" in out
+    assert "↳ message 1 reached the brain as its next user message" in out
+    assert "💬 Heard mid-run: and also list the README" in out
+    assert out.index("💬 Ran the command.") < out.index("💬 Heard mid-run")
+    (session,) = cockpit.sessions()
+    assert session.state == "succeeded"
+    assert leftovers(docker_client, session.run_id or "") == []

@@ -142,6 +142,27 @@ def test_ask_posts_approve_and_deny_buttons_carrying_the_request(
     ]
 
 
+def test_a_reply_to_the_bots_answer_belongs_to_the_launch_thread(
+    discord: FakeDiscord, running: Running
+) -> None:
+    """Discord has no threads here: a session's thread is its launch message, the bot
+    answers by replying to it, and a person's reply to one of those answers (or to the
+    launch itself) is in that thread — how a reply reaches a running session."""
+    launch = discord.send_message(ALICE, DM, "run something long")
+    assert running.next_event().thread == f"{DM}:{launch}"
+    running.transport.say(f"{DM}:{launch}", "session s-1 is running")
+    (answer,) = discord.wait_for_posts(1)
+
+    discord.send_message(ALICE, DM, "and the README too", reply_to=answer.id)
+    discord.send_message(ALICE, DM, "one more thing", reply_to=launch)
+    discord.send_message(ALICE, DM, "status")
+
+    first, second, third = running.next_event(), running.next_event(), running.next_event()
+    assert (first.thread, first.text) == (f"{DM}:{launch}", "and the README too")
+    assert (second.thread, second.text) == (f"{DM}:{launch}", "one more thing")
+    assert third.thread != f"{DM}:{launch}"  # not a reply: a thread of its own
+
+
 def test_the_stop_button_comes_back_as_a_kill(discord: FakeDiscord, running: Running) -> None:
     asked = discord.send_message(ALICE, DM, "launch task.yml")
     running.next_event()
@@ -516,6 +537,11 @@ def test_a_scripted_session_on_discord_long_answer_whole_and_a_stop(
             asked = fake.send_message(ALICE, DM, "run say: 400")
             attached = _wait_post(fake, lambda p: bool(p.files), timeout=180)
             _wait_post(fake, lambda p: "(exit 0)" in _content(p), timeout=120)
+            # Steering: a reply to the running session's answer reaches its brain.
+            steered = fake.send_message(ALICE, DM, "run run: sleep 6")
+            running_post = _wait_post(fake, lambda p: "▸ Bash: sleep 6" in _content(p), 120)
+            fake.send_message(ALICE, DM, "and also list the README", reply_to=running_post.id)
+            _wait_post(fake, lambda p: "Heard mid-run: and also list the README" in _content(p))
             stopping = fake.send_message(ALICE, DM, f"launch {stoppable}")
             stop = _wait_post(
                 fake,
@@ -545,6 +571,12 @@ def test_a_scripted_session_on_discord_long_answer_whole_and_a_stop(
     assert all(line in content for line in long_answer_lines())
     assert content.rstrip().endswith("END OF THE LONG ANSWER")
     assert "✓ final answer: the text above" in said
+    in_thread = "\n".join(
+        _content(p) for p in fake.posts
+        if str((p.payload.get("message_reference") or {}).get("message_id")) == steered
+    )  # fmt: skip
+    assert "↳ message 1 reached the brain as its next user message" in in_thread
+    assert "💬 Heard mid-run: and also list the README" in in_thread
     session = custom_id.partition(":")[2]
     assert f"session {session}: stopping (asked by discord:{ALICE})" in said
     assert "leases: 1 revoked, none open; containers, networks and volumes: none left" in said

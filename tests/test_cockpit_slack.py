@@ -499,6 +499,12 @@ def test_a_scripted_session_on_slack_long_answer_whole_and_a_stop(
             slack.send_message(ALICE, DM, "run say: 400", ts=asked)
             (upload,) = slack.wait_for_uploads(1, timeout=180)
             _wait_posts(slack, lambda p: "(exit 0)" in _text(p), timeout=120)
+            # Steering: a reply in a running session's thread reaches its brain.
+            steered = "1700000000.000150"
+            slack.send_message(ALICE, DM, "run run: sleep 6", ts=steered)
+            _wait_posts(slack, lambda p: "▸ Bash: sleep 6" in _text(p), timeout=120)
+            slack.send_message(ALICE, DM, "and also list the README", thread_ts=steered)
+            _wait_posts(slack, lambda p: "Heard mid-run: and also list the README" in _text(p))
             stopping = "1700000000.000200"
             slack.send_message(ALICE, DM, f"launch {stoppable}", ts=stopping)
 
@@ -529,6 +535,10 @@ def test_a_scripted_session_on_slack_long_answer_whole_and_a_stop(
     assert content.rstrip().endswith("END OF THE LONG ANSWER")
     assert "(" in upload.initial_comment and "whole in" in upload.initial_comment
     assert "✓ final answer: the text above" in said
+    # The steering: the message reached the brain, in that session's thread.
+    in_thread = "\n".join(_text(p) for p in slack.posts if p.payload.get("thread_ts") == steered)
+    assert "↳ message 1 reached the brain as its next user message" in in_thread
+    assert "💬 Heard mid-run: and also list the README" in in_thread
     # The stop.
     assert f"session {session}: stopping (asked by slack:{ALICE})" in said
     assert "leases: 1 revoked, none open; containers, networks and volumes: none left" in said

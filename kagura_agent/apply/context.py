@@ -45,6 +45,8 @@ class ApplyOptions:
     clock: Clock = field(default_factory=SystemClock)
     # Approvals for this plan recorded since then count (the cockpit asked in chat).
     accept_since: datetime | None = None
+    # Messages for the running brain arrive on stdin, one JSON object a line (the cockpit).
+    steer_stdin: bool = False
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,7 @@ class RunContext:
     live: LiveView
     clock: Clock
     approved: frozenset[str] = frozenset()
+    steer_stdin: bool = False  # stdin carries messages for the running brain
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,7 @@ def apply_plan(
             live=live,
             clock=options.clock,
             approved=frozenset(approved),
+            steer_stdin=options.steer_stdin,
         )
         return _locked(ctx)
 

@@ -14,6 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
+import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -90,6 +93,16 @@ class _Tally:
         return BrainOutcome(**dataclasses.asdict(self))
 
 
+def _read_lines(loop: asyncio.AbstractEventLoop, into: asyncio.Queue[str | None]) -> None:
+    """stdin's lines onto ``into`` (from a thread: reading a pipe blocks), then None."""
+    try:
+        for line in sys.stdin:
+            loop.call_soon_threadsafe(into.put_nowait, line)
+        loop.call_soon_threadsafe(into.put_nowait, None)
+    except RuntimeError:  # the loop is gone: the run ended
+        pass
+
+
 class _Turn:
     def __init__(self, ctx: RunContext, channel: BrainChannel, leases: Sequence[Lease]) -> None:
         self.ctx = ctx
@@ -98,6 +111,28 @@ class _Turn:
         self.leases = leases
         self.session = ctx.plan["task"]["session"]
         self.tally = _Tally()
+
+    async def _steer(self) -> None:
+        """Steering (``--steer-stdin``): each stdin line ``{"text": ...}`` goes to the brain
+        as its next user message; the run's record says whether the engine took it."""
+        lines: asyncio.Queue[str | None] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=_read_lines, args=(loop, lines), daemon=True).start()
+        number = 0
+        while (line := await lines.get()) is not None:
+            try:
+                text = json.loads(line)["text"]
+                if not isinstance(text, str):
+                    raise TypeError
+            except (ValueError, KeyError, TypeError):
+                self.ctx.live.note('steering: ignored a line that is not {"text": "..."}')
+                continue
+            number += 1
+            taken, reason = await self.channel.send_user_message(number, text)
+            if taken:
+                self.ctx.live.note(f"↳ message {number} reached the brain as its next user message")
+            else:
+                self.ctx.live.note(f"↳ message {number} did not reach the brain: {reason}")
 
     async def run(self) -> BrainOutcome:
         checkpoint = resume(self.ctx.store, self.session)
@@ -111,14 +146,17 @@ class _Turn:
         for lease in self.leases:
             await deliver(self.channel, lease)
         renewer = asyncio.create_task(self._keep_fresh())
+        steering = asyncio.create_task(self._steer()) if self.ctx.steer_stdin else None
         try:
             async for event in self.channel.run_turn(turn):
                 self.ctx.live.brain(event)
                 self._observe(event)
         finally:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            for task in (renewer, steering):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             self.ctx.live.flush_text()
             # The executor's own re-attempts: lease renewals that failed and were retried.
             self.tally.retries += sum(lease.retries for lease in self.leases)

@@ -30,7 +30,7 @@ from kagura_agent.brain.streams import DuplexStream, StreamClosed
 from kagura_agent.errors import SetupError
 
 Callback = Callable[[], Awaitable[None] | None]
-_ACKS = ("credentials-applied", "credentials-revoked")
+_ACKS = ("credentials-applied", "credentials-revoked", "user-message-taken")
 
 
 class MemoryRefused(Exception):
@@ -135,6 +135,16 @@ class BrainChannel:
         """Wipe a lease's files and env inside the container and wait for the ack."""
         msg = {"type": "revoke-credentials", "lease": lease}
         await self._request_ack("credentials-revoked", lease, msg)
+
+    async def send_user_message(self, number: int, text: str) -> tuple[bool, str]:
+        """Steering: ``text`` as the running turn's next user message. Returns whether the
+        engine took it, and why not (an engine that takes no mid-run input says so)."""
+        msg = {"type": "user-message", "lease": str(number), "text": text}
+        try:
+            ack = await self._request_ack("user-message-taken", str(number), msg)
+        except SetupError:
+            return False, "the brain did not answer"
+        return bool(ack.get("taken")), str(ack.get("reason") or "")
 
     async def run_turn(self, turn: Turn) -> AsyncIterator[BrainEvent]:
         """Send one turn and yield its events; the last is always done or error.

@@ -6,6 +6,7 @@ Reads JSON lines on stdin from the host::
     {"type": "credentials", "lease": id, "files": {...}, "env": {...}}
     {"type": "revoke-credentials", "lease": id}
     {"type": "memory-result", "request": n, "ok": bool, "result": ..., "error": ...}
+    {"type": "user-message", "lease": n, "text": ...}   steering: the next user message
     {"type": "stop"}
 
 and writes JSON lines on stdout: brain events (see events.py) plus the control lines
@@ -93,6 +94,7 @@ class Entrypoint:
         self.creds = creds
         self.memory = memory
         self.turn_task: asyncio.Task[None] | None = None
+        self.engine: Any = None  # the running turn's engine (steering goes to it)
         self.socket_path: str | None = None
 
     def handle(self, msg: dict[str, Any]) -> bool:
@@ -110,6 +112,8 @@ class Entrypoint:
             self.out.send({"type": "credentials-revoked", "lease": lease})
         elif kind == "memory-result":
             self.memory.resolve(msg)
+        elif kind == "user-message":
+            self._user_message(msg)
         elif kind == "turn":
             if self.turn_task is not None and not self.turn_task.done():
                 self._emit(ErrorEvent(message="a turn is already running", code="protocol"))
@@ -118,6 +122,22 @@ class Entrypoint:
         else:
             print(f"entrypoint: ignored message type {kind!r}", file=sys.stderr)
         return True
+
+    def _user_message(self, msg: dict[str, Any]) -> None:
+        """Steering: hand ``text`` to the running engine if it takes mid-run input."""
+        number, text = str(msg.get("lease", "")), msg.get("text")
+        engine = self.engine if self.turn_task is not None and not self.turn_task.done() else None
+        steer = getattr(engine, "steer", None)
+        if not isinstance(text, str) or not text.strip():
+            taken, reason = False, "an empty message"
+        elif engine is None:
+            taken, reason = False, "no turn is running"
+        elif steer is None:
+            taken, reason = False, f"the {engine.name} engine takes no message mid-run"
+        else:
+            taken, reason = steer(text)
+        self.out.send({"type": "user-message-taken", "lease": number, "taken": taken,
+                       "reason": reason})  # fmt: skip
 
     def _credentials(self, msg: dict[str, Any]) -> None:
         lease = str(msg.get("lease", ""))
@@ -156,6 +176,7 @@ class Entrypoint:
         except KaguraError as exc:
             self._emit(ErrorEvent(message=exc.message, code="setup"))
             return
+        self.engine = brain
         env = {**turn.env, **self.creds.env()}
         if self.socket_path:
             env[MEMORY_SOCKET_ENV] = self.socket_path

@@ -28,6 +28,13 @@ def register(subparsers: Any) -> None:
         help="also accept approvals recorded for this exact plan since ISO (UTC) — how the"
         " serve cockpit hands over what its operators approved in chat",
     )
+    parser.add_argument(
+        "--steer-stdin",
+        action="store_true",
+        help="read messages for the running brain on stdin, one JSON object a line"
+        ' ({"text": ...}): each reaches it as the next user message where its engine takes'
+        " one — how the serve cockpit relays a thread reply",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -71,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     if target.suffix == ".json":
         plan = planfile.load(target)
         check_saved_plan_fresh(plan)
-        return execute(plan, apply_options(args, accept_since=args.approvals_since), confirm=False)
+        options = apply_options(args, accept_since=args.approvals_since)
+        options.steer_stdin = args.steer_stdin
+        return execute(plan, options, confirm=False)
     from kagura_agent.errors import UsageError
     from kagura_agent.plan.build import plan_tasks
 

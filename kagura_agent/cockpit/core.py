@@ -34,7 +34,7 @@ from typing import Any
 from kagura_agent.apply.executor import ApplyOptions, refuse_unapplyable
 from kagura_agent.approvals import record_decision
 from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
-from kagura_agent.cockpit.intents import HELP, classify
+from kagura_agent.cockpit.intents import HELP, Intent, classify
 from kagura_agent.cockpit.registry import Registry, Session, new_session_id
 from kagura_agent.cockpit.runner import (
     AdoptedRun,
@@ -204,17 +204,11 @@ class Cockpit:
             return
         if intent.problem:
             running = self._running_in(event.thread) if intent.kind == "unknown" else None
-            if running is not None:  # a reply in a running session's thread
-                self._say(
-                    event.thread,
-                    f"session {running} is running, and a message cannot reach its brain"
-                    " mid-run: no engine takes one from chat in this version. Say"
-                    f" `kill {running}` to stop it, or `continue {running} TEXT` after it"
-                    " ends (for `run` sessions)",
-                )
+            if running is None:
+                self._say(event.thread, f"{intent.problem}; say `help` for the commands")
                 return
-            self._say(event.thread, f"{intent.problem}; say `help` for the commands")
-            return
+            # A reply in a running session's thread: a message for its brain.
+            intent = Intent("say", f"{running} {event.text.strip()}")
         if event.user not in self.config.operators:
             self._say(event.thread, f"only this cockpit's operators may {intent.kind}; ignored")
             return
@@ -234,6 +228,9 @@ class Cockpit:
             self._answer(event, intent.argument, approved=intent.kind == "approve")
         elif intent.kind == "kill":
             self._kill(event, intent.argument)
+        elif intent.kind == "say":
+            session_id, _, text = intent.argument.partition(" ")
+            self._steer(event, session_id, text)
 
     def _running_in(self, thread: str) -> str | None:
         """The session running (or queued) in ``thread``, if any."""
@@ -440,6 +437,24 @@ class Cockpit:
         )
         if event.thread != session.thread:
             self._say(event.thread, f"stopping session {session_id}; its thread follows it")
+
+    def _steer(self, event: Event, session_id: str, text: str) -> None:
+        """Steering: ``text`` to the running session's apply, which hands it to the brain
+        as its next user message where the engine takes one (the thread is told which)."""
+        with self._lock:
+            run = self._runs.get(session_id)
+            session = self._active.get(session_id)
+        if run is None or session is None:
+            known = self.registry.get(session_id)
+            state = known.state if known is not None else "unknown"
+            self._say(event.thread, f"session {session_id} is not running here ({state})")
+            return
+        problem = run.steer(text)
+        if problem is not None:
+            self._say(event.thread, f"session {session_id}: the message was not sent: {problem}")
+            return
+        who = f"{event.transport}:{event.user}"
+        self._say(session.thread, f"session {session_id}: message from {who} sent to its brain")
 
     def _status(self, event: Event) -> None:
         """Every open session (then the latest ended ones): state, age, cost so far, what

@@ -234,8 +234,21 @@ class DiscordTransport:
         if message.type.value not in (0, 19):  # DEFAULT and REPLY are what people type
             return
         text = _strip_mention(message.content or "", self._bot_user)
-        thread = f"{message.channel.id}:{message.id}"
+        thread = f"{message.channel.id}:{self._anchor(message)}"
         self._inbox.put(Event(self.name, str(author.id), thread, text))
+
+    def _anchor(self, message: Any) -> Any:
+        """The message a thread hangs on: a reply to one of the bot's answers belongs to
+        the message that answer replies to (a session's launch), a reply to a person's
+        message to that message; anything else starts a thread of its own."""
+        reference = message.reference
+        if reference is None or reference.message_id is None:
+            return message.id
+        replied = reference.resolved
+        own = getattr(getattr(replied, "author", None), "id", None)
+        if replied is not None and str(own) == self._bot_user and replied.reference is not None:
+            return replied.reference.message_id or reference.message_id
+        return reference.message_id
 
     def _on_press(self, interaction: Any) -> None:
         custom_id = str((interaction.data or {}).get("custom_id", ""))

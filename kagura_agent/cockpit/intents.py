@@ -8,6 +8,8 @@ gets the help text back: no language model reads chat text inside the trusted co
     launch TASK.yml            plan, ask for any approval it needs, then apply it
     run TEXT                   the same for a one-off task, as `kagura-agent run "TEXT"`
     continue SESSION TEXT      a follow-up in that one-off task's brain session (as `repl`)
+    say SESSION TEXT           steering: TEXT reaches that running session's brain as its
+                               next user message (a reply in its thread does the same)
     status                     the sessions of this cockpit
     kill SESSION               stop a session: a running one is interrupted (it cleans
                                up, exit 130; the ❌ Stop button does the same), a queued
@@ -25,7 +27,17 @@ from typing import Literal
 from kagura_agent.cockpit.transport import Event
 
 Kind = Literal[
-    "help", "plan", "launch", "run", "continue", "status", "kill", "approve", "deny", "unknown"
+    "help",
+    "plan",
+    "launch",
+    "run",
+    "continue",
+    "say",
+    "status",
+    "kill",
+    "approve",
+    "deny",
+    "unknown",
 ]
 
 _VERBS: dict[str, Kind] = {
@@ -35,6 +47,7 @@ _VERBS: dict[str, Kind] = {
     "apply": "launch",
     "run": "run",
     "continue": "continue",
+    "say": "say",
     "status": "status",
     "kill": "kill",
     "stop": "kill",
@@ -42,7 +55,7 @@ _VERBS: dict[str, Kind] = {
     "deny": "deny",
 }
 # Verbs that name their object: without one they are a usage mistake, not a command.
-_NEEDS_ARGUMENT = {"plan", "launch", "run", "continue", "kill", "approve", "deny"}
+_NEEDS_ARGUMENT = {"plan", "launch", "run", "continue", "say", "kill", "approve", "deny"}
 
 HELP = """\
 commands:
@@ -51,6 +64,8 @@ commands:
   run TEXT            the same for a one-off task from TEXT (an LLM brain)
   continue SESSION TEXT
                       a follow-up in that run's brain session
+  say SESSION TEXT    TEXT to that running session's brain, as its next user
+                      message (a reply in the session's thread does the same)
   status              sessions of this cockpit
   kill SESSION        stop a session (its ❌ Stop button does the same)
   approve REQUEST     approve a pending request (or press its button): a
@@ -85,8 +100,8 @@ def classify(event: Event) -> Intent:
     argument = " ".join(words[1:])
     if kind in _NEEDS_ARGUMENT and not argument:
         return Intent(kind, problem=f"{words[0].lower()} needs an argument")
-    if kind == "continue" and len(words) < 3:
-        return Intent(kind, problem="continue needs a session and the text to send it")
+    if kind in ("continue", "say") and len(words) < 3:
+        return Intent(kind, problem=f"{kind} needs a session and the text to send it")
     if kind not in _NEEDS_ARGUMENT and argument:
         return Intent(kind, problem=f"{words[0].lower()} takes no argument")
     return Intent(kind, argument)

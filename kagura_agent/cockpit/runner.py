@@ -59,7 +59,7 @@ class Progress:
 
 
 def apply_argv(plan_path: Path, approvals_since: datetime | None) -> list[str]:
-    argv = [sys.executable, "-m", "kagura_agent", "apply", "--yes", "--json"]
+    argv = [sys.executable, "-m", "kagura_agent", "apply", "--yes", "--json", "--steer-stdin"]
     if approvals_since is not None:
         argv += ["--approvals-since", iso(approvals_since)]
     return [*argv, str(plan_path)]
@@ -304,9 +304,10 @@ class ApplyProcess:
         child_env = {**(env if env is not None else os.environ), "NO_COLOR": "1"}
         # Its own process group: a Ctrl-C at the cockpit's terminal reaches the cockpit,
         # which interrupts each run itself, in order.
+        # stdin carries steering: one {"text": ...} line per message for the running brain.
         self.process = subprocess.Popen(
             list(argv),
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -321,6 +322,18 @@ class ApplyProcess:
     def interrupt(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
+
+    def steer(self, text: str) -> str | None:
+        """Hand ``text`` to the run (apply passes it to the brain); None, or why not."""
+        stdin = self.process.stdin
+        if stdin is None or self.process.poll() is not None:
+            return "its apply has ended"
+        try:
+            stdin.write(json.dumps({"text": text}) + "\n")
+            stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            return "its apply has ended"
+        return None
 
     def wait(self) -> RunOutcome:
         stdout: list[str] = []
@@ -337,6 +350,9 @@ class ApplyProcess:
                 if said:
                     self.relay.add(said)
         code = self.process.wait()
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
         reader.join()
         self.relay.close()
         try:
@@ -371,6 +387,9 @@ class AdoptedRun:
 
     def alive(self) -> bool:
         return owner_alive(self.pid, self.pid_start)
+
+    def steer(self, text: str) -> str | None:
+        return "it was adopted after a restart: its input is not this cockpit's"
 
     def interrupt(self) -> None:
         if self.alive():  # the same process, not a recycled pid

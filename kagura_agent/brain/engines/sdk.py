@@ -4,10 +4,16 @@
 SDK messages are mapped onto our events; SDK exceptions are translated here and never
 escape the engine. Memory tools are offered as an in-process SDK MCP server whose calls
 go to the injected MemoryClient (in the container: a request to the host).
+
+Steering: the prompt goes in as the SDK's streaming input, kept open while the turn runs;
+:meth:`SdkBrain.steer` adds a message to it, which the CLI takes as the next user message
+once it has answered the one before. The turn ends (done) at the result of the last
+message given; a message given after that is refused, never lost silently.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -39,6 +45,16 @@ class SdkBrain:
     def __init__(self, *, cli_path: str | None = None, memory: MemoryClient | None = None) -> None:
         self._cli_path = cli_path
         self._memory = memory
+        self._steering: asyncio.Queue[str | None] | None = None  # open while a turn runs
+        self._given = 0  # user messages given to the running turn
+
+    def steer(self, text: str) -> tuple[bool, str]:
+        """Give the running turn ``text`` as its next user message."""
+        if self._steering is None:
+            return False, "the turn is ending"
+        self._steering.put_nowait(text)
+        self._given += 1
+        return True, ""
 
     def _resolve_cli(self, turn: Turn) -> str | None:
         return (
@@ -67,9 +83,32 @@ class SdkBrain:
             options.allowed_tools = [f"mcp__{MEMORY_SERVER}__{op}" for op in MEMORY_TOOLS]
         finished = False
         retries = _Retries()
+        inbox: asyncio.Queue[str | None] = asyncio.Queue()
+        self._steering, self._given = inbox, 1
+        answered = 0
+
+        async def prompts() -> AsyncIterator[dict[str, Any]]:
+            text: str | None = turn.full_prompt()
+            while text is not None:
+                yield {
+                    "type": "user",
+                    "message": {"role": "user", "content": text},
+                    "parent_tool_use_id": None,
+                    "session_id": turn.session_id or "default",
+                }
+                text = await inbox.get()
+
         try:
-            async for message in sdk.query(prompt=turn.full_prompt(), options=options):
-                for event in _map_message(sdk, message, retries):
+            async for message in sdk.query(prompt=prompts(), options=options):
+                events = _map_message(sdk, message, retries)
+                if isinstance(message, sdk.ResultMessage):
+                    answered += 1
+                    if answered < self._given:  # steered: the CLI answers the next one
+                        events = [e for e in events if not isinstance(e, DoneEvent)]
+                    else:  # the last message is answered: close the input, end the turn
+                        self._steering = None
+                        inbox.put_nowait(None)
+                for event in events:
                     finished = finished or event.type in ("done", "error")
                     yield event
         except sdk.CLINotFoundError as exc:
@@ -79,6 +118,9 @@ class SdkBrain:
             if not finished:
                 yield ErrorEvent(message=f"claude agent sdk: {exc}", code="engine")
             return
+        finally:
+            self._steering = None
+            inbox.put_nowait(None)
         if not finished:
             yield ErrorEvent(message="the CLI ended without a result message", code="protocol")
 
