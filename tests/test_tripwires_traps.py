@@ -40,6 +40,7 @@ from test_tripwires import MANIFESTS as EGRESS_MANIFESTS
 from test_tripwires import TOKEN, _graduate
 
 pytestmark = pytest.mark.docker
+ROOT = Path(__file__).resolve().parents[1]
 
 CANARY = "/home/agent/.git-credentials"
 # The leased token arrives as TEST_TOKEN and as the file /run/kagura/creds/github/token.
@@ -277,6 +278,9 @@ def test_the_cockpit_thread_gets_the_incident(
     out = transport.wait_for("(exit 1)", timeout=120)
     [incident] = json.loads(kagura(["incidents", "--json"], cli_env(state_dir)).stdout)["incidents"]
     assert f"⚠ incident {incident['id']}: the canary file {CANARY} was touched" in out
+    documented = " ".join((ROOT / "docs" / "cockpit.md").read_text(encoding="utf-8").split())
+    shown = next(line for line in out.splitlines() if "⚠ incident" in line)
+    assert shown.replace(incident["id"], "inc-…") in documented, shown
     assert "ghp_" not in out  # the canary value is scrubbed like a secret
     (session,) = cockpit.sessions()
     assert session.state == "failed" and session.run_id == incident["run_id"]
