@@ -79,10 +79,20 @@ class MemoryContainer:
 class MemoryEgress:
     """One run's proxy, outbound network and socket volume, as dict entries."""
 
-    def __init__(self, runtime: MemoryRuntime, run_id: str, on_event: EgressSink) -> None:
+    def __init__(
+        self,
+        runtime: MemoryRuntime,
+        run_id: str,
+        on_event: EgressSink,
+        injection: Injection | None = None,
+        injection_secret: str | None = None,
+    ) -> None:
         self.runtime = runtime
         self.run_id = run_id
         self.on_event = on_event
+        # What the proxy would add to the brain's API calls (the key never goes inside).
+        self.injection = injection
+        self.injection_secret = injection_secret
         self.network = f"kagura-egress-{run_id}-outbound"
         self.volume = f"kagura-egress-{run_id}-socket"
         self.proxy = runtime._add(run_id, "proxy", {}, self.network, [])
@@ -280,7 +290,7 @@ class MemoryRuntime:
         injection_secret: str | None,
     ) -> MemoryEgress:
         self._point("start_egress")
-        egress = MemoryEgress(self, run_id, on_event)
+        egress = MemoryEgress(self, run_id, on_event, injection, injection_secret)
         self.egress.append(egress)
         self.log.append(("start_egress", run_id))
         return egress

@@ -37,6 +37,7 @@ from kagura_agent.errors import ExitCode, KaguraError, Terminated
 from kagura_agent.membrane.leases import Ledger
 from kagura_agent.membrane.runtime import ContainerError
 from kagura_agent.plan.build import plan_tasks
+from kagura_agent.plan.injection import PLACEHOLDER
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 from testing.memory_runtime import BrainScript, MemoryRuntime
@@ -358,3 +359,31 @@ def test_a_verify_container_that_would_not_go_gets_a_second_try(scene: Scene) ->
     assert (result.outcome, result.exit_code) == ("success", 0)
     assert ("fail", "remove:verify") in runtime.log and ("remove", "verify") in runtime.log
     _assert_nothing_left(runtime)
+
+
+def test_the_brains_api_key_stays_with_the_host_and_the_proxy(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """An sdk brain with api-key auth (the golden sdk-api-key manifests): its key is leased
+    like any credential but handed to the proxy to inject, never delivered into the
+    container, whose environment holds only the placeholder."""
+    key = "sk-ant-sequence-canary-" + "k" * 30
+    monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    case = Path(__file__).parent / "plans" / "sdk-api-key"
+    project = make_project(tmp_path)
+    (project / "task.yml").write_text((case / "task.yml").read_text())
+    (plan,) = plan_tasks(str(case / "manifests"), [str(project / "task.yml")])
+    assert plan["brain"]["auth"] == {"mode": "api-key", "credential": "anthropic"}
+
+    runtime = MemoryRuntime(verify={"test -s SUMMARY.md": (0, "")})
+    result = apply_plan(plan, ApplyOptions(clock=SystemClock()), runtime)
+    assert (result.outcome, result.exit_code) == ("success", 0)
+    [agent] = runtime.agents
+    assert agent.delivered == [] and agent.credentials == {}
+    assert agent.environment["ANTHROPIC_API_KEY"] == PLACEHOLDER
+    assert key not in str(agent.environment)
+    [egress] = runtime.egress
+    assert egress.injection is not None and egress.injection_secret == key
+    assert _open_leases() == [] and _all_leases()
+    _assert_nothing_left(runtime)
+    assert key not in capsys.readouterr().err
