@@ -94,7 +94,7 @@ class SdkBrain:
                     "type": "user",
                     "message": {"role": "user", "content": text},
                     "parent_tool_use_id": None,
-                    "session_id": turn.session_id or "default",
+                    "session_id": "default",  # as the SDK's own client sends (resume is a flag)
                 }
                 text = await inbox.get()
 
