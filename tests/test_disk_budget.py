@@ -77,3 +77,29 @@ def test_a_3_gib_write_is_stopped_at_the_budget(
     [run_id] = run_ids(state_dir)
     assert run_row(state_dir, run_id)["outcome"] == "failed"
     assert leftovers(docker_client, run_id) == []
+
+
+@pytest.mark.docker
+def test_a_3_gib_write_from_verify_is_stopped_at_the_budget(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    """Verify runs what the agent left (here a script); its writes count against the budget."""
+    manifests = manifest_set(tmp_path)
+    project = make_project(tmp_path)
+    task = write_task(
+        project,
+        "verify-hog",
+        {
+            "budget": {"disk": "64m", "wall_time": "5m"},
+            "steps": ["echo 'head -c 3G /dev/zero > big' > check.sh"],
+            "verify": ["bash check.sh"],
+        },
+    )
+    done = kagura(["apply", "--yes", "--manifests", str(manifests), str(task)], cli_env(state_dir))
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "past its disk budget of 64 MiB" in done.stderr, done.stderr[-3000:]
+    written = (project / "big").stat().st_blocks * 512
+    assert BUDGET < written < 512 * 1024**2, written  # near the budget, far from 3 GiB
+    [run_id] = run_ids(state_dir)
+    assert run_row(state_dir, run_id)["outcome"] == "failed"
+    assert leftovers(docker_client, run_id) == []

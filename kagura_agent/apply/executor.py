@@ -25,7 +25,7 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 
 from kagura_agent.apply.context import (
@@ -311,7 +311,10 @@ def _run_in_container(
     )
     cleanup.callback(_remove_container, runtime, container_id, live)
     stoppable.append(container_id)
-    watch = _watch_disk(ctx, runtime, container_id)
+    # The budget holds until verify is done: verify runs code the agent may have written
+    # (a Makefile, a test script), in a container that mounts the same root.
+    watched = [container_id]
+    watch = _watch_disk(ctx, runtime, watched)
     cleanup.callback(watch.stop)
     stream = cleanup.enter_context(runtime.attach(container_id))
     runtime.start(container_id)
@@ -323,19 +326,26 @@ def _run_in_container(
     # Nothing the agent started may run into verify: its container goes first.
     problem = stop_agent(runtime, container_id)
     traps.stop()
-    watch.stop()
-    host_stop = f"disk: {watch.exceeded}" if watch.exceeded else None
     if problem:
         live.note(problem, "red")
     if tripwire.reason:
-        host_stop = f"tripwire: {tripwire.reason}"
         problem = "not run: the run tripped a hijack tripwire"
         _record_incident(ctx, leases, tripwire)
-    return RunReport(brain, _verify(ctx, runtime, problem), host_stop)
+    if watch.exceeded:
+        problem = problem or f"not run: {watch.exceeded}"
+    verify = _verify(ctx, runtime, problem, watched.append)
+    watch.stop()
+    host_stop = f"disk: {watch.exceeded}" if watch.exceeded else None
+    if tripwire.reason:
+        host_stop = f"tripwire: {tripwire.reason}"
+    return RunReport(brain, verify, host_stop)
 
 
 def _verify(
-    ctx: RunContext, runtime: ApplyRuntime, problem: str | None
+    ctx: RunContext,
+    runtime: ApplyRuntime,
+    problem: str | None,
+    on_container: Callable[[str], None] | None = None,
 ) -> tuple[VerifyResult, ...]:
     """The task's verify commands in a fresh container; all failed when they cannot run."""
     commands = ctx.plan["task"]["verify"]
@@ -348,7 +358,9 @@ def _verify(
             f"verifying: {len(commands)} command(s) in a fresh container"
             " (no network, no credentials)"
         )
-        results = verify_in_fresh_container(runtime, ctx.plan, ctx.run_id, commands)
+        results = verify_in_fresh_container(
+            runtime, ctx.plan, ctx.run_id, commands, on_container=on_container
+        )
     ctx.live.verify(results)
     return tuple(results)
 
@@ -429,11 +441,12 @@ def _record_incident(ctx: RunContext, leases: list[Lease], tripwire: Tripwire) -
     ctx.live.incident(incident_id, str(tripwire.reason))
 
 
-def _watch_disk(ctx: RunContext, runtime: ApplyRuntime, container_id: str) -> DiskWatch:
-    """The run's writes to the project root, bounded by ``budget.disk_bytes``."""
+def _watch_disk(ctx: RunContext, runtime: ApplyRuntime, containers: list[str]) -> DiskWatch:
+    """The run's writes to the project root, bounded by ``budget.disk_bytes``; past it,
+    every container in ``containers`` (the agent's, then verify's) is stopped."""
 
     def over(reason: str) -> None:
-        _stop_now(runtime, [container_id], ctx.live, reason)
+        _stop_now(runtime, list(containers), ctx.live, reason)
 
     budget = ctx.plan["budget"]["disk_bytes"]
     return DiskWatch(ctx.plan["task"]["project_root"], budget, over).start()

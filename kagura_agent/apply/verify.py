@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+from collections.abc import Callable
 
 from kagura_agent.apply.context import ApplyRuntime, VerifyResult
 from kagura_agent.errors import KaguraError
@@ -44,7 +45,12 @@ def stop_agent(runtime: ApplyRuntime, container_id: str) -> str | None:
 
 
 def verify_in_fresh_container(
-    runtime: ApplyRuntime, plan: Plan, run_id: str, commands: list[str]
+    runtime: ApplyRuntime,
+    plan: Plan,
+    run_id: str,
+    commands: list[str],
+    *,
+    on_container: Callable[[str], None] | None = None,
 ) -> list[VerifyResult]:
     """Run ``commands`` in a new verify container, removed afterwards (also on error).
 
@@ -57,6 +63,8 @@ def verify_in_fresh_container(
         container_id = runtime.create(plan, run_id, role="verify")
     except KaguraError as exc:
         return [(c, -1, f"verify could not run: {exc.message}") for c in commands]
+    if on_container is not None:
+        on_container(container_id)  # the run's disk watch may stop it
     try:
         runtime.start(container_id)
         return verify_in_container(
