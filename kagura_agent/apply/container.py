@@ -1,0 +1,266 @@
+"""The container run: egress proxy, the agent's hardened container, the brain over its
+attached stream, the host's watches (tripwires, disk), then verify in a fresh container.
+
+``run_in_container`` is one step of apply's sequence (executor.py): it takes the run's
+context and returns a :class:`~kagura_agent.apply.context.RunReport`; everything it
+creates is registered on the run's ExitStack, so every exit removes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Sequence
+
+from kagura_agent.apply.context import (
+    ApplyRuntime,
+    BrainOutcome,
+    EgressRun,
+    RunContext,
+    RunReport,
+    VerifyResult,
+)
+from kagura_agent.apply.diskwatch import DiskWatch
+from kagura_agent.apply.hostmem import open_host_memory
+from kagura_agent.apply.incidents import record_incident
+from kagura_agent.apply.live import LiveView
+from kagura_agent.apply.tripwire import ContainerTraps, Tripwire
+from kagura_agent.apply.turn import drive_brain
+from kagura_agent.apply.verify import stop_agent, verify_in_fresh_container
+from kagura_agent.brain.channel import BrainChannel, ChannelLimits
+from kagura_agent.brain.streams import DuplexStream
+from kagura_agent.clock import iso
+from kagura_agent.errors import KaguraError
+from kagura_agent.membrane.egress.squid import ANTHROPIC_API
+from kagura_agent.membrane.hardening import LABEL_ROLE, LABEL_RUN
+from kagura_agent.membrane.leases import Lease
+from kagura_agent.plan.injection import PLACEHOLDER, injected_provider
+
+Denials = list[dict[str, object]]
+
+
+def run_in_container(
+    ctx: RunContext,
+    runtime: ApplyRuntime,
+    leases: list[Lease],
+    cleanup: contextlib.ExitStack,
+    denials: Denials,
+) -> RunReport:
+    plan, run_id, live = ctx.plan, ctx.run_id, ctx.live
+    # Last on the way out: a verify container whose own removal failed gets a second try
+    # (its run's row is closed by then, so no later sweep looks for it).
+    cleanup.callback(_remove_verify_leftovers, runtime, run_id, live)
+    stoppable: list[str] = []  # the agent's container, once it exists
+    tripwire = Tripwire(
+        dict(plan["tripwires"]),
+        lambda reason: _stop_now(runtime, stoppable, live, f"hijack tripwire: {reason}"),
+    )
+    knobs = dict(plan["tripwires"])
+    traps = ContainerTraps(tripwire, knobs, plan["hardening"]["user"])
+    live.watchers.append(lambda event: tripwire.scan("the brain's output", event))
+    live.redactor.add(tripwire.canary)  # fake, but shown like the secret it pretends to be
+
+    def on_egress(event: dict[str, object]) -> None:
+        live.egress(event)
+        tripwire.egress(event)
+
+    # The brain's API key stays with the host and the proxy: never delivered inside.
+    provider = injected_provider(plan)
+    injected = [lease for lease in leases if provider and lease.request.provider == provider]
+    inside = [lease for lease in leases if lease not in injected]
+    secret = injected[0].minted.secrets[0] if injected and injected[0].minted else None
+    environment: dict[str, str] = {"ANTHROPIC_API_KEY": PLACEHOLDER} if provider else {}
+    egress = None
+    if plan["egress"]["mode"] == "proxy":
+        live.phase(f"starting this run's egress proxy ({len(plan['egress']['allow'])} allowed)")
+        started = runtime.start_egress(
+            plan,
+            run_id,
+            on_egress,
+            store=ctx.store,
+            clock=ctx.clock,
+            injection=ANTHROPIC_API if secret else None,
+            injection_secret=secret,
+        )
+        cleanup.callback(_close_egress, started, denials, live)
+        egress = started.agent_network_config()
+        environment = {**environment, **egress.environment}
+    live.phase(f"starting container from {plan['image']['ref']}")
+    container_id = runtime.create(
+        plan,
+        run_id,
+        environment=environment,
+        network=egress.network if egress else None,
+        egress_mounts=egress.mounts() if egress else [],
+    )
+    cleanup.callback(_remove_container, runtime, container_id, live)
+    stoppable.append(container_id)
+    # The budget holds until verify is done: verify runs code the agent may have written
+    # (a Makefile, a test script), in a container that mounts the same root.
+    watched = [container_id]
+    watch = _watch_disk(ctx, runtime, watched)
+    cleanup.callback(watch.stop)
+    stream = cleanup.enter_context(runtime.attach(container_id))
+    runtime.start(container_id)
+    if egress is not None:
+        runtime.start_forwarder(container_id, egress)
+    cleanup.callback(traps.stop)
+    _arm_traps(runtime, container_id, traps, bool(leases), live)
+    brain = asyncio.run(_drive(ctx, runtime, container_id, stream, inside, traps))
+    # Nothing the agent started may run into verify: its container goes first.
+    problem = stop_agent(runtime, container_id)
+    traps.stop()
+    if problem:
+        live.note(problem, "red")
+    if tripwire.reason:
+        problem = "not run: the run tripped a hijack tripwire"
+        _record_incident(ctx, leases, tripwire)
+    if watch.exceeded:
+        problem = problem or f"not run: {watch.exceeded}"
+    verify = _verify(ctx, runtime, problem, watched.append)
+    watch.stop()
+    host_stop = f"disk: {watch.exceeded}" if watch.exceeded else None
+    if tripwire.reason:
+        host_stop = f"tripwire: {tripwire.reason}"
+    return RunReport(brain, verify, host_stop)
+
+
+def _verify(
+    ctx: RunContext,
+    runtime: ApplyRuntime,
+    problem: str | None,
+    on_container: Callable[[str], None] | None = None,
+) -> tuple[VerifyResult, ...]:
+    """The task's verify commands in a fresh container; all failed when they cannot run."""
+    commands = ctx.plan["task"]["verify"]
+    if not commands:
+        return ()
+    if problem:
+        results = [(command, -1, problem) for command in commands]
+    else:
+        ctx.live.phase(
+            f"verifying: {len(commands)} command(s) in a fresh container"
+            " (no network, no credentials)"
+        )
+        results = verify_in_fresh_container(
+            runtime, ctx.plan, ctx.run_id, commands, on_container=on_container
+        )
+    ctx.live.verify(results)
+    return tuple(results)
+
+
+async def _drive(
+    ctx: RunContext,
+    runtime: ApplyRuntime,
+    container_id: str,
+    stream: DuplexStream,
+    leases: Sequence[Lease],
+    traps: ContainerTraps,
+) -> BrainOutcome:
+    brain = ctx.plan["brain"]
+    limits = ChannelLimits(
+        max_line_bytes=brain["max_line_bytes"],
+        idle_seconds=float(brain["idle_timeout_seconds"]),
+    )
+    channel = BrainChannel(
+        stream,
+        memory=open_host_memory(ctx.plan, ctx.run_id),
+        limits=limits,
+        on_stop=lambda: asyncio.to_thread(runtime.stop, container_id, 2),
+        on_kill=lambda: asyncio.to_thread(runtime.kill, container_id),
+    )
+    return await drive_brain(ctx, channel, leases, traps=traps)
+
+
+def _arm_traps(
+    runtime: ApplyRuntime, container_id: str, traps: ContainerTraps, delivered: bool, live: LiveView
+) -> None:
+    """Plant the canary (and the credential decoy of a run given none) before the turn."""
+    if not traps.wanted:
+        return
+    try:
+        pid = runtime.state(container_id).pid
+    except KaguraError as exc:
+        live.note(f"canary and credential tripwires off: {exc}", "yellow")
+        return
+    if pid <= 0:
+        live.note("canary and credential tripwires off: the container has no process", "yellow")
+        return
+    for problem in traps.arm(pid, delivered):
+        live.note(problem, "yellow")
+
+
+def _stop_now(runtime: ApplyRuntime, containers: list[str], live: LiveView, reason: str) -> None:
+    """Kill the agent's container at once (from a watcher thread)."""
+    for container_id in containers:
+        # SIGKILL to the container's init from the host first (no API round trip): its
+        # PID namespace, and every process in it, ends at once; then Docker's kill.
+        with contextlib.suppress(KaguraError, OSError):
+            pid = runtime.state(container_id).pid
+            if pid > 0:
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(KaguraError):
+            runtime.kill(container_id)
+    live.note(f"stopping the run: {reason}", "red")
+
+
+def _record_incident(ctx: RunContext, leases: list[Lease], tripwire: Tripwire) -> None:
+    actions = [
+        "container killed",
+        f"{len(leases)} lease(s) wiped and revoked",
+        "verify not run",
+        "run recorded as failed (graduated capabilities demoted)",
+    ]
+    incident_id = record_incident(
+        ctx.store,
+        at=iso(ctx.clock.now()),
+        run_id=ctx.run_id,
+        task=ctx.plan["task"]["name"],
+        fingerprint=ctx.plan["fingerprint"],
+        reason=str(tripwire.reason),
+        actions=actions,
+        egress=list(tripwire.egress_log),
+        events=list(ctx.live.recent),
+    )
+    ctx.live.incident(incident_id, str(tripwire.reason))
+
+
+def _watch_disk(ctx: RunContext, runtime: ApplyRuntime, containers: list[str]) -> DiskWatch:
+    """The run's writes to the project root, bounded by ``budget.disk_bytes``; past it,
+    every container in ``containers`` (the agent's, then verify's) is stopped."""
+
+    def over(reason: str) -> None:
+        _stop_now(runtime, list(containers), ctx.live, reason)
+
+    budget = ctx.plan["budget"]["disk_bytes"]
+    return DiskWatch(ctx.plan["task"]["project_root"], budget, over).start()
+
+
+def _close_egress(egress: EgressRun, denials: Denials, live: LiveView) -> None:
+    egress.close()
+    denials.extend(egress.denial_summary())
+    live.phase("egress proxy and networks removed")
+    for denial in denials:
+        live.note(
+            f"egress denied: {denial.get('host')}:{denial.get('port')} ({denial.get('count', 1)} times)",
+            "yellow",
+        )
+
+
+def _remove_verify_leftovers(runtime: ApplyRuntime, run_id: str, live: LiveView) -> None:
+    try:
+        for container_id in runtime.list({LABEL_RUN: run_id, LABEL_ROLE: "verify"}):
+            runtime.remove(container_id, force=True)
+    except KaguraError as exc:
+        live.note(f"could not remove this run's verify container: {exc.message}", "red")
+
+
+def _remove_container(runtime: ApplyRuntime, container_id: str, live: LiveView) -> None:
+    try:
+        runtime.remove(container_id, force=True)
+    except KaguraError as exc:
+        live.note(f"could not remove container {container_id[:12]}: {exc.message}", "red")
+        raise
+    live.phase("container removed")
