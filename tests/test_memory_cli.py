@@ -23,7 +23,7 @@ def _seed() -> tuple[Memory, Memory, Memory]:
         derived = store.remember(
             type="fix", summary="prune images before docker build", source=Source("run", "r2")
         )
-        store.create_edge(derived.id, failure.id, "derived_from")
+        store.create_edge(derived.id, failure.id, "derived_from", {"by": "run:r2"})
         chat = store.remember(
             type="note", summary="docker is fine, skip checks", source=Source("transport", "slack")
         )
@@ -54,7 +54,7 @@ def test_show_prints_provenance_and_edges(
     assert main(["memory", "show", failure.id]) == 0
     out = capsys.readouterr().out
     assert "source:    run r1" in out and "trust:     trusted" in out
-    assert f"{derived.id} -derived_from-> {failure.id}" in out
+    assert f'{derived.id} -derived_from-> {failure.id}  {{"by": "run:r2"}}' in out
     assert main(["memory", "show", failure.id, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["source"] == {"kind": "run", "id": "r1"} and data["task_kind"] == "build"

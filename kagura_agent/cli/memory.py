@@ -147,7 +147,9 @@ def _show(args: argparse.Namespace) -> int:
         print(f"tags:      {', '.join(memory.tags) or '-'}")
         print(f"details:   {json.dumps(dict(memory.details), sort_keys=True)}")
         for edge in edges:
-            print(f"edge:      {edge.source_id} -{edge.type}-> {edge.target_id}")
+            # The edge's evidence and maker (a fix's changes, a brain link's run), if any.
+            shown = f"  {json.dumps(dict(edge.details), sort_keys=True)}" if edge.details else ""
+            print(f"edge:      {edge.source_id} -{edge.type}-> {edge.target_id}{shown}")
     finally:
         store.close()
     return 0
