@@ -18,12 +18,34 @@ run reported (the script engine has no tokens, say) is not forecast.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from statistics import fmean, median
 from typing import Any
 
 from kagura_agent.memory.model import Memory, MemoryStore, Source
+
+
+def median(values: Sequence[float]) -> float:
+    """The middle value (mean of the two middle ones for an even count).
+
+    Local rather than ``statistics.median``: importing ``statistics`` pulls in
+    ``fractions`` and ``decimal``, about 3 ms on every ``plan``.
+    """
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("median of no values")
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return float(ordered[middle])
+    return (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def fmean(values: Iterable[float]) -> float:
+    items = list(values)
+    if not items:
+        raise ValueError("mean of no values")
+    return math.fsum(items) / len(items)
+
 
 RUN_COST = "run-cost"
 HISTORY_RUNS = 20  # the newest runs of a task kind the forecast reads
