@@ -120,6 +120,26 @@ def test_a_saved_plan_is_fresh_from_another_working_directory(
         check_saved_plan_fresh(plan)  # no RefusedError
 
 
+def test_a_plan_made_beside_the_packaged_manifests_is_fresh(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planned in the checkout with no --manifests (./manifests is the packaged set):
+    apply re-plans with the absolute manifests_dir and must see the same inputs."""
+    from kagura_agent.apply.freshness import check_saved_plan_fresh
+    from kagura_agent.plan import planfile
+
+    checkout = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(checkout)
+    monkeypatch.delenv("KAGURA_AGENT_MANIFESTS", raising=False)
+    saved = tmp_path / "plan.json"
+    assert main(["plan", "examples/hello/task.yml", "-o", str(saved)]) == 0
+    plan = planfile.load(saved)
+    assert plan["inputs"]["layers"] == [{"layer": "packaged", "dir": "manifests"}]
+    for where in (checkout, Path("/")):
+        monkeypatch.chdir(where)
+        check_saved_plan_fresh(plan)  # no RefusedError
+
+
 def test_a_stale_plan_names_the_fact_or_output_that_differs() -> None:
     from kagura_agent.apply.freshness import check_fresh
     from kagura_agent.errors import RefusedError

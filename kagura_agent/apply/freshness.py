@@ -79,6 +79,9 @@ def changed_inputs(old: Inputs, new: Inputs) -> list[str]:
             changes.append(f"{name} was added")
         elif old_files[name] != new_files[name]:
             changes.append(f"{name} changed")
+    for key in ("layers", "overrides"):
+        if old.get(key) != new.get(key):
+            changes.append(f"manifest {key} {old.get(key)} → {new.get(key)}")
     for key in ("tool_version", "schema_version"):
         if old.get(key) != new.get(key):
             changes.append(f"{key} {old.get(key)} → {new.get(key)}")

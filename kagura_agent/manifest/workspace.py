@@ -46,7 +46,10 @@ def load_workspace(
         sources = _git_sources(directory, base_rev, "packaged")
     else:
         sources = read_paths([packaged], "packaged")
-    layers = [_layer("packaged", "<packaged>" if own_layer else str(directory), packaged, sources)]
+    # Shown like the operator's folder (relative to the working directory when under it),
+    # so a saved plan re-planned with the absolute manifests_dir has the same inputs.
+    shown = "<packaged>" if own_layer else display_path(directory)
+    layers = [_layer("packaged", shown, packaged, sources)]
     if own_layer:
         own = (
             _git_sources(directory, base_rev, "operator")
