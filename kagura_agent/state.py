@@ -118,24 +118,27 @@ class StateStore:
                     hint="upgrade kagura-agent or point KAGURA_AGENT_STATE_DIR elsewhere",
                 )
             raise SchemaBehind(self.path, component, current, len(migrations))
-        while True:
-            with self.transaction():
-                current = self._version(component)
-                if current > len(migrations):
-                    raise SetupError(
-                        f"state store {self.path} has {component} schema v{current}, newer"
-                        f" than this kagura-agent understands (v{len(migrations)})",
-                        hint="upgrade kagura-agent or point KAGURA_AGENT_STATE_DIR elsewhere",
-                    )
-                if current == len(migrations):
-                    return
-                for statement in _split_sql(migrations[current]):
-                    self.conn.execute(statement)
-                self.conn.execute(
-                    "INSERT INTO schema_versions(component, version) VALUES (?, ?)"
-                    " ON CONFLICT(component) DO UPDATE SET version = excluded.version",
-                    (component, current + 1),
+        # Every pending step in one transaction: a reader (``plan``, read-only) sees the
+        # component before or after, never half-way (an intermediate version would read
+        # as an old schema, and a plan made then would be stale by apply).
+        with self.transaction():
+            current = self._version(component)
+            if current > len(migrations):
+                raise SetupError(
+                    f"state store {self.path} has {component} schema v{current}, newer"
+                    f" than this kagura-agent understands (v{len(migrations)})",
+                    hint="upgrade kagura-agent or point KAGURA_AGENT_STATE_DIR elsewhere",
                 )
+            if current == len(migrations):
+                return
+            for migration in migrations[current:]:
+                for statement in _split_sql(migration):
+                    self.conn.execute(statement)
+            self.conn.execute(
+                "INSERT INTO schema_versions(component, version) VALUES (?, ?)"
+                " ON CONFLICT(component) DO UPDATE SET version = excluded.version",
+                (component, len(migrations)),
+            )
 
     def _version(self, component: str) -> int:
         try:

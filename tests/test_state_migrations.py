@@ -9,6 +9,7 @@ gave "table memories already exists", "table lease_grants already exists" and
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -92,3 +93,24 @@ def test_twenty_processes_migrate_a_fresh_state_directory_together(
     with StateStore(state / "memory.db") as store:
         versions = dict(store.conn.execute("SELECT component, version FROM schema_versions"))
     assert versions["memory"] >= 1
+
+
+def test_pending_steps_apply_in_one_transaction(tmp_path: Path) -> None:
+    """A reader sees a component before or after its migration, never half-way: a later
+    step that fails leaves no earlier step behind (before, steps committed one by one)."""
+    steps = [
+        "CREATE TABLE one (x INTEGER);",
+        "CREATE TABLE two (x INTEGER);",
+        "CREATE TABLE three (x INTEGER, x INTEGER);",  # duplicate column: fails
+    ]
+    with StateStore(tmp_path / "state.db") as store:
+        with pytest.raises(sqlite3.OperationalError, match="duplicate column"):
+            store.migrate("atomic", steps)
+        assert store._version("atomic") == 0
+        tables = {
+            row[0]
+            for row in store.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        assert not {"one", "two"} & tables
+        store.migrate("atomic", steps[:2])
+        assert store._version("atomic") == 2
