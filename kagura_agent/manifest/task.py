@@ -16,6 +16,7 @@ from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.template import TemplateLimit, render_prompt
 from kagura_agent.membrane.mounts import check_mount
 from kagura_agent.membrane.roots import check_project_root
+from kagura_agent.membrane.secrets import under
 from kagura_agent.memory.factory import sqlite_path
 from kagura_agent.plan.model import BrainRuntime
 from kagura_agent.units import parse_duration
@@ -351,9 +352,9 @@ def protected_inputs(
     tops: dict[str, str] = {}
     for path, what in inputs:
         real = os.path.realpath(path)
-        if real == root or _within(root, real):
+        if under(root, real):
             return [], f"project root {root} is inside {what} ({real}); the agent could rewrite it"
-        if _within(real, root):
+        if under(real, root):  # (real == root returned above)
             top = os.path.join(root, os.path.relpath(real, root).split(os.sep)[0])
             tops.setdefault(top, what)
     return [
@@ -366,10 +367,6 @@ def protected_inputs(
         }
         for top, what in sorted(tops.items())
     ], None
-
-
-def _within(path: str, top: str) -> bool:
-    return path.startswith(top.rstrip("/") + "/")
 
 
 def mounts_of(task: Manifest) -> list[dict[str, str]]:
