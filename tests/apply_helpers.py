@@ -57,6 +57,31 @@ def manifest_set(base: Path, *documents: dict[str, Any]) -> Path:
     return folder
 
 
+def token_provider(secret_env: str = "KAGURA_TEST_TOKEN") -> dict[str, Any]:
+    """A static, standing CredentialProvider ``token``: ``$secret_env`` reaches the container
+    as TEST_TOKEN, scope ``use`` baseline (a canary credential the run holds)."""
+    return {
+        "kind": "CredentialProvider",
+        "metadata": {"name": "token"},
+        "spec": {
+            "type": "static",
+            "standing": True,
+            "secret": f"env:{secret_env}",
+            "static": {"env": "TEST_TOKEN"},
+            "baseline_scopes": ["use"],
+            "scopes": {"use": {"description": "a canary token"}},
+        },
+    }
+
+
+# A baseline egress allowlist to a host that never answers: the run gets a proxy.
+NOWHERE: dict[str, Any] = {
+    "kind": "EgressPolicy",
+    "metadata": {"name": "nowhere"},
+    "spec": {"baseline": True, "allow": [{"host": "nowhere.test"}]},
+}
+
+
 def cli_env(state_dir: Path, **extra: str) -> dict[str, str]:
     env = {**os.environ, "KAGURA_AGENT_STATE_DIR": str(state_dir), "NO_COLOR": "1"}
     env.update(extra)

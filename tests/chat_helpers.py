@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from apply_helpers import NOWHERE, token_provider
 
 from kagura_agent.cockpit.transport import Event, Transport
 
@@ -70,23 +71,8 @@ class RunningTransport:
 # A run that holds a leased credential, an egress proxy, its network and volume: what a
 # stop must take down. The script brain sleeps, so the run lasts until it is stopped.
 LEASED = (
-    {
-        "kind": "CredentialProvider",
-        "metadata": {"name": "token"},
-        "spec": {
-            "type": "static",
-            "standing": True,
-            "secret": "env:KAGURA_TEST_TOKEN",
-            "static": {"env": "TEST_TOKEN"},
-            "baseline_scopes": ["use"],
-            "scopes": {"use": {"description": "a canary token"}},
-        },
-    },
-    {
-        "kind": "EgressPolicy",
-        "metadata": {"name": "nowhere"},
-        "spec": {"baseline": True, "allow": [{"host": "nowhere.test"}]},
-    },
+    token_provider(),
+    NOWHERE,
 )
 LEASED_SPEC = {"egress": ["nowhere"], "credentials": [{"provider": "token", "scope": "use"}]}
 CANARY = "kagura-cockpit-canary-" + "k" * 24

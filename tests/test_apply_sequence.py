@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apply_helpers import make_project, manifest_set, write_task
+from apply_helpers import NOWHERE, make_project, manifest_set, token_provider, write_task
 
 from kagura_agent.apply.context import (
     ApplyRuntime,
@@ -45,23 +45,8 @@ from testing.memory_runtime import BrainScript, MemoryRuntime
 TOKEN = "kagura-sequence-canary-" + "s" * 24
 VERIFY = "test -s out.txt"
 MANIFESTS: tuple[dict[str, Any], ...] = (
-    {
-        "kind": "CredentialProvider",
-        "metadata": {"name": "token"},
-        "spec": {
-            "type": "static",
-            "standing": True,
-            "secret": "env:KAGURA_SEQ_TOKEN",
-            "static": {"env": "TEST_TOKEN"},
-            "baseline_scopes": ["use"],
-            "scopes": {"use": {"description": "a canary token"}},
-        },
-    },
-    {
-        "kind": "EgressPolicy",
-        "metadata": {"name": "nowhere"},
-        "spec": {"baseline": True, "allow": [{"host": "nowhere.test"}]},
-    },
+    token_provider("KAGURA_SEQ_TOKEN"),
+    NOWHERE,
 )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from apply_helpers import (
+    NOWHERE,
     cli_env,
     json_lines,
     leftovers,
@@ -27,6 +28,7 @@ from apply_helpers import (
     run_ids,
     run_row,
     spawn,
+    token_provider,
     wait_for_container,
     wait_for_run,
     write_task,
@@ -37,23 +39,8 @@ pytestmark = pytest.mark.docker
 
 TOKEN = "kagura-apply-canary-" + "t" * 24
 TEST_MANIFESTS: tuple[dict[str, Any], ...] = (
-    {
-        "kind": "CredentialProvider",
-        "metadata": {"name": "token"},
-        "spec": {
-            "type": "static",
-            "standing": True,
-            "secret": "env:KAGURA_TEST_TOKEN",
-            "static": {"env": "TEST_TOKEN"},
-            "baseline_scopes": ["use"],
-            "scopes": {"use": {"description": "a canary token"}},
-        },
-    },
-    {
-        "kind": "EgressPolicy",
-        "metadata": {"name": "nowhere"},
-        "spec": {"baseline": True, "allow": [{"host": "nowhere.test"}]},
-    },
+    token_provider(),
+    NOWHERE,
     {
         "kind": "Brain",
         "metadata": {"name": "strict"},

@@ -25,6 +25,7 @@ from apply_helpers import (
     manifest_set,
     run_ids,
     run_row,
+    token_provider,
     write_task,
 )
 
@@ -52,18 +53,7 @@ MANIFESTS: tuple[dict[str, Any], ...] = (
         "metadata": {"name": "docs-site"},
         "spec": {"allow": [{"host": "docs.example.test"}]},
     },
-    {
-        "kind": "CredentialProvider",
-        "metadata": {"name": "token"},
-        "spec": {
-            "type": "static",
-            "standing": True,
-            "secret": "env:KAGURA_TEST_TOKEN",
-            "static": {"env": "TEST_TOKEN"},
-            "baseline_scopes": ["use"],
-            "scopes": {"use": {"description": "a canary token"}},
-        },
-    },
+    token_provider(),
 )
 
 
