@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from kagura_agent.memory.sqlite import SqliteMemoryStore
 from kagura_agent.patterns.cost_history import history
 from kagura_agent.patterns.failure_learning import known_failures
 from kagura_agent.plan.history import last_applied
-from kagura_agent.state import SchemaBehind, StateStore
+from kagura_agent.state import SchemaBehind, StateDbError, StateStore
 
 # A facts file is a few KiB of JSON written by a test or a script.
 MAX_FACTS_BYTES = 8 * 2**20
@@ -255,7 +254,7 @@ def _applying_run(plan: Mapping[str, Any]) -> str | None:
                 " ORDER BY started_at DESC LIMIT 1",
                 (plan["task"]["name"], plan["fingerprint"]),
             ).fetchone()
-        except sqlite3.Error:
+        except StateDbError:
             return None
     return str(row[0]) if row else None
 

@@ -1,31 +1,67 @@
-"""The embedded state store: one SQLite database in the state directory.
+"""The state store: applied plans, approvals, the lease ledger, sessions, graduation, runs.
+
+Two backends behind one seam. The embedded default is one SQLite database in the state
+directory (``state.db``); a team points ``KAGURA_AGENT_STATE_URL`` at a PostgreSQL
+database (``postgresql://…``, psycopg 3 with a connection pool, imported only then).
+Components see a ``Connection``: ``execute(sql, params)`` with ``?`` placeholders in the
+SQL both dialects read (``state_sql``), and ``transaction()``, which holds the store's one
+write lock (SQLite's ``BEGIN IMMEDIATE``; on PostgreSQL a transaction-scoped advisory
+lock), so a read-check-write inside it behaves the same on both.
 
 Each component owns its tables and declares them as an ordered list of migrations;
-``StateStore.migrate(component, migrations)`` applies the ones not yet applied, inside
-one transaction each, and records the component's version. WAL mode and synchronous=FULL
-make every committed transaction survive a crash of the process.
+``StateStore.migrate(component, migrations)`` applies the ones not yet applied, all in one
+transaction, and records the component's version. On SQLite WAL mode and
+synchronous=FULL make every committed transaction survive a crash of the process.
 
 Read paths (``plan``, ``validate``, ``show`` and the facts they gather) open the store
 with ``StateStore.read_only``: they never create the database or its directory, never
-migrate it and never leave SQLite's ``-wal``/``-shm`` files behind. A component whose
-schema is older than this kagura-agent's (or absent) is not read: ``migrate`` on a
-read-only store raises ``SchemaBehind`` instead of upgrading it, and each reader falls
-back to "no data" — the fail-closed answer (nothing graduated, no last applied plan,
-context memories untrusted) — until the next write path (apply) migrates it.
+migrate it and never leave SQLite's ``-wal``/``-shm`` files behind (on PostgreSQL the
+session is read-only). A component whose schema is older than this kagura-agent's (or
+absent) is not read: ``migrate`` on a read-only store raises ``SchemaBehind`` instead of
+upgrading it, and each reader falls back to "no data" — the fail-closed answer (nothing
+graduated, no last applied plan, context memories untrusted) — until the next write path
+(apply) migrates it.
+
+Driver errors are translated here: ``StateDbError`` (``MissingTable`` when a table is
+not there yet); nothing above the seam sees sqlite3 or psycopg exceptions.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+from kagura_agent import state_pg
 from kagura_agent.errors import SetupError
 from kagura_agent.paths import state_dir
+from kagura_agent.state_sql import Dialect, Migration, migration_sql
+from kagura_agent.state_types import Connection, MissingTable, StateDbError
 
 STATE_FILE = "state.db"
+URL_ENV = "KAGURA_AGENT_STATE_URL"
+
+# Where a store is: a SQLite file, or a PostgreSQL URL.
+Location = Path | str
+
+__all__ = [
+    "STATE_FILE",
+    "URL_ENV",
+    "Connection",
+    "Location",
+    "MissingTable",
+    "SchemaBehind",
+    "StateDbError",
+    "StateStore",
+    "describe",
+    "state_location",
+    "state_path",
+]
 
 
 def state_path() -> Path:
@@ -33,13 +69,40 @@ def state_path() -> Path:
     return state_dir() / STATE_FILE
 
 
+def state_location() -> Location:
+    """The configured store: ``KAGURA_AGENT_STATE_URL`` when set, else state.db."""
+    url = os.environ.get(URL_ENV, "").strip()
+    return _checked_url(url) if url else state_path()
+
+
+def _checked_url(url: str) -> str:
+    if urlsplit(url).scheme not in ("postgresql", "postgres"):
+        raise SetupError(
+            f"{URL_ENV} must be a postgresql:// URL, not {describe(url)!r}",
+            hint="unset it to use the embedded SQLite store in the state directory",
+        )
+    return url
+
+
+def describe(location: Location) -> str:
+    """``location`` for messages: a URL without its password."""
+    if isinstance(location, Path):
+        return str(location)
+    parts = urlsplit(location)
+    if parts.password is None:
+        return location
+    netloc = parts.netloc.rpartition("@")
+    user = netloc[0].partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))
+
+
 class SchemaBehind(SetupError):
     """A read-only store holds an older schema of ``component`` (``current`` is 0 when
     the component was never created) than this kagura-agent reads (``wanted``)."""
 
-    def __init__(self, path: Path, component: str, current: int, wanted: int) -> None:
+    def __init__(self, where: str, component: str, current: int, wanted: int) -> None:
         super().__init__(
-            f"state store {path} has {component} schema v{current}, older than this"
+            f"state store {where} has {component} schema v{current}, older than this"
             f" kagura-agent's v{wanted}; it is not read until a write (apply) migrates it"
         )
         self.component = component
@@ -48,96 +111,111 @@ class SchemaBehind(SetupError):
 
 
 class StateStore:
-    """The one way to open state.db (creating it): at the edge (a CLI handler, apply, the
-    cockpit), then passed to whatever reads or writes it. A connection is not shared
-    between threads: a thread opens its own on ``store.path``."""
+    """The one way to open the state store (creating it): at the edge (a CLI handler,
+    apply, the cockpit), then passed to whatever reads or writes it.
 
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = path if path is not None else state_path()
+    ``where`` is a SQLite file (a Path), a ``postgresql://`` URL, or None for the
+    configured one (``state_location``). A connection is not shared between threads: a
+    thread opens its own store on ``store.location`` (or ``store.connect()``).
+    """
+
+    def __init__(self, where: Location | None = None) -> None:
+        self.location: Location = _resolve(where)
         self.writable = True
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-            self.conn.row_factory = sqlite3.Row
-            _set_wal(self.conn)
-            self.conn.execute("PRAGMA synchronous=FULL")
-            self.conn.execute("PRAGMA foreign_keys=ON")
-            self.conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_versions ("
-                " component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
-            )
-        except (OSError, sqlite3.Error) as exc:
-            raise SetupError(
-                f"cannot open the state store at {self.path}: {exc}",
-                hint="set KAGURA_AGENT_STATE_DIR to a writable directory",
-            ) from exc
+        self.conn: Connection = _open(self.location, read_only=False)
 
     @classmethod
-    def read_only(cls, path: Path | None = None) -> StateStore | None:
-        """The existing store at ``path`` opened read-only, or None when there is none.
+    def read_only(cls, where: Location | None = None) -> StateStore | None:
+        """The existing store at ``where`` opened read-only, or None when there is none.
 
-        Creates nothing, not even SQLite's side files: when a writer has the database
+        SQLite: creates nothing, not even the side files: when a writer has the database
         open (its ``-wal`` and ``-shm`` exist) the connection is ``mode=ro`` and reads
         through the WAL; otherwise every committed transaction is in the main file, which
         is opened ``immutable=1`` (no locks, no ``-shm``). A writer that starts during
         this read is not seen (its commits stay in its WAL until a checkpoint); planning
-        is a look-up, and apply re-checks what it relies on.
+        is a look-up, and apply re-checks what it relies on. PostgreSQL: a read-only
+        session on the database (which always "exists"; its components may not).
         """
-        path = path if path is not None else state_path()
-        if not path.is_file():
+        location = _resolve(where)
+        if isinstance(location, Path) and not location.is_file():
             return None
         store = cls.__new__(cls)
-        store.path = path
+        store.location = location
         store.writable = False
-        try:
-            store.conn = _connect_read_only(path)
-        except sqlite3.Error as exc:
-            raise SetupError(f"cannot read the state store at {path}: {exc}") from exc
+        store.conn = _open(location, read_only=True)
         return store
 
-    def migrate(self, component: str, migrations: Sequence[str]) -> None:
+    @property
+    def dialect(self) -> Dialect:
+        return self.conn.dialect
+
+    @property
+    def path(self) -> Path:
+        """The SQLite file (only for the embedded backend)."""
+        if not isinstance(self.location, Path):
+            raise SetupError(f"state store {describe(self.location)} is not a file")
+        return self.location
+
+    def connect(self) -> Connection:
+        """A new connection to this store, usable from another thread (callers serialise
+        their own use of it); closed by the caller."""
+        return _open(self.location, read_only=not self.writable, shared=True)
+
+    def sqlite(self) -> sqlite3.Connection:
+        """The driver's connection, for a component that only exists on SQLite (the
+        embedded memory store: FTS5)."""
+        if not isinstance(self.conn, SqliteConnection):
+            raise SetupError(f"state store {describe(self.location)} is not SQLite")
+        return self.conn.raw
+
+    @contextmanager
+    def sqlite_transaction(self) -> Iterator[sqlite3.Connection]:
+        """``transaction`` for a SQLite-only component: the driver's connection."""
+        with self.conn.transaction():
+            yield self.sqlite()
+
+    def migrate(self, component: str, migrations: Sequence[Migration]) -> None:
         """Apply the migrations of ``component`` that have not been applied yet.
 
         On a read-only store nothing is applied: it raises ``SchemaBehind`` when the
         component is not at this version (and SetupError when it is newer).
 
-        Safe when many processes start at once on a fresh state directory: the version is
-        read inside the same ``BEGIN IMMEDIATE`` transaction that applies a migration, so
-        exactly one process applies each version and the others, once they get the write
-        lock, see it applied. The read-only check first keeps the common case (nothing
-        to do) free of the write lock.
+        Safe when many processes start at once on a fresh store: the version is read
+        inside the same write-locked transaction that applies the pending steps, so
+        exactly one process applies each version and the others, once they get the lock,
+        see it applied. The unlocked check first keeps the common case (nothing to do)
+        free of the write lock. Every pending step is in that one transaction: a reader
+        (``plan``, read-only) sees the component before or after, never half-way (an
+        intermediate version would read as an old schema, and a plan made then would be
+        stale by apply).
         """
-        if self._version(component) == len(migrations):
+        wanted = len(migrations)
+        current = self._version(component)
+        if current == wanted:
             return
         if not self.writable:
+            self._not_newer(component, current, wanted)
+            raise SchemaBehind(describe(self.location), component, current, wanted)
+        with self.transaction() as conn:
+            conn.run_script(_VERSIONS_TABLE)
             current = self._version(component)
-            if current > len(migrations):
-                raise SetupError(
-                    f"state store {self.path} has {component} schema v{current}, newer"
-                    f" than this kagura-agent understands (v{len(migrations)})",
-                    hint="upgrade kagura-agent or point KAGURA_AGENT_STATE_DIR elsewhere",
-                )
-            raise SchemaBehind(self.path, component, current, len(migrations))
-        # Every pending step in one transaction: a reader (``plan``, read-only) sees the
-        # component before or after, never half-way (an intermediate version would read
-        # as an old schema, and a plan made then would be stale by apply).
-        with self.transaction():
-            current = self._version(component)
-            if current > len(migrations):
-                raise SetupError(
-                    f"state store {self.path} has {component} schema v{current}, newer"
-                    f" than this kagura-agent understands (v{len(migrations)})",
-                    hint="upgrade kagura-agent or point KAGURA_AGENT_STATE_DIR elsewhere",
-                )
-            if current == len(migrations):
+            self._not_newer(component, current, wanted)
+            if current == wanted:
                 return
-            for migration in migrations[current:]:
-                for statement in _split_sql(migration):
-                    self.conn.execute(statement)
-            self.conn.execute(
+            for step in migrations[current:]:
+                conn.run_script(migration_sql(step, conn.dialect))
+            conn.execute(
                 "INSERT INTO schema_versions(component, version) VALUES (?, ?)"
                 " ON CONFLICT(component) DO UPDATE SET version = excluded.version",
-                (component, len(migrations)),
+                (component, wanted),
+            )
+
+    def _not_newer(self, component: str, current: int, wanted: int) -> None:
+        if current > wanted:
+            raise SetupError(
+                f"state store {describe(self.location)} has {component} schema v{current},"
+                f" newer than this kagura-agent understands (v{wanted})",
+                hint=f"upgrade kagura-agent or point {URL_ENV} / KAGURA_AGENT_STATE_DIR elsewhere",
             )
 
     def _version(self, component: str) -> int:
@@ -145,22 +223,16 @@ class StateStore:
             row = self.conn.execute(
                 "SELECT version FROM schema_versions WHERE component = ?", (component,)
             ).fetchone()
-        except sqlite3.OperationalError:
-            if self.writable:
-                raise
-            return 0  # a read-only view of a database made by something else: nothing known
+        except MissingTable:
+            return 0  # nothing migrated yet (or a database made by something else)
         return int(row["version"]) if row else 0
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """BEGIN IMMEDIATE … COMMIT, rolled back on any exception."""
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.conn
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
+    def transaction(self) -> Iterator[Connection]:
+        """One write transaction holding the store's write lock; rolled back on any
+        exception."""
+        with self.conn.transaction() as conn:
+            yield conn
 
     def close(self) -> None:
         self.conn.close()
@@ -170,6 +242,88 @@ class StateStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_VERSIONS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS schema_versions ("
+    " component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+)
+
+
+def _resolve(where: Location | None) -> Location:
+    if where is None:
+        return state_location()
+    if isinstance(where, str):
+        return _checked_url(where)
+    return where
+
+
+def _open(location: Location, *, read_only: bool, shared: bool = False) -> Connection:
+    if isinstance(location, str):
+        return state_pg.PgConnection(location, read_only=read_only)
+    if read_only:
+        try:
+            return SqliteConnection(_connect_read_only(location), location)
+        except sqlite3.Error as exc:
+            raise StateDbError(f"cannot read the state store at {location}: {exc}") from exc
+    try:
+        location.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            location, timeout=30.0, isolation_level=None, check_same_thread=not shared
+        )
+        conn.row_factory = sqlite3.Row
+        _set_wal(conn)
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute(_VERSIONS_TABLE)
+    except (OSError, sqlite3.Error) as exc:
+        raise SetupError(
+            f"cannot open the state store at {location}: {exc}",
+            hint="set KAGURA_AGENT_STATE_DIR to a writable directory",
+        ) from exc
+    return SqliteConnection(conn, location)
+
+
+class SqliteConnection:
+    """The embedded backend: SQL passes through unchanged; the write lock is SQLite's."""
+
+    dialect: Dialect = "sqlite"
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self.raw = conn
+        self.path = path
+
+    def execute(self, sql: str, params: Sequence[Any] = (), /) -> sqlite3.Cursor:
+        try:
+            return self.raw.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise _translated(exc, self.path) from exc
+
+    def run_script(self, script: str) -> None:
+        # Statement by statement: executescript would commit on its own.
+        for statement in _split_sql(script):
+            self.execute(statement)
+
+    @contextmanager
+    def transaction(self) -> Iterator[SqliteConnection]:
+        """BEGIN IMMEDIATE … COMMIT, rolled back on any exception."""
+        self.execute("BEGIN IMMEDIATE")
+        try:
+            yield self
+        except BaseException:
+            self.raw.execute("ROLLBACK")
+            raise
+        self.execute("COMMIT")
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def _translated(exc: sqlite3.Error, path: Path) -> StateDbError:
+    text = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and text.startswith("no such table"):
+        return MissingTable(f"state store {path}: {text}")
+    return StateDbError(f"state store {path}: {text}")
 
 
 def _connect_read_only(path: Path) -> sqlite3.Connection:
@@ -215,7 +369,7 @@ def _set_wal(conn: sqlite3.Connection, timeout: float = 30.0) -> None:
 
 
 def _split_sql(script: str) -> list[str]:
-    """Split a migration into statements (executescript would commit on its own)."""
+    """Split a migration into statements."""
     statements: list[str] = []
     buffer = ""
     for line in script.splitlines(keepends=True):

@@ -21,5 +21,8 @@ total_started=$SECONDS
 step docker-up bash scripts/docker-up.sh
 step images-bootstrap "$python" -m kagura_agent images bootstrap
 step images-build "$python" -m kagura_agent images build
+# PostgreSQL 15 for the state store's team backend: installed from Debian when missing,
+# started once (non-root, temp dir) to prove it runs; the tests start their own.
+step postgres bash -c 'd=$(mktemp -d) && bash scripts/postgres-up.sh "$d" && bash scripts/postgres-up.sh --stop "$d" && rm -rf "$d"'
 "$python" -m kagura_agent images list
 printf 'ci-setup timings: %s total=%ss\n' "${timings[*]}" "$((SECONDS - total_started))" >&2

@@ -50,3 +50,33 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "state"
     monkeypatch.setenv("KAGURA_AGENT_STATE_DIR", str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """One PostgreSQL server for the session (tests/postgres.py); started on first use."""
+    import os
+
+    import postgres
+
+    yield from postgres.start(os.environ.get("KAGURA_TEST_POSTGRES_URL"))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def state_target(
+    request: pytest.FixtureRequest, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path | str]:
+    """The state store a test runs against, once per backend: the SQLite file in the
+    test's state directory, or a fresh PostgreSQL database. Either way it is also the
+    configured store (``StateStore()``, and the ``kagura-agent`` processes a test starts,
+    open it): KAGURA_AGENT_STATE_URL is set for PostgreSQL and unset for SQLite."""
+    from kagura_agent.state import URL_ENV
+
+    if request.param == "sqlite":
+        monkeypatch.delenv(URL_ENV, raising=False)
+        yield state_dir / "state.db"
+        return
+    server = request.getfixturevalue("postgres_server")
+    with server.fresh_database() as url:
+        monkeypatch.setenv(URL_ENV, url)
+        yield url

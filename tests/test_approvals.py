@@ -6,7 +6,6 @@ import io
 import os
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import TextIO
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from kagura_agent import approvals
 from kagura_agent.clock import FixedClock
 from kagura_agent.errors import RefusedError, UsageError
-from kagura_agent.state import StateStore
+from kagura_agent.state import Location, StateStore
 
 DNS = "credential:cloudflare/dns-write"
 APT = "egress:debian-packages"
@@ -28,8 +27,9 @@ def clock() -> FixedClock:
 
 
 @pytest.fixture()
-def store(tmp_path: Path) -> StateStore:
-    return StateStore(tmp_path / "state.db")
+def store(state_target: Location) -> Iterator[StateStore]:
+    with StateStore(state_target) as opened:
+        yield opened
 
 
 def _approve(store: StateStore, clock: FixedClock, plan: str, category: str = DNS) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -28,7 +28,7 @@ from kagura_agent.graduation import (
     reset,
     snapshot,
 )
-from kagura_agent.state import StateStore
+from kagura_agent.state import Location, StateStore
 
 DNS = "credential:cloudflare/dns-write"
 APT = "egress:debian-packages"
@@ -43,8 +43,9 @@ def clock() -> FixedClock:
 
 
 @pytest.fixture()
-def store(tmp_path: Path) -> StateStore:
-    return StateStore(tmp_path / "state.db")
+def store(state_target: Location) -> Iterator[StateStore]:
+    with StateStore(state_target) as opened:
+        yield opened
 
 
 def _earn(store: StateStore, clock: FixedClock, category: str = DNS) -> None:
@@ -216,8 +217,8 @@ def test_snapshot_round_trips_through_json(store: StateStore, clock: FixedClock)
     assert classify(DNS, baseline=False, state=again).class_ == "graduated"
 
 
-def test_state_survives_a_restart(tmp_path: Path, clock: FixedClock) -> None:
-    path = tmp_path / "state.db"
+def test_state_survives_a_restart(state_target: Location, clock: FixedClock) -> None:
+    path = state_target
     first = StateStore(path)
     _earn(first, clock)
     approve_graduation(first, DNS, who="alice", clock=clock, knobs=Knobs())
@@ -239,10 +240,9 @@ def test_state_survives_a_restart(tmp_path: Path, clock: FixedClock) -> None:
 
     script = (
         "import json, sys\n"
-        "from pathlib import Path\n"
         "from kagura_agent.graduation import Knobs, snapshot\n"
-        "from kagura_agent.state import StateStore\n"
-        "snap = snapshot(StateStore(Path(sys.argv[1])), Knobs())\n"
+        "from kagura_agent.state import Location, StateStore\n"
+        "snap = snapshot(StateStore(), Knobs())\n"
         "print(json.dumps(snap.to_json()))\n"
     )
     proc = subprocess.run(
@@ -253,10 +253,10 @@ def test_state_survives_a_restart(tmp_path: Path, clock: FixedClock) -> None:
     assert data["categories"][DNS]["graduated_by"] == "alice"
 
 
-def test_evidence_from_schema_v1_is_kept_by_v2(tmp_path: Path, clock: FixedClock) -> None:
+def test_evidence_from_schema_v1_is_kept_by_v2(state_target: Location, clock: FixedClock) -> None:
     from kagura_agent.graduation.ledger import MIGRATIONS
 
-    store = StateStore(tmp_path / "state.db")
+    store = StateStore(state_target)
     store.migrate("graduation", MIGRATIONS[:1])
     with store.transaction() as conn:
         conn.execute(

@@ -133,7 +133,7 @@ def test_cockpit_posts_are_neutralised(tmp_path: Path) -> None:
     from kagura_agent.cockpit.core import Cockpit, CockpitConfig
 
     transport = _Recorder()
-    config = CockpitConfig(operators=frozenset({"U1"}), state_path=tmp_path / "state.db")
+    config = CockpitConfig(operators=frozenset({"U1"}), state=tmp_path / "state.db")
     cockpit = Cockpit(transport, config)
     cockpit._say("T1", f"step output: {EVIL}\nsecond line")
     [post] = transport.posts

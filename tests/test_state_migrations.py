@@ -9,7 +9,6 @@ gave "table memories already exists", "table lease_grants already exists" and
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kagura_agent.state import StateStore
+from kagura_agent.state import StateDbError, StateStore
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = 20
@@ -28,7 +27,7 @@ ROUNDS = 3
 CHILD = """
 import sys, time
 start = float(sys.argv[1])
-from kagura_agent.state import StateStore
+from kagura_agent.state import StateDbError, StateStore
 from kagura_agent.apply import runs
 from kagura_agent.approvals import log
 from kagura_agent.clock import SystemClock
@@ -104,7 +103,7 @@ def test_pending_steps_apply_in_one_transaction(tmp_path: Path) -> None:
         "CREATE TABLE three (x INTEGER, x INTEGER);",  # duplicate column: fails
     ]
     with StateStore(tmp_path / "state.db") as store:
-        with pytest.raises(sqlite3.OperationalError, match="duplicate column"):
+        with pytest.raises(StateDbError, match="duplicate column"):
             store.migrate("atomic", steps)
         assert store._version("atomic") == 0
         tables = {

@@ -11,7 +11,6 @@ Graduation decisions (a human unlocking a category) are logged here too, with
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,12 +18,14 @@ from typing import Literal
 
 from kagura_agent.clock import Clock, iso, parse_iso
 from kagura_agent.errors import RefusedError, UsageError
-from kagura_agent.state import StateStore
+from kagura_agent.state import Connection, StateStore
+from kagura_agent.state_sql import Dialects, Migration
+from kagura_agent.state_types import Row
 
 Outcome = Literal["approved", "denied", "timeout"]
 Kind = Literal["capability", "graduation", "memory-trust"]
 
-MIGRATIONS = [
+MIGRATIONS: list[Migration] = [
     """
     CREATE TABLE approval_decisions (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -39,8 +40,9 @@ MIGRATIONS = [
     );
     CREATE INDEX approval_decisions_plan ON approval_decisions (fingerprint, category);
     """,
-    # memory-trust decisions: SQLite cannot alter a CHECK, so the table is rebuilt.
-    """
+    # memory-trust decisions: SQLite cannot alter a CHECK, so the table is rebuilt there.
+    Dialects(
+        sqlite="""
     CREATE TABLE approval_decisions_v2 (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         decided_at TEXT NOT NULL,
@@ -57,6 +59,12 @@ MIGRATIONS = [
     ALTER TABLE approval_decisions_v2 RENAME TO approval_decisions;
     CREATE INDEX approval_decisions_plan ON approval_decisions (fingerprint, category);
     """,
+        postgres="""
+        ALTER TABLE approval_decisions DROP CONSTRAINT approval_decisions_kind_check;
+        ALTER TABLE approval_decisions ADD CONSTRAINT approval_decisions_kind_check
+            CHECK (kind IN ('capability', 'graduation', 'memory-trust'));
+        """,
+    ),
 ]
 
 
@@ -97,7 +105,7 @@ def migrate(store: StateStore) -> None:
     store.migrate("approvals", MIGRATIONS)
 
 
-def _decision(row: sqlite3.Row) -> Decision:
+def _decision(row: Row) -> Decision:
     return Decision(
         id=int(row["id"]),
         decided_at=parse_iso(str(row["decided_at"])),
@@ -142,7 +150,7 @@ def record_decision(
 
 
 def insert_decision(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     category: str,
     fingerprint: str | None,
@@ -158,15 +166,13 @@ def insert_decision(
     Graduation uses this so that unlocking a category and logging who unlocked it commit
     together or not at all.
     """
-    cursor = conn.execute(
+    row = conn.execute(
         "INSERT INTO approval_decisions"
         " (decided_at, who, via, kind, category, fingerprint, outcome, reason)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
         (iso(at), who, via, kind, category, fingerprint, outcome, reason),
-    )
-    row = conn.execute(
-        "SELECT * FROM approval_decisions WHERE id = ?", (cursor.lastrowid,)
     ).fetchone()
+    assert row is not None  # RETURNING gives the inserted row
     return _decision(row)
 
 

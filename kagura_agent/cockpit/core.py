@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import sqlite3
 import sys
 import threading
 import traceback
@@ -56,12 +55,12 @@ from kagura_agent.manifest.workspace import load_workspace
 from kagura_agent.membrane.hardening import LABEL_RUN
 from kagura_agent.membrane.leases.ledger import process_start
 from kagura_agent.membrane.runtime import connect
+from kagura_agent.paths import state_dir
 from kagura_agent.plan import planfile
 from kagura_agent.plan.build import plan_tasks
 from kagura_agent.plan.model import Plan
 from kagura_agent.plan.render import render_text
-from kagura_agent.state import StateStore
-from kagura_agent.state import state_path as default_state_path
+from kagura_agent.state import Location, MissingTable, StateStore, state_location
 from kagura_agent.ui import Style
 
 STOP_WAIT_SECONDS = 120.0
@@ -77,7 +76,7 @@ class CockpitConfig:
     # `run TEXT` tasks: their project root (default: the current directory) and image.
     project_root: Path | None = None
     image: str | None = None
-    state_path: Path | None = None  # the state store (default: the state dir's)
+    state: Location | None = None  # the state store (default: the configured one)
     plans_dir: Path | None = None  # saved plans of sessions (default: beside the state store)
     env: dict[str, str] | None = field(default=None, repr=False)  # for apply (default: ours)
     # The operators' channel (a thread id of the transport: "C0123OPS", "tty"): graduation
@@ -94,10 +93,10 @@ class Cockpit:
         self.transport = transport
         self.config = config
         self.clock = clock or SystemClock()
-        state_path = config.state_path or default_state_path()
-        self.state_path = state_path
-        self.plans_dir = config.plans_dir or state_path.parent / "cockpit-plans"
-        self.registry = Registry(state_path, self.clock)
+        self.state = config.state or state_location()
+        beside = self.state.parent if isinstance(self.state, Path) else state_dir()
+        self.plans_dir = config.plans_dir or beside / "cockpit-plans"
+        self.registry = Registry(self.state, self.clock)
         self._lock = threading.Lock()
         self._runs: dict[str, ApplyProcess | AdoptedRun] = {}
         self._threads: dict[str, threading.Thread] = {}
@@ -125,7 +124,7 @@ class Cockpit:
         running = [s for s in left if s.state == "running"]
         queued = [s for s in left if s.state == "queued"]
         for session in running:
-            run = AdoptedRun(session.pid or 0, session.pid_start, self.state_path)
+            run = AdoptedRun(session.pid or 0, session.pid_start, self.state)
             if session.pid is not None and run.alive():
                 with self._lock:
                     self._active[session.id] = session
@@ -381,7 +380,7 @@ class Cockpit:
         self._say(session.thread, f"session {session_id}: {why}; denied, nothing ran")
 
     def _record(self, session: Session, outcome: Any, who: str, reason: str) -> None:
-        with StateStore(self.state_path) as store:
+        with StateStore(self.state) as store:
             for category in session.categories:
                 record_decision(
                     store,
@@ -634,11 +633,11 @@ class Cockpit:
 
         leases = "leases: none"
         try:
-            with StateStore(self.state_path) as store:
+            with StateStore(self.state) as store:
                 rows = store.conn.execute(
                     "SELECT state, closed_at FROM lease_grants WHERE run_id = ?", (run_id,)
                 ).fetchall()
-        except sqlite3.OperationalError:  # no lease table: the run never leased
+        except MissingTable:  # no lease table: the run never leased
             rows = []
         if rows:
             still = sum(1 for r in rows if r["closed_at"] is None)
@@ -677,7 +676,7 @@ class Cockpit:
             return True
         try:
             knobs = self._knobs()
-            with StateStore(self.state_path) as store:
+            with StateStore(self.state) as store:
                 found = proposals(store, knobs)
         except Exception as exc:  # the run's outcome is posted already; say why, carry on
             self._say(where, f"could not read graduation proposals: {exc}")
@@ -738,7 +737,7 @@ class Cockpit:
             return
         category = asked[0]
         who = f"{event.transport}:{event.user}"
-        with StateStore(self.state_path) as store:
+        with StateStore(self.state) as store:
             if approved:
                 try:
                     approve_graduation(
@@ -780,7 +779,7 @@ class Cockpit:
         if asked is None:
             return
         category, where = asked
-        with StateStore(self.state_path) as store:
+        with StateStore(self.state) as store:
             record_decision(
                 store,
                 category=category,

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 from kagura_agent.clock import Clock, iso
-from kagura_agent.state import StateStore
+from kagura_agent.state import Location, StateStore
+from kagura_agent.state_sql import Migration, with_rowid
 
-MIGRATIONS = [
-    """
+MIGRATIONS: list[Migration] = [
+    with_rowid(
+        """
     CREATE TABLE cockpit_sessions (
         id TEXT PRIMARY KEY,
         transport TEXT NOT NULL,
@@ -45,6 +46,8 @@ MIGRATIONS = [
     );
     CREATE INDEX cockpit_sessions_state ON cockpit_sessions(state);
     """,
+        "cockpit_sessions",
+    ),
     """
     ALTER TABLE cockpit_sessions ADD COLUMN root TEXT;
     ALTER TABLE cockpit_sessions ADD COLUMN brain_session TEXT;
@@ -85,6 +88,7 @@ class Session:
 
 
 _COLUMNS = [f.name for f in fields(Session)]
+_SELECT = f"SELECT {', '.join(_COLUMNS)} FROM cockpit_sessions"
 
 
 def new_session_id() -> str:
@@ -92,16 +96,16 @@ def new_session_id() -> str:
 
 
 class Registry:
-    """Sessions in the state store at ``path``."""
+    """Sessions in the state store at ``location``."""
 
-    def __init__(self, path: Path, clock: Clock) -> None:
-        self.path = path
+    def __init__(self, location: Location, clock: Clock) -> None:
+        self.location = location
         self.clock = clock
         with self._store() as store:
             store.migrate("cockpit", MIGRATIONS)
 
     def _store(self) -> StateStore:
-        return StateStore(self.path)  # one connection per call: callers are in many threads
+        return StateStore(self.location)  # one connection per call: callers are in many threads
 
     def add(self, session: Session) -> None:
         values = [getattr(session, c) for c in _COLUMNS]
@@ -132,9 +136,7 @@ class Registry:
 
     def get(self, session_id: str) -> Session | None:
         with self._store() as store:
-            row = store.conn.execute(
-                "SELECT * FROM cockpit_sessions WHERE id = ?", (session_id,)
-            ).fetchone()
+            row = store.conn.execute(_SELECT + " WHERE id = ?", (session_id,)).fetchone()
         return Session(**dict(row)) if row else None
 
     def listing(self, closed: int = 10) -> list[Session]:
@@ -145,7 +147,7 @@ class Registry:
     def recent(self, limit: int = 20) -> list[Session]:
         with self._store() as store:
             rows = store.conn.execute(
-                "SELECT * FROM cockpit_sessions ORDER BY created_at DESC, rowid DESC LIMIT ?",
+                _SELECT + " ORDER BY created_at DESC, rowid DESC LIMIT ?",
                 (limit,),
             ).fetchall()
         return [Session(**dict(row)) for row in rows]
@@ -153,8 +155,7 @@ class Registry:
     def open_sessions(self) -> list[Session]:
         with self._store() as store:
             rows = store.conn.execute(
-                "SELECT * FROM cockpit_sessions WHERE state IN (?, ?, ?)"
-                " ORDER BY created_at, rowid",
+                _SELECT + " WHERE state IN (?, ?, ?) ORDER BY created_at, rowid",
                 OPEN_STATES,
             ).fetchall()
         return [Session(**dict(row)) for row in rows]

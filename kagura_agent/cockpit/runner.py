@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -30,7 +29,7 @@ from kagura_agent.apply.live import tool_call_detail
 from kagura_agent.brain.events import MAX_TEXT_CHARS
 from kagura_agent.clock import iso
 from kagura_agent.membrane.leases.ledger import owner_alive
-from kagura_agent.state import StateStore
+from kagura_agent.state import Location, MissingTable, StateStore
 
 BATCH_SECONDS = 1.5
 MAX_BATCH_LINES = 40
@@ -377,12 +376,10 @@ class AdoptedRun:
     nobody reads its output). Its progress is not relayed; its outcome is read from the
     ``runs`` table once the process is gone."""
 
-    def __init__(
-        self, pid: int, pid_start: str | None, state_path: Path, poll: float = 1.0
-    ) -> None:
+    def __init__(self, pid: int, pid_start: str | None, state: Location, poll: float = 1.0) -> None:
         self.pid = pid
         self.pid_start = pid_start
-        self.state_path = state_path
+        self.state = state
         self.poll = poll
 
     def alive(self) -> bool:
@@ -402,14 +399,15 @@ class AdoptedRun:
         return self.outcome()
 
     def outcome(self) -> RunOutcome:
-        with StateStore(self.state_path) as store:
+        with StateStore(self.state) as store:
             try:
                 row = store.conn.execute(
-                    "SELECT run_id, outcome, exit_code FROM runs WHERE pid = ? AND pid_start IS ?"
+                    "SELECT run_id, outcome, exit_code FROM runs WHERE pid = ?"
+                    " AND pid_start IS NOT DISTINCT FROM ?"
                     " ORDER BY started_at DESC LIMIT 1",
                     (self.pid, self.pid_start),
                 ).fetchone()
-            except sqlite3.OperationalError:  # no runs table: it never got as far as a run
+            except MissingTable:  # no runs table: it never got as far as a run
                 row = None
         if row is None or row["exit_code"] is None:  # killed before it could record an end
             return RunOutcome(-1, row["run_id"] if row else None, "lost", None)

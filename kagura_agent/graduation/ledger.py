@@ -12,7 +12,6 @@ the highest evidence row id at that moment, so later rows count and earlier ones
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,7 +22,7 @@ from kagura_agent.clock import Clock, iso, parse_iso
 from kagura_agent.errors import RefusedError, UsageError
 from kagura_agent.graduation.knobs import Knobs
 from kagura_agent.graduation.model import CategoryStatus, GraduationSnapshot, unmet_knobs
-from kagura_agent.state import StateStore
+from kagura_agent.state import Connection, StateStore
 
 MIGRATIONS = [
     """
@@ -62,8 +61,9 @@ MIGRATIONS = [
     # v2: every category with evidence has a state row, and evidence is indexed by
     # (category, id) so a snapshot reads only the rows since each category's reset.
     """
-    INSERT OR IGNORE INTO graduation_categories (category, state)
-        SELECT DISTINCT category, 'locked' FROM graduation_evidence;
+    INSERT INTO graduation_categories (category, state)
+        SELECT DISTINCT category, 'locked' FROM graduation_evidence WHERE true
+        ON CONFLICT DO NOTHING;
     CREATE INDEX graduation_evidence_since_reset
         ON graduation_evidence (category, id, outcome, task, recorded_at);
     """,
@@ -119,21 +119,22 @@ def record_outcome(
     demoted: list[str] = []
     with store.transaction() as conn:
         for category in dict.fromkeys(categories):
-            cursor = conn.execute(
-                "INSERT OR IGNORE INTO graduation_evidence (category, run_id, task,"
-                " fingerprint, recorded_at, outcome, verify) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            added = conn.execute(
+                "INSERT INTO graduation_evidence (category, run_id, task,"
+                " fingerprint, recorded_at, outcome, verify) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT DO NOTHING RETURNING id",
                 (category, run_id, task, fingerprint, now, _outcome(success), detail),
-            )
-            if cursor.rowcount == 0:
+            ).fetchone()
+            if added is None:
                 continue
             recorded.append(category)
             conn.execute(
-                "INSERT OR IGNORE INTO graduation_categories (category, state)"
-                " VALUES (?, 'locked')",
+                "INSERT INTO graduation_categories (category, state)"
+                " VALUES (?, 'locked') ON CONFLICT DO NOTHING",
                 (category,),
             )
             if not success:
-                _lock(conn, category, int(cursor.lastrowid or 0), now, f"run {run_id}: {reason}")
+                _lock(conn, category, int(added["id"]), now, f"run {run_id}: {reason}")
                 _event(conn, now, category, "demoted", "verify", run_id, reason)
                 demoted.append(category)
         if demoted:
@@ -166,7 +167,7 @@ def reset(
                 hint="`kagura-agent graduation status` lists the categories with evidence",
             )
         row = conn.execute("SELECT MAX(id) AS top FROM graduation_evidence").fetchone()
-        _lock(conn, category, int(row["top"] or 0), now, why)
+        _lock(conn, category, int(row["top"] or 0) if row else 0, now, why)
         _event(conn, now, category, "reset", who, None, why)
         _bump(conn)
 
@@ -232,20 +233,19 @@ def events(store: StateStore, category: str | None = None) -> list[dict[str, obj
     return [{key: row[key] for key in columns} for row in rows]
 
 
-def _snapshot(conn: sqlite3.Connection, knobs: Knobs) -> GraduationSnapshot:
-    version = int(
-        conn.execute("SELECT value FROM graduation_meta WHERE key = 'version'").fetchone()["value"]
-    )
+def _snapshot(conn: Connection, knobs: Knobs) -> GraduationSnapshot:
+    row = conn.execute("SELECT value FROM graduation_meta WHERE key = 'version'").fetchone()
+    version = int(row["value"]) if row else 0
     states = {row["category"]: row for row in conn.execute("SELECT * FROM graduation_categories")}
     tallies = {
         row["category"]: row
         for row in conn.execute(
             "SELECT e.category,"
-            " SUM(e.outcome = 'success') AS successes,"
+            " SUM(CASE WHEN e.outcome = 'success' THEN 1 ELSE 0 END) AS successes,"
             " COUNT(DISTINCT CASE WHEN e.outcome = 'success' THEN e.task END) AS tasks,"
             " MIN(CASE WHEN e.outcome = 'success' THEN e.recorded_at END) AS first,"
             " MAX(CASE WHEN e.outcome = 'success' THEN e.recorded_at END) AS last,"
-            " SUM(e.outcome = 'failure') AS failures"
+            " SUM(CASE WHEN e.outcome = 'failure' THEN 1 ELSE 0 END) AS failures"
             " FROM graduation_categories g JOIN graduation_evidence e"
             " ON e.category = g.category AND e.id > g.reset_seq"
             " GROUP BY e.category"
@@ -288,7 +288,7 @@ def _outcome(success: bool) -> str:
     return "success" if success else "failure"
 
 
-def _lock(conn: sqlite3.Connection, category: str, seq: int, now: str, reason: str) -> None:
+def _lock(conn: Connection, category: str, seq: int, now: str, reason: str) -> None:
     conn.execute(
         "INSERT INTO graduation_categories (category, state, reset_seq, reset_at,"
         " last_reset_reason) VALUES (?, 'locked', ?, ?, ?) ON CONFLICT(category) DO UPDATE SET"
@@ -300,7 +300,7 @@ def _lock(conn: sqlite3.Connection, category: str, seq: int, now: str, reason: s
 
 
 def _event(
-    conn: sqlite3.Connection,
+    conn: Connection,
     at: str,
     category: str,
     event: str,
@@ -315,14 +315,14 @@ def _event(
     )
 
 
-def _recorded(conn: sqlite3.Connection, category: str) -> bool:
+def _recorded(conn: Connection, category: str) -> bool:
     return any(
         conn.execute(f"SELECT 1 FROM {table} WHERE category = ? LIMIT 1", (category,)).fetchone()
         for table in ("graduation_categories", "graduation_evidence", "graduation_events")
     )
 
 
-def _bump(conn: sqlite3.Connection) -> None:
+def _bump(conn: Connection) -> None:
     conn.execute("UPDATE graduation_meta SET value = value + 1 WHERE key = 'version'")
 
 

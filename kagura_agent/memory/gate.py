@@ -16,6 +16,7 @@ from typing import Any
 from kagura_agent.errors import SetupError
 from kagura_agent.memory.factory import DEFAULT_SECTION, open_memory
 from kagura_agent.memory.sqlite import SqliteMemoryStore
+from kagura_agent.state import StateDbError
 
 RETRY_DELAY_SECONDS = 0.5
 
@@ -37,7 +38,7 @@ def _check_sqlite(section: Mapping[str, Any]) -> None:
         if verdict != "ok":
             raise SetupError(f"memory store {store.path} failed its integrity check: {verdict}")
         store.probe_write()
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, StateDbError) as exc:
         raise SetupError(f"memory store {store.path} is not usable: {exc}") from exc
     finally:
         store.close()

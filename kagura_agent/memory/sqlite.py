@@ -31,7 +31,7 @@ from kagura_agent.memory.model import (
     default_trust,
     new_memory_id,
 )
-from kagura_agent.state import StateStore
+from kagura_agent.state import StateDbError, StateStore
 
 MEMORY_FILE = "memory.db"
 COMPONENT = "memory"
@@ -139,10 +139,10 @@ class SqliteMemoryStore:
         self._state = state if state is not None else StateStore(path)
         try:
             self._state.migrate(COMPONENT, MIGRATIONS)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, StateDbError) as exc:
             self._state.close()
             raise SetupError(f"memory store {path} cannot be migrated: {exc}") from exc
-        self.conn = self._state.conn
+        self.conn = self._state.sqlite()
 
     def _now(self) -> datetime:
         # Stored times have second precision; returning the same value keeps a
@@ -179,7 +179,7 @@ class SqliteMemoryStore:
             json.dumps(memory.details, sort_keys=True),
             json.dumps(list(memory.tags)),
         )
-        with self._state.transaction() as conn:
+        with self._state.sqlite_transaction() as conn:
             cursor = conn.execute(
                 "INSERT INTO memories(id, type, summary, details, tags, source_kind, source_id,"
                 " trust, task_kind, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -214,7 +214,7 @@ class SqliteMemoryStore:
             if self.get(memory_id) is None:
                 raise KeyError(f"no memory {memory_id}")
         created = self._now()
-        with self._state.transaction() as conn:
+        with self._state.sqlite_transaction() as conn:
             conn.execute(
                 "INSERT OR IGNORE INTO edges(source_id, target_id, type, created, details)"
                 " VALUES (?, ?, ?, ?, ?)",
@@ -230,7 +230,7 @@ class SqliteMemoryStore:
         self, memory_id: str, *, reason: str = "", cascade_of: str | None = None
     ) -> Tombstone | None:
         """Delete the memory, its FTS entry, tags and edges; keep a content-free tombstone."""
-        with self._state.transaction() as conn:
+        with self._state.sqlite_transaction() as conn:
             row = conn.execute("SELECT * FROM memories WHERE id = ?", (memory_id,)).fetchone()
             if row is None:
                 return None
@@ -274,7 +274,7 @@ class SqliteMemoryStore:
         """Change a memory's tier (the ``memory trust`` command logs who and why)."""
         if trust not in TRUST_TIERS:
             raise ValueError(f"trust must be one of {TRUST_TIERS}, not {trust!r}")
-        with self._state.transaction() as conn:
+        with self._state.sqlite_transaction() as conn:
             conn.execute("UPDATE memories SET trust = ? WHERE id = ?", (trust, memory_id))
         return self.get(memory_id)
 
@@ -400,7 +400,7 @@ class SqliteMemoryStore:
 
     def probe_write(self) -> None:
         """Commit one small write, proving the file and its WAL are writable (startup gate)."""
-        with self._state.transaction() as conn:
+        with self._state.sqlite_transaction() as conn:
             conn.execute(
                 "INSERT INTO health(id, checked) VALUES (1, ?)"
                 " ON CONFLICT(id) DO UPDATE SET checked = excluded.checked",

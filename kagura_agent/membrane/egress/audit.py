@@ -22,10 +22,12 @@ from kagura_agent.manifest.hosts import is_ip_literal
 from kagura_agent.membrane.egress.policy import EgressPolicy
 from kagura_agent.membrane.egress.squid import LOG_TAG
 from kagura_agent.state import StateStore
+from kagura_agent.state_sql import Migration, with_rowid
 
 COMPONENT = "egress"
-MIGRATIONS: tuple[str, ...] = (
-    """
+MIGRATIONS: tuple[Migration, ...] = (
+    with_rowid(
+        """
     CREATE TABLE egress_runs (
         run_id TEXT PRIMARY KEY,
         started TEXT NOT NULL,
@@ -55,6 +57,8 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX egress_events_decision ON egress_events(run_id, decision);
     """,
+        "egress_runs",
+    ),
 )
 
 
@@ -172,8 +176,8 @@ def record_events(store: StateStore, events: Iterable[EgressEvent]) -> list[Egre
     fresh = []
     columns = list(EgressEvent.__dataclass_fields__)
     sql = (
-        f"INSERT OR IGNORE INTO egress_events ({', '.join(columns)})"
-        f" VALUES ({', '.join('?' for _ in columns)})"
+        f"INSERT INTO egress_events ({', '.join(columns)})"
+        f" VALUES ({', '.join('?' for _ in columns)}) ON CONFLICT DO NOTHING"
     )
     with store.transaction() as conn:
         for event in events:
@@ -186,7 +190,9 @@ def record_events(store: StateStore, events: Iterable[EgressEvent]) -> list[Egre
 def record_run(store: StateStore, run_id: str, started: str, allowlist: Mapping[str, Any]) -> None:
     with store.transaction() as conn:
         conn.execute(
-            "INSERT OR REPLACE INTO egress_runs (run_id, started, allowlist) VALUES (?, ?, ?)",
+            "INSERT INTO egress_runs (run_id, started, allowlist) VALUES (?, ?, ?)"
+            " ON CONFLICT(run_id) DO UPDATE SET started = excluded.started,"
+            " allowlist = excluded.allowlist, ended = NULL",
             (run_id, started, json.dumps(allowlist, sort_keys=True)),
         )
 

@@ -430,7 +430,7 @@ class EgressSession:
     def _collect(self) -> None:
         """Follow the proxy's stdout, storing each decision as it happens."""
         seq, pending = 0, b""
-        with StateStore(self.store.path) as store:
+        with StateStore(self.store.location) as store:
             try:
                 self._stream = self.proxy.logs(stdout=True, stderr=False, stream=True, follow=True)
                 for chunk in self._stream:

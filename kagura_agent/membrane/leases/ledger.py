@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kagura_agent.clock import Clock, iso, parse_iso
-from kagura_agent.state import StateStore
+from kagura_agent.state import Connection, StateStore
 
 COMPONENT = "leases"
 MIGRATIONS = [
@@ -217,22 +216,12 @@ class Ledger:
         store.migrate(COMPONENT, MIGRATIONS)
         self.clock = clock
         self._lock = threading.RLock()
-        self._conn = sqlite3.connect(
-            store.path, timeout=30.0, isolation_level=None, check_same_thread=False
-        )
-        self._conn.row_factory = sqlite3.Row
-        self._conn.execute("PRAGMA synchronous=FULL")
+        self._conn = store.connect()
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+    def _transaction(self) -> Iterator[Connection]:
+        with self._lock, self._conn.transaction() as conn:
+            yield conn
 
     def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         with self._lock:

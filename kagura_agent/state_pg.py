@@ -1,0 +1,176 @@
+"""The state store on PostgreSQL (team mode): psycopg 3 and one connection pool per URL.
+
+Imported by kagura_agent.state always, but psycopg and psycopg-pool are imported only when
+a store is opened on a ``postgresql://`` URL, so ``validate`` and ``plan`` on the embedded
+default pay nothing for them.
+
+What differs from SQLite, and how this keeps the same behaviour:
+
+- the write lock: SQLite lets one write transaction in at a time (``BEGIN IMMEDIATE``);
+  here every write transaction takes one transaction-scoped advisory lock first
+  (``pg_advisory_xact_lock``), so a component's read-check-write (a lease budget, the
+  graduation sequence, "only if still awaiting approval") is serialised the same way
+  across every process and host sharing the database. Reads take no lock;
+- placeholders and migration column types: ``state_sql``;
+- read-only stores: the session is ``default_transaction_read_only``; writes fail.
+
+Connections come from a process-wide pool per URL (``KAGURA_AGENT_STATE_POOL`` connections
+at most, default 8) in autocommit mode; ``close`` gives the connection back.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+from kagura_agent.errors import SetupError
+from kagura_agent.state_sql import Dialect, placeholders
+from kagura_agent.state_types import Cursor, MissingTable, StateDbError
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+# pg_advisory_xact_lock key of the store's one write lock ("kagura" in ASCII).
+WRITE_LOCK = 0x6B6167757261
+POOL_ENV = "KAGURA_AGENT_STATE_POOL"
+
+_pools: dict[str, ConnectionPool[Any]] = {}
+_pools_lock = threading.Lock()
+
+
+def _safe(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}"))
+
+
+class PgRow:
+    """A result row read by column name or position (like sqlite3.Row)."""
+
+    __slots__ = ("_index", "_values")
+
+    def __init__(self, values: Sequence[Any], index: dict[str, int]) -> None:
+        self._values = tuple(values)
+        self._index = index
+
+    def __getitem__(self, key: int | str, /) -> Any:
+        return self._values[key if isinstance(key, int) else self._index[key]]
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"PgRow({dict(zip(self._index, self._values, strict=True))!r})"
+
+
+def _row_factory(cursor: Any) -> Any:
+    names = [column.name for column in cursor.description or ()]
+    index = {name: position for position, name in enumerate(names)}
+
+    def make(values: Sequence[Any]) -> PgRow:
+        return PgRow(values, index)
+
+    return make
+
+
+def pool(url: str) -> ConnectionPool[Any]:
+    """The process's pool for ``url`` (opened on first use, closed at exit)."""
+    with _pools_lock:
+        found = _pools.get(url)
+        if found is not None:
+            return found
+        try:
+            import psycopg
+            from psycopg_pool import ConnectionPool
+        except ImportError as exc:
+            raise SetupError(
+                "a PostgreSQL state store needs psycopg and psycopg-pool",
+                hint="pip install 'kagura-agent[team]'",
+            ) from exc
+        size = int(os.environ.get(POOL_ENV, "8") or "8")
+        created: ConnectionPool[Any] = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max(1, size),
+            kwargs={"autocommit": True, "row_factory": _row_factory},
+            name=f"kagura-state-{len(_pools)}",
+            open=False,
+        )
+        try:
+            created.open(wait=True, timeout=30.0)
+        except psycopg.Error as exc:
+            created.close()
+            raise StateDbError(f"cannot reach the state store {_safe(url)}: {exc}") from exc
+        except Exception as exc:  # psycopg_pool.PoolTimeout
+            created.close()
+            raise StateDbError(f"cannot reach the state store {_safe(url)}: {exc}") from exc
+        if not _pools:
+            atexit.register(close_pools)
+        _pools[url] = created
+        return created
+
+
+def close_pools() -> None:
+    """Close every pool this process opened (at exit; tests between databases)."""
+    with _pools_lock:
+        opened = list(_pools.values())
+        _pools.clear()
+    for each in opened:
+        each.close()
+
+
+class PgConnection:
+    """One pooled connection, in autocommit mode; ``transaction`` takes the write lock."""
+
+    dialect: Dialect = "postgres"
+
+    def __init__(self, url: str, *, read_only: bool) -> None:
+        import psycopg
+
+        self._errors: type[Exception] = psycopg.Error
+        self._missing: type[Exception] = psycopg.errors.UndefinedTable
+        self._where = _safe(url)
+        self._pool = pool(url)
+        try:
+            self.raw: psycopg.Connection[Any] = self._pool.getconn(timeout=30.0)
+        except Exception as exc:  # PoolTimeout, or the server went away
+            raise StateDbError(f"no connection to the state store {self._where}: {exc}") from exc
+        self._read_only = read_only
+        self.execute("SET default_transaction_read_only = " + ("on" if read_only else "off"))
+
+    def execute(self, sql: str, params: Sequence[Any] = (), /) -> Cursor:
+        try:
+            if params:
+                return self.raw.execute(placeholders(sql), list(params))
+            return self.raw.execute(sql)
+        except self._errors as exc:
+            kind = MissingTable if isinstance(exc, self._missing) else StateDbError
+            raise kind(f"state store {self._where}: {exc}") from exc
+
+    def run_script(self, script: str) -> None:
+        # Without parameters psycopg sends the text as it is: several statements at once.
+        self.execute(script)
+
+    @contextmanager
+    def transaction(self) -> Iterator[PgConnection]:
+        """BEGIN, the store's write lock, … COMMIT; rolled back on any exception."""
+        with self.raw.transaction():
+            self.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK,))
+            yield self
+
+    def close(self) -> None:
+        self._pool.putconn(self.raw)
