@@ -81,6 +81,14 @@ def turn_from_plan(
             "local_provider": brain["local_provider"],
             "endpoint": brain["endpoint"],
         },
+        tool_servers={
+            server["name"]: (
+                {"transport": "stdio", "command": server["command"], "env": server["env"]}
+                if server["transport"] == "stdio"
+                else {"transport": "http", "url": server["url"]}
+            )
+            for server in plan.get("tool_servers", [])
+        },
     )
 
 

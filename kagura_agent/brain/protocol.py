@@ -56,6 +56,9 @@ class Turn:
     is the script engine's checkpoint, so a resumed session skips finished steps.
     ``engine_options`` carries the plan's brain section extras (backend, local provider,
     endpoint, cli path). ``env`` is the environment for the engine's tools.
+    ``tool_servers`` are the plan's MCP tool servers by name, provider-agnostic:
+    ``{"transport": "stdio", "command": [argv], "env": {}}`` or
+    ``{"transport": "http", "url": URL}``; an engine that cannot use them refuses the turn.
     """
 
     engine: str = "script"
@@ -70,6 +73,7 @@ class Turn:
     cwd: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     engine_options: dict[str, str | None] = field(default_factory=dict)
+    tool_servers: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -118,6 +122,7 @@ class Turn:
             "cwd": self.cwd,
             "env": dict(self.env),
             "engine_options": dict(self.engine_options),
+            "tool_servers": {name: dict(server) for name, server in self.tool_servers.items()},
         }
 
     @classmethod
@@ -149,9 +154,28 @@ class Turn:
                 engine_options={
                     str(k): _opt_str(v) for k, v in (obj.get("engine_options") or {}).items()
                 },
+                tool_servers={
+                    str(name): _tool_server(server)
+                    for name, server in (obj.get("tool_servers") or {}).items()
+                },
             )
         except (TypeError, ValueError, AttributeError) as exc:
             raise UsageError(f"malformed turn: {exc}") from exc
+
+
+def tool_servers_refusal(engine: str, turn: Turn) -> str:
+    """Why ``engine`` (not the sdk) refuses ``turn``, or "" when it asks for no tool servers.
+
+    The planner already refuses such a task at validate; this holds for any other path
+    a turn could take (a hand-written plan file, a future caller).
+    """
+    if not turn.tool_servers:
+        return ""
+    names = ", ".join(sorted(turn.tool_servers))
+    return (
+        f"the {engine} engine cannot use tool servers ({names});"
+        " only the sdk engine hands them to its CLI"
+    )
 
 
 class Brain(Protocol):
@@ -200,6 +224,26 @@ def _step_from(value: object) -> Step:
     if isinstance(value, list | tuple) and value and all(isinstance(v, str) for v in value):
         return tuple(value)
     raise ValueError(f"a step must be a string or a non-empty list of strings, not {value!r}")
+
+
+def _tool_server(value: object) -> dict[str, Any]:
+    """One tool server of a turn's wire form: stdio (argv, env) or http (url)."""
+    if not isinstance(value, dict):
+        raise TypeError("a tool server must be an object")
+    transport = value.get("transport")
+    if transport == "stdio":
+        command = value.get("command")
+        if not isinstance(command, list) or not command:
+            raise ValueError("a stdio tool server needs a non-empty command list")
+        env = value.get("env") or {}
+        return {
+            "transport": "stdio",
+            "command": [str(part) for part in command],
+            "env": {str(k): str(v) for k, v in env.items()},
+        }
+    if transport == "http":
+        return {"transport": "http", "url": str(value["url"])}
+    raise ValueError(f"unknown tool server transport {transport!r}")
 
 
 def _opt_str(value: object) -> str | None:

@@ -135,8 +135,9 @@ def _proposals(args: argparse.Namespace) -> int:
 
 
 # What the planner names categories: image:NAME, credential:PROVIDER/SCOPE, egress:POLICY,
-# mount:SOURCE. Anything else is a typo that would otherwise reset or look up nothing.
-_CATEGORY_KINDS = ("image", "credential", "egress", "mount")
+# mount:SOURCE, toolserver:NAME. Anything else is a typo that would otherwise reset or look
+# up nothing.
+_CATEGORY_KINDS = ("image", "credential", "egress", "mount", "toolserver")
 
 
 def _category(text: str) -> str:
@@ -157,6 +158,8 @@ def _defined(catalog: Catalog, category: str) -> bool:
         return catalog.get("Image", name) is not None
     if kind == "egress":
         return catalog.get("EgressPolicy", name) is not None
+    if kind == "toolserver":
+        return catalog.get("ToolServer", name) is not None
     if kind == "credential":
         provider_name, _, scope = name.partition("/")
         provider = catalog.get("CredentialProvider", provider_name)

@@ -14,6 +14,7 @@ from kagura_agent.manifest.cache import PassCache, key
 from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.grants import check_grants
 from kagura_agent.manifest.hosts import normalize_host
+from kagura_agent.manifest.toolservers import check_tool_server
 from kagura_agent.manifest.yamlpos import Path, YamlDoc, json_path
 
 DEFAULTABLE = ("Brain", "Image", "Memory")
@@ -90,6 +91,8 @@ def check_catalog(catalog: Catalog) -> list[Diagnostic]:
                 )
     for policy in catalog.of("Policy"):
         problems.extend(check_policy(policy))
+    for server in catalog.of("ToolServer"):
+        problems.extend(check_tool_server(server, catalog))
     problems.extend(check_grants(catalog))
     return problems
 

@@ -23,6 +23,7 @@ KINDS: tuple[str, ...] = (
     "Memory",
     "Policy",
     "Workspace",
+    "ToolServer",
     "Task",
 )
 

@@ -14,6 +14,7 @@ from typing import Any
 from kagura_agent.errors import Diagnostic
 from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.template import TemplateLimit, render_prompt
+from kagura_agent.manifest.toolservers import resolve_tool_servers
 from kagura_agent.membrane.mounts import check_mount
 from kagura_agent.membrane.roots import check_project_root
 from kagura_agent.membrane.secrets import under
@@ -58,6 +59,7 @@ class ResolvedTask:
     # here, not in a property: the planner must not touch the file system or the cwd.
     path: str = ""
     parent: dict[str, Any] | None = None  # a dispatched child: {"task": name, "context": [ids]}
+    tool_servers: tuple[Manifest, ...] = ()  # ToolServer manifests the task requested
 
     @property
     def name(self) -> str:
@@ -69,6 +71,12 @@ def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None,
     problems: list[Diagnostic] = []
     brain = _ref(task, catalog, "Brain", "brain", problems)
     image = _ref(task, catalog, "Image", "image", problems)
+    runtime: BrainRuntime = spec.get("runtime") or (
+        brain.spec.get("runtime", "container") if brain else "container"
+    )
+    tools = resolve_tool_servers(task, catalog, brain=brain, runtime=runtime, problems=problems)
+    if tools.image is not None:  # stdio servers run in their image: the task runs there too
+        image = tools.image
     memory = _ref(task, catalog, "Memory", "memory", problems, required=False)
     egress = []
     for index, name in enumerate(spec.get("egress", [])):
@@ -108,9 +116,6 @@ def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None,
     if brain is not None:
         budget.update(brain.spec.get("budget", {}))
     budget.update(spec.get("budget", {}))
-    runtime: BrainRuntime = spec.get("runtime") or (
-        brain.spec.get("runtime", "container") if brain else "container"
-    )
     if problems or brain is None or image is None or project_root is None:
         return None, problems
     return (
@@ -133,6 +138,7 @@ def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None,
             verify=list(spec.get("verify", [])),
             context=dict(spec.get("context", {})),
             parent=_parent(spec),
+            tool_servers=tools.servers,
         ),
         [],
     )

@@ -93,10 +93,17 @@ def narrowing_violations(
 
     Egress entries (host, port, scheme) and allowed private ranges must be the parent's;
     credentials must be a (provider, scope) the parent holds with no longer ttl; mounts
-    must lie within a parent mount, and be read-only where the parent's is.
+    must lie within a parent mount, and be read-only where the parent's is; tool servers
+    must be ones the parent had.
     """
+    parent_tools = {s["name"] for s in parent_plan.get("tool_servers") or []}
     return [
         *_egress(parent_plan.get("egress") or {}, child_plan.get("egress") or {}),
+        *[
+            f"tool server {s['name']} is not one the parent had"
+            for s in child_plan.get("tool_servers") or []
+            if s["name"] not in parent_tools
+        ],
         *_credentials(parent_plan.get("credentials") or [], child_plan.get("credentials") or []),
         *_mounts(parent_plan.get("mounts") or [], child_plan.get("mounts") or []),
     ]

@@ -32,6 +32,7 @@ def diff_plans(old: Mapping[str, Any] | None, new: Plan) -> list[Change]:
     changes += _keyed("egress", _egress(base), _egress(new))
     changes += _keyed("credential", _creds(base), _creds(new))
     changes += _keyed("mount", _mounts(base), _mounts(new))
+    changes += _keyed("tool server", _tool_servers(base), _tool_servers(new))
     changes += _fields(
         "image", base.get("image", {}), new["image"], ("ref", "digest", "recipe_digest")
     )
@@ -84,6 +85,17 @@ def _creds(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
             "budget": format_duration(c["budget_seconds"]),
         }
         for c in plan.get("credentials", [])
+    }
+
+
+def _tool_servers(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """Each tool server with what it runs or where it connects (a plan may have none)."""
+    return {
+        s["name"]: {
+            "transport": s["transport"],
+            "where": " ".join(s["command"]) + f" in {s['image']}" if s["image"] else s["url"],
+        }
+        for s in plan.get("tool_servers", [])
     }
 
 

@@ -26,6 +26,7 @@ BudgetSource = Literal["task", "brain", "default", "history"]
 PolicyEffect = Literal["deny", "warn"]
 DiffOp = Literal["+", "-", "~"]
 Layer = Literal["packaged", "operator"]
+ToolTransport = Literal["stdio", "http"]
 
 
 class FactInputs(TypedDict):
@@ -143,6 +144,24 @@ class CredentialBase(TypedDict):
 
 
 class Credential(CredentialBase, Classified):
+    pass
+
+
+class ToolServerBase(TypedDict):
+    name: str
+    transport: ToolTransport
+    image: str | None
+    command: list[str] | None
+    env: dict[str, str]
+    url: str | None
+    host: str | None
+    port: int | None
+    category: str
+    source: str
+    layer: Layer
+
+
+class ToolServer(ToolServerBase, Classified):
     pass
 
 
@@ -308,6 +327,7 @@ class Plan(TypedDict):
     mounts: list[Mount]
     egress: EgressSection
     credentials: list[Credential]
+    tool_servers: NotRequired[list[ToolServer]]
     hardening: Hardening
     brain: BrainSection
     memory: MemorySection
@@ -384,7 +404,7 @@ DESCRIPTIONS: dict[str, str] = {
     "egress.allow[].port": "TCP port.",
     "egress.allow[].scheme": "`https` or `http`.",
     "egress.allow[].allow_addresses": "Private ranges this entry may resolve to.",
-    "egress.allow[].policy": "EgressPolicy that allowed it.",
+    "egress.allow[].policy": "EgressPolicy that allowed it, or `toolserver:<name>` for an http tool server's endpoint.",
     "egress.allow[].source": "Manifest file.",
     "egress.allow[].layer": "Layer the manifest came from: `packaged` (the defaults) or `operator` (your folder).",
     "egress.allow_addresses": "Union of the private ranges any entry allowed.",
@@ -405,6 +425,24 @@ DESCRIPTIONS: dict[str, str] = {
     "credentials[].layer": "Layer the manifest came from: `packaged` (the defaults) or `operator` (your folder).",
     "credentials[].class": "Approval class.",
     "credentials[].reason": "Why it has that class.",
+    "tool_servers": (
+        "Only when the task requests tool servers: the MCP servers the sdk engine hands to its CLI."
+    ),
+    "tool_servers[].name": "ToolServer manifest name (its tools are `mcp__<name>__<tool>`).",
+    "tool_servers[].transport": (
+        "`stdio` (a command in the agent container) or `http` (through the run's proxy)."
+    ),
+    "tool_servers[].image": "stdio: the Image that carries the command (the run's image), else null.",
+    "tool_servers[].command": "stdio: the argv the CLI starts, else null.",
+    "tool_servers[].env": "stdio: extra environment of the server process (plain values).",
+    "tool_servers[].url": "http: the MCP endpoint, else null.",
+    "tool_servers[].host": "http: the endpoint's host (in `egress.allow`), else null.",
+    "tool_servers[].port": "http: the endpoint's port, else null.",
+    "tool_servers[].category": "Capability category `toolserver:<name>`.",
+    "tool_servers[].source": "Manifest file.",
+    "tool_servers[].layer": "Layer the manifest came from: `packaged` (the defaults) or `operator` (your folder).",
+    "tool_servers[].class": "Approval class: a new tool server needs approval until it graduates.",
+    "tool_servers[].reason": "Why it has that class.",
     "hardening": "Exactly what the container gets.",
     "hardening.user": "uid:gid the agent runs as (never root).",
     "hardening.cap_drop": "Capabilities dropped (ALL).",

@@ -60,6 +60,12 @@ from kagura_agent.plan.model import (
     applyable,
 )
 from kagura_agent.plan.policy import RuleChecker, evaluate_policies, policy_denials
+from kagura_agent.plan.toolservers import (
+    category,
+    rule_category,
+    tool_server_rules,
+    tool_server_sections,
+)
 from kagura_agent.units import parse_duration, parse_size
 
 FORMAT_VERSION = 1
@@ -96,7 +102,7 @@ def compile_plan(
     its arguments (the default runs jsonschema; ``plan.build`` passes a memoised one).
     """
     tenancy = _tenancy(catalog)
-    egress = _egress(task.egress)
+    egress = _egress(task.egress, tool_server_rules(task.tool_servers))
     hardening = _hardening(task, tenancy, facts, egress["mode"])
     brain = _brain(task)
     image = _image(task.image, facts)
@@ -122,6 +128,9 @@ def compile_plan(
         "memory": _memory(task, facts, catalog),
         "budget": _budget(task, facts, catalog),
     }
+    tool_servers = tool_server_sections(task.tool_servers)
+    if tool_servers:  # only then: plans without tool servers keep their shape
+        draft["tool_servers"] = tool_servers
     # The membrane floor is code: it holds whatever the manifests and policies say.
     floor = floor_violations(draft)
     draft["floor"] = floor
@@ -171,6 +180,10 @@ def compile_plan(
         "applyable": applyable(refusals),
         "fingerprint": "",
     }
+    if tool_servers:
+        plan["tool_servers"] = [
+            {**server, **_classified(by_category[server["category"]])} for server in tool_servers
+        ]
     plan["fingerprint"] = fingerprint(plan)
     return plan
 
@@ -368,7 +381,8 @@ def _image(image: Manifest, facts: Facts) -> ImageBase:
     }
 
 
-def _egress(policies: list[Manifest]) -> EgressSection:
+def _egress(policies: list[Manifest], tool_rules: list[EgressRule]) -> EgressSection:
+    """The allowlist: every entry of the task's policies, then its http tool servers'."""
     allow: list[EgressRule] = []
     seen: set[tuple[str, int, str]] = set()
     addresses: list[str] = []
@@ -397,6 +411,14 @@ def _egress(policies: list[Manifest]) -> EgressSection:
             for cidr in entry.get("allow_addresses", []):
                 if cidr not in addresses:
                     addresses.append(cidr)
+    for rule in tool_rules:
+        key = (rule["host"], rule["port"], rule["scheme"])
+        if key not in seen:
+            seen.add(key)
+            allow.append(rule)
+        for cidr in rule["allow_addresses"]:
+            if cidr not in addresses:
+                addresses.append(cidr)
     allow.sort(key=lambda e: (e["host"], e["port"], e["scheme"]))
     return {
         "mode": "proxy" if allow else "none",
@@ -793,7 +815,9 @@ def _denied_categories(plan: Mapping[str, Any], by_path: dict[str, str]) -> dict
         section, _, index = path.rstrip("]").partition("[")
         if section == "egress.allow":
             entry = plan["egress"]["allow"][int(index)]
-            denied.setdefault(f"egress:{entry['policy']}", policy)
+            denied.setdefault(rule_category(entry["policy"]), policy)
+        elif section == "tool_servers":
+            denied.setdefault(plan["tool_servers"][int(index)]["category"], policy)
         elif section == "credentials":
             denied.setdefault(plan["credentials"][int(index)]["category"], policy)
         elif section == "mounts" and "category" in plan["mounts"][int(index)]:
@@ -823,6 +847,8 @@ def _classify_all(
     for mount in draft["mounts"][1:]:
         if mount["kind"] == "extra":
             requested.append((mount["category"], False))
+    for server in task.tool_servers:
+        requested.append((category(server.name), bool(server.spec.get("baseline", False))))
     untrusted = untrusted_inputs(task, facts)
     return [
         classify(

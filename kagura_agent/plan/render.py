@@ -7,7 +7,16 @@ from typing import TYPE_CHECKING, Any
 
 from kagura_agent.hygiene import neutralise_data
 from kagura_agent.plan.injection import injected_provider
-from kagura_agent.plan.model import Approval, Budget, Credential, EgressRule, Plan, TaskSection
+from kagura_agent.plan.model import (
+    Approval,
+    Budget,
+    Credential,
+    EgressRule,
+    Plan,
+    TaskSection,
+    ToolServer,
+)
+from kagura_agent.plan.toolservers import rule_category
 from kagura_agent.ui import Style, quote
 from kagura_agent.units import format_duration, format_size
 
@@ -88,6 +97,15 @@ def _cred_line(cred: Credential, injected: str | None = None) -> str:
         f" lease {format_duration(cred['ttl_seconds'])}{renew},"
         f" budget {format_duration(cred['budget_seconds'])}{standing}{where}"
     )
+
+
+def _tool_server_line(server: ToolServer) -> str:
+    """``notes (stdio: python3 -m notes in image mcp-notes)`` or ``tickets (http: URL,
+    through the proxy)``: what runs where, or where it connects."""
+    if server["transport"] == "stdio":
+        command = " ".join(server["command"] or [])
+        return f"{server['name']} (stdio: {command} in image {server['image']})"
+    return f"{server['name']} (http: {server['url']}, through the proxy)"
 
 
 def _budget_line(budget: Budget) -> str:
@@ -216,6 +234,11 @@ def render_text(plan: Plan, style: Style) -> str:
             f"  {label:<11}  {_cred_line(cred, injected_provider(plan))}"
             f"  {_tag(cred['class'], style)}{mine(cred)}"
         )
+    for index, server in enumerate(plan.get("tool_servers", [])):
+        label = "tool servers" if index == 0 else ""
+        out.append(
+            f"  {label:<12} {_tool_server_line(server)}  {_tag(server['class'], style)}{mine(server)}"
+        )
     out.append(f"  budget       {_budget_line(plan['budget'])}")
     trip = plan["tripwires"]
     extra = ""
@@ -333,11 +356,15 @@ def render_markdown(plan: Plan) -> str:
     for entry in plan["egress"]["allow"]:
         notes = "".join(f"; {n}" for n in (_may_resolve(entry), _wildcard_cost(entry)) if n)
         lines.append(
-            f"| egress | `{entry['scheme']}://{entry['host']}:{entry['port']}` (policy {entry['policy']}{notes}){mine(entry)} | {classes.get('egress:' + entry['policy'], '')} |"
+            f"| egress | `{entry['scheme']}://{entry['host']}:{entry['port']}` (policy {entry['policy']}{notes}){mine(entry)} | {classes.get(rule_category(entry['policy']), '')} |"
         )
     for cred in plan["credentials"]:
         line = _cred_line(cred, injected_provider(plan))
         lines.append(f"| credential | {line}{mine(cred)} | {cred['class']} |")
+    for server in plan.get("tool_servers", []):
+        lines.append(
+            f"| tool server | {_tool_server_line(server)}{mine(server)} | {server['class']} |"
+        )
     lines.append(f"| budget | {_budget_line(plan['budget'])} | |")
     parent = task.get("parent")
     if parent:

@@ -27,7 +27,7 @@ from kagura_agent.brain.events import (
     ToolCallEvent,
     ToolResultEvent,
 )
-from kagura_agent.brain.protocol import Turn
+from kagura_agent.brain.protocol import Turn, tool_servers_refusal
 
 BACKENDS = ("claude", "codex")
 DEFAULT_TIMEOUT_SECONDS = 1800
@@ -42,6 +42,9 @@ class KaguraBrain:
 
     async def run(self, turn: Turn) -> AsyncIterator[BrainEvent]:
         """Invoke the selected CLI once; yield its call, output, cost and outcome."""
+        if refused := tool_servers_refusal(self.name, turn):
+            yield ErrorEvent(message=refused, code="setup")
+            return
         import kagura_brain
 
         options = turn.engine_options

@@ -25,7 +25,7 @@ from kagura_agent.brain.events import (
     ToolCallEvent,
     ToolResultEvent,
 )
-from kagura_agent.brain.protocol import Step, Turn
+from kagura_agent.brain.protocol import Step, Turn, tool_servers_refusal
 
 
 def tool_env(extra: Mapping[str, str]) -> dict[str, str]:
@@ -54,6 +54,9 @@ class ScriptBrain:
 
     async def run(self, turn: Turn) -> AsyncIterator[BrainEvent]:
         """Run the steps; yield tool_call/tool_result/checkpoint per step, then done."""
+        if refused := tool_servers_refusal(self.name, turn):
+            yield ErrorEvent(message=refused, code="setup")
+            return
         steps = list(turn.steps or ())
         session = turn.session_id or f"script-{uuid.uuid4().hex[:12]}"
         env = tool_env({**self._default_env, **turn.env})

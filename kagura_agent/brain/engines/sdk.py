@@ -81,6 +81,9 @@ class SdkBrain:
         if self._memory is not None:
             options.mcp_servers = {MEMORY_SERVER: _memory_server(sdk, self._memory)}
             options.allowed_tools = [f"mcp__{MEMORY_SERVER}__{op}" for op in MEMORY_TOOLS]
+        if turn.tool_servers:  # the operator's tool servers, approved in the plan
+            options.mcp_servers = {**options.mcp_servers, **sdk_tool_servers(turn)}  # type: ignore[dict-item]
+            options.allowed_tools = [*options.allowed_tools, *map(mcp_prefix, turn.tool_servers)]
         finished = False
         retries = _Retries()
         inbox: asyncio.Queue[str | None] = asyncio.Queue()
@@ -123,6 +126,26 @@ class SdkBrain:
             inbox.put_nowait(None)
         if not finished:
             yield ErrorEvent(message="the CLI ended without a result message", code="protocol")
+
+
+def sdk_tool_servers(turn: Turn) -> dict[str, dict[str, Any]]:
+    """The turn's tool servers in the Claude Agent SDK's ``mcp_servers`` shapes: stdio
+    ``{"type": "stdio", "command", "args", "env"}``, http ``{"type": "http", "url"}``."""
+    servers: dict[str, dict[str, Any]] = {}
+    for name, server in turn.tool_servers.items():
+        if server["transport"] == "stdio":
+            command, *args = server["command"]
+            servers[name] = {"type": "stdio", "command": command, "args": args}
+            if server["env"]:
+                servers[name]["env"] = dict(server["env"])
+        else:
+            servers[name] = {"type": "http", "url": server["url"]}
+    return servers
+
+
+def mcp_prefix(name: str) -> str:
+    """The CLI's permission rule for every tool of one MCP server."""
+    return f"mcp__{name}"
 
 
 class _Retries:
