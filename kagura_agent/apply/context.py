@@ -47,6 +47,8 @@ class ApplyOptions:
     accept_since: datetime | None = None
     # Messages for the running brain arrive on stdin, one JSON object a line (the cockpit).
     steer_stdin: bool = False
+    # The run's id when the caller chose it (a team runner: the id the queue handed out).
+    run_id: str | None = None
 
 
 @dataclass(frozen=True)

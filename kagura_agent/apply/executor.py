@@ -100,7 +100,7 @@ def apply_plan(
         ctx = RunContext(
             store=store,
             plan=plan,
-            run_id=new_run_id(),
+            run_id=options.run_id or new_run_id(),
             runtime=runtime,
             live=live,
             clock=options.clock,

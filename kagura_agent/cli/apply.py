@@ -35,6 +35,32 @@ def register(subparsers: Any) -> None:
         ' ({"text": ...}): each reaches it as the next user message where its engine takes'
         " one — how the serve cockpit relays a thread reply",
     )
+    parser.add_argument(
+        "--run-id",
+        metavar="ID",
+        help="the run's id, chosen by the caller (a team runner passes the queued run's id)",
+    )
+    team = parser.add_argument_group("team queue")
+    team.add_argument(
+        "--queue",
+        action="store_true",
+        help="do not apply here: queue this saved, approved plan for the team's runners"
+        " (prints the run id to follow with `kagura-agent queue follow`)",
+    )
+    team.add_argument(
+        "--queue-url",
+        metavar="URL",
+        help="the queue's PostgreSQL (default: $KAGURA_AGENT_QUEUE_URL, else"
+        " $KAGURA_AGENT_STATE_URL)",
+    )
+    team.add_argument(
+        "--approval-ttl",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="the approval given with the queued plan lapses after S seconds; a runner that"
+        " takes the run later refuses it (default 3600)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -75,11 +101,14 @@ def run(args: argparse.Namespace) -> int:
     from kagura_agent.plan import planfile
 
     target = Path(args.target)
+    if args.queue:
+        return queue(args, target)
     if target.suffix == ".json":
         plan = planfile.load(target)
         check_saved_plan_fresh(plan)
         options = apply_options(args, accept_since=args.approvals_since)
         options.steer_stdin = args.steer_stdin
+        options.run_id = args.run_id
         return execute(plan, options, confirm=False)
     from kagura_agent.errors import UsageError
     from kagura_agent.plan.build import plan_tasks
@@ -90,6 +119,38 @@ def run(args: argparse.Namespace) -> int:
     return execute(
         plans[0], apply_options(args, accept_since=args.approvals_since), confirm=not args.yes
     )
+
+
+def queue(args: argparse.Namespace, target: Path) -> int:
+    """``apply --queue PLAN.json``: check the saved plan is fresh, then queue it."""
+    from kagura_agent.apply.freshness import check_saved_plan_fresh
+    from kagura_agent.approvals.asking import operator_name
+    from kagura_agent.cli.common import print_json
+    from kagura_agent.errors import UsageError
+    from kagura_agent.plan import planfile
+    from kagura_agent.team.db import queue_url
+    from kagura_agent.team.queue import enqueue_plan
+
+    if target.suffix != ".json":
+        raise UsageError(
+            "--queue takes a saved plan (plan -o PLAN.json), the plan the operator reviewed",
+            hint=f"kagura-agent plan {target} -o plan.json, then apply --queue plan.json",
+        )
+    plan = planfile.load(target)
+    check_saved_plan_fresh(plan)
+    queued = enqueue_plan(
+        queue_url(args.queue_url),
+        plan,
+        approve=args.approve,
+        approval_ttl=args.approval_ttl,
+        who=operator_name(),
+    )
+    if args.json:
+        print_json({"ok": True, "errors": [], **queued.to_json()})
+    else:
+        print(f"queued {queued.run_id} on {queued.queue} (job {queued.job_id})")
+        print(f"  follow it: kagura-agent queue follow {queued.run_id}")
+    return 0
 
 
 def apply_options(

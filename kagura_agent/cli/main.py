@@ -27,6 +27,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "apply",
     "run",
     "serve",
+    "runner",
+    "queue",
     "images",
     "graduation",
     "memory",

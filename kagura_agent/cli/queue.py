@@ -1,0 +1,92 @@
+"""kagura-agent queue list|follow|runners: the team queue's runs, as the shared store has them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("queue", help="queued runs of the team's runners")
+    parser.add_argument("--queue-url", metavar="URL", help="the queue's PostgreSQL")
+    actions = parser.add_subparsers(dest="queue_action", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", help="the latest queued runs and their status")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(handler=run_list)
+    follow = actions.add_parser("follow", help="stream one run's events until it ends")
+    follow.add_argument("run_id", metavar="RUN")
+    follow.add_argument("--json", action="store_true", help="events as JSON lines")
+    follow.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
+    follow.set_defaults(handler=run_follow)
+    runners = actions.add_parser("runners", help="runners that registered, with capacity")
+    runners.add_argument("--json", action="store_true")
+    runners.set_defaults(handler=run_runners)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from kagura_agent.cli.common import print_json
+    from kagura_agent.team.db import queue_url
+    from kagura_agent.team.queue import runs
+
+    rows = runs(queue_url(args.queue_url))
+    if args.json:
+        print_json({"ok": True, "errors": [], "runs": rows})
+        return 0
+    for row in rows:
+        where = f" on {row['runner']}" if row["runner"] else ""
+        tail = f"  {row['message']}" if row["message"] else ""
+        print(f"{row['run_id']}  {row['status']:<8} {row['task']}{where}{tail}")
+    return 0
+
+
+def run_follow(args: argparse.Namespace) -> int:
+    from kagura_agent.team.db import queue_url
+    from kagura_agent.team.queue import follow
+
+    last: dict[str, Any] = {}
+    for item in follow(queue_url(args.queue_url), args.run_id, timeout=args.timeout):
+        last = item
+        if args.json:
+            print(json.dumps(item, default=str), flush=True)
+        else:
+            print(_line(item), flush=True)
+    status = last.get("status")
+    code = last.get("exit_code")
+    if status == "lost":
+        return 1
+    return int(code) if isinstance(code, int) and code >= 0 else 0
+
+
+def _line(item: dict[str, Any]) -> str:
+    kind = item.get("kind", "")
+    if kind == "status":
+        why = f" ({item['message']})" if item.get("message") else ""
+        return f"run {item['run_id']}: {item['status']}{why}"
+    if kind == "brain":
+        return f"  brain: {item.get('type', '')} {item.get('text', '') or ''}".rstrip()
+    message = item.get("message")
+    return f"  {kind}: {message}" if message else f"  {kind}: {json.dumps(item, default=str)}"
+
+
+def run_runners(args: argparse.Namespace) -> int:
+    from kagura_agent.cli.common import print_json
+    from kagura_agent.team.db import connect, ensure_schema, queue_url
+
+    url = queue_url(args.queue_url)
+    ensure_schema(url)
+    with connect(url) as conn:
+        rows = conn.execute("SELECT * FROM kagura_team_runners ORDER BY name").fetchall()
+    items = [
+        {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in r.items()} for r in rows
+    ]
+    if args.json:
+        print_json({"ok": True, "errors": [], "runners": items})
+        return 0
+    for item in items:
+        sys.stdout.write(
+            f"{item['name']}  {item['concurrency']} at once  {', '.join(item['queues'])}"
+            f"  ({item['host']}, pid {item['pid']})\n"
+        )
+    return 0

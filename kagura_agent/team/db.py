@@ -1,0 +1,122 @@
+"""The team queue's PostgreSQL: where it is, its schema, and psycopg errors translated.
+
+The queue lives in the team's one PostgreSQL: ``KAGURA_AGENT_QUEUE_URL``, else the state
+store's ``KAGURA_AGENT_STATE_URL``. Its schema is procrastinate's own tables plus three
+of ours (created together, once, under an advisory lock so runners starting at the same
+moment do not race):
+
+    kagura_team_runs     one row per queued run: plan, placement, status, runner, times
+    kagura_team_events   the run's live events (apply's JSON lines), in order
+    kagura_team_runners  each runner's identity and advertised capacity
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from kagura_agent.errors import SetupError
+
+if TYPE_CHECKING:
+    import psycopg
+
+# pg_advisory_xact_lock key for schema creation ("kagura" in ASCII, as a number).
+SCHEMA_LOCK = 0x6B6167757261
+
+TABLES = """
+CREATE TABLE IF NOT EXISTS kagura_team_runs (
+    run_id TEXT PRIMARY KEY,
+    job_id BIGINT,
+    task TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    project_root TEXT NOT NULL,
+    queue TEXT NOT NULL,
+    status TEXT NOT NULL,
+    runner TEXT,
+    exit_code INTEGER,
+    message TEXT,
+    enqueued_by TEXT NOT NULL,
+    enqueued_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    approved_until TIMESTAMPTZ NOT NULL,
+    started_at TIMESTAMPTZ,
+    ended_at TIMESTAMPTZ
+);
+CREATE INDEX IF NOT EXISTS kagura_team_runs_status ON kagura_team_runs(status);
+CREATE TABLE IF NOT EXISTS kagura_team_events (
+    seq BIGSERIAL PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES kagura_team_runs(run_id) ON DELETE CASCADE,
+    at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+    item JSONB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS kagura_team_events_run ON kagura_team_events(run_id, seq);
+CREATE TABLE IF NOT EXISTS kagura_team_runners (
+    name TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    state_dir TEXT NOT NULL,
+    concurrency INTEGER NOT NULL,
+    queues TEXT[] NOT NULL,
+    started_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+"""
+
+# The channel a runner notifies after each event it stores (payload: the run id).
+EVENTS_CHANNEL = "kagura_team_events"
+
+
+def queue_url(explicit: str | None = None) -> str:
+    """The queue's connection URL (option, then the environment), or a SetupError."""
+    url = (
+        explicit
+        or os.environ.get("KAGURA_AGENT_QUEUE_URL")
+        or os.environ.get("KAGURA_AGENT_STATE_URL")
+    )
+    if not url or not url.startswith(("postgresql://", "postgres://")):
+        raise SetupError(
+            "team mode needs a PostgreSQL URL for its queue",
+            hint="set KAGURA_AGENT_QUEUE_URL (or KAGURA_AGENT_STATE_URL) or pass --queue-url",
+        )
+    return url
+
+
+@contextlib.contextmanager
+def pg_errors(what: str) -> Iterator[None]:
+    """psycopg and procrastinate errors become a SetupError naming ``what`` failed."""
+    try:
+        import psycopg
+        from procrastinate import exceptions as procrastinate_exceptions
+    except ImportError as exc:
+        raise SetupError(
+            f"team mode needs procrastinate and psycopg ({exc.name} is missing)",
+            hint="pip install 'kagura-agent[team]'",
+        ) from exc
+    try:
+        yield
+    except (psycopg.Error, procrastinate_exceptions.ProcrastinateException) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SetupError(f"{what}: {first}") from exc
+
+
+@contextlib.contextmanager
+def connect(url: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    """A short psycopg connection (autocommit; rows as dicts); errors translated."""
+    with pg_errors("the team queue's PostgreSQL"):
+        import psycopg
+        from psycopg.rows import dict_row
+
+        with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+            yield conn
+
+
+def ensure_schema(url: str) -> None:
+    """procrastinate's schema and ours, created once (idempotent; safe to race)."""
+    with connect(url) as conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+        row = conn.execute("SELECT to_regclass('procrastinate_jobs') AS found").fetchone()
+        if row is None or row["found"] is None:
+            from procrastinate import schema
+
+            conn.execute(schema.SchemaManager.get_schema().encode())
+        conn.execute(TABLES.encode())
