@@ -1,6 +1,6 @@
-"""Fixtures and helpers for the team-queue tests: a PostgreSQL started by the project's
-script (one per session, a fresh database per test) and runner processes, each with its
-own identity and state directory."""
+"""Fixtures and helpers for the team-queue tests: a fresh database per test on the
+session's PostgreSQL (conftest ``postgres_server``, started by the project's script) and
+runner processes, each with its own identity and state directory."""
 
 from __future__ import annotations
 
@@ -15,31 +15,21 @@ from typing import IO, Any
 
 import pytest
 from apply_helpers import REPO, write_task
-from resources import missing
 
 from kagura_agent.plan import planfile
 from kagura_agent.plan.build import plan_tasks
 from kagura_agent.plan.model import Plan
 from kagura_agent.team import queue
-from testing.pg_server import PostgresMissing, fresh_database, postgres
 
 HEARTBEAT = 0.5
 STALLED_AFTER = 2.5
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[str]:
-    try:
-        with postgres() as url:
-            yield url
-    except PostgresMissing as exc:
-        missing(str(exc))
-
-
 @pytest.fixture()
-def queue_url(pg_server: str) -> str:
-    """An empty database of its own for this test's queue."""
-    return fresh_database(pg_server, "queue")
+def queue_url(postgres_server: Any) -> Iterator[str]:
+    """An empty database of its own for this test's queue (conftest's session server)."""
+    with postgres_server.fresh_database() as url:
+        yield url
 
 
 class Runner:

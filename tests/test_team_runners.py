@@ -15,7 +15,6 @@ from apply_helpers import cli_env, kagura, make_project, manifest_set, run_ids
 from team_helpers import (  # noqa: F401 - fixtures
     all_ended,
     load,
-    pg_server,
     plan_file,
     queue_url,
     runners,
