@@ -3,6 +3,7 @@
 Built FROM kagura/agent:<version> so apply runs its real entrypoint, hardening and
 channel; the fake ``claude`` and ``codex`` (testing/fake_claude) go on PATH and the SDK
 is pointed at the fake with KAGURA_CLAUDE_CLI (its bundled CLI would win over PATH).
+testing/fake_mcp.py goes to /opt/mcp/notes.py (an MCP tool server for tests).
 The current source is copied to /opt/src (first on PYTHONPATH), so tests exercise this
 checkout even when the agent image predates it. Fakes log each call to /workspace so a
 test can read them from the project root. Rebuilt when any input changes (a content
@@ -24,10 +25,12 @@ from testing.fake_claude import FAKE_DIR
 REPO = Path(__file__).resolve().parents[1]
 LABEL_INPUTS = "dev.kagura.test-inputs"
 FAKE_LOG = "/workspace/.fake-calls.jsonl"
+MCP_SERVER = "/opt/mcp/notes.py"
 DOCKERFILE = """\
 ARG AGENT_IMAGE
 FROM ${{AGENT_IMAGE}}
 COPY fakes/ /opt/fakes/
+COPY mcp/ /opt/mcp/
 COPY src/ /opt/src/kagura_agent/
 ENV PATH=/opt/fakes:/opt/kagura/bin:/usr/local/bin:/usr/bin:/bin \\
     PYTHONPATH=/opt/src \\
@@ -43,6 +46,9 @@ def test_image_ref() -> str:
 
 def _files() -> dict[str, Path]:
     files = {f"fakes/{name}": FAKE_DIR / name for name in ("claude", "codex")}
+    # The MCP fake, where docs/authority.md's example image variant has its server: the
+    # stdio tool server's command, and the http tool server a test runs from this image.
+    files[MCP_SERVER.removeprefix("/opt/")] = FAKE_DIR.parent / "fake_mcp.py"
     source = REPO / "kagura_agent"
     for path in sorted(source.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts:

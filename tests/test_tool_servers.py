@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from apply_helpers import cli_env, kagura, make_project, manifest_set, write_task
 from golden import golden_plan
+from tool_server_doc import example, shown_plan_lines
 
 from kagura_agent.brain.engines.script import ScriptBrain
 from kagura_agent.brain.engines.sdk import SdkBrain, sdk_tool_servers
@@ -110,6 +111,23 @@ def test_apply_refuses_an_unapproved_tool_server(tmp_path: Path, state_dir: Path
     done = kagura(["plan", "--json", "--manifests", str(manifests), str(task)], env)
     plan = json.loads(done.stdout)["plans"][0]["plan"]
     assert plan["tool_servers"][0]["class"] == "baseline", plan["tool_servers"]
+
+
+def test_the_documented_example_plans_as_the_docs_show(tmp_path: Path, state_dir: Path) -> None:
+    docs, task = example()
+    manifests = manifest_set(
+        tmp_path, *({k: v for k, v in d.items() if k != "apiVersion"} for d in docs)
+    )
+    project = make_project(tmp_path)
+    path = write_task(project, task["metadata"]["name"], task["spec"])
+    env = cli_env(state_dir, ANTHROPIC_API_KEY="sk-ant-unused-" + "x" * 30)
+    done = kagura(["plan", "--manifests", str(manifests), str(path)], env)
+    assert done.returncode == 0, done.stderr
+    for line in shown_plan_lines():
+        assert line + "  (from operator)" in done.stdout.splitlines(), (line, done.stdout)
+    # The documented apply line names exactly what the plan asks to approve.
+    done = kagura(["apply", "--manifests", str(manifests), str(path)], env)
+    assert done.returncode == 6 and "toolserver:notes" in done.stderr, done.stderr
 
 
 def test_a_child_may_not_add_a_tool_server_its_parent_lacked() -> None:
