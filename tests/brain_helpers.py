@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from kagura_agent.brain.channel import BrainChannel, ChannelLimits, MemoryServer
+from kagura_agent.brain.channel import BrainChannel, ChannelLimits, Dispatcher, MemoryServer
 from kagura_agent.brain.events import BrainEvent
 from kagura_agent.brain.protocol import Turn
 from kagura_agent.brain.streams import ProcessStream
@@ -64,6 +64,7 @@ async def attached(
     env: dict[str, str] | None = None,
     memory: MemoryServer | None = None,
     limits: ChannelLimits | None = None,
+    dispatcher: Dispatcher | None = None,
 ) -> AsyncIterator[tuple[BrainChannel, Recorder]]:
     """Run ``argv`` (default: the entrypoint) and attach a channel to its pipes."""
     proc = await asyncio.create_subprocess_exec(
@@ -79,6 +80,7 @@ async def attached(
         limits=limits,
         on_stop=recorder.on_stop,
         on_kill=recorder.on_kill,
+        dispatcher=dispatcher,
     )
     try:
         async with channel:

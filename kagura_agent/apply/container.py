@@ -23,7 +23,8 @@ from kagura_agent.apply.context import (
     VerifyResult,
 )
 from kagura_agent.apply.diskwatch import DiskWatch
-from kagura_agent.apply.hostmem import open_host_memory
+from kagura_agent.apply.dispatch import ChildDispatcher
+from kagura_agent.apply.hostmem import HostMemory, open_host_memory
 from kagura_agent.apply.incidents import record_incident
 from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.tripwire import ContainerTraps, Tripwire
@@ -108,7 +109,11 @@ def run_in_container(
         runtime.start_forwarder(container_id, egress)
     cleanup.callback(traps.stop)
     _arm_traps(runtime, container_id, traps, bool(leases), live)
-    brain = asyncio.run(_drive(ctx, runtime, container_id, stream, inside, traps))
+    memory = open_host_memory(ctx.plan, ctx.run_id)
+    children = ChildDispatcher(ctx, memory.store)
+    cleanup.callback(children.close)  # a parent never leaves a child running
+    brain = asyncio.run(_drive(ctx, runtime, container_id, stream, inside, traps, memory, children))
+    children.close()
     # Nothing the agent started may run into verify: its container goes first.
     problem = stop_agent(runtime, container_id)
     traps.stop()
@@ -124,7 +129,7 @@ def run_in_container(
     host_stop = f"disk: {watch.exceeded}" if watch.exceeded else None
     if tripwire.reason:
         host_stop = f"tripwire: {tripwire.reason}"
-    return RunReport(brain, verify, host_stop)
+    return RunReport(brain, verify, host_stop, tuple(c.to_json() for c in children.children))
 
 
 def _verify(
@@ -158,6 +163,8 @@ async def _drive(
     stream: DuplexStream,
     leases: Sequence[Lease],
     traps: ContainerTraps,
+    memory: HostMemory,
+    children: ChildDispatcher,
 ) -> BrainOutcome:
     brain = ctx.plan["brain"]
     limits = ChannelLimits(
@@ -166,10 +173,11 @@ async def _drive(
     )
     channel = BrainChannel(
         stream,
-        memory=open_host_memory(ctx.plan, ctx.run_id),
+        memory=memory,
         limits=limits,
         on_stop=lambda: asyncio.to_thread(runtime.stop, container_id, 2),
         on_kill=lambda: asyncio.to_thread(runtime.kill, container_id),
+        dispatcher=children,
     )
     return await drive_brain(ctx, channel, leases, traps=traps)
 

@@ -151,6 +151,10 @@ class RunContext:
     clock: Clock
     approved: frozenset[str] = frozenset()
     steer_stdin: bool = False  # stdin carries messages for the running brain
+    # Where a dispatched child's approvals are asked (apply/dispatch.py): as apply asks.
+    interactive: bool = False
+    approval_timeout: float = 120.0
+    who: str = ""
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,7 @@ class BrainOutcome:
     retries: int = 0  # re-attempts the engine made (never a constant)
     resumed_from: int | None = None
     session_id: str | None = None
+    answer: str | None = None  # the brain's final answer (its words: untrusted)
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,7 @@ class RunReport:
     brain: BrainOutcome
     verify: tuple[VerifyResult, ...] = ()
     host_stop: str | None = None  # "tripwire: …" or "disk: …"
+    children: tuple[dict[str, object], ...] = ()  # sub-agents the brain dispatched
 
     @property
     def error(self) -> str | None:
@@ -198,6 +204,8 @@ class RunResult:
     resumed_from: int | None = None
     brain_session_id: str | None = None
     output_memory: str | None = None  # a dispatched child's output, for its parent to recall
+    answer: str | None = None  # the brain's final answer (kept in a child's output memory)
+    children: tuple[dict[str, object], ...] = ()  # sub-agents dispatched: run, outcome, output
 
     @property
     def success(self) -> bool:
@@ -208,6 +216,7 @@ class RunResult:
             **dataclasses.asdict(self),
             "verify": [{"command": c, "exit_code": code} for c, code, _ in self.verify],
             "denials": list(self.denials),
+            "children": list(self.children),
         }
 
 
@@ -239,4 +248,6 @@ def assemble(
         denials=denials,
         resumed_from=brain.resumed_from,
         brain_session_id=brain.session_id,
+        answer=brain.answer,
+        children=report.children,
     )

@@ -106,6 +106,9 @@ def apply_plan(
             clock=options.clock,
             approved=frozenset(approved),
             steer_stdin=options.steer_stdin,
+            interactive=options.interactive,
+            approval_timeout=options.approval_timeout,
+            who=options.who,
         )
         return _locked(ctx)
 

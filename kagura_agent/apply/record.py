@@ -143,6 +143,7 @@ def _record_child_output(memory: MemoryStore, plan: Plan, run_id: str, result: R
         details={
             "outcome": "success" if success else "failure",
             "verify": [[c, code, out[-500:]] for c, code, out in result.verify],
+            **({"answer": result.answer} if result.answer else {}),
         },
     )
     return str(output.id)

@@ -31,6 +31,7 @@ from kagura_agent.membrane.leases import Lease, deliver, keep_fresh, withdraw
 from kagura_agent.patterns.checkpoint import Checkpoint, resume, save_checkpoint, session_owner
 
 RENEW_CHECK_SECONDS = 5.0
+ANSWER_CHARS = 4000  # of the final answer, kept for a dispatched child's parent
 
 
 async def drive_brain(
@@ -88,6 +89,7 @@ class _Tally:
     retries: int = 0
     resumed_from: int | None = None
     session_id: str | None = None
+    answer: str | None = None
 
     def frozen(self) -> BrainOutcome:
         return BrainOutcome(**dataclasses.asdict(self))
@@ -180,6 +182,7 @@ class _Turn:
             self._checkpoint(event.step, event.session_id)
         elif isinstance(event, DoneEvent):
             tally.session_id = event.session_id
+            tally.answer = event.result[:ANSWER_CHARS] if event.result else None
             if event.session_id and self.plan["brain"]["engine"] != "script":
                 self._checkpoint(0, event.session_id)
         elif isinstance(event, ErrorEvent):

@@ -1,7 +1,8 @@
 """The host side of the brain channel: JSON lines over the container's stdin/stdout.
 
 The host sends turns and credential bundles, yields the container's events, and serves
-its memory requests through a ``MemoryServer`` (which applies trust-tier filters). Every
+its memory requests through a ``MemoryServer`` (which applies trust-tier filters) and its
+sub-agent requests (``op`` dispatch) through a ``Dispatcher``. Every
 line from the container is untrusted: its size is capped before it is parsed, its shape
 is validated, and anything off-contract ends the turn with an error event. Idle time,
 the wall-clock budget and oversize lines all take the same path: an error event, then
@@ -53,6 +54,13 @@ class MemoryServer(Protocol):
     async def link(self, source_id: str, target_id: str, edge_type: str) -> dict[str, Any]: ...
 
 
+class Dispatcher(Protocol):
+    """Sub-agents run by the host for the brain (apply/dispatch.py). ``dispatch`` answers
+    when the child has finished, with its result or the reason it was refused."""
+
+    async def dispatch(self, request: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class ChannelLimits:
     """Bounds the host enforces on the container, whatever the brain does."""
@@ -87,9 +95,12 @@ class BrainChannel:
         limits: ChannelLimits | None = None,
         on_stop: Callback | None = None,
         on_kill: Callback | None = None,
+        dispatcher: Dispatcher | None = None,
     ) -> None:
         self.stream = stream
         self.memory = memory
+        self.dispatcher = dispatcher
+        self._dispatching = 0  # sub-agents running: the parent waits, it is not idle
         self.limits = limits or ChannelLimits()
         self._on_stop = on_stop
         self._on_kill = on_kill
@@ -174,6 +185,9 @@ class BrainChannel:
                 now = loop.time()
                 if deadline is not None and now >= deadline:
                     item = _Violation("timeout", f"the brain overran its {wall:g}s wall budget")
+                elif self._dispatching:
+                    self._last_activity = now  # silent while its sub-agents work
+                    continue
                 elif now >= self._last_activity + self.limits.idle_seconds:
                     idle = self.limits.idle_seconds
                     item = _Violation("idle", f"the brain was silent for {idle:g}s")
@@ -292,7 +306,8 @@ class BrainChannel:
                 future.set_result(obj)
             return True
         if kind == "memory-request":
-            task = asyncio.create_task(self._serve_memory(obj))
+            serve = self._serve_dispatch if obj.get("op") == "dispatch" else self._serve_memory
+            task = asyncio.create_task(serve(obj))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return True
@@ -313,6 +328,30 @@ class BrainChannel:
                 reply = {"ok": False, "error": str(exc)}
             except Exception as exc:  # a memory backend failure must not kill the channel
                 reply = {"ok": False, "error": f"memory backend error: {type(exc).__name__}"}
+        with contextlib.suppress(StreamClosed, OSError):
+            await self._send({"type": "memory-result", "request": number, **reply})
+
+    async def _serve_dispatch(self, req: dict[str, Any]) -> None:
+        """A sub-agent for the brain: not in the memory slots (it runs for minutes); the
+        answer is the child's result or why it was refused. Stopping the channel cancels
+        this task, which stops the child (the dispatcher's job)."""
+        number = req.get("request")
+        if not isinstance(number, int) or isinstance(number, bool):
+            return
+        child = req.get("child")
+        if self.dispatcher is None:
+            reply = {"ok": False, "error": "this run cannot dispatch sub-agents"}
+        elif not isinstance(child, dict):
+            reply = {"ok": False, "error": "dispatch needs a child object"}
+        else:
+            self._dispatching += 1
+            try:
+                reply = {"ok": True, "result": await self.dispatcher.dispatch(child)}
+            except Exception as exc:  # a dispatcher bug must not kill the channel
+                reply = {"ok": False, "error": f"dispatch failed: {type(exc).__name__}: {exc}"}
+            finally:
+                self._dispatching -= 1
+                self._last_activity = asyncio.get_running_loop().time()
         with contextlib.suppress(StreamClosed, OSError):
             await self._send({"type": "memory-result", "request": number, **reply})
 

@@ -11,7 +11,8 @@ Reads JSON lines on stdin from the host::
 
 and writes JSON lines on stdout: brain events (see events.py) plus the control lines
 ``credentials-applied`` / ``credentials-revoked`` (acks, with the lease id) and
-``memory-request`` (``request`` n, ``op`` recall|remember|get|explore|link, op fields). Only this
+``memory-request`` (``request`` n, ``op`` recall|remember|get|explore|link|dispatch, op
+fields; dispatch: a sub-agent, answered when it has finished). Only this
 module writes to the real stdout: fd 1 is pointed at stderr so stray prints from
 engines or libraries cannot corrupt the channel. Stdlib and the engines only.
 """
@@ -171,7 +172,9 @@ class Entrypoint:
         try:
             turn = Turn.from_json(body)
             brain = select_engine(
-                {"engine": turn.engine, **turn.engine_options}, memory=self.memory
+                {"engine": turn.engine, **turn.engine_options},
+                memory=self.memory,
+                dispatch=self.memory,  # the same bridge carries dispatch requests
             )
         except KaguraError as exc:
             self._emit(ErrorEvent(message=exc.message, code="setup"))

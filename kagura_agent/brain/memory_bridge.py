@@ -18,6 +18,9 @@ from typing import Any
 
 MEMORY_SOCKET_ENV = "KAGURA_MEMORY_SOCKET"
 MEMORY_OPS = ("recall", "remember", "get", "explore", "link")
+# Requests the host serves beside memory: ``dispatch`` runs a sub-agent (apply/dispatch.py)
+# and answers when the child has finished, so it waits as long as the turn may run.
+HOST_OPS = ("dispatch",)
 REQUEST_TIMEOUT_SECONDS = 30.0
 MAX_SOCKET_LINE = 1024 * 1024
 
@@ -36,14 +39,15 @@ class BridgeMemory:
 
     async def request(self, op: str, fields: dict[str, Any]) -> Any:
         """Send one request and return the host's ``result`` (raises MemoryUnavailable)."""
-        if op not in MEMORY_OPS:
+        if op not in MEMORY_OPS + HOST_OPS:
             raise MemoryUnavailable(f"unknown memory op {op!r}")
         number = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[number] = future
         try:
             self._send({"type": "memory-request", "request": number, "op": op, **fields})
-            reply = await asyncio.wait_for(future, REQUEST_TIMEOUT_SECONDS)
+            timeout = None if op in HOST_OPS else REQUEST_TIMEOUT_SECONDS
+            reply = await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise MemoryUnavailable(f"the host did not answer memory {op}") from None
         finally:
@@ -83,6 +87,11 @@ class BridgeMemory:
     async def link(self, source_id: str, target_id: str, edge_type: str) -> dict[str, Any]:
         fields = {"source": source_id, "target": target_id, "edge_type": edge_type}
         result = await self.request("link", fields)
+        return result if isinstance(result, dict) else {}
+
+    async def dispatch(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run a sub-agent (the host compiles, asks, runs it); its result or refusal."""
+        result = await self.request("dispatch", {"child": request})
         return result if isinstance(result, dict) else {}
 
 

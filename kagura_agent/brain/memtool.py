@@ -5,9 +5,14 @@
     python3 -m kagura_agent.brain.memtool get ID
     python3 -m kagura_agent.brain.memtool explore ID [--limit N]
     python3 -m kagura_agent.brain.memtool link SOURCE TARGET [--type related_to|derived_from]
+    python3 -m kagura_agent.brain.memtool dispatch PROMPT [--name N] [--egress POLICY ...]
+        [--context ID ...] [--note TEXT ...] [--workdir DIR] [--verify CMD ...]
+        [--step CMD ...]
 
 Talks to the entrypoint's Unix socket (``KAGURA_MEMORY_SOCKET``), which forwards the
-request to the host. Prints the JSON result; exits 1 when the host refused.
+request to the host. Prints the JSON result; exits 1 when the host refused. ``dispatch``
+runs a sub-agent (brain/dispatch_tool.py) and waits for it: exit 0 only when the child
+succeeded (its result, or the reason it was refused, is printed either way).
 """
 
 from __future__ import annotations
@@ -37,7 +42,20 @@ def _parse(argv: list[str]) -> dict[str, object]:
     link.add_argument("source")
     link.add_argument("target")
     link.add_argument("--type", default="related_to", dest="edge_type")
-    return vars(parser.parse_args(argv))
+    dispatch = sub.add_parser("dispatch")
+    dispatch.add_argument("prompt")
+    dispatch.add_argument("--name")
+    dispatch.add_argument("--egress", action="append")
+    dispatch.add_argument("--context", action="append", default=[])
+    dispatch.add_argument("--note", action="append", default=[], dest="notes")
+    dispatch.add_argument("--workdir")
+    dispatch.add_argument("--verify", action="append", default=[])
+    dispatch.add_argument("--step", action="append", dest="steps")
+    parsed = vars(parser.parse_args(argv))
+    if parsed["op"] == "dispatch":
+        child = {k: v for k, v in parsed.items() if k != "op" and v is not None}
+        return {"op": "dispatch", "child": child}
+    return parsed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     if not reply.get("ok"):
         print(f"memtool: {reply.get('error')}", file=sys.stderr)
         return 1
-    print(json.dumps(reply.get("result")))
+    result = reply.get("result")
+    print(json.dumps(result))
+    if request["op"] == "dispatch" and isinstance(result, dict):
+        return 0 if result.get("outcome") == "success" else 1
     return 0
 
 

@@ -1,7 +1,9 @@
 """Sub-agent dispatch with memory handoff.
 
-The parent stores the child's context as memories and passes their ids (the plan's
-``task.parent = {"run", "context_memories"}``), never prompt text. The child's plan may
+The parent hands the child context as memories and passes their ids (the plan's
+``task.parent = {"run", "context_memories"}``), never prompt text. At run time the
+brain's ``dispatch`` tool (apply/dispatch.py) uses ``load_context`` for the memories it
+chose, ``handoff`` for its notes, and ``child_outputs`` to read the child's result. The child's plan may
 only narrow the parent's capabilities — ``narrowing_violations`` (pure, used by the
 planner) lists every way it does not. The child records its output as memories that
 cite its context; the parent reads them back by id.
@@ -20,13 +22,19 @@ OUTPUT = "output"
 
 
 def handoff(store: MemoryStore, *, parent_run: str, context: Sequence[str]) -> dict[str, Any]:
-    """Store each context text as a trusted memory; returns the plan's ``task.parent``."""
+    """Store each context text as a memory; returns the plan's ``task.parent``.
+
+    The texts are the parent agent's words (the ``notes`` of its dispatch request), so
+    they are stored ``untrusted``: the child's plan counts them as untrusted inputs.
+    """
     ids = [
         store.remember(
             type=CONTEXT,
-            summary=text,
+            summary=text[:200],
+            details={"text": text},
             source=Source("run", parent_run),
             tags=[f"parent:{parent_run}"],
+            trust="untrusted",
         ).id
         for text in context
     ]

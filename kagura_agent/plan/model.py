@@ -271,6 +271,7 @@ class Budget(TypedDict):
     wall_seconds: int
     cost_usd: float | None
     disk_bytes: int
+    children: int  # sub-agents the run may have running at once (Policy ceilings.children)
     source: BudgetSource
     forecast: Forecast | None
 
@@ -511,6 +512,7 @@ DESCRIPTIONS: dict[str, str] = {
     "budget.wall_seconds": "Wall-time limit.",
     "budget.cost_usd": "Cost limit, or null.",
     "budget.disk_bytes": "Most the run may add to the project root; past it the run stops.",
+    "budget.children": "Sub-agents the run's brain may have running at once (Policy `ceilings.children`; 0: it may not dispatch).",
     "budget.tokens": "Input plus output tokens the run may use (learnt from history; no engine enforces it, the run notes an overrun), or null.",
     "budget.source": "`task`, `brain`, `default` or `history` (any dimension learnt from history).",
     "budget.forecast": "The forecast from this task kind's cost history, or null without history.",

@@ -743,9 +743,16 @@ def _budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
         "wall_seconds": int(limits["wall_seconds"]),
         "cost_usd": limits["cost_usd"],
         "disk_bytes": parse_size(str(budget.get("disk", "1g"))),
+        "children": _children(catalog),
         "source": source,
         "forecast": shown,
     }
+
+
+def _children(catalog: Catalog) -> int:
+    """How many sub-agents a run may have running at once: the Policy ceiling, else none."""
+    ceiling = budget_ceilings(catalog).get("children")
+    return int(ceiling.limit) if ceiling is not None else 0
 
 
 def _budget_knobs(catalog: Catalog) -> dict[str, Any]:

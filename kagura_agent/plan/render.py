@@ -119,6 +119,8 @@ def _budget_line(budget: Budget) -> str:
         parts.append(f"${budget['cost_usd']}")
     if budget.get("disk_bytes"):
         parts.append(f"{format_size(budget['disk_bytes'])} disk")
+    if budget["children"]:
+        parts.append(f"{budget['children']} sub-agents at once")
     text = ", ".join(parts) + f" (from {budget['source']})"
     forecast = budget["forecast"]
     if forecast:

@@ -11,6 +11,7 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
+from kagura_agent.brain.dispatch_tool import DispatchClient
 from kagura_agent.brain.engines.kagura_brain import BACKENDS, KaguraBrain
 from kagura_agent.brain.engines.script import ScriptBrain
 from kagura_agent.brain.engines.sdk import SdkBrain
@@ -33,11 +34,18 @@ def require_extra(engine: str) -> None:
         )
 
 
-def select_engine(brain: Mapping[str, Any], *, memory: MemoryClient | None = None) -> Brain:
+def select_engine(
+    brain: Mapping[str, Any],
+    *,
+    memory: MemoryClient | None = None,
+    dispatch: DispatchClient | None = None,
+) -> Brain:
     """Build the engine named by a plan's ``brain`` section.
 
     ``brain`` is the plan's ``brain`` object (``engine``, ``permission_mode``, ``backend``,
-    ``cli_path`` …). ``memory`` is offered to engines that can give the model memory tools.
+    ``cli_path`` …). ``memory`` is offered to engines that can give the model memory tools,
+    ``dispatch`` (the host's sub-agent dispatch) to those that can give it a tool; the
+    others reach dispatch through ``memtool dispatch`` in a shell step or not at all.
     """
     engine = brain.get("engine", "script")
     if engine not in ENGINES:
@@ -49,7 +57,7 @@ def select_engine(brain: Mapping[str, Any], *, memory: MemoryClient | None = Non
         )
     require_extra(engine)
     if engine == "sdk":
-        return SdkBrain(cli_path=brain.get("cli_path"), memory=memory)
+        return SdkBrain(cli_path=brain.get("cli_path"), memory=memory, dispatch=dispatch)
     if engine == "kagura-brain":
         backend = brain.get("backend") or "claude"
         if backend not in BACKENDS:

@@ -3,7 +3,8 @@
 ``claude_agent_sdk`` takes ~0.8 s to import, so it is imported inside ``run`` only.
 SDK messages are mapped onto our events; SDK exceptions are translated here and never
 escape the engine. Memory tools are offered as an in-process SDK MCP server whose calls
-go to the injected MemoryClient (in the container: a request to the host).
+go to the injected MemoryClient (in the container: a request to the host); the
+``dispatch`` tool (a sub-agent the host runs, brain/dispatch_tool.py) goes the same way.
 
 Steering: the prompt goes in as the SDK's streaming input, kept open while the turn runs;
 :meth:`SdkBrain.steer` adds a message to it, which the CLI takes as the next user message
@@ -19,6 +20,12 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
+from kagura_agent.brain.dispatch_tool import (
+    DISPATCH_SERVER,
+    DISPATCH_TOOL,
+    DispatchClient,
+    dispatch_server,
+)
 from kagura_agent.brain.events import (
     MAX_TEXT_CHARS,
     BrainEvent,
@@ -42,9 +49,16 @@ class SdkBrain:
 
     name = "sdk"
 
-    def __init__(self, *, cli_path: str | None = None, memory: MemoryClient | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        cli_path: str | None = None,
+        memory: MemoryClient | None = None,
+        dispatch: DispatchClient | None = None,
+    ) -> None:
         self._cli_path = cli_path
         self._memory = memory
+        self._dispatch = dispatch  # the host's sub-agent dispatch (brain/dispatch_tool.py)
         self._steering: asyncio.Queue[str | None] | None = None  # open while a turn runs
         self._given = 0  # user messages given to the running turn
 
@@ -78,12 +92,18 @@ class SdkBrain:
             cli_path=self._resolve_cli(turn),
             env=dict(turn.env),
         )
+        servers: dict[str, Any] = {}
         if self._memory is not None:
-            options.mcp_servers = {MEMORY_SERVER: _memory_server(sdk, self._memory)}
+            servers[MEMORY_SERVER] = _memory_server(sdk, self._memory)
             options.allowed_tools = [f"mcp__{MEMORY_SERVER}__{op}" for op in MEMORY_TOOLS]
         if turn.tool_servers:  # the operator's tool servers, approved in the plan
-            options.mcp_servers = {**options.mcp_servers, **sdk_tool_servers(turn)}  # type: ignore[dict-item]
+            servers.update(sdk_tool_servers(turn))
             options.allowed_tools = [*options.allowed_tools, *map(mcp_prefix, turn.tool_servers)]
+        if self._dispatch is not None:
+            servers[DISPATCH_SERVER] = dispatch_server(sdk, self._dispatch)
+            options.allowed_tools = [*options.allowed_tools, DISPATCH_TOOL]
+        if servers:
+            options.mcp_servers = servers
         finished = False
         retries = _Retries()
         inbox: asyncio.Queue[str | None] = asyncio.Queue()
