@@ -307,9 +307,13 @@ class ChildDispatcher:
             store.migrate("dispatch", MIGRATIONS)
             with store.transaction() as conn:
                 conn.execute(
-                    "INSERT OR REPLACE INTO dispatches(parent_run, number, task, child_run,"
+                    "INSERT INTO dispatches(parent_run, number, task, child_run,"
                     " fingerprint, outcome, output_memory, reasons, at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT(parent_run, number) DO UPDATE SET task = excluded.task,"
+                    " child_run = excluded.child_run, fingerprint = excluded.fingerprint,"
+                    " outcome = excluded.outcome, output_memory = excluded.output_memory,"
+                    " reasons = excluded.reasons, at = excluded.at",
                     (
                         self.ctx.run_id,
                         record.number,
