@@ -130,6 +130,43 @@ def test_the_documented_example_plans_as_the_docs_show(tmp_path: Path, state_dir
     assert done.returncode == 6 and "toolserver:notes" in done.stderr, done.stderr
 
 
+def test_a_policy_can_deny_a_tool_server(tmp_path: Path, state_dir: Path) -> None:
+    docs, task = example()
+    stdio_only = {
+        "kind": "Policy",
+        "metadata": {"name": "house"},
+        "spec": {
+            "rules": [
+                {
+                    "name": "stdio-tools-only",
+                    "effect": "deny",
+                    "message": "no network tool servers here",
+                    "schema": {
+                        "properties": {
+                            "tool_servers": {
+                                "items": {"properties": {"transport": {"const": "stdio"}}}
+                            }
+                        }
+                    },
+                }
+            ]
+        },
+    }
+    own = [{k: v for k, v in d.items() if k != "apiVersion"} for d in docs]
+    manifests = manifest_set(tmp_path, *own, stdio_only)
+    project = make_project(tmp_path)
+    path = write_task(project, task["metadata"]["name"], task["spec"])
+    env = cli_env(state_dir, ANTHROPIC_API_KEY="sk-ant-unused-" + "x" * 30)
+    done = kagura(["plan", "--json", "--manifests", str(manifests), str(path)], env)
+    plan = json.loads(done.stdout)["plans"][0]["plan"]
+    classes = {s["name"]: s["class"] for s in plan["tool_servers"]}
+    assert classes == {"notes": "needs-approval", "tickets": "denied"}, classes
+    assert not plan["applyable"]
+    assert {"code": "capability-denied", "source": "toolserver:tickets"} in [
+        {k: r[k] for k in ("code", "source")} for r in plan["refusals"]
+    ]
+
+
 def test_a_child_may_not_add_a_tool_server_its_parent_lacked() -> None:
     plan = _golden()
     parent = {**plan, "tool_servers": plan["tool_servers"][:1]}

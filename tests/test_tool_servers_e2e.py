@@ -110,6 +110,10 @@ def test_a_stdio_tool_server_runs_in_the_agent_container(
     assert last_json(done.stdout)["outcome"] == "success"
     [run_id] = run_ids(state_dir)
     assert leftovers(docker_client, run_id) == []
+    # The verified run is graduation evidence for the tool server, like any capability.
+    status = json.loads(kagura(["graduation", "status", "--json"], env).stdout)
+    notes_status = status["categories"]["toolserver:notes"]
+    assert (notes_status["state"], notes_status["successes"]) == ("locked", 1), notes_status
     # The SDK gave the CLI the documented stdio config, and allowed the server's tools.
     [logged] = [json.loads(x) for x in (project / ".fake-calls.jsonl").read_text().splitlines()]
     argv = logged["argv"]

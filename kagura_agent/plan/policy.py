@@ -101,7 +101,7 @@ def evaluate_policies(
     return results
 
 
-_INDEXED = re.compile(r"^\$\.(egress\.allow|credentials|mounts)\[(\d+)\]")
+_INDEXED = re.compile(r"^\$\.(egress\.allow|credentials|mounts|tool_servers)\[(\d+)\]")
 
 
 def policy_denials(results: Sequence[PolicyResult]) -> dict[str, str]:
