@@ -232,8 +232,17 @@ def test_a_parent_dispatches_two_children_and_refuses_a_wider_one(
     assert child_plan["fingerprint"] in approvals.stdout
 
 
+@pytest.mark.parametrize(
+    ("signum", "exit_code"),
+    [(signal.SIGINT, 130), (signal.SIGTERM, 143)],  # Ctrl-C and the cockpit's kill; kill(1)
+    ids=["sigint", "sigterm"],
+)
 def test_killing_the_parent_stops_its_running_child(
-    agent_test_image: tuple[Any, str], tmp_path: Path, state_dir: Path
+    agent_test_image: tuple[Any, str],
+    tmp_path: Path,
+    state_dir: Path,
+    signum: signal.Signals,
+    exit_code: int,
 ) -> None:
     client, image_ref = agent_test_image
     manifests = _manifests(tmp_path, image_ref)
@@ -267,9 +276,9 @@ def test_killing_the_parent_stops_its_running_child(
         time.sleep(0.2)
     parent_run, child_run = ids[0], ids[1]
     wait_for_container(client, child_run, timeout=300)
-    parent.send_signal(signal.SIGINT)  # Ctrl-C, and the cockpit's kill
+    parent.send_signal(signum)
     _, err = parent.communicate(timeout=300)
-    assert parent.returncode == 130, err[-4000:]
+    assert parent.returncode == exit_code, err[-4000:]
     assert run_row(state_dir, child_run)["outcome"] == "interrupted"
     assert leftovers(client, child_run) == [] and leftovers(client, parent_run) == []
     child_leases = [lease for lease in all_leases(env) if lease["run_id"] == child_run]
