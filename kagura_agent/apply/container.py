@@ -86,6 +86,8 @@ def run_in_container(
             injection_secret=secret,
         )
         cleanup.callback(_close_egress, started, denials, live)
+        if getattr(started, "warm", False):
+            live.phase(f"egress proxy ready: warm session {getattr(started, 'pooled_name', '')}")
         egress = started.agent_network_config()
         environment = {**environment, **egress.environment}
     live.phase(f"starting container from {plan['image']['ref']}")
@@ -249,7 +251,10 @@ def _watch_disk(ctx: RunContext, runtime: ApplyRuntime, containers: list[str]) -
 def _close_egress(egress: EgressRun, denials: Denials, live: LiveView) -> None:
     egress.close()
     denials.extend(egress.denial_summary())
-    live.phase("egress proxy and networks removed")
+    if getattr(egress, "warm", False):
+        live.phase("egress proxy of the warm session handed to the pool keeper for removal")
+    else:
+        live.phase("egress proxy and networks removed")
     for denial in denials:
         live.note(
             f"egress denied: {denial.get('host')}:{denial.get('port')} ({denial.get('count', 1)} times)",

@@ -77,6 +77,8 @@ class DockerApplyRuntime(DockerRuntime):
             # apply's _sweep() ran sweep_egress at the start of this run: not again here
             # (3-4 daemon list calls per run, many at once when runs start together).
             sweep=False,
+            # The operator's pool knob (Policy spec.egress_pool), as the plan shows it.
+            from_pool=bool(plan["egress"].get("pool", False)),
         )
 
     def start_forwarder(self, container_id: str, config: AgentNetworkConfig) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kagura_agent.cli.common import print_ok
+from kagura_agent.cli.common import add_manifest_option, print_ok
 
 
 def register(subparsers: Any) -> None:
@@ -22,6 +22,22 @@ def register(subparsers: Any) -> None:
     sweep = sub.add_parser("sweep", help="remove proxies and networks of runs that are gone")
     sweep.add_argument("--json", action="store_true", help="print removed names as JSON")
     sweep.set_defaults(handler=_sweep)
+
+    pool = sub.add_parser("pool", help="the warm pool of egress sessions on this host")
+    pool_sub = pool.add_subparsers(dest="pool_command", metavar="ACTION", required=True)
+    serve = pool_sub.add_parser(
+        "serve",
+        help="keep idle egress sessions ready for runs, until stopped (Ctrl-C / SIGTERM)",
+    )
+    add_manifest_option(serve)
+    serve.add_argument("--size", type=int, help="idle sessions to hold (default: the Policy's)")
+    serve.add_argument(
+        "--idle-expiry", type=int, metavar="S", help="seconds before an idle one is replaced"
+    )
+    serve.set_defaults(handler=_pool_serve)
+    status = pool_sub.add_parser("status", help="the pool's sessions: idle, claimed, retired")
+    status.add_argument("--json", action="store_true", help="one JSON object")
+    status.set_defaults(handler=_pool_status)
 
 
 def _log(args: argparse.Namespace) -> int:
@@ -71,4 +87,62 @@ def _sweep(args: argparse.Namespace) -> int:
         print_ok({"removed": removed})
     else:
         print("\n".join(removed) or "nothing to sweep")
+    return 0
+
+
+def _pool_serve(args: argparse.Namespace) -> int:
+    import signal
+    import sys
+    from types import FrameType
+
+    from kagura_agent.manifest.egresspool import egress_pool_knobs
+    from kagura_agent.manifest.workspace import load_workspace
+    from kagura_agent.membrane.egress.pool import Keeper, PoolSettings
+    from kagura_agent.membrane.runtime import connect
+
+    knobs = egress_pool_knobs(load_workspace(args.manifests, []).catalog)
+    settings = PoolSettings(
+        size=knobs.size if args.size is None else max(0, args.size),
+        idle_expiry_seconds=(
+            knobs.idle_expiry_seconds if args.idle_expiry is None else args.idle_expiry
+        ),
+    )
+
+    def log(line: str) -> None:
+        print(f"egress pool: {line}", file=sys.stderr, flush=True)
+
+    from kagura_agent.membrane.egress import audit
+    from kagura_agent.state import StateStore
+
+    store = audit.open_store(StateStore())
+    keeper = Keeper(connect(), settings, log=log, store=store)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        keeper.stop.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log(f"keeping {settings.size} idle session(s), replaced after {settings.idle_expiry_seconds}s")
+    try:
+        keeper.serve()
+    finally:
+        store.close()
+    log("stopped; idle sessions removed")
+    return 0
+
+
+def _pool_status(args: argparse.Namespace) -> int:
+    from kagura_agent.membrane.egress import pool
+
+    rows = [
+        {"name": e.name, "state": e.state, "claimer": e.claimer or None} for e in pool.entries()
+    ]
+    if args.json:
+        print_ok({"sessions": rows})
+        return 0
+    for row in rows:
+        claimer = f"  claimed by {row['claimer']}" if row["claimer"] else ""
+        print(f"{row['name']}  {row['state']}{claimer}")
+    if not rows:
+        print("no pooled egress sessions (start the keeper: kagura-agent egress pool serve)")
     return 0

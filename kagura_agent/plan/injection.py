@@ -10,14 +10,18 @@ light: the plan renderer imports it.
 
 from __future__ import annotations
 
-from kagura_agent.plan.model import Plan
+from kagura_agent.plan.model import BrainSection, Plan
 
 PLACEHOLDER = "injected-at-the-proxy"
 
 
 def injected_provider(plan: Plan) -> str | None:
     """The credential provider whose key the proxy injects for this plan's brain, if any."""
-    brain = plan["brain"]
+    return brain_injection(plan["brain"])
+
+
+def brain_injection(brain: BrainSection) -> str | None:
+    """``injected_provider`` from the brain section alone (the planner, before the plan)."""
     auth = brain["auth"]
     if brain["engine"] == "sdk" and brain["runtime"] == "container" and auth["mode"] == "api-key":
         return auth["credential"]

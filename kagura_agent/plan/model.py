@@ -125,6 +125,7 @@ class EgressSection(TypedDict):
     allow: list[EgressRule]
     allow_addresses: list[str]
     policies: list[str]
+    pool: NotRequired[bool]
 
 
 class CredentialBase(TypedDict):
@@ -410,6 +411,10 @@ DESCRIPTIONS: dict[str, str] = {
     "egress.allow[].layer": "Layer the manifest came from: `packaged` (the defaults) or `operator` (your folder).",
     "egress.allow_addresses": "Union of the private ranges any entry allowed.",
     "egress.policies": "EgressPolicy names the task asked for.",
+    "egress.pool": (
+        "Whether apply may give the run a warm (pooled, never reused) proxy session when one"
+        " is idle (Policy `spec.egress_pool`); the run's output says which it got."
+    ),
     "credentials": "Lease requests (references only, never a secret value).",
     "credentials[].name": "`<provider>-<scope>`.",
     "credentials[].provider": "CredentialProvider name.",

@@ -17,6 +17,7 @@ from kagura_agent.facts import Facts
 from kagura_agent.graduation.classify import classify
 from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.ceilings import budget_ceilings, over_ceilings
+from kagura_agent.manifest.egresspool import egress_pool_knobs
 from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.manifest.schema import schema_version
 from kagura_agent.manifest.task import ResolvedTask
@@ -31,6 +32,7 @@ from kagura_agent.patterns.cost_history import (
 )
 from kagura_agent.patterns.dispatch import narrowing_violations
 from kagura_agent.patterns.failure_learning import DEFAULT_HALF_LIFE_SECONDS, failure_trust
+from kagura_agent.plan.injection import brain_injection
 from kagura_agent.plan.model import (
     Approval,
     BrainSection,
@@ -102,9 +104,13 @@ def compile_plan(
     its arguments (the default runs jsonschema; ``plan.build`` passes a memoised one).
     """
     tenancy = _tenancy(catalog)
-    egress = _egress(task.egress, tool_server_rules(task.tool_servers))
+    egress = _egress(
+        task.egress, tool_server_rules(task.tool_servers), egress_pool_knobs(catalog).size > 0
+    )
     hardening = _hardening(task, tenancy, facts, egress["mode"])
     brain = _brain(task)
+    # A proxy that injects the brain's key is configured at its start: never a pooled one.
+    egress["pool"] = egress["pool"] and brain_injection(brain) is None
     image = _image(task.image, facts)
     credentials = [_credential(request) for request in task.credentials]
     mounts: list[Mount] = [
@@ -381,7 +387,7 @@ def _image(image: Manifest, facts: Facts) -> ImageBase:
     }
 
 
-def _egress(policies: list[Manifest], tool_rules: list[EgressRule]) -> EgressSection:
+def _egress(policies: list[Manifest], tool_rules: list[EgressRule], pool: bool) -> EgressSection:
     """The allowlist: every entry of the task's policies, then its http tool servers'."""
     allow: list[EgressRule] = []
     seen: set[tuple[str, int, str]] = set()
@@ -425,6 +431,8 @@ def _egress(policies: list[Manifest], tool_rules: list[EgressRule]) -> EgressSec
         "allow": allow,
         "allow_addresses": addresses,
         "policies": [p.name for p in policies],
+        # Whether apply may hand this run a pooled (warm) proxy session if one is idle.
+        "pool": bool(allow) and pool,
     }
 
 

@@ -228,6 +228,10 @@ def render_text(plan: Plan, style: Style) -> str:
         out.append("  network      only through this run's proxy, default deny:")
         for entry in egress["allow"]:
             out.extend(_egress_lines(entry, style, mine(entry)))
+        if egress.get("pool"):
+            out.append(
+                "               proxy: a warm pooled session if one is idle (used once), else cold"
+            )
     if not plan["credentials"]:
         out.append("  credentials  none")
     for index, cred in enumerate(plan["credentials"]):

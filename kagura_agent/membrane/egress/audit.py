@@ -197,6 +197,18 @@ def record_run(store: StateStore, run_id: str, started: str, allowlist: Mapping[
         )
 
 
+def mark_session(store: StateStore, run_id: str, how: str) -> None:
+    """How the run's proxy started: ``cold``, or ``warm:<pooled session>``."""
+    with store.transaction() as conn:
+        conn.execute("UPDATE egress_runs SET proxy = ? WHERE run_id = ?", (how, run_id))
+
+
+def run_session(store: StateStore, run_id: str) -> str:
+    """``cold``, ``warm:<name>``, or '' (recorded before sessions were told apart)."""
+    row = store.conn.execute("SELECT proxy FROM egress_runs WHERE run_id = ?", (run_id,)).fetchone()
+    return str(row["proxy"]) if row else ""
+
+
 def finish_run(store: StateStore, run_id: str, ended: str) -> None:
     with store.transaction() as conn:
         conn.execute("UPDATE egress_runs SET ended = ? WHERE run_id = ?", (ended, run_id))

@@ -57,7 +57,8 @@ FORBIDDEN_RANGES: tuple[str, ...] = (
 )
 
 _ENTRY_KEYS = {"host", "port", "scheme", "policy", "source", "layer", "allow_addresses"}
-_SECTION_KEYS = {"mode", "allow", "allow_addresses", "policies"}
+# "pool" says whether a warm session may serve the run (pool.py); it changes no rule.
+_SECTION_KEYS = {"mode", "allow", "allow_addresses", "policies", "pool"}
 _SCHEMES = ("https", "http")
 
 

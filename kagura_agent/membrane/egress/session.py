@@ -28,18 +28,29 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from kagura_agent.clock import Clock, SystemClock, iso
 from kagura_agent.errors import SetupError
 from kagura_agent.membrane import images
-from kagura_agent.membrane.egress import audit, forwarder, owner
+from kagura_agent.membrane.egress import audit, forwarder, owner, pool
 from kagura_agent.membrane.egress.policy import EgressPolicy, load_policy
+from kagura_agent.membrane.egress.proxy import (
+    AGENT_SOCKET_DIR,
+    INJECT_SOCKET_NAME,
+    PROXY_SOCKET_DIR,
+    PROXY_TMPFS,
+    PROXY_USER,
+    SOCKET_NAME,
+    VOLUME_OPTS,
+    proxy_create_kwargs,
+    wait_for_ready,
+)
 from kagura_agent.membrane.egress.squid import (
     INJECT_PORT,
     PROXY_PORT,
-    READY_MARKER,
     Injection,
     injection_line,
     render_squid_conf,
@@ -55,23 +66,8 @@ from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 
 EventSink = Callable[[dict[str, Any]], None]
-PROXY_USER = "13:13"  # Debian's `proxy` user
-_TMPFS = "rw,nosuid,nodev,noexec,uid=13,gid=13,mode=0700,size="
-# squid needs a few writable directories on its read-only root.
-PROXY_TMPFS = {
-    "/run/squid": _TMPFS + "1048576",
-    "/tmp": _TMPFS + "16777216",
-    "/var/spool/squid": _TMPFS + "16777216",
-    "/var/log/squid": _TMPFS + "1048576",
-}
-# Where the socket volume is mounted: read-write in the proxy (socat creates the socket),
-# read-only in the agent (connecting to a socket needs no write access to the mount).
-PROXY_SOCKET_DIR = "/run/kagura-egress"
-AGENT_SOCKET_DIR = "/run/kagura/egress"
-SOCKET_NAME = "proxy.sock"
-INJECT_SOCKET_NAME = "inject.sock"
-# The volume holds one socket: a tiny tmpfs owned by the proxy user, readable by all.
-_VOLUME_OPTS = {"type": "tmpfs", "device": "tmpfs", "o": "size=65536,uid=13,gid=13,mode=0755"}
+# Re-exported: tests and bench/ build proxies the way sessions do.
+__all__ = ["PROXY_TMPFS", "PROXY_USER", "AgentNetworkConfig", "EgressSession", "start_forwarder"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +81,9 @@ class AgentNetworkConfig:
     environment: dict[str, str] = field(default_factory=dict)
     # (socket, port) of the credential-injecting reverse proxy, when the run has one.
     inject: tuple[str, int] | None = None
+    # A warm session's proxy may still be loading the run's configuration: the forwarder
+    # (the agent's one way out) starts only once this returns (raises when it never does).
+    wait_ready: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
     @property
     def network(self) -> str:
@@ -124,6 +123,8 @@ def start_forwarder(
     10 s with 20 runs starting on two cores). A forwarder that dies is seen at once (the
     stream ends), so the deadline is generous: it only bounds a machine that is swamped.
     """
+    if net.wait_ready is not None:
+        net.wait_ready()
     pairs = [(net.socket_path, net.port), *([net.inject] if net.inject else [])]
     deadline = time.monotonic() + timeout
     for path, port in pairs:
@@ -196,6 +197,10 @@ class EgressSession:
         self.injection: Injection | None = None
         self._inject_line = ""
         self._extra_networks: tuple[str, ...] = ()
+        self.warm = False  # a pooled session (pool.py), claimed for this run
+        self.pooled_name = ""
+        self._claimed_path: Path | None = None
+        self._wait_pooled: Callable[[], None] | None = None
 
     @classmethod
     def start(
@@ -214,6 +219,7 @@ class EgressSession:
         injection_secret: str | None = None,
         extra_networks: tuple[str, ...] = (),
         sweep: bool = True,
+        from_pool: bool = False,
     ) -> EgressSession:
         """Sweep orphans, create the networks and the proxy, and wait until it listens.
 
@@ -222,6 +228,10 @@ class EgressSession:
         ``extra_hosts`` (name -> address, written to the proxy's /etc/hosts) lets tests make
         names resolve to addresses no test may really reach; ``extra_networks`` (tests)
         are networks the proxy joins before squid starts, where test upstreams live.
+        With ``from_pool``, an idle pooled session (pool.py) is claimed when there is one: it
+        gets this run's configuration and is this run's alone (``warm`` is then True);
+        otherwise, or when the claimed one does not take the configuration, a cold start.
+        A run with a credential injection or test networks always starts cold.
         """
         policy = load_policy(plan.get("egress"))
         if policy.mode != "proxy":
@@ -237,15 +247,42 @@ class EgressSession:
             session.injection = injection
             session._inject_line = injection_line(injection, injection_secret)
         audit.record_run(store, run_id, iso((clock or SystemClock()).now()), plan["egress"])
+        proxy_image = image or images.image_ref("egress-proxy")
+        cold_only = injection is not None or extra_networks or extra_hosts
+        if from_pool and not cold_only and session._adopt_pooled(proxy_image):
+            audit.mark_session(store, run_id, f"warm:{session.pooled_name}")
+            return session
+        audit.mark_session(store, run_id, "cold")
         try:
             session._extra_networks = extra_networks
-            session._create(
-                image or images.image_ref("egress-proxy"), ready_timeout, extra_hosts or {}
-            )
+            session._create(proxy_image, ready_timeout, extra_hosts or {})
         except BaseException:
             session.close(clock=clock)
             raise
         return session
+
+    def _adopt_pooled(self, image: str) -> bool:
+        """Claim an idle pooled session and load this run's allowlist into it; False: none."""
+        claimed = pool.claim(self.run_id, image)
+        if claimed is None:
+            return False
+        pooled, path = claimed
+        try:
+            conf = render_squid_conf(self.policy, ["127.0.0.1/32"], None)
+            self._wait_pooled = pool.reconfigure(self.client, pooled.proxy_id, conf)
+        except Exception:
+            # Dead or unwilling: it is nobody's now; remove it here and start cold.
+            with contextlib.suppress(Exception):
+                if pool.remove_objects(self.client, pooled, pooled.name):
+                    pool.forget(path)
+            return False
+        self.socket_volume = pooled.volume
+        self.outbound_network = pooled.network
+        self.proxy_name = pooled.proxy_name
+        self.proxy = self.client.containers.prepare_model({"Id": pooled.proxy_id})
+        self.warm, self.pooled_name, self._claimed_path = True, pooled.name, path
+        self._start_collector()
+        return True
 
     def _labels_for(self, component: str) -> dict[str, str]:
         return {**self._labels, owner.LABEL_COMPONENT: component}
@@ -258,7 +295,7 @@ class EgressSession:
             self.client.volumes.create(
                 self.socket_volume,
                 driver="local",
-                driver_opts=_VOLUME_OPTS,
+                driver_opts=VOLUME_OPTS,
                 labels=self._labels_for(owner.COMPONENT_SOCKET),
             )
             self.client.networks.create(
@@ -286,6 +323,9 @@ class EgressSession:
             else:
                 self.proxy.start()
         self._wait_ready(ready_timeout)
+        self._start_collector()
+
+    def _start_collector(self) -> None:
         self._collector = threading.Thread(
             target=self._collect, name=f"egress-audit-{self.run_id}", daemon=True
         )
@@ -299,7 +339,6 @@ class EgressSession:
         extra_hosts: dict[str, str],
     ) -> Any:
         import docker.errors
-        import docker.types
 
         with docker_errors(f"starting the egress proxy of run {self.run_id}"):
             # No separate image inspect first: create says "no such image" itself (one
@@ -307,23 +346,16 @@ class EgressSession:
             try:
                 return self.client.containers.create(
                     image,
-                    name=self.proxy_name,
-                    labels=self._labels_for(owner.COMPONENT_PROXY),
-                    environment=environment,
-                    # The injected credential goes in on stdin, never into the config.
-                    stdin_open=self.injection is not None,
-                    user=PROXY_USER,
-                    network=self.outbound_network,
-                    mounts=[socket_mount],
-                    read_only=True,
-                    cap_drop=["ALL"],
-                    security_opt=["no-new-privileges:true"],
-                    tmpfs=PROXY_TMPFS,
-                    pids_limit=64,
-                    mem_limit=512 * 1024 * 1024,
-                    extra_hosts=extra_hosts,
-                    # json-file without rotation: the audit re-reads the whole log at teardown.
-                    log_config=docker.types.LogConfig(type="json-file"),
+                    **proxy_create_kwargs(
+                        name=self.proxy_name,
+                        labels=self._labels_for(owner.COMPONENT_PROXY),
+                        environment=environment,
+                        # The injected credential goes in on stdin, never into the config.
+                        stdin_open=self.injection is not None,
+                        network=self.outbound_network,
+                        mounts=[socket_mount],
+                        extra_hosts=extra_hosts,
+                    ),
                 )
             except docker.errors.ImageNotFound as exc:
                 raise SetupError(
@@ -344,52 +376,7 @@ class EgressSession:
             self._inject_line = ""
 
     def _wait_ready(self, timeout: float) -> None:
-        """Follow squid's stderr until it says it listens (one request, no polling).
-
-        Polling logs + inspect every 20 ms cost the daemon ~100 requests a second per
-        starting run; with 20 runs starting on two cores squid takes seconds to come up
-        and the polls alone kept dockerd busy. The followed stream ends when the proxy
-        exits, which is how a crash is seen at once.
-        """
-        marker = READY_MARKER.encode()
-        found, ended = threading.Event(), threading.Event()
-        with docker_errors("waiting for the egress proxy"):
-            stream = self.client.api.logs(
-                self.proxy.id, stdout=False, stderr=True, stream=True, follow=True
-            )
-
-        def follow() -> None:
-            seen = b""
-            try:
-                for chunk in stream:
-                    seen = (seen + chunk)[-65536:]
-                    if marker in seen:
-                        found.set()
-                        return
-            except Exception:  # closed on timeout, or the daemon went: judged below
-                pass
-            finally:
-                ended.set()
-
-        reader = threading.Thread(target=follow, name=f"egress-ready-{self.run_id}", daemon=True)
-        reader.start()
-        ended.wait(timeout)
-        with contextlib.suppress(Exception):
-            stream.close()
-        if found.is_set():
-            return
-        with docker_errors("waiting for the egress proxy"):
-            logs = self.proxy.logs(stdout=False, stderr=True).decode(errors="replace")
-            if READY_MARKER in logs:
-                return
-            state = self.client.api.inspect_container(self.proxy.id)["State"]
-        if not state.get("Running"):
-            tail = "\n".join(logs.splitlines()[-15:])
-            raise SetupError(
-                f"the egress proxy of run {self.run_id} exited"
-                f" (status {state.get('ExitCode')}):\n{tail}"
-            )
-        raise SetupError(f"the egress proxy of run {self.run_id} not ready in {timeout}s")
+        wait_for_ready(self.client, self.proxy.id, f"run {self.run_id}", timeout)
 
     def agent_network_config(self) -> AgentNetworkConfig:
         """No network, the proxy environment and the socket volume for the agent container."""
@@ -411,6 +398,7 @@ class EgressSession:
             port=PROXY_PORT,
             environment=env,
             inject=inject,
+            wait_ready=self._wait_pooled,
         )
 
     # --- audit -------------------------------------------------------------------------
@@ -463,11 +451,23 @@ class EgressSession:
             return
         self._closed = True
         problems: list[str] = []
+        if self._claimed_path is not None and pool.retire(self._claimed_path):
+            # A warm session goes back to its keeper, which kills the proxy, stores the
+            # rest of its decisions (by sequence number: none twice) and removes it, in
+            # the background; any sweep does all that, should the keeper go first. The
+            # agent is gone by now (its container is removed before this), so nothing
+            # can pass the proxy any more.
+            with contextlib.suppress(Exception):
+                if self._stream is not None:
+                    self._stream.close()
+            self._finish(problems, clock)
+            return
         if self.proxy is not None:
             try:
                 self._final_audit()
             except Exception as exc:
                 problems.append(f"reading the proxy log: {exc}")
+        if self.proxy is not None:
             try:
                 self.proxy.remove(force=True)
             except Exception as exc:
@@ -483,6 +483,11 @@ class EgressSession:
             self._volume_pending = not remove_volume_if_unused(self.client, self.socket_volume)
         except Exception as exc:
             problems.append(f"removing volume {self.socket_volume}: {exc}")
+        if self._claimed_path is not None and not problems and not self._volume_pending:
+            pool.forget(self._claimed_path)
+        self._finish(problems, clock)
+
+    def _finish(self, problems: list[str], clock: Clock | None) -> None:
         audit.finish_run(self.store, self.run_id, iso((clock or SystemClock()).now()))
         with self._lock:
             allowed = sum(1 for e in self.events if e.decision == "allow")

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kagura_agent.membrane.egress import audit, owner
+from kagura_agent.membrane.egress import poolfiles as pool
 from kagura_agent.membrane.egress.policy import EgressPolicy, load_policy
 from kagura_agent.membrane.hardening import LABEL_RUN
 from kagura_agent.state import StateStore
@@ -59,7 +61,8 @@ def remove_volume_if_unused(client: Any, name: str) -> bool:
     return True
 
 
-def _salvage(client: Any, container_id: str, run_id: str, store: StateStore) -> None:
+def salvage(client: Any, container_id: str, run_id: str, store: StateStore) -> None:
+    """Store the decisions in a (stopped) proxy's log that ``run_id`` had not stored yet."""
     if not run_id:
         return
     allowlist = audit.run_allowlist(store, run_id)
@@ -85,16 +88,46 @@ def sweep_orphans(
     """
     import docker.errors
 
+    # A pooled session answers to its pool file (pool.py): its claiming run while one holds
+    # it, else its keeper. Objects with no pool file go by their owner label.
+    pools: dict[str, tuple[dict[str, bool], dict[str, str]]] = {}
+
+    def pool_of(labels: dict[str, str]) -> tuple[dict[str, bool], dict[str, str]]:
+        where = labels.get(pool.LABEL_POOL_DIR, "")
+        if where not in pools:
+            base = Path(where) if where else None
+            pools[where] = (
+                (pool.names_alive(base, is_alive=is_alive), pool.claimed_runs(base))
+                if base is not None
+                else ({}, {})
+            )
+        return pools[where]
+
+    def alive(labels: dict[str, str]) -> bool:
+        name = labels.get(pool.LABEL_POOL, "")
+        pooled = pool_of(labels)[0] if name else {}
+        if name in pooled:
+            return pooled[name]
+        return is_alive(labels.get(owner.LABEL_OWNER, ""))
+
+    def run_of(labels: dict[str, str]) -> str:
+        return labels.get(LABEL_RUN, "") or pool_of(labels)[1].get(
+            labels.get(pool.LABEL_POOL, ""), ""
+        )
+
+    # This state directory's own pool: its stale files go even when no object is left.
+    pool_of({pool.LABEL_POOL_DIR: str(pool.pool_dir())})
     removed: list[str] = []
     label = f"{owner.LABEL_COMPONENT}={owner.COMPONENT_PROXY}"
     for summary in client.api.containers(all=True, filters={"label": label}):
         labels = summary.get("Labels") or {}
-        if is_alive(labels.get(owner.LABEL_OWNER, "")):
+        if alive(labels):
             continue
         if store is not None:
+            run_id = run_of(labels)
             # Salvage is best effort; removing the orphan is not.
             with contextlib.suppress(Exception):
-                _salvage(client, summary["Id"], labels.get(LABEL_RUN, ""), store)
+                salvage(client, summary["Id"], run_id, store)
         try:
             client.api.remove_container(summary["Id"], force=True)
         except docker.errors.NotFound:
@@ -108,15 +141,24 @@ def sweep_orphans(
     for component in _COMPONENTS:
         label = f"{owner.LABEL_COMPONENT}={component}"
         for summary in client.api.networks(filters={"label": label}):
-            if is_alive((summary.get("Labels") or {}).get(owner.LABEL_OWNER, "")):
+            if alive(summary.get("Labels") or {}):
                 continue
             remove_network(client, summary["Id"])
             removed.append(summary["Name"])
     label = f"{owner.LABEL_COMPONENT}={owner.COMPONENT_SOCKET}"
+    kept: set[str] = set()
     for volume in client.api.volumes(filters={"label": label}).get("Volumes") or []:
-        if is_alive((volume.get("Labels") or {}).get(owner.LABEL_OWNER, "")):
+        labels = volume.get("Labels") or {}
+        if alive(labels):
             continue
         # A volume still mounted by a container is left for the next sweep.
         if remove_volume_if_unused(client, volume["Name"]):
             removed.append(volume["Name"])
+        else:
+            kept.add(labels.get(pool.LABEL_POOL, ""))
+    # Pool files of sessions removed here go too (a kept volume keeps its file: next time).
+    for where, (pooled, _runs) in pools.items():
+        if where:
+            dead = {name for name, live in pooled.items() if not live} - kept
+            pool.forget_dead(dead, Path(where))
     return removed
