@@ -24,12 +24,14 @@ from apply_helpers import cli_env, kagura, make_project, manifest_set, write_tas
 from golden import golden_plan
 from tool_server_doc import example, shown_plan_lines
 
+from kagura_agent.brain.dispatch_tool import DISPATCH_SERVER
 from kagura_agent.brain.engines.script import ScriptBrain
-from kagura_agent.brain.engines.sdk import SdkBrain, sdk_tool_servers
+from kagura_agent.brain.engines.sdk import MEMORY_SERVER, SdkBrain, sdk_tool_servers
 from kagura_agent.brain.events import BrainEvent, ErrorEvent, TextEvent, ToolResultEvent
 from kagura_agent.brain.plan_turn import turn_from_plan
 from kagura_agent.brain.protocol import Turn
 from kagura_agent.errors import UsageError
+from kagura_agent.manifest.toolservers import RESERVED_NAMES
 from kagura_agent.patterns.dispatch import narrowing_violations
 from testing.fake_claude import FAKE_CLAUDE
 
@@ -270,3 +272,7 @@ def test_the_sdk_engine_hands_them_to_the_cli_which_calls_them(
     assert config["tickets"] == {"type": "http", "url": http_fake}
     allowed = argv[argv.index("--allowedTools") + 1].split(",")
     assert {"mcp__notes", "mcp__tickets"} <= set(allowed), allowed
+
+
+def test_the_brains_own_server_names_are_reserved() -> None:
+    assert set(RESERVED_NAMES) == {MEMORY_SERVER, DISPATCH_SERVER}

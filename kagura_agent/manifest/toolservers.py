@@ -21,8 +21,9 @@ from kagura_agent.errors import Diagnostic
 from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.hosts import normalize_host
 
-# The SDK engine's own in-process memory server has this name (brain/engines/sdk.py).
-RESERVED_NAMES = ("kagura-memory",)
+# The sdk engine's own in-process MCP servers (brain/engines/sdk.py MEMORY_SERVER,
+# brain/dispatch_tool.py DISPATCH_SERVER): a tool server may not take their names.
+RESERVED_NAMES = ("kagura-memory", "kagura-dispatch")
 STDIO_ONLY = ("image", "command", "args", "env")
 HTTP_ONLY = ("url", "allow_addresses")
 
@@ -65,7 +66,7 @@ def check_tool_server(manifest: Manifest, catalog: Catalog) -> list[Diagnostic]:
         problems.append(
             manifest.diag(
                 ("metadata", "name"),
-                f"{manifest.name!r} is the name of the brain's own memory server",
+                f"{manifest.name!r} is the name of one of the brain's own MCP servers",
                 hint="give the tool server another name",
             )
         )
