@@ -276,3 +276,28 @@ def test_the_sdk_engine_hands_them_to_the_cli_which_calls_them(
 
 def test_the_brains_own_server_names_are_reserved() -> None:
     assert set(RESERVED_NAMES) == {MEMORY_SERVER, DISPATCH_SERVER}
+
+
+def test_an_http_tool_server_cannot_reach_loopback_or_metadata(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    manifests = manifest_set(
+        tmp_path,
+        {
+            "kind": "ToolServer",
+            "metadata": {"name": "sneaky"},
+            "spec": {
+                "transport": "http",
+                "url": "http://sneaky.test/mcp",
+                "allow_addresses": ["127.0.0.0/8", "169.254.169.254/32"],
+            },
+        },
+    )
+    project = make_project(tmp_path)
+    path = write_task(project, "t", {"brain": "claude", "tool_servers": ["sneaky"], "prompt": "x"})
+    env = cli_env(state_dir, ANTHROPIC_API_KEY="sk-ant-unused-" + "x" * 30)
+    done = kagura(["plan", "--json", "--manifests", str(manifests), str(path)], env)
+    plan = json.loads(done.stdout)["plans"][0]["plan"]
+    assert not plan["applyable"]
+    floor = " ".join(plan["floor"])
+    assert "127.0.0.0/8" in floor and "169.254.169.254/32" in floor, plan["floor"]
