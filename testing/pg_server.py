@@ -1,15 +1,14 @@
-"""A throwaway PostgreSQL for tests and benches, started by the project's own script.
+"""A throwaway PostgreSQL for benches, started by the project's own script.
 
 ``postgres()`` runs scripts/postgres-up.sh in a temporary folder (Debian's PostgreSQL 15,
-non-root, 127.0.0.1 only) and stops it afterwards; ``fresh_database`` makes an empty
-database on it, so each test gets its own queue and tables.
+non-root, 127.0.0.1 only) and stops it afterwards. (Tests use tests/postgres.py, which
+also makes a fresh database per test.)
 """
 
 from __future__ import annotations
 
 import subprocess
 import tempfile
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,13 +37,3 @@ def postgres() -> Iterator[str]:
     finally:
         subprocess.run(["bash", str(SCRIPT), "--stop", str(data)], capture_output=True, timeout=120)
         subprocess.run(["rm", "-rf", str(folder)], check=False)
-
-
-def fresh_database(url: str, prefix: str = "t") -> str:
-    """Create an empty database on ``url``'s server; its URL."""
-    import psycopg
-
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"'.encode())
-    return url.rsplit("/", 1)[0] + "/" + name

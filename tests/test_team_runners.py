@@ -11,8 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apply_helpers import cli_env, kagura, make_project, manifest_set, run_ids
+from apply_helpers import (
+    cli_env,
+    kagura,
+    make_project,
+    manifest_set,
+    run_containers,
+    run_ids,
+    wait_for_container,
+)
 from team_helpers import (  # noqa: F401 - fixtures
+    HEARTBEAT,
+    STALLED_AFTER,
     all_ended,
     load,
     plan_file,
@@ -23,6 +33,7 @@ from team_helpers import (  # noqa: F401 - fixtures
 )
 
 from kagura_agent.team import queue
+from testing.fake_cloudflare import ROOT_TOKEN
 
 pytestmark = pytest.mark.docker
 
@@ -118,3 +129,172 @@ def test_queue_refuses_what_no_runner_may_apply(tmp_path: Path, state_dir: Path)
     task = kagura(["apply", "--queue", str(project / "task-net.yml")], env)
     assert task.returncode == 2
     assert "saved plan" in task.stderr
+
+
+def cloudflare_provider(fake: Any) -> dict[str, Any]:
+    """A revocable provider on the local Cloudflare fake: a scoped token minted per run."""
+    return {
+        "kind": "CredentialProvider",
+        "metadata": {"name": "cf"},
+        "spec": {
+            "type": "cloudflare",
+            "secret": "env:KAGURA_TEST_CF_ROOT",
+            "cloudflare": {
+                "account_id": "0123456789abcdef0123456789abcdef",
+                "endpoint": fake.url + "/client/v4",
+                "endpoint_addresses": ["127.0.0.1/32"],
+            },
+            "baseline_scopes": ["dns-read"],
+            "scopes": {
+                "dns-read": {
+                    "description": "read the test zone",
+                    "permission_groups": ["82e64a83756745bbbb1c9c2701bf816b"],
+                    "resources": {"com.cloudflare.api.account.zone.*": "*"},
+                }
+            },
+        },
+    }
+
+
+@pytest.mark.timeout(600)
+def test_a_runner_killed_mid_run_is_reaped_by_another(
+    docker_client: Any,
+    tmp_path: Path,
+    state_dir: Path,
+    queue_url: str,  # noqa: F811 - the fixture
+    runners: Any,  # noqa: F811 - the fixture
+    cloudflare: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kill -9 of the runner applying a run: another runner sees its heartbeat stop,
+    marks the run lost and revokes its lease at the provider from the shared ledger;
+    nothing applies the run a second time; the dead runner's container is swept when it
+    comes back. The runners share the team's PostgreSQL state store (leases, runs)."""
+    monkeypatch.setenv("KAGURA_AGENT_STATE_URL", queue_url)
+    monkeypatch.setenv("KAGURA_TEST_CF_ROOT", ROOT_TOKEN)
+    shared = {"KAGURA_AGENT_STATE_URL": queue_url, "KAGURA_TEST_CF_ROOT": ROOT_TOKEN}
+    manifests = manifest_set(tmp_path, cloudflare_provider(cloudflare))
+    project = make_project(tmp_path)
+    spec = {
+        "steps": [APPEND + "; sleep 600"],
+        "credentials": [{"provider": "cf", "scope": "dns-read"}],
+    }
+    plan = load(plan_file(project, "long", spec, manifests))
+    doomed = runners("doomed", env=shared)
+    wait_registered(queue_url, 1)
+    queued = queue.enqueue_plan(queue_url, plan, who="test")
+    container = wait_for_container(docker_client, queued.run_id, timeout=120)
+    assert len(cloudflare.live_tokens()) == 1
+    survivor = runners("survivor", env=shared)
+    wait_registered(queue_url, 2)
+
+    doomed.kill9()
+    killed = time.monotonic()
+    wait_until(
+        lambda: (
+            queue.run(queue_url, queued.run_id)["status"] == "lost" and not cloudflare.live_tokens()
+        ),
+        60,
+        "the run marked lost and its token revoked",
+        step=0.1,
+    )
+    noticed = time.monotonic() - killed
+    # Revoked centrally, by the survivor, while the dead runner is still gone.
+    assert doomed.proc is not None and doomed.proc.poll() is not None
+    assert queue.run(queue_url, queued.run_id)["runner"] == "doomed"
+    assert noticed < STALLED_AFTER + 15, noticed
+    env = cli_env(state_dir, KAGURA_AGENT_QUEUE_URL=queue_url, **shared)
+    followed = kagura(["queue", "follow", queued.run_id, "--timeout", "30"], env)
+    assert followed.returncode == 1, followed.stdout + followed.stderr
+    assert "run lost: runner doomed stopped heartbeating" in followed.stdout
+    assert "1 of 1 open lease(s) revoked by runner survivor" in followed.stdout
+    # Never applied a second time: one taker, one agent container, the job failed (no retry).
+    time.sleep(3 * HEARTBEAT + STALLED_AFTER)
+    items = [
+        json.loads(line)
+        for line in kagura(
+            ["queue", "follow", queued.run_id, "--json", "--timeout", "30"], env
+        ).stdout.splitlines()
+    ]
+    assert [i["runner"] for i in items if i["kind"] == "runner"] == ["doomed"]
+    agents = [
+        c for c in run_containers(docker_client, queued.run_id) if "dev.kagura.task" in c.labels
+    ]
+    assert [c.id for c in agents] == [container.id]
+    assert (project / "applied.txt").read_text().splitlines() == ["applied"]
+    assert "survivor: applying" not in survivor.output()
+
+    # The dead runner comes back (same name, same state directory): it sweeps its leftovers.
+    runners("doomed", env=shared)
+    wait_until(lambda: not run_containers(docker_client, queued.run_id), 60, "the sweep")
+    assert queue.run(queue_url, queued.run_id)["status"] == "lost"
+
+
+# The shipped Graduation knobs, quickened: two successes of one task over one second.
+QUICK_GRADUATION = (
+    "apiVersion: kagura.dev/v1\nkind: Graduation\nmetadata:\n  name: default\n"
+    "spec:\n  min_successes: 2\n  min_distinct_tasks: 1\n  cooldown: 1s\n"
+)
+SLOW_LANE = {
+    "kind": "EgressPolicy",
+    "metadata": {"name": "slow-lane"},
+    "spec": {"allow": [{"host": "nowhere.test"}]},
+}
+
+
+@pytest.mark.timeout(600)
+def test_graduation_earned_on_one_runner_unlocks_on_another(
+    docker_client: Any,
+    tmp_path: Path,
+    state_dir: Path,
+    queue_url: str,  # noqa: F811 - the fixture
+    runners: Any,  # noqa: F811 - the fixture
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two approved runs on runner A earn egress:slow-lane its evidence in the shared
+    state store; the operator graduates it; runner B then applies a plan that needs no
+    approval for it any more."""
+    monkeypatch.setenv("KAGURA_AGENT_STATE_URL", queue_url)
+    shared = {"KAGURA_AGENT_STATE_URL": queue_url}
+    manifests = manifest_set(tmp_path, SLOW_LANE)
+    (manifests / "graduation.yml").write_text(QUICK_GRADUATION)
+    project = make_project(tmp_path)
+    spec = {"steps": ["echo ok > out.txt"], "verify": ["test -s out.txt"], "egress": ["slow-lane"]}
+    first = load(plan_file(project, "earn", spec, manifests))
+    [asked] = [a for a in first["approvals"] if a["category"] == "egress:slow-lane"]
+    assert asked["class"] == "needs-approval"
+    runner_a = runners("runner-a", env=shared)
+    wait_registered(queue_url, 1)
+    for index in range(2):
+        # Planned afresh each time: the evidence of the last run is an input of the next
+        # plan. A task name of its own: runner A's memory of an earlier run of the same
+        # task would be a fact that differs from the planning host's (a stale plan here).
+        fresh = load(plan_file(project, f"earn{index}", spec, manifests))
+        queued = queue.enqueue_plan(queue_url, fresh, approve=["egress:slow-lane"], who="op")
+        wait_until(
+            lambda q=queued: (
+                queue.run(queue_url, q.run_id)["status"] != "queued"
+                and queue.run(queue_url, q.run_id)["status"] in queue.TERMINAL
+            ),
+            180,
+            "run",
+        )
+        row = queue.run(queue_url, queued.run_id)
+        assert row["status"] == "success", row["message"]
+        time.sleep(1.1)  # the evidence spans the cooldown
+    runner_a.stop()
+
+    env = cli_env(state_dir, **shared)
+    approved = kagura(
+        ["graduation", "approve", "egress:slow-lane", "--who", "op", "--manifests", str(manifests)],
+        env,
+    )
+    assert approved.returncode == 0, approved.stdout + approved.stderr
+    second = load(plan_file(project, "unlocked", spec, manifests))
+    [now] = [a for a in second["approvals"] if a["category"] == "egress:slow-lane"]
+    assert now["class"] == "graduated"
+    runners("runner-b", env=shared)
+    queued = queue.enqueue_plan(queue_url, second, who="op")
+    wait_until(lambda: queue.run(queue_url, queued.run_id)["status"] in queue.TERMINAL, 180, "run")
+    row = queue.run(queue_url, queued.run_id)
+    assert (row["status"], row["runner"]) == ("success", "runner-b"), row

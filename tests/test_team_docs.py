@@ -1,0 +1,75 @@
+"""The team set-up in docs/operations.md, run as written: a runner, plan, apply --queue,
+queue list / follow / runners — on a fresh database of the session's PostgreSQL and this
+machine's Docker (the URL, state directory and RUN filled in)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apply_helpers import REPO, make_project, write_task
+from team_helpers import queue_url, wait_registered  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.docker
+
+
+def team_block() -> list[str]:
+    text = (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
+    for body in re.findall(r"^```bash\n(.*?)^```", text, re.M | re.S):
+        if "kagura-agent runner" in body:
+            return [line for line in body.splitlines() if line.strip()]
+    raise AssertionError("docs/operations.md has no team set-up block")
+
+
+def test_the_team_setup_runs_as_written(
+    docker_client: Any,
+    tmp_path: Path,
+    state_dir: Path,
+    queue_url: str,  # noqa: F811 - the fixture
+) -> None:
+    project = make_project(tmp_path)
+    write_task(
+        project, "docs-team", {"steps": ["echo hello > out.txt"], "verify": ["test -s out.txt"]}
+    )
+    env = {**os.environ, "KAGURA_AGENT_STATE_DIR": str(state_dir), "NO_COLOR": "1"}
+    runner: subprocess.Popen[bytes] | None = None
+    outputs: dict[str, str] = {}
+    run_id = ""
+    try:
+        for line in team_block():
+            words = shlex.split(line.split("  #")[0])
+            if words[0] == "export":
+                name, _, _ = words[1].partition("=")
+                env[name] = queue_url
+                continue
+            assert words[0] == "kagura-agent", line
+            argv = [sys.executable, "-m", "kagura_agent", *words[1:]]
+            argv = [str(tmp_path / "runner") if w == "/var/lib/kagura-runner" else w for w in argv]
+            if words[1] == "runner":
+                log = open(tmp_path / "runner.log", "wb")  # noqa: SIM115 - the runner's
+                runner = subprocess.Popen(argv, env=env, cwd=project, stdout=log, stderr=log)
+                wait_registered(queue_url, 1)
+                continue
+            argv = [run_id if w == "RUN" else w for w in argv]
+            done = subprocess.run(
+                argv, env=env, cwd=project, capture_output=True, text=True, timeout=300
+            )
+            assert done.returncode == 0, f"{line}\n{done.stdout}{done.stderr}"
+            outputs[words[1] + " " + words[2]] = done.stdout
+            if found := re.search(r"queued (run-[0-9a-f]+)", done.stdout):
+                run_id = found.group(1)
+    finally:
+        if runner is not None:
+            runner.send_signal(signal.SIGTERM)
+            runner.wait(timeout=60)
+    assert run_id, outputs
+    assert f"run {run_id}: success" in outputs["queue follow"]
+    assert "host-1" in outputs["queue runners"]
+    assert (project / "out.txt").read_text() == "hello\n"
