@@ -21,7 +21,14 @@ from kagura_agent.graduation.ledger import snapshot
 from kagura_agent.graduation.model import GraduationSnapshot
 from kagura_agent.manifest.catalog import Catalog
 from kagura_agent.manifest.task import ResolvedTask
-from kagura_agent.membrane.images import daemon_info, local_image_digest, recipe_digest, recipe_path
+from kagura_agent.membrane.images import (
+    daemon_info,
+    image_present,
+    inspect_image,
+    recipe_digest,
+    recipe_path,
+    repo_digest,
+)
 from kagura_agent.membrane.isolation import isolation_report
 from kagura_agent.memory.factory import section_from_manifest, sqlite_path
 from kagura_agent.memory.sqlite import SqliteMemoryStore
@@ -37,6 +44,8 @@ MAX_FACTS_BYTES = 8 * 2**20
 @dataclass(frozen=True)
 class Facts:
     image_digests: dict[str, str | None] = field(default_factory=dict)
+    # tag -> ``repository@sha256:…`` it was pushed to or pulled from (Image.spec.repository)
+    image_pulls: dict[str, str | None] = field(default_factory=dict)
     recipe_digests: dict[str, str | None] = field(default_factory=dict)
     graduation: GraduationSnapshot = field(default_factory=lambda: GraduationSnapshot(version=0))
     known_failures: list[dict[str, Any]] = field(default_factory=list)
@@ -55,6 +64,7 @@ class Facts:
     def to_json(self) -> dict[str, Any]:
         return {
             "image_digests": dict(self.image_digests),
+            "image_pulls": dict(self.image_pulls),
             "recipe_digests": dict(self.recipe_digests),
             "graduation": self.graduation.to_json(),
             "known_failures": list(self.known_failures),
@@ -95,6 +105,7 @@ class Facts:
     def from_json(cls, data: dict[str, Any]) -> Facts:
         return cls(
             image_digests=dict(data.get("image_digests", {})),
+            image_pulls=dict(data.get("image_pulls", {})),
             recipe_digests=dict(data.get("recipe_digests", {})),
             graduation=GraduationSnapshot.from_json(data.get("graduation", {})),
             known_failures=list(data.get("known_failures", [])),
@@ -110,13 +121,16 @@ class Facts:
         )
 
 
-def gather_facts(catalog: Catalog, task: ResolvedTask) -> Facts:
+def gather_facts(catalog: Catalog, task: ResolvedTask, pin: ImagePin | None = None) -> Facts:
     """Look everything up that the planner needs; never fails on a missing resource.
 
     Read-only: the state store and the memory store are opened with
     ``StateStore.read_only`` (nothing created, nothing migrated; docs/architecture.md, State).
+    ``pin`` is a saved plan's image: when that image ID is here, it is the image fact
+    (apply runs the pinned image, whatever the tag points at now).
     """
     tag = task.image.spec["tag"]
+    image = _image_facts(tag, task.image.spec.get("repository"), pin)
     recipe = task.image.spec["recipe"]
     folder = recipe_path(recipe)
     found: dict[str, Any] = {}
@@ -125,7 +139,8 @@ def gather_facts(catalog: Catalog, task: ResolvedTask) -> Facts:
         notes += part.pop("state_notes", [])
         found.update(part)
     return Facts(
-        image_digests={tag: local_image_digest(tag)},
+        image_digests={tag: image[0]},
+        image_pulls={tag: image[1]},
         recipe_digests={recipe: recipe_digest(folder) if folder is not None else None},
         project_owner=_owner(task.project_root),
         project_mode=_mode(task.project_root),
@@ -135,12 +150,37 @@ def gather_facts(catalog: Catalog, task: ResolvedTask) -> Facts:
     )
 
 
+@dataclass(frozen=True)
+class ImagePin:
+    """The image a saved plan pins: its ID and where to pull it from (or None)."""
+
+    digest: str
+    pull: str | None
+
+
+def _image_facts(
+    tag: str, repository: str | None, pin: ImagePin | None
+) -> tuple[str | None, str | None]:
+    """(image ID, ``repository@sha256:…``) for ``tag`` here — the pin's when it is here."""
+    if pin is not None and image_present(pin.digest):
+        return pin.digest, pin.pull
+    found = inspect_image(tag)
+    if found is None:
+        return None, None
+    return str(found["Id"]), repo_digest(found, repository) if repository else None
+
+
 def _daemon(info: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Only what the plan shows: whether container root is host root."""
+    """What the plan shows: whether container root is host root, runtimes, version."""
     if info is None:
         return None
     report = isolation_report(info)
-    return {"userns_remap": report["userns_remap"], "rootless": report["rootless"]}
+    return {
+        "userns_remap": report["userns_remap"],
+        "rootless": report["rootless"],
+        "runtimes": report["runtimes"],
+        "version": info.get("ServerVersion"),
+    }
 
 
 def _owner(path: str) -> list[int] | None:

@@ -140,20 +140,31 @@ def test_a_plan_made_beside_the_packaged_manifests_is_fresh(
         check_saved_plan_fresh(plan)  # no RefusedError
 
 
-def test_a_stale_plan_names_the_fact_or_output_that_differs() -> None:
+def test_a_fact_alone_is_shown_and_a_changed_intent_is_stale() -> None:
     from kagura_agent.apply.freshness import check_fresh
     from kagura_agent.errors import RefusedError
+    from kagura_agent.plan.intent import intent_fingerprint
     from kagura_agent.plan.planner import fingerprint
 
     saved = json.loads((Path(__file__).parent / "plans/hello-script/expected.json").read_text())
+    saved["intent"] = intent_fingerprint(saved)
+    saved["fingerprint"] = fingerprint(saved)
+    # Another host's graduation state: a fact that changes no capability is only shown.
     facts_changed = json.loads(json.dumps(saved))
-    facts_changed["inputs"].setdefault("facts", {})["graduation_version"] = 99
+    facts_changed["inputs"]["facts"]["graduation_version"] = 99
     facts_changed["fingerprint"] = fingerprint(facts_changed)
-    with pytest.raises(RefusedError, match="fact graduation_version"):
-        check_fresh(saved, facts_changed)
+    (change,) = check_fresh(saved, facts_changed)
+    assert (change.render(), change.capability) == ("graduation version: 0 → 99", False)
+    # The same fact moving a class is a capability: refused, naming it.
+    class_changed = json.loads(json.dumps(facts_changed))
+    class_changed["approvals"][0]["class"] = "needs-approval"
+    class_changed["fingerprint"] = fingerprint(class_changed)
+    with pytest.raises(RefusedError, match="class of image:agent: baseline → needs-approval"):
+        check_fresh(saved, class_changed)
+    # Output the operator approves (the intent) differs: stale, naming the section.
     output_changed = json.loads(json.dumps(saved))
     output_changed["hardening"]["pids_limit"] = 128
     output_changed["budget"]["turns"] = 7
     output_changed["fingerprint"] = fingerprint(output_changed)
-    with pytest.raises(RefusedError, match="compiled plan differs in budget, hardening"):
+    with pytest.raises(RefusedError, match="stale: the compiled plan differs in hardening"):
         check_fresh(saved, output_changed)

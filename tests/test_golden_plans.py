@@ -35,6 +35,7 @@ import pytest
 from kagura_agent import __version__
 from kagura_agent.cli.main import main
 from kagura_agent.manifest.schema import schema_version
+from kagura_agent.plan.intent import intent_fingerprint
 from kagura_agent.plan.planner import fingerprint
 
 CASES_DIR = Path(__file__).parent / "plans"
@@ -54,10 +55,12 @@ def run_plan(
 def normalise_plan(plan: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     assert FINGERPRINT.match(plan["fingerprint"]), plan["fingerprint"]
     assert plan["fingerprint"] == fingerprint(plan)
+    assert plan["intent"] == intent_fingerprint(plan)
     assert plan["inputs"]["schema_version"] == schema_version()
     assert plan["inputs"]["tool_version"] == __version__
     plan = json.loads(json.dumps(plan).replace(str(case_dir), "$CASE"))
     plan["fingerprint"] = "$FINGERPRINT"
+    plan["intent"] = "$INTENT"
     files = plan["inputs"]["files"]
     for name in files:
         if name.startswith("<packaged>/"):
@@ -67,8 +70,12 @@ def normalise_plan(plan: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     return plan
 
 
-def normalise_text(text: str, case_dir: Path, real_fingerprint: str) -> str:
-    return text.replace(str(case_dir), "$CASE").replace(real_fingerprint, "$FINGERPRINT")
+def normalise_text(text: str, case_dir: Path, real: dict[str, Any]) -> str:
+    return (
+        text.replace(str(case_dir), "$CASE")
+        .replace(real["fingerprint"], "$FINGERPRINT")
+        .replace(real["intent"], "$INTENT")
+    )
 
 
 @pytest.fixture()
@@ -95,7 +102,7 @@ def test_golden_plan(in_case: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
     code, text, err = run_plan(in_case, capsys)
     assert code == 0, err
-    text = normalise_text(text, in_case, raw["fingerprint"])
+    text = normalise_text(text, in_case, raw)
 
     json_file, text_file = in_case / "expected.json", in_case / "expected.txt"
     if UPDATE:

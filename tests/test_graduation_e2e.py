@@ -170,7 +170,7 @@ def test_verified_week_graduates_and_one_failure_demotes(scene: Scene) -> None:
         assert (entry["class"], entry["evidence"]) == ("needs-approval", index)
         result = apply_plan(plan, ApplyOptions(clock=clock, approve=(cat,), who="alice"))
         assert (result.outcome, result.exit_code) == ("success", 0), result
-        applied.append((plan["fingerprint"], iso(clock.now())))
+        applied.append((plan["intent"], iso(clock.now())))
 
     found = _cli(scene, "graduation", "proposals", "--json", *manifests)
     (proposal,) = json.loads(found.stdout)["proposals"]
@@ -208,7 +208,7 @@ def test_verified_week_graduates_and_one_failure_demotes(scene: Scene) -> None:
     assert f"[needs-approval] {cat}: graduated, but the run has untrusted inputs" in text
     refused = _cli_apply(scene, "a-untrusted")
     assert refused.returncode == ExitCode.REFUSED, refused.stderr
-    assert f"no approval for this plan ({plan['fingerprint'][:19]}…): {cat}" in refused.stderr
+    assert f"no approval for this plan ({plan['intent'][:19]}…): {cat}" in refused.stderr
     assert _status(scene)["state"] == "graduated"  # a refusal is no failure
 
     # One failure: the brain claims success, verify exits 1 → demoted, count reset.
@@ -301,13 +301,13 @@ def test_approval_for_one_plan_is_refused_for_another(scene: Scene) -> None:
     cat = scene.category
     clock = FixedClock(datetime(2030, 1, 1, tzinfo=UTC))
     plan_a, plan_b = _plan(scene, "a"), _plan(scene, "b")
-    assert plan_a["fingerprint"] != plan_b["fingerprint"]
+    assert plan_a["intent"] != plan_b["intent"]
     store = StateStore()
     try:
         record_decision(
             store,
             category=cat,
-            fingerprint=plan_a["fingerprint"],
+            fingerprint=plan_a["intent"],
             outcome="approved",
             who="dave",
             via="slack",
@@ -318,7 +318,7 @@ def test_approval_for_one_plan_is_refused_for_another(scene: Scene) -> None:
     with pytest.raises(RefusedError) as refused:
         apply_plan(plan_b, ApplyOptions(clock=clock))
     assert refused.value.exit_code == ExitCode.REFUSED
-    assert f"approved by dave for another plan, {plan_a['fingerprint'][:19]}…" in str(
+    assert f"approved by dave for another plan, {plan_a['intent'][:19]}…" in str(
         refused.value.message
     )
     # The same approval does carry the plan it was given for.

@@ -176,7 +176,7 @@ def _approvals(store: StateStore, plan: Plan, options: ApplyOptions, live: LiveV
     obtain_approvals(
         store,
         needed,
-        plan["fingerprint"],
+        plan["intent"],  # approvals bind to what the operator approves, not to host facts
         approve=options.approve,
         prompt_fn=tty_prompt if options.interactive else None,
         timeout=options.approval_timeout,

@@ -1,21 +1,56 @@
-"""Is a saved plan still what the current inputs would produce? If not, say what changed."""
+"""Is a saved plan still what the current inputs would produce here? If not, say what changed.
+
+A saved plan is re-planned from its inputs with this host's facts. The intent (manifests
+and task, ``plan.intent``) must be the same, or the plan is stale. Facts may differ — the
+plan was made in CI, on the serve host or on another runner — and each difference is a
+``FactChange``: one that changes a capability refuses (exit 6), the others are shown and
+the plan compiled here is the one applied (same intent, this host's facts).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kagura_agent.errors import RefusedError
+from kagura_agent.facts import ImagePin
+from kagura_agent.membrane.registry import pull_pinned
+from kagura_agent.membrane.runtime import check_image_digest
 from kagura_agent.plan.build import plan_tasks
 from kagura_agent.plan.diff import diff_plans
+from kagura_agent.plan.intent import FactChange, fact_changes, intent_fingerprint, intent_view
 from kagura_agent.plan.model import Inputs, Plan, TaskSection
 
 
-def check_saved_plan_fresh(plan: Plan) -> None:
-    """Re-plan ``plan``'s task from the same inputs; RefusedError (exit 6) when it differs."""
+@dataclass(frozen=True)
+class Localized:
+    """A saved plan made ready for this host: ``plan`` is what to apply here."""
+
+    plan: Plan
+    changes: tuple[FactChange, ...]
+
+
+def localize(saved: Plan, log: Callable[[str], None] | None = None) -> Localized:
+    """Pull the pinned image when this Docker host lacks it, then ``check_saved_plan_fresh``.
+
+    What a runner calls for a plan made elsewhere: exit 6 when the intent is stale or a
+    fact here changes a capability (another image among them).
+    """
+    pull_pinned(saved, log=log or (lambda _line: None))
+    if saved["brain"]["runtime"] == "container" and saved["image"]["digest"]:
+        check_image_digest(saved)  # the pinned image, or exit 6 naming what is here
+    return check_saved_plan_fresh(saved)
+
+
+def check_saved_plan_fresh(plan: Plan) -> Localized:
+    """Re-plan ``plan``'s task from the same inputs with this host's facts.
+
+    RefusedError (exit 6) when the intent differs, or when a fact that differs changes a
+    capability; otherwise the plan compiled here and the facts that differ.
+    """
     inputs = plan["inputs"]
     manifests = inputs.get("manifests_dir", "")
     task_path = plan["task"].get("path")
@@ -29,12 +64,18 @@ def check_saved_plan_fresh(plan: Plan) -> None:
     with contextlib.chdir(_planned_from(plan["task"])):
         current = [
             p
-            for p in plan_tasks(manifests, [task_path])
+            for p in plan_tasks(manifests, [task_path], pin=_pin(plan))
             if p["task"]["name"] == plan["task"]["name"]
         ]
     if not current:
         raise RefusedError(f"saved plan is stale: task {plan['task']['name']} no longer exists")
-    check_fresh(plan, current[0])
+    changes = check_fresh(plan, current[0])
+    return Localized(current[0], tuple(changes))
+
+
+def _pin(plan: Plan) -> ImagePin | None:
+    image = plan["image"]
+    return ImagePin(image["digest"], image["pull"]) if image["digest"] else None
 
 
 def _planned_from(task: TaskSection) -> str:
@@ -47,22 +88,36 @@ def _planned_from(task: TaskSection) -> str:
     return os.getcwd()
 
 
-def check_fresh(saved: Plan, current: Plan) -> None:
-    """Raise RefusedError (exit 6) naming the inputs that changed since ``saved`` was made."""
+def check_fresh(saved: Plan, current: Plan) -> list[FactChange]:
+    """The facts that differ between ``saved`` and ``current`` (the same intent compiled
+    here); RefusedError (exit 6) naming the inputs that changed when the intent differs,
+    or the facts when one changes a capability."""
     if saved["fingerprint"] == current["fingerprint"]:
-        return
-    changed = changed_inputs(saved["inputs"], current["inputs"]) or changed_output(saved, current)
-    raise RefusedError(
-        "saved plan is stale: " + "; ".join(changed),
-        hint="run `kagura-agent plan -o` again and review the new plan",
-    )
+        return []
+    # Recomputed, not read: the intent field is only as good as the content it hashes.
+    if intent_fingerprint(saved) != intent_fingerprint(current):
+        changed = changed_inputs(saved["inputs"], current["inputs"]) or changed_output(
+            saved, current
+        )
+        raise RefusedError(
+            "saved plan is stale: " + "; ".join(changed),
+            hint="run `kagura-agent plan -o` again and review the new plan",
+        )
+    changes = fact_changes(saved, current)
+    refused = [change.render() for change in changes if change.capability]
+    if refused:
+        raise RefusedError(
+            "this host's facts change what the plan grants: " + "; ".join(refused),
+            hint="plan again on this host (or one like the planning host) and review it",
+        )
+    return changes
 
 
 def changed_output(saved: Plan, current: Plan) -> list[str]:
-    """Same inputs, different plan: name the sections the planner now fills differently."""
-    old: Mapping[str, Any] = saved
-    new: Mapping[str, Any] = current
-    keys = sorted(k for k in set(old) | set(new) if k != "fingerprint")
+    """Same inputs, different intent: name the sections the planner now fills differently."""
+    old = intent_view(saved)
+    new = intent_view(current)
+    keys = sorted(set(old) | set(new))
     sections = [k for k in keys if old.get(k) != new.get(k)] or ["fingerprint only"]
     details = [change.render() for change in diff_plans(saved, current)]
     text = "the compiled plan differs in " + ", ".join(sections)
@@ -85,8 +140,4 @@ def changed_inputs(old: Inputs, new: Inputs) -> list[str]:
     for key in ("tool_version", "schema_version"):
         if old.get(key) != new.get(key):
             changes.append(f"{key} {old.get(key)} → {new.get(key)}")
-    old_facts, new_facts = old.get("facts", {}), new.get("facts", {})
-    for key in sorted(set(old_facts) | set(new_facts)):
-        if old_facts.get(key) != new_facts.get(key):
-            changes.append(f"fact {key} {old_facts.get(key)} → {new_facts.get(key)}")
     return changes

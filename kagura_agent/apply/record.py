@@ -42,7 +42,7 @@ def record_result(ctx: RunContext, result: RunResult) -> str | None:
     categories = [a["category"] for a in plan["approvals"] if a["class"] != "baseline"]
     if categories:
         recorded = graduation_evidence(
-            store, categories, run_id, plan["task"]["name"], plan["fingerprint"], evidence, clock
+            store, categories, run_id, plan["task"]["name"], plan["intent"], evidence, clock
         )
         for category in recorded.demoted:
             # Say why: a run that "succeeded" but had no verify commands still counts here.

@@ -97,19 +97,20 @@ def add_apply_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kagura_agent.apply.freshness import check_saved_plan_fresh
+    from kagura_agent.apply.freshness import localize
     from kagura_agent.plan import planfile
 
     target = Path(args.target)
     if args.queue:
         return queue(args, target)
     if target.suffix == ".json":
-        plan = planfile.load(target)
-        check_saved_plan_fresh(plan)
+        local = localize(planfile.load(target), log=_say)
+        for change in local.changes:
+            _say(f"differs on this host (no capability changes): {change.render()}")
         options = apply_options(args, accept_since=args.approvals_since)
         options.steer_stdin = args.steer_stdin
         options.run_id = args.run_id
-        return execute(plan, options, confirm=False)
+        return execute(local.plan, options, confirm=False)
     from kagura_agent.errors import UsageError
     from kagura_agent.plan.build import plan_tasks
 
@@ -151,6 +152,10 @@ def queue(args: argparse.Namespace, target: Path) -> int:
         print(f"queued {queued.run_id} on {queued.queue} (job {queued.job_id})")
         print(f"  follow it: kagura-agent queue follow {queued.run_id}")
     return 0
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def apply_options(

@@ -7,11 +7,11 @@ import sys
 import time
 from typing import Any
 
-from kagura_agent.cli.common import print_ok
+from kagura_agent.cli.common import add_manifest_option, print_ok
 
 
 def register(subparsers: Any) -> None:
-    """Add ``images bootstrap|build|list``."""
+    """Add ``images bootstrap|build|push|list``."""
     parser = subparsers.add_parser("images", help="build and list the container images")
     sub = parser.add_subparsers(dest="images_command", metavar="ACTION", required=True)
 
@@ -31,6 +31,17 @@ def register(subparsers: Any) -> None:
     )
     build.add_argument("--json", action="store_true", help="print the built images as JSON")
     build.set_defaults(handler=_build)
+
+    push = sub.add_parser(
+        "push",
+        help="push images to their Image manifest's repository; plans then pin repo@sha256:…",
+    )
+    push.add_argument(
+        "names", nargs="*", metavar="IMAGE", help="Image manifest names (all with a repository)"
+    )
+    add_manifest_option(push)
+    push.add_argument("--json", action="store_true", help="print the pushed references as JSON")
+    push.set_defaults(handler=_push)
 
     listing = sub.add_parser("list", help="show each recipe's image, ID and staleness")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
@@ -76,6 +87,43 @@ def _build(args: argparse.Namespace) -> int:
     else:
         for row in rows:
             print(f"{row['ref']:<28} {row['id'][:19]}  {row['seconds']}s")
+    return 0
+
+
+def _push(args: argparse.Namespace) -> int:
+    from kagura_agent.errors import UsageError
+    from kagura_agent.manifest.workspace import load_workspace
+    from kagura_agent.membrane.registry import push
+
+    images = load_workspace(args.manifests, []).catalog.of("Image")
+    known = {image.name: image for image in images}
+    unknown = [name for name in args.names if name not in known]
+    if unknown:
+        raise UsageError(
+            "no Image manifest named " + ", ".join(unknown), hint="known: " + ", ".join(known)
+        )
+    chosen = [known[name] for name in args.names] or [
+        image for image in images if image.spec.get("repository")
+    ]
+    bare = [image.name for image in chosen if not image.spec.get("repository")]
+    if bare or not chosen:
+        raise UsageError(
+            "no repository to push to: " + (", ".join(bare) or "no Image names one"),
+            hint="give the Image manifest a spec.repository (e.g. 127.0.0.1:5000/kagura/agent)",
+        )
+    pushed = []
+    for image in chosen:
+        ref = push(
+            image.spec["tag"],
+            image.spec["repository"],
+            log=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+        pushed.append({"name": image.name, "tag": image.spec["tag"], "pushed": ref})
+    if args.json:
+        print_ok({"images": pushed})
+    else:
+        for row in pushed:
+            print(f"{row['name']:<12} {row['pushed']}")
     return 0
 
 

@@ -304,7 +304,7 @@ class Cockpit:
             requested_by=event.user,
             task_path=str(Path(task_path).resolve()),
             task_name=plan["task"]["name"],
-            fingerprint=plan["fingerprint"],
+            fingerprint=plan["intent"],  # approvals bind to the plan's intent
             plan_path=str(self.plans_dir / f"{session_id}.json"),
             needs=",".join(needs),
             state="awaiting-approval" if needs else "running",
@@ -338,7 +338,7 @@ class Cockpit:
         self.transport.ask(
             event.thread,
             neutralise(
-                f"session {session.id} needs approval for plan {plan['fingerprint'][:19]}…:\n{asked}\n"
+                f"session {session.id} needs approval for plan {plan['intent'][:19]}…:\n{asked}\n"
                 f"(denied if nobody answers within {timeout:g}s)"
             ),
             session.id,

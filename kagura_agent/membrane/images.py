@@ -165,6 +165,26 @@ def local_image_digest(ref: str, *, timeout: float = FACT_TIMEOUT_SECONDS) -> st
     return str(found["Id"]) if found else None
 
 
+def inspect_image(ref: str, *, timeout: float = FACT_TIMEOUT_SECONDS) -> dict[str, Any] | None:
+    """``docker image inspect ref`` (a tag, an ID or ``repo@sha256:…``), or None."""
+    return _inspect_image_fast(ref, timeout)
+
+
+def image_present(image_id: str, *, timeout: float = FACT_TIMEOUT_SECONDS) -> bool:
+    """Whether this daemon holds the image with exactly this ID (``sha256:…``)."""
+    found = _inspect_image_fast(image_id, timeout)
+    return found is not None and found.get("Id") == image_id
+
+
+def repo_digest(found: dict[str, Any], repository: str) -> str | None:
+    """The ``repository@sha256:…`` of an inspected image in ``repository``, or None."""
+    for entry in found.get("RepoDigests") or []:
+        name, _, digest = str(entry).rpartition("@")
+        if name == repository and digest.startswith("sha256:"):
+            return str(entry)
+    return None
+
+
 def image_status(name: str, directory: Path | None = None) -> dict[str, Any]:
     """One row of ``images list``: built or not, ID, and whether it is stale (and why)."""
     directory = directory or recipes_dir()

@@ -15,7 +15,7 @@ from typing import Any
 
 from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError
 from kagura_agent.membrane import hardening, mounts
-from kagura_agent.membrane.images import local_image_digest
+from kagura_agent.membrane.images import image_present, local_image_digest
 from kagura_agent.membrane.isolation import check_tenancy, isolation_report
 from kagura_agent.membrane.roots import check_project_root
 from kagura_agent.plan.model import Plan
@@ -86,23 +86,27 @@ def connect(timeout: int = 60) -> Any:
 
 
 def check_image_digest(plan: Plan) -> str:
-    """Return the plan's image ID after checking the local image still has it.
+    """Return the plan's image ID after checking this daemon holds exactly that image.
 
-    Refuses (exit 6, naming the image) when the image is missing, was unresolved at plan
-    time, or was rebuilt since the plan was made.
+    Refuses (exit 6, naming the image) when the image was unresolved at plan time or the
+    pinned ID is not here (another build behind the tag, or never pulled). The tag is not
+    consulted: the plan pins the image, and the container is created from its ID.
     """
     image = plan["image"]
     ref, planned = image["ref"], image["digest"]
     hint = f"run `kagura-agent images build {image['name']}`, then plan again"
     if not planned:
         raise RefusedError(f"image {ref} had no local digest when the plan was made", hint=hint)
-    local = local_image_digest(ref)
-    if local is None:
-        raise RefusedError(f"image {ref} is not present locally (plan has {planned})", hint=hint)
-    if local != planned:
+    if not image_present(planned):
+        local = local_image_digest(ref)
+        here = f"{ref} is {local} here" if local else f"{ref} is not here"
         raise RefusedError(
-            f"image {ref} changed since the plan was made: plan has {planned}, local is {local}",
-            hint="plan again to review the new image",
+            f"image {ref} differs on this Docker host: the plan pins {planned}, {here}",
+            hint=(
+                f"push it (`kagura-agent images push {image['name']}`) and plan again"
+                if not image["pull"]
+                else "plan again to review the image this host has"
+            ),
         )
     return str(planned)
 

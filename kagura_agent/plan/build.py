@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kagura_agent.errors import UsageError
-from kagura_agent.facts import Facts, gather_facts
+from kagura_agent.facts import Facts, ImagePin, gather_facts
 from kagura_agent.manifest.cache import PassCache, key
 from kagura_agent.manifest.workspace import load_workspace
 from kagura_agent.plan.model import Plan, Violation
@@ -21,7 +21,10 @@ def plan_tasks(
     *,
     facts_file: str | None = None,
     base_rev: str | None = None,
+    pin: ImagePin | None = None,
 ) -> list[Plan]:
+    """Compile every task in ``paths``; ``pin`` is a saved plan's image (apply re-plans
+    with it, so the pinned image is the fact when this host has it)."""
     workspace = load_workspace(manifests, paths, base_rev=base_rev)
     if not workspace.tasks:
         raise UsageError("no Task documents found in " + ", ".join(paths))
@@ -31,7 +34,7 @@ def plan_tasks(
     plans = []
     checker = CachedRuleChecker()
     for task in workspace.tasks:
-        facts = fixed if fixed is not None else gather_facts(workspace.catalog, task)
+        facts = fixed if fixed is not None else gather_facts(workspace.catalog, task, pin)
         plans.append(compile_plan(workspace.catalog, task, facts, check_rule=checker))
     checker.passed.save()
     return plans

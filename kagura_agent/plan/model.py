@@ -29,9 +29,18 @@ Layer = Literal["packaged", "operator"]
 ToolTransport = Literal["stdio", "http"]
 
 
+class DaemonFacts(TypedDict):
+    userns_remap: bool
+    rootless: bool
+    runtimes: list[str]
+    version: str | None
+
+
 class FactInputs(TypedDict):
     graduation_version: int
     image_digest: str | None
+    daemon: DaemonFacts | None
+    project_owner: list[int] | None
 
 
 class LayerInput(TypedDict):
@@ -85,6 +94,7 @@ class ImageBase(TypedDict):
     recipe: str
     recipe_digest: str | None
     digest: str | None
+    pull: str | None
     resolved: bool
     category: str
     source: str
@@ -341,6 +351,7 @@ class Plan(TypedDict):
     warnings: list[str]
     refusals: list[Refusal]
     applyable: bool
+    intent: str
     fingerprint: str
 
 
@@ -355,9 +366,18 @@ DESCRIPTIONS: dict[str, str] = {
     "inputs.files": "sha256 of each manifest file and the task file, by path.",
     "inputs.tool_version": "kagura-agent version that made the plan.",
     "inputs.schema_version": "Digest over the JSON Schemas.",
-    "inputs.facts": "Facts the plan depends on.",
+    "inputs.facts": (
+        "What the planning host measured; never part of `intent`. Apply re-measures them"
+        " and refuses only when a difference changes a capability."
+    ),
     "inputs.facts.graduation_version": "Graduation state version when planned.",
     "inputs.facts.image_digest": "Local digest of the image (null: not built here).",
+    "inputs.facts.daemon": "The Docker daemon that would run the container (null: none asked).",
+    "inputs.facts.daemon.userns_remap": "Whether it remaps user namespaces.",
+    "inputs.facts.daemon.rootless": "Whether it runs rootless.",
+    "inputs.facts.daemon.runtimes": "OCI runtimes it offers (runc, runsc, kata…).",
+    "inputs.facts.daemon.version": "Its version, or null.",
+    "inputs.facts.project_owner": "[uid, gid] owning the project root here, or null.",
     "task": "The task as resolved.",
     "task.name": "Task name.",
     "task.kind": "Task kind (graduation evidence is counted per kind).",
@@ -383,7 +403,13 @@ DESCRIPTIONS: dict[str, str] = {
     "image.ref": "Image tag.",
     "image.recipe": "Recipe folder it is built from.",
     "image.recipe_digest": "Digest of the recipe, or null.",
-    "image.digest": "Local image digest, or null when not built.",
+    "image.digest": (
+        "Image ID the plan pins (null: not built here); apply runs exactly this image."
+    ),
+    "image.pull": (
+        "`repository@sha256:…` a host without the pinned image pulls it from (null: the"
+        " Image names no `repository`, or the image was not pushed there)."
+    ),
     "image.resolved": "Whether the digest is known.",
     "image.category": "Capability category `image:<name>`.",
     "image.source": "Manifest file.",
@@ -572,6 +598,11 @@ DESCRIPTIONS: dict[str, str] = {
     "refusals[].message": "What is refused, for the operator.",
     "refusals[].source": "Where it comes from: manifest file, capability category or plan path.",
     "applyable": "Whether apply may run this plan: true exactly when `refusals` is empty.",
+    "intent": (
+        "sha256 of what the operator approves: the plan without what the planning host"
+        " measured (inputs.facts, classes, the container user, memory facts, budget, policy"
+        " results, approvals, warnings, refusals). Approvals and graduation evidence bind to it."
+    ),
     "fingerprint": "sha256 of the canonical JSON of every other key.",
 }
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from kagura_agent.errors import RefusedError, UsageError
+from kagura_agent.plan.intent import intent_fingerprint
 from kagura_agent.plan.model import Plan, ShapeError, check_shape
 from kagura_agent.plan.planner import FORMAT_VERSION, fingerprint
 
@@ -103,4 +104,9 @@ def load(path: Path) -> Plan:
             f"{path}  {exc.path}  malformed plan: {exc.message}",
             hint="make a new plan with `kagura-agent plan -o`",
         ) from exc
+    if data["intent"] != intent_fingerprint(data):
+        raise RefusedError(
+            f"plan {path} was changed after it was made (intent mismatch)",
+            hint="make a new plan with `kagura-agent plan -o`",
+        )
     return cast(Plan, data)

@@ -33,6 +33,7 @@ from kagura_agent.patterns.cost_history import (
 from kagura_agent.patterns.dispatch import narrowing_violations
 from kagura_agent.patterns.failure_learning import DEFAULT_HALF_LIFE_SECONDS, failure_trust
 from kagura_agent.plan.injection import brain_injection
+from kagura_agent.plan.intent import intent_fingerprint
 from kagura_agent.plan.model import (
     Approval,
     BrainSection,
@@ -40,6 +41,7 @@ from kagura_agent.plan.model import (
     BudgetSource,
     Classified,
     CredentialBase,
+    DaemonFacts,
     EgressMode,
     EgressRule,
     EgressSection,
@@ -151,7 +153,16 @@ def compile_plan(
     by_category = {a["category"]: a for a in approvals}
     unwritable = _unwritable_project(brain, hardening, mounts, facts)
     warnings = (
-        _warnings(tenancy, image, credentials, hardening, brain, facts, unwritable)
+        _warnings(
+            tenancy,
+            image,
+            task.image.spec.get("repository"),
+            credentials,
+            hardening,
+            brain,
+            facts,
+            unwritable,
+        )
         + [
             f"context memory {memory_id} does not exist (forgotten?); the brain will not find it"
             for memory_id in facts.missing_memories
@@ -184,12 +195,14 @@ def compile_plan(
         "warnings": warnings,
         "refusals": refusals,
         "applyable": applyable(refusals),
+        "intent": "",
         "fingerprint": "",
     }
     if tool_servers:
         plan["tool_servers"] = [
             {**server, **_classified(by_category[server["category"]])} for server in tool_servers
         ]
+    plan["intent"] = intent_fingerprint(plan)
     plan["fingerprint"] = fingerprint(plan)
     return plan
 
@@ -251,6 +264,7 @@ def _refusals(
 def _warnings(
     tenancy: Tenancy,
     image: ImageBase,
+    repository: str | None,
     credentials: list[CredentialBase],
     hardening: Hardening,
     brain: BrainSection,
@@ -262,6 +276,12 @@ def _warnings(
         warnings.append(
             f"image {image['ref']} is not built here (digest unresolved);"
             " run `kagura-agent images build` before apply"
+        )
+    elif repository and image["pull"] is None:
+        warnings.append(
+            f"image {image['ref']} is not pushed to {repository}: only a host that has"
+            f" {str(image['digest'])[:19]}… can apply this plan;"
+            f" run `kagura-agent images push {image['name']}` and plan again"
         )
     for cred in credentials:
         if cred["standing"]:
@@ -349,7 +369,21 @@ def _inputs(catalog: Catalog, task: ResolvedTask, facts: Facts) -> Inputs:
         "facts": {
             "graduation_version": facts.graduation.version,
             "image_digest": facts.image_digests.get(task.image.spec["tag"]),
+            "daemon": _daemon_facts(facts),
+            "project_owner": facts.project_owner,
         },
+    }
+
+
+def _daemon_facts(facts: Facts) -> DaemonFacts | None:
+    daemon = facts.daemon
+    if daemon is None:
+        return None
+    return {
+        "userns_remap": bool(daemon.get("userns_remap")),
+        "rootless": bool(daemon.get("rootless")),
+        "runtimes": sorted(daemon.get("runtimes") or []),
+        "version": daemon.get("version"),
     }
 
 
@@ -374,12 +408,14 @@ def _task(task: ResolvedTask) -> TaskSection:
 def _image(image: Manifest, facts: Facts) -> ImageBase:
     ref = image.spec["tag"]
     digest = facts.image_digests.get(ref)
+    pull = facts.image_pulls.get(ref) if image.spec.get("repository") and digest else None
     return {
         "name": image.name,
         "ref": ref,
         "recipe": image.spec["recipe"],
         "recipe_digest": facts.recipe_digests.get(image.spec["recipe"]),
         "digest": digest,
+        "pull": pull,
         "resolved": digest is not None,
         "category": f"image:{image.name}",
         "source": image.file,

@@ -191,6 +191,7 @@ def render_text(plan: Plan, style: Style) -> str:
     title = f"Plan for task {task['name']} ({task['file']})"
     out.append(style(title, "bold"))
     out.append(f"  fingerprint  {plan['fingerprint']}")
+    out.append(f"  intent       {plan['intent']}  (what approvals bind to)")
     out.append(f"  manifests    {layers_line(plan)}")
     mine = _own(plan)
     model = f", model {brain['model']}" if brain.get("model") else ""
