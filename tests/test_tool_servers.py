@@ -31,6 +31,7 @@ from kagura_agent.brain.events import BrainEvent, ErrorEvent, TextEvent, ToolRes
 from kagura_agent.brain.plan_turn import turn_from_plan
 from kagura_agent.brain.protocol import Turn
 from kagura_agent.errors import UsageError
+from kagura_agent.manifest.adhoc import write_adhoc_task
 from kagura_agent.manifest.toolservers import RESERVED_NAMES
 from kagura_agent.patterns.dispatch import narrowing_violations
 from testing.fake_claude import FAKE_CLAUDE
@@ -301,3 +302,26 @@ def test_an_http_tool_server_cannot_reach_loopback_or_metadata(
     assert not plan["applyable"]
     floor = " ".join(plan["floor"])
     assert "127.0.0.0/8" in floor and "169.254.169.254/32" in floor, plan["floor"]
+
+
+def test_a_one_off_run_asks_for_tool_servers_by_name(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs, _ = example()
+    manifests = manifest_set(
+        tmp_path, *({k: v for k, v in d.items() if k != "apiVersion"} for d in docs)
+    )
+    env = cli_env(state_dir, ANTHROPIC_API_KEY="sk-ant-unused-" + "x" * 30)
+    done = kagura(["run", "hi", "--manifests", str(manifests), "--tool-server", "nope"], env)
+    assert done.returncode == 2, done.stderr
+    assert "--tool-server nope: no ToolServer of that name" in done.stderr
+    assert "notes, tickets" in done.stderr
+    monkeypatch.setenv("KAGURA_AGENT_STATE_DIR", str(state_dir))
+    project = make_project(tmp_path)
+    path = write_adhoc_task(
+        "triage", manifests=str(manifests), tool_servers=["notes"], project_root=project
+    )
+    done = kagura(["plan", "--json", "--manifests", str(manifests), str(path)], env)
+    plan = json.loads(done.stdout)["plans"][0]["plan"]
+    assert [s["name"] for s in plan["tool_servers"]] == ["notes"]
+    assert plan["image"]["name"] == "mcp-tools"

@@ -31,6 +31,14 @@ def register(subparsers: Any) -> None:
         "--egress", action="append", default=[], metavar="POLICY", help="egress policy"
     )
     parser.add_argument("--image", metavar="NAME", help="image manifest (default: the default one)")
+    parser.add_argument(
+        "--tool-server",
+        action="append",
+        default=[],
+        metavar="NAME",
+        dest="tool_servers",
+        help="a ToolServer the agent may use (sdk brain only)",
+    )
     add_manifest_option(parser)
     add_apply_options(parser)
     parser.set_defaults(handler=run)
@@ -40,6 +48,9 @@ def register(subparsers: Any) -> None:
     repl.add_argument("--brain", metavar="NAME", help="brain manifest")
     repl.add_argument("--egress", action="append", default=[], metavar="POLICY")
     repl.add_argument("--image", metavar="NAME", help="image manifest")
+    repl.add_argument(
+        "--tool-server", action="append", default=[], metavar="NAME", dest="tool_servers"
+    )
     add_manifest_option(repl)
     add_apply_options(repl)
     repl.set_defaults(handler=run_repl)
@@ -65,7 +76,8 @@ def task_text(args: argparse.Namespace) -> str:
 
 
 def write_task(text: str, args: argparse.Namespace, session: str | None) -> Path:
-    """Unpack ``--brain``/``--image``/``--egress``/``--manifests`` into the one-off task."""
+    """Unpack ``--brain``/``--image``/``--egress``/``--tool-server``/``--manifests`` into
+    the one-off task."""
     from kagura_agent.manifest.adhoc import write_adhoc_task
 
     return write_adhoc_task(
@@ -75,6 +87,7 @@ def write_task(text: str, args: argparse.Namespace, session: str | None) -> Path
         image=args.image,
         egress=args.egress,
         session=session,
+        tool_servers=args.tool_servers,
     )
 
 

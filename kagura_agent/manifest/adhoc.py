@@ -28,6 +28,7 @@ def write_adhoc_task(
     session: str | None = None,
     project_root: Path | None = None,
     clock: Clock | None = None,
+    tool_servers: Sequence[str] = (),
 ) -> Path:
     """Write ``text`` as a Task document under the state directory; return its path.
 
@@ -39,11 +40,14 @@ def write_adhoc_task(
     catalog = load_workspace(manifests, []).catalog
     document = adhoc_task(
         text,
-        brain=checked_brain(catalog, brain=brain, image=image, egress=egress),
+        brain=checked_brain(
+            catalog, brain=brain, image=image, egress=egress, tool_servers=tool_servers
+        ),
         image=image,
         egress=egress,
         session=session,
         project_root=(project_root or Path.cwd()).resolve(),
+        tool_servers=tool_servers,
     )
     folder = state_dir() / "adhoc"
     folder.mkdir(parents=True, exist_ok=True)
@@ -62,6 +66,7 @@ def adhoc_task(
     egress: Sequence[str],
     session: str | None,
     project_root: Path,
+    tool_servers: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The Task document: ``text`` is a template *value*, never template source."""
     name = re.sub(r"[^a-z0-9-]+", "-", text.lower())[:40].strip("-") or "task"
@@ -78,6 +83,8 @@ def adhoc_task(
         spec["egress"] = list(egress)
     if image:
         spec["image"] = image
+    if tool_servers:
+        spec["tool_servers"] = list(tool_servers)
     return {
         "apiVersion": "kagura.dev/v1",
         "kind": "Task",
@@ -87,15 +94,22 @@ def adhoc_task(
 
 
 def checked_brain(
-    catalog: Catalog, *, brain: str | None, image: str | None, egress: Sequence[str]
+    catalog: Catalog,
+    *,
+    brain: str | None,
+    image: str | None,
+    egress: Sequence[str],
+    tool_servers: Sequence[str] = (),
 ) -> str:
-    """The brain to use, after checking every name given (by --brain, --image, --egress).
+    """The brain to use, after checking every name given (by --brain, --image, --egress,
+    --tool-server).
 
     A wrong name is the user's option, so the error names the option, not the task file
     generated from it.
     """
     given = [("--brain", "Brain", brain), ("--image", "Image", image)]
     given += [("--egress", "EgressPolicy", name) for name in egress]
+    given += [("--tool-server", "ToolServer", name) for name in tool_servers]
     for option, kind, name in given:
         if name and catalog.get(kind, name) is None:
             known = ", ".join(catalog.names(kind)) or "(none)"
