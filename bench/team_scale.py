@@ -57,7 +57,7 @@ def make_plans(base: Path, prefix: str, count: int, steps: list[str]) -> list[Pl
     manifests = base / "manifests"
     if not manifests.exists():
         shutil.copytree(REPO / "manifests", manifests)
-    tasks = []
+    plans = []
     for index in range(count):
         root = base / f"{prefix}{index:03d}"
         root.mkdir(parents=True)
@@ -71,8 +71,9 @@ def make_plans(base: Path, prefix: str, count: int, steps: list[str]) -> list[Pl
         task.write_text(
             yaml.safe_dump({**document, "metadata": {"name": f"{prefix}{index:03d}"}, "spec": spec})
         )
-        tasks.append(str(task))
-    return plan_tasks(str(manifests), tasks)
+        # One task per plan: a plan binds every task file it was planned with.
+        plans += plan_tasks(str(manifests), [str(task)])
+    return plans
 
 
 @contextmanager
@@ -191,6 +192,8 @@ def main() -> int:
     parser.add_argument("--slots", type=int, default=3, help="runs per run slot")
     parser.add_argument("--concurrency", type=int, default=2)
     args = parser.parse_args()
+    # SIGTERM unwinds (runners stopped, PostgreSQL stopped, temp folder removed).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="kagura-bench-team-") as tmp, postgres() as url:
         base = Path(tmp)
         os.environ["KAGURA_AGENT_STATE_DIR"] = str(base / "planner-state")

@@ -21,7 +21,7 @@ from kagura_agent.apply.context import ApplyRuntime
 from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import RefusedError
 from kagura_agent.membrane.hardening import LABEL_RUN
-from kagura_agent.membrane.leases.ledger import owner_alive, process_start
+from kagura_agent.membrane.leases.ledger import owner_alive, process_start, this_host
 from kagura_agent.paths import state_dir
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
@@ -41,7 +41,10 @@ MIGRATIONS = [
         exit_code INTEGER
     );
     CREATE INDEX runs_open ON runs(ended_at);
-    """
+    """,
+    # The applying process's host (ledger.this_host): a shared state store holds the runs
+    # of many hosts, and only the host that ran one can remove its containers.
+    "ALTER TABLE runs ADD COLUMN host TEXT",
 ]
 
 
@@ -53,8 +56,8 @@ def open_run(store: StateStore, plan: Plan, run_id: str, clock: Clock) -> None:
     store.migrate("runs", MIGRATIONS)
     with store.transaction() as conn:
         conn.execute(
-            "INSERT INTO runs(run_id, task, session, fingerprint, pid, pid_start, started_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO runs(run_id, task, session, fingerprint, pid, pid_start, started_at,"
+            " host) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 run_id,
                 plan["task"]["name"],
@@ -63,6 +66,7 @@ def open_run(store: StateStore, plan: Plan, run_id: str, clock: Clock) -> None:
                 os.getpid(),
                 process_start(os.getpid()),
                 iso(clock.now()),
+                this_host(),
             ),
         )
 
@@ -76,14 +80,15 @@ def close_run(store: StateStore, run_id: str, outcome: str, exit_code: int, cloc
 
 
 def sweep_dead_runs(store: StateStore, runtime: ApplyRuntime, clock: Clock) -> list[str]:
-    """Remove the containers of runs whose applying process died; close their rows."""
+    """Remove the containers of runs whose applying process died; close their rows.
+    Runs of another host are left to that host (its containers are on its daemon)."""
     store.migrate("runs", MIGRATIONS)
     swept = []
     rows = store.conn.execute(
-        "SELECT run_id, pid, pid_start FROM runs WHERE ended_at IS NULL"
+        "SELECT run_id, pid, pid_start, host FROM runs WHERE ended_at IS NULL"
     ).fetchall()
     for row in rows:
-        if owner_alive(row["pid"], row["pid_start"]):
+        if owner_alive(row["pid"], row["pid_start"], row["host"]):
             continue
         for container_id in runtime.list({LABEL_RUN: row["run_id"]}):
             runtime.remove(container_id, force=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
@@ -57,7 +58,10 @@ MIGRATIONS = [
         note TEXT
     );
     CREATE INDEX lease_grants_open ON lease_grants(state) WHERE closed_at IS NULL;
-    """
+    """,
+    # The owner's host: on a state store shared by several hosts, a pid means something
+    # only on the host that recorded it.
+    "ALTER TABLE lease_grants ADD COLUMN owner_host TEXT",
 ]
 
 OPEN_STATES = ("intent", "live", "poison")
@@ -65,15 +69,32 @@ OPEN_STATES = ("intent", "live", "poison")
 
 @dataclass(frozen=True)
 class Owner:
-    """The process holding a lease: pid plus its start time, so pid reuse is noticed."""
+    """The process holding a lease: pid plus its start time, so pid reuse is noticed,
+    and the host it runs on, so another host's pid is never judged here."""
 
     pid: int
     start: str | None
     run_id: str
+    host: str | None = None
 
     @classmethod
     def current(cls, run_id: str) -> Owner:
-        return cls(os.getpid(), process_start(os.getpid()), run_id)
+        return cls(os.getpid(), process_start(os.getpid()), run_id, this_host())
+
+
+def this_host() -> str:
+    """This host's identity: $KAGURA_AGENT_HOST_ID, else the machine id, else the hostname.
+
+    Processes on one host share a pid namespace with it (and so may judge each other's
+    pids); a process on another host is the team reaper's to judge, by heartbeat."""
+    explicit = os.environ.get("KAGURA_AGENT_HOST_ID")
+    if explicit:
+        return explicit
+    try:
+        machine = Path("/etc/machine-id").read_text().strip()
+    except OSError:
+        machine = ""
+    return machine or socket.gethostname()
 
 
 def process_start(pid: int) -> str | None:
@@ -87,8 +108,11 @@ def process_start(pid: int) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
-def owner_alive(pid: int | None, start: str | None) -> bool:
-    """Whether the recorded owner is still running (and is the same process)."""
+def owner_alive(pid: int | None, start: str | None, host: str | None = None) -> bool:
+    """Whether the recorded owner is still running (and is the same process). An owner on
+    another host (``host`` recorded and not this one) counts as alive: not ours to judge."""
+    if host is not None and host != this_host():
+        return True
     if pid is None:
         return False
     try:
@@ -137,6 +161,7 @@ class GrantRow:
     next_attempt_at: datetime | None
     last_error: str | None
     note: str | None
+    owner_host: str | None = None
 
     @property
     def open(self) -> bool:
@@ -162,6 +187,7 @@ class GrantRow:
             "closed_at": when(self.closed_at),
             "run_id": self.run_id,
             "owner_pid": self.owner_pid,
+            "owner_host": self.owner_host,
             "heartbeat_at": when(self.heartbeat_at),
             "attempts": self.attempts,
             "next_attempt_at": when(self.next_attempt_at),
@@ -198,6 +224,7 @@ def _row(raw: Any) -> GrantRow:
         next_attempt_at=when(raw["next_attempt_at"]),
         last_error=raw["last_error"],
         note=raw["note"],
+        owner_host=raw["owner_host"],
     )
 
 
@@ -250,8 +277,8 @@ class Ledger:
             conn.execute(
                 "INSERT INTO lease_grants(id, lease, name, provider, type, scope, scope_spec,"
                 " secret_ref, class, ttl_seconds, state, created_at, closed_at, run_id,"
-                " owner_pid, owner_start, heartbeat_at, note)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " owner_pid, owner_start, heartbeat_at, note, owner_host)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     grant,
                     lease,
@@ -271,6 +298,7 @@ class Ledger:
                     owner.start,
                     now,
                     note,
+                    owner.host,
                 ),
             )
         return grant

@@ -86,7 +86,7 @@ class Sweeper:
         for row in self.ledger.open_rows():
             if only is not None and only not in (row.id, row.lease):
                 continue
-            if not force and owner_alive(row.owner_pid, row.owner_start):
+            if not force and owner_alive(row.owner_pid, row.owner_start, row.owner_host):
                 report.held.append(row.id)
                 continue
             if not force and row.state == "poison":
