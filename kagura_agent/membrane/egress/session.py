@@ -48,6 +48,7 @@ from kagura_agent.membrane.egress.proxy import (
     proxy_create_kwargs,
     wait_for_ready,
 )
+from kagura_agent.membrane.egress.reload import reload_allowlist
 from kagura_agent.membrane.egress.squid import (
     INJECT_PORT,
     PROXY_PORT,
@@ -400,6 +401,13 @@ class EgressSession:
             inject=inject,
             wait_ready=self._wait_pooled,
         )
+
+    def reload(self, egress: dict[str, Any]) -> None:
+        """A mid-run grant: ``egress`` (the amended plan's section) in force, the proxy and
+        its open connections kept (reload.py)."""
+        policy = reload_allowlist(self.client, self.proxy, egress, self.injection, user=PROXY_USER)
+        with self._lock:
+            self.policy = policy
 
     # --- audit -------------------------------------------------------------------------
 
