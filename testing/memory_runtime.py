@@ -30,6 +30,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from kagura_agent.apply.context import ContainerState, EgressSink
 from kagura_agent.brain.events import BrainEvent, DoneEvent, event_to_json
@@ -100,6 +101,7 @@ class MemoryEgress:
         runtime.networks[self.network] = {LABEL_RUN: run_id}
         runtime.volumes[self.volume] = {LABEL_RUN: run_id}
         self.events: list[dict[str, object]] = []
+        self.reloads: list[dict[str, Any]] = []
         self.closed = False
 
     def agent_network_config(self) -> AgentNetworkConfig:
@@ -125,6 +127,11 @@ class MemoryEgress:
                 key = (event.get("host"), event.get("port"))
                 counts[key] = counts.get(key, 0) + 1
         return [{"host": h, "port": p, "count": n} for (h, p), n in counts.items()]
+
+    def reload(self, egress: dict[str, Any]) -> None:
+        """A mid-run grant: the allowlist in force from now on (kept for tests to read)."""
+        self.runtime._point("egress_reload")
+        self.reloads.append(egress)
 
     def close(self) -> None:
         self.runtime._point("egress_close")

@@ -88,6 +88,8 @@ def run_in_container(
         cleanup.callback(_close_egress, started, denials, live)
         if getattr(started, "warm", False):
             live.phase(f"egress proxy ready: warm session {getattr(started, 'pooled_name', '')}")
+        if ctx.midrun is not None:  # a mid-run egress grant reloads this proxy
+            ctx.midrun.egress = started
         egress = started.agent_network_config()
         environment = {**environment, **egress.environment}
     live.phase(f"starting container from {plan['image']['ref']}")
@@ -180,6 +182,7 @@ async def _drive(
         on_stop=lambda: asyncio.to_thread(runtime.stop, container_id, 2),
         on_kill=lambda: asyncio.to_thread(runtime.kill, container_id),
         dispatcher=children,
+        capabilities=ctx.midrun,
     )
     return await drive_brain(ctx, channel, leases, traps=traps)
 

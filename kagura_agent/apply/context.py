@@ -19,13 +19,15 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from kagura_agent.apply.live import LiveView
+from kagura_agent.apply.midrun import MidRun
 from kagura_agent.brain.streams import DuplexStream
 from kagura_agent.clock import Clock, SystemClock
 from kagura_agent.membrane.egress.session import AgentNetworkConfig
 from kagura_agent.membrane.egress.squid import Injection
+from kagura_agent.plan.build import Compiled
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 
@@ -45,10 +47,13 @@ class ApplyOptions:
     clock: Clock = field(default_factory=SystemClock)
     # Approvals for this plan recorded since then count (the cockpit asked in chat).
     accept_since: datetime | None = None
-    # Messages for the running brain arrive on stdin, one JSON object a line (the cockpit).
+    # Messages for the running brain arrive on stdin, one JSON object a line (the cockpit),
+    # and so do nudges that an operator answered a mid-run question.
     steer_stdin: bool = False
     # The run's id when the caller chose it (a team runner: the id the queue handed out).
     run_id: str | None = None
+    # What the plan was compiled from: mid-run amendments compile from it (None: none).
+    compiled: Compiled | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,10 @@ class EgressRun(Protocol):
     def agent_network_config(self) -> AgentNetworkConfig: ...
 
     def denial_summary(self) -> list[dict[str, object]]: ...
+
+    def reload(self, egress: dict[str, Any]) -> None:
+        """Put an amended plan's egress section in force, keeping the proxy running."""
+        ...
 
     def close(self) -> None:
         """Remove the proxy, its network and socket (raises when something stayed)."""
@@ -155,6 +164,7 @@ class RunContext:
     interactive: bool = False
     approval_timeout: float = 120.0
     who: str = ""
+    midrun: MidRun | None = None  # mid-run requests and budget extensions
 
 
 @dataclass(frozen=True)

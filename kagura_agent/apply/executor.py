@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from types import FrameType
 
+from kagura_agent.apply.amend import Amender
 from kagura_agent.apply.container import Denials, run_in_container
 from kagura_agent.apply.context import (
     ApplyOptions,
@@ -38,9 +39,11 @@ from kagura_agent.apply.context import (
 from kagura_agent.apply.docker import DockerApplyRuntime
 from kagura_agent.apply.hostrun import run_on_host
 from kagura_agent.apply.live import LiveView
+from kagura_agent.apply.midrun import MidRun, announce
 from kagura_agent.apply.record import record_result
 from kagura_agent.apply.runs import apply_lock, close_run, new_run_id, open_run, sweep_dead_runs
 from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_prompt
+from kagura_agent.approvals.midrun import Asker, ChatAsker, NobodyAsker, TtyAsker
 from kagura_agent.clock import Clock
 from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError, Terminated
 from kagura_agent.membrane.floor import floor_violations
@@ -97,10 +100,11 @@ def apply_plan(
             docker = DockerApplyRuntime()
             owned.callback(docker.client.close)
             runtime = docker
+        run_id = options.run_id or new_run_id()
         ctx = RunContext(
             store=store,
             plan=plan,
-            run_id=options.run_id or new_run_id(),
+            run_id=run_id,
             runtime=runtime,
             live=live,
             clock=options.clock,
@@ -109,6 +113,15 @@ def apply_plan(
             interactive=options.interactive,
             approval_timeout=options.approval_timeout,
             who=options.who,
+            midrun=MidRun(
+                store=store,
+                run_id=run_id,
+                live=live,
+                clock=options.clock,
+                asker=_mid_run_asker(options, live),
+                amender=Amender(options.compiled, plan),
+                timeout=options.approval_timeout,
+            ),
         )
         return _locked(ctx)
 
@@ -188,6 +201,16 @@ def _approvals(store: StateStore, plan: Plan, options: ApplyOptions, live: LiveV
     return set(needed)
 
 
+def _mid_run_asker(options: ApplyOptions, live: LiveView) -> Asker:
+    """Who answers mid-run questions: the cockpit (under serve, answers nudge stdin), the
+    terminal, or nobody (then every question is denied, saying so)."""
+    if options.steer_stdin:
+        return ChatAsker(announce(live))
+    if options.interactive:
+        return TtyAsker(options.who or operator_name())
+    return NobodyAsker()
+
+
 def _sweep(store: StateStore, runtime: ApplyRuntime | None, clock: Clock, live: LiveView) -> None:
     """Whatever a killed apply left behind goes first: containers, networks, leases."""
     report = Sweeper(store, clock=clock).sweep()
@@ -220,6 +243,8 @@ def _lease(ctx: RunContext, cleanup: contextlib.ExitStack) -> list[Lease]:
     """Every credential of the plan, in the ledger first; all released on the way out."""
     broker = Broker(ctx.store, run_id=ctx.run_id, clock=ctx.clock, redactor=ctx.live.redactor)
     cleanup.callback(_release, broker, ctx.live)
+    if ctx.midrun is not None:  # a credential granted mid-run is this broker's too
+        ctx.midrun.broker = broker
     leases = []
     for entry in ctx.plan["credentials"]:
         klass = "approved" if entry["category"] in ctx.approved else entry["class"]

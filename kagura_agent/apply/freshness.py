@@ -19,7 +19,7 @@ from kagura_agent.errors import RefusedError
 from kagura_agent.facts import ImagePin
 from kagura_agent.membrane.registry import pull_pinned
 from kagura_agent.membrane.runtime import check_image_digest
-from kagura_agent.plan.build import plan_tasks
+from kagura_agent.plan.build import Compiled, compile_tasks
 from kagura_agent.plan.diff import diff_plans
 from kagura_agent.plan.intent import FactChange, fact_changes, intent_fingerprint, intent_view
 from kagura_agent.plan.model import Inputs, Plan, TaskSection
@@ -31,6 +31,7 @@ class Localized:
 
     plan: Plan
     changes: tuple[FactChange, ...]
+    compiled: Compiled  # what ``plan`` was compiled from (mid-run amendments start here)
 
 
 def localize(saved: Plan, log: Callable[[str], None] | None = None) -> Localized:
@@ -49,7 +50,8 @@ def check_saved_plan_fresh(plan: Plan) -> Localized:
     """Re-plan ``plan``'s task from the same inputs with this host's facts.
 
     RefusedError (exit 6) when the intent differs, or when a fact that differs changes a
-    capability; otherwise the plan compiled here and the facts that differ.
+    capability; otherwise the plan compiled here, the facts that differ, and the compile
+    (what a mid-run amendment starts from).
     """
     inputs = plan["inputs"]
     manifests = inputs.get("manifests_dir", "")
@@ -63,14 +65,14 @@ def check_saved_plan_fresh(plan: Plan) -> Localized:
     # there, so a plan applied from another working directory is not called stale.
     with contextlib.chdir(_planned_from(plan["task"])):
         current = [
-            p
-            for p in plan_tasks(manifests, [task_path], pin=_pin(plan))
-            if p["task"]["name"] == plan["task"]["name"]
+            c
+            for c in compile_tasks(manifests, [task_path], pin=_pin(plan))
+            if c.plan["task"]["name"] == plan["task"]["name"]
         ]
     if not current:
         raise RefusedError(f"saved plan is stale: task {plan['task']['name']} no longer exists")
-    changes = check_fresh(plan, current[0])
-    return Localized(current[0], tuple(changes))
+    changes = check_fresh(plan, current[0].plan)
+    return Localized(current[0].plan, tuple(changes), current[0])
 
 
 def _pin(plan: Plan) -> ImagePin | None:

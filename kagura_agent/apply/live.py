@@ -119,6 +119,14 @@ class LiveView:
                 )
             )
 
+    def ask(self, question: dict[str, Any]) -> None:
+        """A mid-run question for an operator (the cockpit posts it with Approve / Deny;
+        on a terminal the prompt that follows asks it)."""
+        if self.as_json:
+            self._json("ask", question)
+        else:
+            self._write(f"{self._elapsed()} ? {question['request']}: approval needed", "yellow")
+
     def brain(self, event: BrainEvent) -> None:
         self.recent.append(event_to_json(event))
         for watch in self.watchers:

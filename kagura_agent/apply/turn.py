@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from kagura_agent.apply.context import BrainOutcome, RunContext
 from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.tripwire import CREDS_WATCH_SECONDS, ContainerTraps
+from kagura_agent.approvals.midrun import ChatAsker
 from kagura_agent.brain.channel import BrainChannel
 from kagura_agent.brain.events import BrainEvent, CheckpointEvent, CostEvent, DoneEvent, ErrorEvent
 from kagura_agent.brain.plan_turn import turn_from_plan
@@ -47,6 +48,12 @@ async def drive_brain(
     watched a moment before the stop.
     """
     channel.start()
+    if ctx.midrun is not None:
+        # The run's leases, one list: credentials granted mid-run join it (renewed, wiped
+        # and released with the rest).
+        ctx.midrun.leases.extend(leases)
+        ctx.midrun.channel = channel
+        leases = ctx.midrun.leases
     try:
         return await _Turn(ctx, channel, leases).run()
     finally:
@@ -116,14 +123,22 @@ class _Turn:
 
     async def _steer(self) -> None:
         """Steering (``--steer-stdin``): each stdin line ``{"text": ...}`` goes to the brain
-        as its next user message; the run's record says whether the engine took it."""
+        as its next user message; the run's record says whether the engine took it. A line
+        ``{"answered": REQUEST}`` is the cockpit's nudge that a mid-run question has a
+        decision in the approval log; the end of stdin means nobody can answer any more."""
         lines: asyncio.Queue[str | None] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         threading.Thread(target=_read_lines, args=(loop, lines), daemon=True).start()
+        asker = self.ctx.midrun.asker if self.ctx.midrun is not None else None
         number = 0
         while (line := await lines.get()) is not None:
             try:
-                text = json.loads(line)["text"]
+                message = json.loads(line)
+                if isinstance(message, dict) and isinstance(message.get("answered"), str):
+                    if isinstance(asker, ChatAsker):
+                        asker.nudged(message["answered"])
+                    continue
+                text = message["text"]
                 if not isinstance(text, str):
                     raise TypeError
             except (ValueError, KeyError, TypeError):
@@ -135,6 +150,8 @@ class _Turn:
                 self.ctx.live.note(f"↳ message {number} reached the brain as its next user message")
             else:
                 self.ctx.live.note(f"↳ message {number} did not reach the brain: {reason}")
+        if isinstance(asker, ChatAsker):
+            asker.gone()
 
     async def run(self) -> BrainOutcome:
         checkpoint = resume(self.ctx.store, self.session)
@@ -149,12 +166,14 @@ class _Turn:
             await deliver(self.channel, lease)
         renewer = asyncio.create_task(self._keep_fresh())
         steering = asyncio.create_task(self._steer()) if self.ctx.steer_stdin else None
+        midrun = self.ctx.midrun
+        wall = asyncio.create_task(midrun.watch_wall()) if midrun is not None else None
         try:
             async for event in self.channel.run_turn(turn):
                 self.ctx.live.brain(event)
                 self._observe(event)
         finally:
-            for task in (renewer, steering):
+            for task in (renewer, steering, wall):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

@@ -199,6 +199,23 @@ def approval_for(
     return decision if decision.approved else None
 
 
+def latest_decision(
+    store: StateStore, fingerprint: str, category: str, *, since: datetime
+) -> Decision | None:
+    """The latest decision of any outcome on ``category`` for exactly this plan, made at or
+    after ``since`` (a mid-run question: its answer, approve or deny), or None."""
+    migrate(store)
+    row = store.conn.execute(
+        "SELECT * FROM approval_decisions WHERE kind = 'capability' AND fingerprint = ?"
+        " AND category = ? ORDER BY id DESC LIMIT 1",
+        (fingerprint, category),
+    ).fetchone()
+    if row is None:
+        return None
+    decision = _decision(row)
+    return decision if decision.decided_at >= since else None
+
+
 def require_approvals(
     store: StateStore,
     fingerprint: str,

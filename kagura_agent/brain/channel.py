@@ -31,7 +31,7 @@ from kagura_agent.brain.streams import DuplexStream, StreamClosed
 from kagura_agent.errors import SetupError
 
 Callback = Callable[[], Awaitable[None] | None]
-_ACKS = ("credentials-applied", "credentials-revoked", "user-message-taken")
+_ACKS = ("credentials-applied", "credentials-revoked", "user-message-taken", "budget-extended")
 
 
 class MemoryRefused(Exception):
@@ -59,6 +59,13 @@ class Dispatcher(Protocol):
     when the child has finished, with its result or the reason it was refused."""
 
     async def dispatch(self, request: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+class CapabilityServer(Protocol):
+    """The host's side of mid-run capability requests (apply/midrun.py): decides, asks an
+    operator when the manifests allow it, applies a grant; returns (granted, message)."""
+
+    async def request(self, kind: str, name: str, reason: str) -> tuple[bool, str]: ...
 
 
 @dataclass(frozen=True)
@@ -96,11 +103,15 @@ class BrainChannel:
         on_stop: Callback | None = None,
         on_kill: Callback | None = None,
         dispatcher: Dispatcher | None = None,
+        capabilities: CapabilityServer | None = None,
     ) -> None:
         self.stream = stream
         self.memory = memory
         self.dispatcher = dispatcher
         self._dispatching = 0  # sub-agents running: the parent waits, it is not idle
+        self.capabilities = capabilities
+        self._deadline: float | None = None  # the running turn's host-side wall deadline
+        self._holds = 0  # capability requests waiting for an operator: not idle time
         self.limits = limits or ChannelLimits()
         self._on_stop = on_stop
         self._on_kill = on_kill
@@ -113,6 +124,8 @@ class BrainChannel:
         self._reader: asyncio.Task[None] | None = None
         self._eof = asyncio.Event()
         self._stopping: asyncio.Task[str] | None = None
+        self._turn_started: float | None = None
+        self._wall: float | None = None
         self._last_activity = 0.0
         self.escalation: str | None = None  # "stop-line" | "on_stop" | "on_kill" once stopped
 
@@ -157,6 +170,21 @@ class BrainChannel:
             return False, "the brain did not answer"
         return bool(ack.get("taken")), str(ack.get("reason") or "")
 
+    async def extend_wall(self, number: int, wall_seconds: float) -> bool:
+        """Move the running turn's wall budget to ``wall_seconds`` from its start, in the
+        container (which enforces it) and here; False when the container did not take it."""
+        msg = {"type": "budget", "lease": str(number), "wall_seconds": wall_seconds}
+        try:
+            ack = await self._request_ack("budget-extended", str(number), msg)
+        except SetupError:
+            return False
+        if not ack.get("taken"):
+            return False
+        if self._deadline is not None and self._turn_started is not None:
+            self._deadline = self._turn_started + wall_seconds + self.limits.wall_grace_seconds
+            self._wall = wall_seconds
+        return True
+
     async def run_turn(self, turn: Turn) -> AsyncIterator[BrainEvent]:
         """Send one turn and yield its events; the last is always done or error.
 
@@ -166,7 +194,10 @@ class BrainChannel:
         self.start()
         loop = asyncio.get_running_loop()
         wall = turn.budget.wall_seconds
-        deadline = None if wall is None else loop.time() + wall + self.limits.wall_grace_seconds
+        self._turn_started, self._wall = loop.time(), wall
+        self._deadline = (
+            None if wall is None else loop.time() + wall + self.limits.wall_grace_seconds
+        )
         self._last_activity = loop.time()
         try:
             await self._send({"type": "turn", **turn.to_json()})
@@ -176,7 +207,10 @@ class BrainChannel:
             return
         while True:
             now = loop.time()
-            wait = self._last_activity + self.limits.idle_seconds - now
+            if self._holds:  # waiting for an operator is not the brain being idle
+                self._last_activity = now
+            deadline = self._deadline
+            wait = min(self._last_activity + self.limits.idle_seconds - now, 1.0)
             if deadline is not None:
                 wait = min(wait, deadline - now)
             try:
@@ -184,11 +218,13 @@ class BrainChannel:
             except TimeoutError:
                 now = loop.time()
                 if deadline is not None and now >= deadline:
-                    item = _Violation("timeout", f"the brain overran its {wall:g}s wall budget")
+                    item = _Violation(
+                        "timeout", f"the brain overran its {self._wall or 0:g}s wall budget"
+                    )
                 elif self._dispatching:
                     self._last_activity = now  # silent while its sub-agents work
                     continue
-                elif now >= self._last_activity + self.limits.idle_seconds:
+                elif now >= self._last_activity + self.limits.idle_seconds and not self._holds:
                     idle = self.limits.idle_seconds
                     item = _Violation("idle", f"the brain was silent for {idle:g}s")
                 else:
@@ -311,6 +347,11 @@ class BrainChannel:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return True
+        if kind == "capability-request":
+            task = asyncio.create_task(self._serve_capability(obj))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return True
         try:
             self._events.put_nowait(event_from_json(obj))
         except EventShapeError as exc:
@@ -354,6 +395,31 @@ class BrainChannel:
                 self._last_activity = asyncio.get_running_loop().time()
         with contextlib.suppress(StreamClosed, OSError):
             await self._send({"type": "memory-result", "request": number, **reply})
+
+    async def _serve_capability(self, req: dict[str, Any]) -> None:
+        """One mid-run request: the host's CapabilityServer decides; the answer goes back."""
+        number = req.get("request")
+        if not isinstance(number, int) or isinstance(number, bool):
+            return
+        kind, name, reason = (req.get(k) for k in ("kind", "name", "reason"))
+        if self.capabilities is None:
+            granted, message = False, "this run takes no mid-run requests"
+        elif not all(isinstance(v, str) for v in (kind, name, reason)):
+            granted, message = False, "a request needs kind, name and reason strings"
+        else:
+            self._holds += 1
+            try:
+                granted, message = await self.capabilities.request(
+                    str(kind), str(name)[:512], str(reason)[:512]
+                )
+            except Exception as exc:  # the host's failure is a refusal, never a crash
+                granted, message = False, f"the host could not decide: {type(exc).__name__}: {exc}"
+            finally:
+                self._holds -= 1
+                self._last_activity = asyncio.get_running_loop().time()
+        reply = {"type": "capability-result", "request": number, "granted": granted}
+        with contextlib.suppress(StreamClosed, OSError):
+            await self._send({**reply, "message": message})
 
     async def _memory_call(self, req: dict[str, Any]) -> Any:
         if self.memory is None:

@@ -7,12 +7,16 @@ Reads JSON lines on stdin from the host::
     {"type": "revoke-credentials", "lease": id}
     {"type": "memory-result", "request": n, "ok": bool, "result": ..., "error": ...}
     {"type": "user-message", "lease": n, "text": ...}   steering: the next user message
+    {"type": "capability-result", "request": n, "granted": bool, "message": ...}
+    {"type": "budget", "lease": n, "wall_seconds": s}   an extended wall budget (acked)
     {"type": "stop"}
 
 and writes JSON lines on stdout: brain events (see events.py) plus the control lines
 ``credentials-applied`` / ``credentials-revoked`` (acks, with the lease id) and
 ``memory-request`` (``request`` n, ``op`` recall|remember|get|explore|link|dispatch, op
-fields; dispatch: a sub-agent, answered when it has finished). Only this
+fields; dispatch: a sub-agent, answered when it has finished), ``capability-request``
+(``request`` n, ``kind``, ``name``, ``reason``: a mid-run ask for one more egress policy
+or credential scope) and ``budget-extended``. Only this
 module writes to the real stdout: fd 1 is pointed at stderr so stray prints from
 engines or libraries cannot corrupt the channel. Stdlib and the engines only.
 """
@@ -29,6 +33,7 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from kagura_agent.brain.capability import CapabilityBridge
 from kagura_agent.brain.creds_dir import CredentialDir, CredentialPathError, creds_root
 from kagura_agent.brain.engines import select_engine
 from kagura_agent.brain.events import ErrorEvent, event_to_json, is_terminal
@@ -94,6 +99,9 @@ class Entrypoint:
         self.out = out
         self.creds = creds
         self.memory = memory
+        self.capabilities = CapabilityBridge(out.send)
+        self.deadline: asyncio.Timeout | None = None  # the running turn's wall budget
+        self.turn_started = 0.0
         self.turn_task: asyncio.Task[None] | None = None
         self.engine: Any = None  # the running turn's engine (steering goes to it)
         self.socket_path: str | None = None
@@ -115,6 +123,10 @@ class Entrypoint:
             self.memory.resolve(msg)
         elif kind == "user-message":
             self._user_message(msg)
+        elif kind == "capability-result":
+            self.capabilities.resolve(msg)
+        elif kind == "budget":
+            self._budget(msg)
         elif kind == "turn":
             if self.turn_task is not None and not self.turn_task.done():
                 self._emit(ErrorEvent(message="a turn is already running", code="protocol"))
@@ -139,6 +151,15 @@ class Entrypoint:
             taken, reason = steer(text)
         self.out.send({"type": "user-message-taken", "lease": number, "taken": taken,
                        "reason": reason})  # fmt: skip
+
+    def _budget(self, msg: dict[str, Any]) -> None:
+        """The host extended the wall budget (an operator approved it): move the deadline."""
+        number, wall = str(msg.get("lease", "")), msg.get("wall_seconds")
+        taken = False
+        if self.deadline is not None and isinstance(wall, int | float) and wall > 0:
+            self.deadline.reschedule(self.turn_started + float(wall))
+            taken = True
+        self.out.send({"type": "budget-extended", "lease": number, "taken": taken})
 
     def _credentials(self, msg: dict[str, Any]) -> None:
         lease = str(msg.get("lease", ""))
@@ -175,6 +196,7 @@ class Entrypoint:
                 {"engine": turn.engine, **turn.engine_options},
                 memory=self.memory,
                 dispatch=self.memory,  # the same bridge carries dispatch requests
+                capabilities=self.capabilities,
             )
         except KaguraError as exc:
             self._emit(ErrorEvent(message=exc.message, code="setup"))
@@ -186,7 +208,8 @@ class Entrypoint:
         turn = dataclasses.replace(turn, env=env)
         finished = False
         try:
-            async with asyncio.timeout(turn.budget.wall_seconds):
+            async with asyncio.timeout(turn.budget.wall_seconds) as deadline:
+                self.deadline, self.turn_started = deadline, asyncio.get_running_loop().time()
                 async for event in brain.run(turn):
                     self._emit(event)
                     if is_terminal(event):
@@ -198,6 +221,8 @@ class Entrypoint:
         except Exception as exc:  # an engine bug must still end the turn with an event
             self._emit(ErrorEvent(message=f"{type(exc).__name__}: {exc}", code="crash"))
             return
+        finally:
+            self.deadline = None
         if not finished:
             self._emit(ErrorEvent(message="the engine ended without a result", code="protocol"))
 
@@ -221,6 +246,7 @@ async def serve(stdin_fd: int, stdout: BinaryIO) -> int:
             app.turn_task.cancel()
             await asyncio.gather(app.turn_task, return_exceptions=True)
         memory.close()
+        app.capabilities.close()
         server.close()
         app.creds.wipe_all()
         Path(app.socket_path).unlink(missing_ok=True)

@@ -108,18 +108,21 @@ def run(args: argparse.Namespace) -> int:
         for change in local.changes:
             _say(f"differs on this host (no capability changes): {change.render()}")
         options = apply_options(args, accept_since=args.approvals_since)
+        # The fresh compile is what a mid-run amendment starts from.
+        options.compiled = local.compiled
         options.steer_stdin = args.steer_stdin
         options.run_id = args.run_id
         return execute(local.plan, options, confirm=False)
     from kagura_agent.errors import UsageError
-    from kagura_agent.plan.build import plan_tasks
+    from kagura_agent.plan.build import compile_tasks
 
-    plans = plan_tasks(args.manifests, [str(target)])
-    if len(plans) != 1:
-        raise UsageError(f"{target} holds {len(plans)} tasks; apply one task at a time")
-    return execute(
-        plans[0], apply_options(args, accept_since=args.approvals_since), confirm=not args.yes
-    )
+    compiled = compile_tasks(args.manifests, [str(target)])
+    if len(compiled) != 1:
+        raise UsageError(f"{target} holds {len(compiled)} tasks; apply one task at a time")
+    options = apply_options(args, accept_since=args.approvals_since)
+    options.compiled = compiled[0]
+    options.steer_stdin = args.steer_stdin
+    return execute(compiled[0].plan, options, confirm=not args.yes)
 
 
 def queue(args: argparse.Namespace, target: Path) -> int:

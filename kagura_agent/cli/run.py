@@ -92,16 +92,18 @@ def write_task(text: str, args: argparse.Namespace, session: str | None) -> Path
 
 
 def run(args: argparse.Namespace) -> int:
-    from kagura_agent.plan.build import plan_tasks
+    from kagura_agent.plan.build import compile_tasks
 
     path = write_task(task_text(args), args, args.session)
-    plan = plan_tasks(args.manifests, [str(path)])[0]
-    return execute(plan, apply_options(args), confirm=not args.yes)
+    compiled = compile_tasks(args.manifests, [str(path)])[0]
+    options = apply_options(args)
+    options.compiled = compiled
+    return execute(compiled.plan, options, confirm=not args.yes)
 
 
 def run_repl(args: argparse.Namespace) -> int:
     """Each line is a new one-off task of the same named session (the brain resumes it)."""
-    from kagura_agent.plan.build import plan_tasks
+    from kagura_agent.plan.build import compile_tasks
 
     session = args.session or f"repl-{int(time.time())}"
     print(f"session {session}: one line per turn; Ctrl-D ends", file=sys.stderr)
@@ -115,5 +117,7 @@ def run_repl(args: argparse.Namespace) -> int:
         if not line.strip():
             continue
         path = write_task(line, args, session)
-        plan = plan_tasks(args.manifests, [str(path)])[0]
-        code = execute(plan, apply_options(args), confirm=False)
+        compiled = compile_tasks(args.manifests, [str(path)])[0]
+        options = apply_options(args)
+        options.compiled = compiled
+        code = execute(compiled.plan, options, confirm=False)

@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kagura_agent.errors import UsageError
 from kagura_agent.facts import Facts, ImagePin, gather_facts
 from kagura_agent.manifest.cache import PassCache, key
+from kagura_agent.manifest.catalog import Catalog
+from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.manifest.workspace import load_workspace
 from kagura_agent.plan.model import Plan, Violation
 from kagura_agent.plan.planner import compile_plan
 from kagura_agent.plan.policy import CHECKER_VERSION, check_rule
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A plan with what it was compiled from (apply amends it mid-run from these)."""
+
+    catalog: Catalog
+    task: ResolvedTask
+    facts: Facts
+    plan: Plan
 
 
 def plan_tasks(
@@ -25,6 +38,19 @@ def plan_tasks(
 ) -> list[Plan]:
     """Compile every task in ``paths``; ``pin`` is a saved plan's image (apply re-plans
     with it, so the pinned image is the fact when this host has it)."""
+    found = compile_tasks(manifests, paths, facts_file=facts_file, base_rev=base_rev, pin=pin)
+    return [c.plan for c in found]
+
+
+def compile_tasks(
+    manifests: str | None,
+    paths: list[str],
+    *,
+    facts_file: str | None = None,
+    base_rev: str | None = None,
+    pin: ImagePin | None = None,
+) -> list[Compiled]:
+    """Every task in ``paths``, compiled, with its catalog, resolved task and facts."""
     workspace = load_workspace(manifests, paths, base_rev=base_rev)
     if not workspace.tasks:
         raise UsageError("no Task documents found in " + ", ".join(paths))
@@ -35,7 +61,8 @@ def plan_tasks(
     checker = CachedRuleChecker()
     for task in workspace.tasks:
         facts = fixed if fixed is not None else gather_facts(workspace.catalog, task, pin)
-        plans.append(compile_plan(workspace.catalog, task, facts, check_rule=checker))
+        plan = compile_plan(workspace.catalog, task, facts, check_rule=checker)
+        plans.append(Compiled(workspace.catalog, task, facts, plan))
     checker.passed.save()
     return plans
 

@@ -11,6 +11,7 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
+from kagura_agent.brain.capability import CapabilityClient
 from kagura_agent.brain.dispatch_tool import DispatchClient
 from kagura_agent.brain.engines.kagura_brain import BACKENDS, KaguraBrain
 from kagura_agent.brain.engines.script import ScriptBrain
@@ -39,6 +40,7 @@ def select_engine(
     *,
     memory: MemoryClient | None = None,
     dispatch: DispatchClient | None = None,
+    capabilities: CapabilityClient | None = None,
 ) -> Brain:
     """Build the engine named by a plan's ``brain`` section.
 
@@ -46,6 +48,8 @@ def select_engine(
     ``cli_path`` …). ``memory`` is offered to engines that can give the model memory tools,
     ``dispatch`` (the host's sub-agent dispatch) to those that can give it a tool; the
     others reach dispatch through ``memtool dispatch`` in a shell step or not at all.
+    ``capabilities`` (mid-run requests for one more capability) to the sdk engine only:
+    kagura-brain and script cannot ask mid-run.
     """
     engine = brain.get("engine", "script")
     if engine not in ENGINES:
@@ -57,7 +61,12 @@ def select_engine(
         )
     require_extra(engine)
     if engine == "sdk":
-        return SdkBrain(cli_path=brain.get("cli_path"), memory=memory, dispatch=dispatch)
+        return SdkBrain(
+            cli_path=brain.get("cli_path"),
+            memory=memory,
+            dispatch=dispatch,
+            capabilities=capabilities,
+        )
     if engine == "kagura-brain":
         backend = brain.get("backend") or "claude"
         if backend not in BACKENDS:

@@ -20,6 +20,7 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
+from kagura_agent.brain.capability import TOOL_DESCRIPTION, CapabilityClient
 from kagura_agent.brain.dispatch_tool import (
     DISPATCH_SERVER,
     DISPATCH_TOOL,
@@ -42,6 +43,9 @@ from kagura_agent.brain.protocol import MemoryClient, Turn
 CLI_PATH_ENV = "KAGURA_CLAUDE_CLI"
 MEMORY_SERVER = "kagura-memory"
 MEMORY_TOOLS = ("recall", "remember", "get", "explore", "link")
+# Mid-run requests for one more capability: the host decides (brain/capability.py).
+MEMBRANE_SERVER = "kagura-membrane"
+REQUEST_TOOL = "request_access"
 
 
 class SdkBrain:
@@ -55,10 +59,12 @@ class SdkBrain:
         cli_path: str | None = None,
         memory: MemoryClient | None = None,
         dispatch: DispatchClient | None = None,
+        capabilities: CapabilityClient | None = None,
     ) -> None:
         self._cli_path = cli_path
         self._memory = memory
         self._dispatch = dispatch  # the host's sub-agent dispatch (brain/dispatch_tool.py)
+        self._capabilities = capabilities  # mid-run capability requests (brain/capability.py)
         self._steering: asyncio.Queue[str | None] | None = None  # open while a turn runs
         self._given = 0  # user messages given to the running turn
 
@@ -102,6 +108,12 @@ class SdkBrain:
         if self._dispatch is not None:
             servers[DISPATCH_SERVER] = dispatch_server(sdk, self._dispatch)
             options.allowed_tools = [*options.allowed_tools, DISPATCH_TOOL]
+        if self._capabilities is not None:
+            servers[MEMBRANE_SERVER] = _membrane_server(sdk, self._capabilities)
+            options.allowed_tools = [
+                *options.allowed_tools,
+                f"mcp__{MEMBRANE_SERVER}__{REQUEST_TOOL}",
+            ]
         if servers:
             options.mcp_servers = servers
         finished = False
@@ -299,3 +311,30 @@ def _memory_server(sdk: Any, memory: MemoryClient) -> Any:
         )(link),
     ]
     return sdk.create_sdk_mcp_server(MEMORY_SERVER, tools=tools)
+
+
+def _membrane_server(sdk: Any, capabilities: CapabilityClient) -> Any:
+    """An in-process MCP server with the one tool that asks the host for a capability."""
+
+    async def request_access(args: dict[str, Any]) -> dict[str, Any]:
+        answer = await capabilities.request(
+            str(args.get("kind") or ""), str(args.get("name") or ""), str(args.get("reason") or "")
+        )
+        word = "granted" if answer["granted"] else "refused"
+        text = f"{word}: {answer['message']}"
+        return {"content": [{"type": "text", "text": text}], "is_error": not answer["granted"]}
+
+    tool = sdk.tool(
+        REQUEST_TOOL,
+        TOOL_DESCRIPTION,
+        {
+            "type": "object",
+            "properties": {
+                "kind": {"type": "string", "enum": ["egress", "credential"]},
+                "name": {"type": "string"},
+                "reason": {"type": "string"},
+            },
+            "required": ["kind", "name", "reason"],
+        },
+    )(request_access)
+    return sdk.create_sdk_mcp_server(MEMBRANE_SERVER, tools=[tool])

@@ -1,0 +1,310 @@
+"""Grants while a run goes on: the brain's capability requests and budget extensions.
+
+    brain ── capability-request ──▶ MidRun.request ── Amender (manifests only) ── Refused?
+                                        │ ask_operator(Question bound to the amended plan)
+                                        ▼ approved
+                    egress: the proxy's allowlist reloads in place (connections kept)
+                    credential: the broker mints the lease, it is pushed over the channel
+    wall budget near its end ──▶ MidRun.watch_wall ── Amender.budget (≤ ceiling) ── ask
+                                        ▼ approved: the new deadline, in the container and here
+                                          silence / deny: the run stops when it runs out
+
+One amendment at a time: each is compiled from the plan in force, so two approvals
+never race. Every request and its outcome go into the run's record (``run_amendments``)
+and every decision into the approval log, bound to the amended plan's fingerprint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+from kagura_agent.apply.amend import Amender, Amendment, Refused
+from kagura_agent.apply.live import LiveView
+from kagura_agent.approvals.midrun import Answer, Asker, Question
+from kagura_agent.clock import Clock, iso
+from kagura_agent.errors import KaguraError
+from kagura_agent.hygiene import neutralise
+from kagura_agent.membrane.leases import Broker, Lease, LeaseRequest, deliver
+from kagura_agent.state import StateStore
+from kagura_agent.units import format_duration
+
+RecordOutcome = Literal["refused", "granted", "denied", "timeout", "failed"]
+# Ask about the wall budget this long before it ends (a third of it, 10 s..5 min).
+WALL_LEAD_MIN, WALL_LEAD_MAX = 10.0, 300.0
+# The container must hear about an approved extension before its own deadline fires.
+ANSWER_MARGIN = 2.0
+
+MIGRATIONS = (
+    """
+    CREATE TABLE run_amendments (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT NOT NULL,
+        at TEXT NOT NULL,
+        request TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        name TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        category TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        who TEXT NOT NULL,
+        detail TEXT NOT NULL
+    );
+    CREATE INDEX run_amendments_run ON run_amendments (run_id);
+    """,
+)
+
+
+def announce(live: LiveView) -> Callable[[Question], None]:
+    """How a ChatAsker puts a question to the cockpit: an ``ask`` live event."""
+
+    def put(question: Question) -> None:
+        live.ask(
+            {
+                "request": question.request,
+                "category": question.category,
+                "fingerprint": question.fingerprint,
+                "text": question.text,
+                "timeout": question.timeout,
+            }
+        )
+
+    return put
+
+
+def amendments(store: StateStore, run_id: str) -> list[dict[str, Any]]:
+    """The run's record of mid-run requests and extensions, oldest first."""
+    store.migrate("amendments", MIGRATIONS)
+    rows = store.conn.execute(
+        "SELECT * FROM run_amendments WHERE run_id = ? ORDER BY id", (run_id,)
+    ).fetchall()
+    return [dict(row) for row in rows]
+
+
+class Egress(Protocol):
+    def reload(self, egress: dict[str, Any]) -> None: ...
+
+
+class Channel(Protocol):
+    async def send_credentials(self, lease: str, bundle: Any) -> None: ...
+
+    async def revoke_credentials(self, lease: str) -> None: ...
+
+    async def extend_wall(self, number: int, wall_seconds: float) -> bool: ...
+
+
+class MidRun:
+    """One run's mid-run grants. apply sets ``egress``, ``broker``, ``leases`` and
+    ``channel`` as the run builds them; until then a grant needing one is refused."""
+
+    def __init__(
+        self,
+        *,
+        store: StateStore,
+        run_id: str,
+        live: LiveView,
+        clock: Clock,
+        asker: Asker,
+        amender: Amender,
+        timeout: float,
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.live = live
+        self.clock = clock
+        self.asker = asker
+        self.amender = amender
+        self.timeout = timeout
+        self.egress: Egress | None = None
+        self.broker: Broker | None = None
+        self.leases: list[Lease] = []  # the run's leases inside the container (grants join)
+        self.channel: Channel | None = None
+        self._numbers = itertools.count(1)
+        self._one_at_a_time = asyncio.Lock()
+
+    @property
+    def plan(self) -> Any:
+        return self.amender.plan
+
+    def _request_id(self) -> str:
+        return f"m-{self.run_id.removeprefix('run-')[:12]}-{next(self._numbers)}"
+
+    # --- capability requests (the channel's CapabilityServer) ---------------------------
+
+    async def request(self, kind: str, name: str, reason: str) -> tuple[bool, str]:
+        request = self._request_id()
+        name, reason = neutralise(name, newlines=False), neutralise(reason, newlines=False)
+        self.live.note(f"mid-run request {request}: {kind} {name!r} ({reason})")
+        async with self._one_at_a_time:
+            try:
+                amendment = self.amender.capability(kind, name)
+                self._can_apply(kind)
+            except Refused as exc:
+                why = str(exc)
+                self._record(request, kind, name, reason, "refused", "manifests", why)
+                self.live.note(f"↳ {request} refused: {why}")
+                return False, f"nobody was asked, the operator's manifests do not allow it: {why}"
+            question = self._question(
+                request,
+                amendment,
+                f"The brain asks for {amendment.category} mid-run: {reason}",
+                self.timeout,
+            )
+            answer = await self.asker.ask(self.store, question, self.clock)
+            if not answer.approved:
+                return False, self._answered(request, kind, name, reason, amendment, answer)
+            try:
+                await self._apply(kind, amendment)
+            except KaguraError as exc:
+                why = f"approved, but it could not be put in force: {exc.message}"
+                self._record(request, kind, name, reason, "failed", answer.who, why, amendment)
+                self.live.note(f"↳ {request}: {why}", "red")
+                return False, why
+            self.amender.accept(amendment)
+            said = f"{amendment.category} {answer.said()}; in force now"
+            self._record(request, kind, name, reason, "granted", answer.who, said, amendment)
+            self.live.note(f"↳ {request}: {said}")
+            return True, said
+
+    def _can_apply(self, kind: str) -> None:
+        if kind == "egress" and self.egress is None:
+            raise Refused("this run has no egress proxy (it started with no egress allowed)")
+        if kind == "credential" and (self.broker is None or self.channel is None):
+            raise Refused("this run cannot take a credential now (no broker or channel)")
+
+    async def _apply(self, kind: str, amendment: Amendment) -> None:
+        if kind == "egress":
+            assert self.egress is not None
+            await asyncio.to_thread(self.egress.reload, dict(amendment.plan["egress"]))
+            self.live.note(
+                f"egress proxy reloaded: {len(amendment.plan['egress']['allow'])} allowed"
+            )
+            return
+        assert self.broker is not None and self.channel is not None
+        [entry] = [c for c in amendment.plan["credentials"] if c["category"] == amendment.category]
+        self.live.phase(f"leasing {entry['provider']}/{entry['scope']} mid-run")
+        request = LeaseRequest.from_plan({**entry, "class": "approved"})
+        lease = await asyncio.to_thread(self.broker.acquire, request)
+        await deliver(self.channel, lease)
+        self.leases.append(lease)
+
+    # --- budgets -----------------------------------------------------------------------
+
+    async def watch_wall(self) -> None:
+        """Ask to extend the wall budget before it ends; until cancelled (the turn ended)
+        or an extension is refused, denied or unanswered (then the run stops at its end)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while True:
+            wall = self.plan["budget"]["wall_seconds"]
+            if not wall:
+                return
+            lead = min(max(wall / 3, WALL_LEAD_MIN), WALL_LEAD_MAX)
+            await asyncio.sleep(max(started + wall - lead - loop.time(), 0.0))
+            left = started + wall - loop.time()
+            if not await self._extend_wall(wall, left):
+                return
+
+    async def _extend_wall(self, wall: int, left: float) -> bool:
+        request = self._request_id()
+        name, reason = (
+            "wall_seconds",
+            f"{format_duration(int(wall))} wall budget ends in {left:.0f}s",
+        )
+        async with self._one_at_a_time:
+            try:
+                amendment = self.amender.budget("wall_seconds", wall * 2)
+            except Refused as exc:
+                why = f"{exc}; the run stops when its wall budget runs out"
+                self._record(request, "budget", name, reason, "refused", "manifests", why)
+                self.live.note(f"↳ {request}: wall budget not extended: {why}", "yellow")
+                return False
+            new = amendment.plan["budget"]["wall_seconds"]
+            question = self._question(
+                request,
+                amendment,
+                f"The {reason}. Extend it to {format_duration(int(new))}? Silence stops the run.",
+                max(min(self.timeout, left - ANSWER_MARGIN), 1.0),
+            )
+            answer = await self.asker.ask(self.store, question, self.clock)
+            if not answer.approved:
+                said = self._answered(request, "budget", name, reason, amendment, answer)
+                self.live.note(f"wall budget not extended ({said}): the run stops when it runs out")
+                return False
+            assert self.channel is not None
+            if not await self.channel.extend_wall(next(self._numbers), float(new)):
+                why = "approved, but the container did not take the new deadline"
+                self._record(request, "budget", name, reason, "failed", answer.who, why, amendment)
+                self.live.note(f"↳ {request}: {why}", "red")
+                return False
+            self.amender.accept_budget(amendment)
+            said = f"wall budget extended to {format_duration(int(new))} ({answer.said()})"
+            self._record(request, "budget", name, reason, "granted", answer.who, said, amendment)
+            self.live.note(f"↳ {request}: {said}")
+            return True
+
+    # --- shared ------------------------------------------------------------------------
+
+    def _question(self, request: str, amendment: Amendment, ask: str, timeout: float) -> Question:
+        fp = amendment.plan["fingerprint"]
+        text = (
+            f"{ask}\nplan {fp[:19]}… would change:\n{amendment.diff_text()}\n"
+            f"(denied if nobody answers within {timeout:.0f}s)"
+        )
+        return Question(request, amendment.category, fp, text, timeout)
+
+    def _answered(
+        self,
+        request: str,
+        kind: str,
+        name: str,
+        reason: str,
+        amendment: Amendment,
+        answer: Answer,
+    ) -> str:
+        said = answer.said()
+        outcome: RecordOutcome = "timeout" if answer.outcome == "timeout" else "denied"
+        self._record(request, kind, name, reason, outcome, answer.who, said, amendment)
+        self.live.note(f"↳ {request} {amendment.category}: {said}")
+        return said
+
+    def _record(
+        self,
+        request: str,
+        kind: str,
+        name: str,
+        reason: str,
+        outcome: RecordOutcome,
+        who: str,
+        detail: str,
+        amendment: Amendment | None = None,
+    ) -> None:
+        category, fp = "", ""  # refused before an amended plan existed
+        if amendment is not None:
+            category, fp = amendment.category, amendment.plan["fingerprint"]
+            detail = f"{detail}\n{amendment.diff_text()}"
+        self.store.migrate("amendments", MIGRATIONS)
+        with self.store.transaction() as conn:
+            conn.execute(
+                "INSERT INTO run_amendments (run_id, at, request, kind, name, reason, category,"
+                " fingerprint, outcome, who, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    self.run_id,
+                    iso(self.clock.now()),
+                    request,
+                    kind,
+                    name,
+                    reason,
+                    category,
+                    fp,
+                    outcome,
+                    who,
+                    detail,
+                ),
+            )
+
+
+__all__ = ["MIGRATIONS", "MidRun", "amendments"]

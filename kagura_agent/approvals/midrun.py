@@ -1,0 +1,187 @@
+"""Asking an operator while a run goes on: one question, bound to one plan fingerprint,
+denied when nobody answers in time.
+
+Both mid-run capability requests and budget extensions go through :func:`ask_operator`.
+The question names the category and the fingerprint of the *amended* plan; whatever the
+answer, it is recorded in the approval log against exactly that fingerprint. Who can
+answer depends on how apply runs:
+
+- under ``serve`` (:class:`ChatAsker`): apply prints the question as a live ``ask``
+  event; the cockpit posts it with Approve / Deny, records the operator's decision in the
+  approval log and then only *nudges* apply with the request id on stdin. apply believes
+  the log, never the nudge: it takes the latest decision for exactly (fingerprint,
+  category) made since it asked. A nudge with no such decision (a forged or replayed
+  answer, one for another plan) changes nothing. When the cockpit goes away (apply's
+  stdin ends) nobody can answer: denied at once.
+- on a terminal (:class:`TtyAsker`): the question is asked there, ``tty_prompt``'s way.
+- otherwise (:class:`NobodyAsker`): nobody can be asked; denied, with that reason.
+
+A silence past the timeout is recorded as ``timeout`` and denies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from kagura_agent.approvals.asking import tty_prompt
+from kagura_agent.approvals.log import Decision, Outcome, latest_decision, record_decision
+from kagura_agent.clock import Clock
+from kagura_agent.state import StateStore
+
+
+@dataclass(frozen=True)
+class Question:
+    request: str  # "m-…": what the operator's Approve / Deny names
+    category: str  # "egress:POLICY", "credential:PROVIDER/SCOPE", "budget:wall_time", …
+    fingerprint: str  # the amended plan's: the answer binds to it
+    text: str  # what the operator reads: the question and the plan diff
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Answer:
+    approved: bool
+    outcome: Outcome
+    who: str
+    via: str
+    reason: str = ""
+
+    @classmethod
+    def of(cls, decision: Decision) -> Answer:
+        return cls(decision.approved, decision.outcome, decision.who, decision.via, decision.reason)
+
+    def said(self) -> str:
+        """One line for the run's record and the brain: what came of it, and who said so."""
+        if self.approved:
+            return f"approved by {self.who} via {self.via}"
+        if self.outcome == "timeout":
+            return f"not approved: {self.reason or 'nobody answered'}"
+        return f"denied by {self.who} via {self.via}" + (f" ({self.reason})" if self.reason else "")
+
+
+class Asker(Protocol):
+    """Poses one question and returns the decision it recorded (or found) in the log."""
+
+    async def ask(self, store: StateStore, question: Question, clock: Clock) -> Answer: ...
+
+
+async def ask_operator(asker: Asker, store: StateStore, question: Question, clock: Clock) -> Answer:
+    """Ask ``question``; never raises for a missing answer (that is a recorded timeout)."""
+    return await asker.ask(store, question, clock)
+
+
+def _timeout(store: StateStore, question: Question, clock: Clock, via: str, why: str) -> Answer:
+    decision = record_decision(
+        store,
+        category=question.category,
+        fingerprint=question.fingerprint,
+        outcome="timeout",
+        who="nobody",
+        via=via,
+        clock=clock,
+        reason=why,
+    )
+    return Answer.of(decision)
+
+
+class ChatAsker:
+    """Under ``serve``: ``announce`` prints the question for the cockpit; nudges arrive
+    through :meth:`nudged` (request ids read from stdin), :meth:`gone` when stdin ends."""
+
+    def __init__(self, announce: Callable[[Question], None], via: str = "serve") -> None:
+        self._announce = announce
+        self._via = via
+        self._waiting: dict[str, asyncio.Queue[bool]] = {}
+        self._gone = False
+        self.ignored: list[str] = []  # nudges that had no decision behind them
+
+    def nudged(self, request: str) -> None:
+        queue = self._waiting.get(request)
+        if queue is not None:
+            queue.put_nowait(True)
+        else:
+            self.ignored.append(request)
+
+    def gone(self) -> None:
+        """Nobody can answer any more (the cockpit went away): every question is denied."""
+        self._gone = True
+        for queue in self._waiting.values():
+            queue.put_nowait(False)
+
+    async def ask(self, store: StateStore, question: Question, clock: Clock) -> Answer:
+        # The log keeps whole seconds: a decision in the same second as the ask counts.
+        since = clock.now().replace(microsecond=0)
+        if self._gone:
+            return _timeout(store, question, clock, self._via, "nobody can answer (no cockpit)")
+        queue: asyncio.Queue[bool] = asyncio.Queue()
+        self._waiting[question.request] = queue
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + question.timeout
+        try:
+            self._announce(question)
+            while True:
+                left = deadline - loop.time()
+                try:
+                    alive = await asyncio.wait_for(queue.get(), max(left, 0.0))
+                except TimeoutError:
+                    why = f"no answer within {question.timeout:g}s"
+                    return _timeout(store, question, clock, self._via, why)
+                if not alive:
+                    why = "the cockpit went away before anyone answered"
+                    return _timeout(store, question, clock, self._via, why)
+                found = _decided(store, question, since)
+                if found is not None:
+                    return Answer.of(found)
+                self.ignored.append(question.request)  # a nudge with nothing in the log
+        finally:
+            self._waiting.pop(question.request, None)
+
+
+def _decided(store: StateStore, question: Question, since: datetime) -> Decision | None:
+    return latest_decision(store, question.fingerprint, question.category, since=since)
+
+
+class TtyAsker:
+    """On a terminal: the question and its diff, then ``[y/N] (deny in Ns)``."""
+
+    def __init__(self, who: str) -> None:
+        self._who = who
+
+    async def ask(self, store: StateStore, question: Question, clock: Clock) -> Answer:
+        answer = await asyncio.to_thread(tty_prompt, question.text, question.timeout)
+        if answer is None:
+            return _timeout(
+                store, question, clock, "cli", f"no answer within {question.timeout:g}s"
+            )
+        decision = record_decision(
+            store,
+            category=question.category,
+            fingerprint=question.fingerprint,
+            outcome="approved" if answer else "denied",
+            who=self._who,
+            via="cli",
+            clock=clock,
+            reason="answered at the terminal mid-run",
+        )
+        return Answer.of(decision)
+
+
+class NobodyAsker:
+    """No terminal and no cockpit: nobody can be asked, so the answer is no (recorded)."""
+
+    async def ask(self, store: StateStore, question: Question, clock: Clock) -> Answer:
+        decision = record_decision(
+            store,
+            category=question.category,
+            fingerprint=question.fingerprint,
+            outcome="denied",
+            who="nobody",
+            via="cli",
+            clock=clock,
+            reason="nobody can be asked: apply has no terminal and runs outside serve",
+        )
+        return Answer.of(decision)

@@ -1,0 +1,223 @@
+"""The pieces of mid-run grants without containers: the ask-an-operator primitive (bound to
+a fingerprint, deny on silence, a nudge believed only through the approval log) and the
+amender (only what the operator's manifests allow, budgets under their ceiling)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apply_helpers import make_project, manifest_set, write_task
+
+from kagura_agent.apply.amend import Amender, Refused
+from kagura_agent.approvals import history, record_decision
+from kagura_agent.approvals.midrun import ChatAsker, NobodyAsker, Question
+from kagura_agent.clock import SystemClock
+from kagura_agent.plan.build import Compiled, compile_tasks
+from kagura_agent.state import StateStore
+
+FP = "sha256:" + "a" * 64
+OTHER = "sha256:" + "b" * 64
+
+
+def question(timeout: float = 5.0) -> Question:
+    return Question("m-run-1", "egress:second", FP, "grant it?", timeout)
+
+
+def decide(store: StateStore, fingerprint: str, outcome: Any = "approved") -> None:
+    record_decision(
+        store,
+        category="egress:second",
+        fingerprint=fingerprint,
+        outcome=outcome,
+        who="slack:U1",
+        via="slack",
+        clock=SystemClock(),
+    )
+
+
+def test_an_answer_counts_only_through_the_log_for_exactly_the_asked_plan(
+    state_dir: Path,
+) -> None:
+    asked: list[Question] = []
+    asker = ChatAsker(asked.append)
+
+    async def scenario(store: StateStore) -> Any:
+        task = asyncio.create_task(asker.ask(store, question(), SystemClock()))
+        await asyncio.sleep(0.05)
+        asker.nudged("m-run-1")  # a nudge with nothing in the log: ignored
+        decide(store, OTHER)  # an approval of another plan, then its nudge: ignored
+        asker.nudged("m-run-1")
+        await asyncio.sleep(0.05)
+        assert not task.done()
+        decide(store, FP)
+        asker.nudged("m-run-1")
+        return await task
+
+    with StateStore() as store:
+        answer = asyncio.run(scenario(store))
+    assert answer.approved and answer.who == "slack:U1" and answer.via == "slack"
+    assert [q.request for q in asked] == ["m-run-1"]
+    assert asker.ignored == ["m-run-1", "m-run-1"]
+
+
+def test_a_replayed_approval_from_before_the_question_does_not_count(state_dir: Path) -> None:
+    asker = ChatAsker(lambda q: None)
+
+    async def scenario(store: StateStore) -> Any:
+        decide(store, FP)  # the same plan approved once already: an old answer
+        await asyncio.sleep(1.1)  # the log keeps whole seconds
+        task = asyncio.create_task(asker.ask(store, question(timeout=1.5), SystemClock()))
+        await asyncio.sleep(0.05)
+        asker.nudged("m-run-1")
+        return await task
+
+    with StateStore() as store:
+        answer = asyncio.run(scenario(store))
+        log = history(store)
+    assert not answer.approved and answer.outcome == "timeout"
+    assert answer.said() == "not approved: no answer within 1.5s"
+    assert [d.outcome for d in log] == ["timeout", "approved"]
+
+
+def test_a_deny_denies_and_a_cockpit_that_goes_away_denies_at_once(state_dir: Path) -> None:
+    async def scenario(store: StateStore) -> Any:
+        asker = ChatAsker(lambda q: None)
+        task = asyncio.create_task(asker.ask(store, question(), SystemClock()))
+        await asyncio.sleep(0.05)
+        decide(store, FP, "denied")
+        asker.nudged("m-run-1")
+        denied = await task
+        task = asyncio.create_task(asker.ask(store, question(timeout=600), SystemClock()))
+        await asyncio.sleep(0.05)
+        asker.gone()
+        gone = await task
+        later = await asker.ask(store, question(timeout=600), SystemClock())
+        return denied, gone, later
+
+    with StateStore() as store:
+        denied, gone, later = asyncio.run(scenario(store))
+    assert (denied.approved, denied.outcome, denied.who) == (False, "denied", "slack:U1")
+    assert gone.outcome == "timeout" and "went away" in gone.reason
+    assert later.outcome == "timeout" and "no cockpit" in later.reason
+
+
+def test_without_a_terminal_or_a_cockpit_nobody_is_asked_and_it_is_denied(
+    state_dir: Path,
+) -> None:
+    with StateStore() as store:
+        answer = asyncio.run(NobodyAsker().ask(store, question(), SystemClock()))
+        [decision] = history(store)
+    assert not answer.approved
+    assert decision.fingerprint == FP and decision.outcome == "denied"
+    assert "nobody can be asked" in decision.reason
+
+
+# --- the amender -----------------------------------------------------------------------
+
+
+def compiled(tmp_path: Path, *documents: dict[str, Any], **spec: Any) -> Compiled:
+    folder = manifest_set(tmp_path, *documents)
+    project = make_project(tmp_path)
+    task = write_task(project, "t", {"brain": "script", "steps": ["true"], **spec})
+    [one] = compile_tasks(str(folder), [str(task)])
+    return one
+
+
+def egress_policy(name: str, host: str) -> dict[str, Any]:
+    return {"kind": "EgressPolicy", "metadata": {"name": name}, "spec": {"allow": [{"host": host}]}}
+
+
+def test_amendments_come_from_the_manifests_only(tmp_path: Path, state_dir: Path) -> None:
+    c = compiled(
+        tmp_path,
+        egress_policy("second", "second.example.com"),
+        egress_policy("wild", "*.wild.example.com"),
+    )
+    amender = Amender(c, c.plan)
+    by_name = amender.capability("egress", "second")
+    assert by_name.category == "egress:second"
+    assert [ch.render() for ch in by_name.changes] == [
+        "+ egress second.example.com:443 (policy second)",
+        "+ class egress:second (needs-approval)",
+    ]
+    assert by_name.plan["fingerprint"] != c.plan["fingerprint"]
+    assert amender.capability("egress", "api.wild.example.com").category == "egress:wild"
+    for kind, name, why in [
+        ("egress", "elsewhere.example.com", "no EgressPolicy in the operator's manifests allows"),
+        ("egress", "wild.example.com", "no EgressPolicy"),  # a wildcard is not its domain
+        ("credential", "nosuch/scope", "no CredentialProvider 'nosuch'"),
+        ("credential", "anthropic/nosuch", "has no scope 'nosuch'"),
+        ("dns", "x", "unknown kind"),
+    ]:
+        with pytest.raises(Refused, match=why):
+            amender.capability(kind, name)
+    amender.accept(by_name)
+    with pytest.raises(Refused, match="already in this run's plan"):
+        amender.capability("egress", "second.example.com")
+
+
+def test_a_policy_denial_is_a_refusal_not_a_question(tmp_path: Path, state_dir: Path) -> None:
+    deny = {
+        "kind": "Policy",
+        "metadata": {"name": "no-second"},
+        "spec": {
+            "rules": [
+                {
+                    "name": "no-second",
+                    "effect": "deny",
+                    "message": "second is never reached",
+                    "schema": {
+                        "properties": {
+                            "egress": {
+                                "properties": {
+                                    "allow": {
+                                        "items": {
+                                            "properties": {
+                                                "host": {"not": {"const": "second.example.com"}}
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    },
+                }
+            ]
+        },
+    }
+    c = compiled(tmp_path, egress_policy("second", "second.example.com"), deny)
+    with pytest.raises(Refused, match=r"second is never reached|not be applyable|denied"):
+        Amender(c, c.plan).capability("egress", "second")
+
+
+def test_a_wall_extension_stops_at_the_ceiling(tmp_path: Path, state_dir: Path) -> None:
+    ceiling = {
+        "kind": "Policy",
+        "metadata": {"name": "cap"},
+        "spec": {"ceilings": {"wall_time": "90s"}},
+    }
+    c = compiled(tmp_path, ceiling, budget={"wall_time": "60s"})
+    amender = Amender(c, c.plan)
+    longer = amender.budget("wall_seconds", 120)
+    assert longer.plan["budget"]["wall_seconds"] == 90  # cut to the ceiling
+    assert longer.category == "budget:wall_seconds"
+    assert any(ch.section == "budget" for ch in longer.changes)
+    amender.accept_budget(longer)
+    with pytest.raises(Refused, match="at its ceiling 90s"):
+        amender.budget("wall_seconds", 180)
+    # A later capability amendment keeps the extended budget.
+    assert amender.plan["budget"]["wall_seconds"] == 90
+
+
+def test_a_plan_its_manifests_no_longer_reproduce_cannot_be_amended(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    c = compiled(tmp_path, egress_policy("second", "second.example.com"))
+    with pytest.raises(Refused, match="without its manifests"):
+        Amender(None, c.plan).capability("egress", "second")
+    other = {**c.plan, "fingerprint": OTHER}
+    with pytest.raises(Refused, match="not what its manifests compile to"):
+        Amender(c, other).capability("egress", "second")  # type: ignore[arg-type]
