@@ -229,7 +229,7 @@ def test_a_parent_dispatches_two_children_and_refuses_a_wider_one(
     assert json.loads(shown.stdout)["details"]["parent_run"] == parent_run
     approvals = kagura(["graduation", "history", "--json"], env)
     assert approvals.returncode == 0, approvals.stderr
-    assert child_plan["fingerprint"] in approvals.stdout
+    assert child_plan["intent"] in approvals.stdout  # approvals bind to the plan's intent
 
 
 @pytest.mark.parametrize(

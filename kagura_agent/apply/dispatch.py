@@ -228,6 +228,7 @@ class ChildDispatcher:
         if not needed:
             return
         name, fingerprint = child_plan["task"]["name"], child_plan["fingerprint"]
+        intent = child_plan["intent"]  # approvals bind to the intent, as apply's do
         self.ctx.live.phase(
             f"sub-agent {name} needs approval for {', '.join(needed)} (plan {fingerprint[:19]}…)"
         )
@@ -236,7 +237,7 @@ class ChildDispatcher:
                 obtain_approvals(
                     store,
                     needed,
-                    fingerprint,
+                    intent,
                     prompt_fn=tty_prompt if self.ctx.interactive else None,
                     timeout=self.ctx.approval_timeout,
                     who=self.ctx.who or operator_name(),
