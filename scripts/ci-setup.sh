@@ -24,5 +24,9 @@ step images-build "$python" -m kagura_agent images build
 # PostgreSQL 15 for the state store's team backend: installed from Debian when missing,
 # started once (non-root, temp dir) to prove it runs; the tests start their own.
 step postgres bash -c 'd=$(mktemp -d) && bash scripts/postgres-up.sh "$d" && bash scripts/postgres-up.sh --stop "$d" && rm -rf "$d"'
+# Debian's docker-registry for images by digest: installed when missing, started once
+# (its own user, temp storage, 127.0.0.1) to prove it runs; the tests start their own,
+# and a second dockerd (scripts/dockerd2-up.sh) that pulls from it.
+step registry bash -c 'd=$(mktemp -d /tmp/kagura-registry.XXXXXX) && bash scripts/registry-up.sh "$d" >/dev/null && bash scripts/registry-up.sh --stop "$d" && rm -rf "$d"'
 "$python" -m kagura_agent images list
 printf 'ci-setup timings: %s total=%ss\n' "${timings[*]}" "$((SECONDS - total_started))" >&2

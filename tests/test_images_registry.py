@@ -1,0 +1,202 @@
+"""Images by digest from a registry, and plans applied on a second, separate Docker daemon.
+
+The project's scripts start Debian's docker-registry on 127.0.0.1 (scripts/registry-up.sh)
+and a second dockerd with its own socket, data root and exec root
+(scripts/dockerd2-up.sh). ``kagura-agent images push`` puts the agent image in the
+registry; a plan made against the first daemon pins ``repository@sha256:…``; applied
+with DOCKER_HOST pointing at the second daemon (and another state directory: another
+host), apply pulls exactly that digest and runs there. A ``kill -9`` on that host is
+swept there. A host whose image differs refuses with exit 6.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apply_helpers import (
+    REPO,
+    cli_env,
+    kagura,
+    leftovers,
+    make_project,
+    manifest_set,
+    run_ids,
+    run_row,
+    spawn,
+    wait_for_container,
+    wait_for_run,
+    write_task,
+)
+from resources import missing
+
+pytestmark = pytest.mark.docker
+HELLO = {"steps": ["echo pulled > out.txt"], "verify": ["grep -q pulled out.txt"]}
+
+
+def _script(name: str, *args: str) -> str:
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if done.returncode != 0:
+        missing(f"scripts/{name} failed: {done.stderr[-1500:]}")
+    return done.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def registry(docker_client: Any) -> Iterator[str]:
+    """HOST:PORT of a docker-registry started by scripts/registry-up.sh."""
+    if os.geteuid() != 0:
+        missing("the registry and the second dockerd are started as root here")
+    # Not under tmp_path: the registry runs as its own user, who cannot enter pytest's
+    # private folders.
+    folder = Path(tempfile.mkdtemp(prefix="kagura-registry-"))
+    address = _script("registry-up.sh", str(folder))
+    yield address
+    _script("registry-up.sh", "--stop", str(folder))
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def dockerd2(tmp_path_factory: pytest.TempPathFactory, registry: str) -> Iterator[Any]:
+    """A docker-py client of the second daemon (scripts/dockerd2-up.sh); .host is its socket."""
+    import docker
+
+    folder = Path(os.environ.get("KAGURA_DOCKERD2_DIR") or tmp_path_factory.mktemp("dockerd2"))
+    host = _script("dockerd2-up.sh", str(folder))
+    client = docker.DockerClient(base_url=host, timeout=120)
+    client.host = host
+    yield client
+    client.close()
+    if not os.environ.get("KAGURA_DOCKERD2_DIR"):  # a shared one outlives the module
+        _script("dockerd2-up.sh", "--stop", str(folder))
+
+
+@pytest.fixture(scope="module")
+def pushed(
+    tmp_path_factory: pytest.TempPathFactory, registry: str, docker_client: Any
+) -> Iterator[tuple[Path, str]]:
+    """A manifest set whose agent Image names the registry, and what ``images push`` printed."""
+    base = tmp_path_factory.mktemp("pushed")
+    manifests = manifest_set(base)
+    images = manifests / "images.yml"
+    text = images.read_text()
+    repository = f"{registry}/kagura/agent"
+    images.write_text(
+        text.replace(
+            "  tag: kagura/agent:0.1.0\n",
+            f"  tag: kagura/agent:0.1.0\n  repository: {repository}\n",
+            1,
+        )
+    )
+    done = kagura(
+        ["images", "push", "agent", "--json", "--manifests", str(manifests)],
+        cli_env(base / "state"),
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)["images"]
+    assert row["pushed"].startswith(repository + "@sha256:"), row
+    yield manifests, row["pushed"]
+    docker_client.api.remove_image(f"{repository}:0.1.0")  # the push's tag; the image stays
+
+
+def _plan(
+    base: Path, manifests: Path, name: str, spec: dict[str, Any]
+) -> tuple[Path, Path, dict[str, Any]]:
+    project = make_project(base, name)
+    task = write_task(project, name, spec)
+    saved = base / f"{name}.json"
+    made = kagura(
+        ["plan", "--manifests", str(manifests), "-o", str(saved), str(task)],
+        cli_env(base / "state-a"),
+    )
+    assert made.returncode == 0, made.stderr
+    return project, saved, json.loads(saved.read_text())
+
+
+def test_the_plan_pins_the_pushed_digest(
+    tmp_path: Path, pushed: tuple[Path, str], docker_client: Any
+) -> None:
+    manifests, reference = pushed
+    _, _, plan = _plan(tmp_path, manifests, "pinned", HELLO)
+    assert plan["image"]["pull"] == reference
+    assert plan["image"]["digest"] == docker_client.images.get("kagura/agent:0.1.0").id
+    assert not [w for w in plan["warnings"] if "not pushed" in w]
+
+
+def test_a_plan_applies_on_a_second_daemon_pulling_by_digest(
+    tmp_path: Path, pushed: tuple[Path, str], dockerd2: Any, docker_client: Any
+) -> None:
+    manifests, reference = pushed
+    project, saved, plan = _plan(tmp_path, manifests, "travel", HELLO)
+    digest = plan["image"]["digest"]
+    for image in dockerd2.images.list(all=True):  # the second host starts without it
+        if image.id == digest:
+            dockerd2.images.remove(image.id, force=True)
+    host_b = cli_env(tmp_path / "state-b", DOCKER_HOST=dockerd2.host)
+    started = int(time.time()) - 1
+    done = kagura(["apply", "--json", str(saved)], host_b, timeout=900)
+    assert done.returncode == 0, done.stderr
+    assert f"pulling {reference}" in done.stderr and f"pulled {reference}" in done.stderr
+    assert json.loads(done.stdout)["outcome"] == "success"
+    assert (project / "out.txt").read_text() == "pulled\n"
+    assert dockerd2.images.get(digest).id == digest
+    (run_id,) = run_ids(tmp_path / "state-b")
+    # It ran on the second daemon: the first never saw a container of that run.
+    label = {"label": f"dev.kagura.run={run_id}", "type": "container"}
+    ended = int(time.time()) + 1
+    on_b = list(dockerd2.events(since=started, until=ended, decode=True, filters=label))
+    on_a = list(docker_client.events(since=started, until=ended, decode=True, filters=label))
+    assert [e for e in on_b if e.get("Action") == "create"] and on_a == []
+    assert leftovers(docker_client, run_id) == [] and leftovers(dockerd2, run_id) == []
+
+
+def test_kill_9_on_the_second_daemon_is_swept_there(
+    tmp_path: Path, pushed: tuple[Path, str], dockerd2: Any
+) -> None:
+    manifests, _ = pushed
+    _, saved, _ = _plan(tmp_path, manifests, "killed", {"steps": ["sleep 600"]})
+    state_b = tmp_path / "state-b"
+    host_b = cli_env(state_b, DOCKER_HOST=dockerd2.host)
+    proc = spawn(["apply", "--json", str(saved)], host_b)
+    dead = wait_for_run(state_b, proc, timeout=600)
+    wait_for_container(dockerd2, dead, timeout=600)
+    proc.kill()  # SIGKILL: no clean-up of its own
+    proc.wait(timeout=30)
+    assert leftovers(dockerd2, dead) != []
+
+    _, again, _ = _plan(tmp_path, manifests, "after", HELLO)
+    done = kagura(["apply", "--json", str(again)], host_b, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "removed what crashed runs left" in done.stderr
+    assert leftovers(dockerd2, dead) == []
+    assert run_row(state_b, dead)["outcome"] == "crashed"
+
+
+def test_a_host_whose_image_differs_refuses(
+    tmp_path: Path, dockerd2: Any, docker_client: Any
+) -> None:
+    """No repository: the plan pins an ID the second daemon has never seen → exit 6."""
+    manifests = manifest_set(tmp_path)
+    _, saved, plan = _plan(tmp_path, manifests, "unpushed", HELLO)
+    assert plan["image"]["pull"] is None
+    if any(image.id == plan["image"]["digest"] for image in dockerd2.images.list(all=True)):
+        dockerd2.images.remove(plan["image"]["digest"], force=True)
+    state_b = tmp_path / "state-b"
+    done = kagura(["apply", str(saved)], cli_env(state_b, DOCKER_HOST=dockerd2.host))
+    assert done.returncode == 6, done.stderr
+    assert "differs on this Docker host" in done.stderr and plan["image"]["digest"] in done.stderr
+    assert run_ids(state_b) == []
