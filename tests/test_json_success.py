@@ -56,6 +56,7 @@ SUCCESS: dict[str, tuple[list[str], set[str]]] = {
     "leases sweep": ([], {"sweep"}),
     "incidents": ([], {"incidents"}),
     "egress sweep": ([], {"removed"}),
+    "egress pool status": ([], {"sessions"}),
 }
 
 NEEDS_DOCKER = {"egress sweep"}

@@ -9,6 +9,7 @@ module level so that ``--help``, ``validate`` and ``plan`` start fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from collections.abc import Sequence
@@ -81,7 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return int(ExitCode.USAGE)
     try:
-        return int(handler(args))
+        code = int(handler(args))
+        if argv is None and getattr(args, "fast_exit", False):
+            _exit_now(code)
+        return code
     except KaguraError as exc:
         return _fail(exc, wants_json(args, words))
     except KeyboardInterrupt:
@@ -92,6 +96,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 143
     except BrokenPipeError:
         return int(ExitCode.OK)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the process without the interpreter's teardown (freeing every module and object
+    one by one: ~100 ms of CPU after an apply). Only for commands that opt in
+    (``fast_exit``: everything of theirs is closed and written by the time they return)
+    and only as a program (``argv`` None): a caller in the same process keeps running."""
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _fail(exc: KaguraError, json_mode: bool) -> int:

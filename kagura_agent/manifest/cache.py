@@ -56,11 +56,23 @@ class PassCache:
     def __contains__(self, item: str) -> bool:
         return self._path(item).exists()
 
-    def add(self, item: str) -> None:
+    def read(self, item: str) -> str | None:
+        """What was stored with ``item`` ('' for a plain pass); None when not cached."""
+        try:
+            return self._path(item).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def add(self, item: str, content: str = "") -> None:
         path = self._path(item)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.touch()
+            if content:
+                tmp = path.with_name(f".{path.name}.{os.getpid()}")
+                tmp.write_text(content, encoding="utf-8")
+                os.replace(tmp, path)
+            else:
+                path.touch()
         except OSError:
             return  # a cache that cannot be written only costs time
         self._added += 1

@@ -23,6 +23,11 @@ instant. The files say who may remove what:
 - ``retired/NAME.json``: the run is over (its agent stopped, its proxy killed and its log
   read): the keeper removes it in the background; any sweep does once the keeper is gone.
 
+reload.py does the same swap for a live run's mid-run grant, with ``squid -k parse`` first
+(a live proxy must keep its old configuration on a bad one); a pooled squid serves no
+one yet, so a configuration it rejects only costs this claim (the run starts cold or
+fails before its agent has a way out), and the parse (~0.1 s of CPU) is skipped.
+
 The pool is per Docker host and per state directory (its files are in the state
 directory; its objects are on this host's daemon).
 """
