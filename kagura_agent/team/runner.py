@@ -16,10 +16,8 @@ returns".
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import os
-import signal
 import socket
 import sys
 from collections.abc import Callable
@@ -35,12 +33,11 @@ from kagura_agent.membrane.leases import Sweeper
 from kagura_agent.membrane.runtime import connect as connect_docker
 from kagura_agent.membrane.runtime import docker_errors
 from kagura_agent.state import StateStore
+from kagura_agent.team.children import WarmChildren
 from kagura_agent.team.db import connect, ensure_schema, pg_errors
 from kagura_agent.team.placement import Capacity
 from kagura_agent.team.queue import TASK_NAME, make_app
 from kagura_agent.team.reaper import STORE_EVENT, reap_forever
-
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -69,12 +66,14 @@ def serve(url: str, config: RunnerConfig) -> int:
     sweep_own_leftovers(config)
     register(url, config)
     app = make_app(url)
-    app.task(name=TASK_NAME, pass_context=True)(_task(config))
+    children = WarmChildren(config.capacity.concurrency)
+    app.task(name=TASK_NAME, pass_context=True)(_task(config, children))
     queues = config.capacity.queues()
     log(config, f"taking {', '.join(queues)} ({config.capacity.concurrency} at once)")
 
     async def main() -> None:
         async with app.open_async():
+            children.refill()
             reaper = asyncio.create_task(
                 reap_forever(app, config.name, config.heartbeat, config.stalled_after)
             )
@@ -90,6 +89,7 @@ def serve(url: str, config: RunnerConfig) -> int:
                 )
             finally:
                 reaper.cancel()
+                await children.close()
 
     with pg_errors("the runner's job engine"):
         asyncio.run(main())
@@ -144,12 +144,12 @@ def register(url: str, config: RunnerConfig) -> None:
         )
 
 
-def _task(config: RunnerConfig) -> Callable[..., Any]:
+def _task(config: RunnerConfig, children: WarmChildren) -> Callable[..., Any]:
     async def apply_queued(
         context: Any, run_id: str, plan: dict[str, Any], approve: list[str], approved_until: str
     ) -> int:
         return await apply_job(
-            context.app, config, context.job.id, run_id, plan, approve, approved_until
+            context.app, config, children, context.job.id, run_id, plan, approve, approved_until
         )
 
     return apply_queued
@@ -162,6 +162,7 @@ async def store_event(app: Any, run_id: str, item: dict[str, Any]) -> None:
 async def apply_job(
     app: Any,
     config: RunnerConfig,
+    children: WarmChildren,
     job_id: int,
     run_id: str,
     plan: dict[str, Any],
@@ -197,17 +198,11 @@ async def apply_job(
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{run_id}.json"
     path.write_text(json.dumps(plan))
-    argv = [sys.executable, "-m", "kagura_agent", "apply", str(path), "--json", "--run-id", run_id]
+    argv = ["apply", str(path), "--json", "--run-id", run_id]
     for category in approve:
         argv += ["--approve", category]
     log(config, f"applying {run_id} ({plan['task']['name']})")
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        preexec_fn=_die_with_parent,
-    )
+    proc = await children.run(argv)
     assert proc.stdout is not None and proc.stderr is not None
     out, _ = await asyncio.gather(proc.stdout.read(), _relay(app, run_id, proc.stderr))
     code = await proc.wait()
@@ -260,9 +255,3 @@ def _message(stdout: str) -> str | None:
         return None
     errors = result.get("errors") or []
     return str(errors[0].get("message")) if errors else None
-
-
-def _die_with_parent() -> None:
-    """In the child: SIGKILL when the runner dies, as if the whole host had gone."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
