@@ -37,6 +37,10 @@ from apply_helpers import (
     write_task,
 )
 from resources import missing
+from team_helpers import queue_url, runners, wait_registered, wait_until  # noqa: F401 - fixtures
+
+from kagura_agent.plan import planfile
+from kagura_agent.team import queue
 
 pytestmark = pytest.mark.docker
 HELLO = {"steps": ["echo pulled > out.txt"], "verify": ["grep -q pulled out.txt"]}
@@ -184,6 +188,35 @@ def test_kill_9_on_the_second_daemon_is_swept_there(
     assert "removed what crashed runs left" in done.stderr
     assert leftovers(dockerd2, dead) == []
     assert run_row(state_b, dead)["outcome"] == "crashed"
+
+
+def test_a_runner_on_the_second_daemon_pulls_and_applies_a_queued_plan(
+    tmp_path: Path,
+    pushed: tuple[Path, str],
+    dockerd2: Any,
+    queue_url: str,  # noqa: F811 - the fixture
+    runners: Any,  # noqa: F811 - the fixture
+) -> None:
+    """``kagura-agent runner`` with DOCKER_HOST on the second daemon takes a plan made on
+    the first from the queue, pulls its image by digest and applies it there."""
+    manifests, reference = pushed
+    project, saved, plan = _plan(tmp_path, manifests, "queued", HELLO)
+    digest = plan["image"]["digest"]
+    if any(image.id == digest for image in dockerd2.images.list(all=True)):
+        dockerd2.images.remove(digest, force=True)
+    runner = runners("runner-d2", env={"DOCKER_HOST": dockerd2.host})
+    wait_registered(queue_url, 1)
+    queued = queue.enqueue_plan(queue_url, planfile.load(saved), who="op")
+    wait_until(
+        lambda: queue.run(queue_url, queued.run_id)["status"] in queue.TERMINAL, 600, "the run"
+    )
+    row = queue.run(queue_url, queued.run_id)
+    assert (row["status"], row["runner"]) == ("success", "runner-d2"), (row, runner.output())
+    events = json.dumps(list(queue.follow(queue_url, queued.run_id, timeout=60)))
+    assert f"pulling {reference}" in events, events[-3000:]
+    assert (project / "out.txt").read_text() == "pulled\n"
+    assert dockerd2.images.get(digest).id == digest
+    assert leftovers(dockerd2, queued.run_id) == []
 
 
 def test_a_host_whose_image_differs_refuses(
