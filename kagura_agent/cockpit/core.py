@@ -25,7 +25,7 @@ import secrets
 import sys
 import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from kagura_agent.apply.executor import ApplyOptions, refuse_unapplyable
 from kagura_agent.approvals import record_decision
 from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
 from kagura_agent.cockpit.intents import HELP, Intent, classify
+from kagura_agent.cockpit.midrun import MIDRUN_PREFIX, MidRunDesk
 from kagura_agent.cockpit.registry import Registry, Session, new_session_id
 from kagura_agent.cockpit.runner import (
     AdoptedRun,
@@ -111,6 +112,7 @@ class Cockpit:
         # evidence count it was last asked with (asked again only with more evidence).
         self._graduations: dict[str, tuple[str, str]] = {}  # request -> (category, where)
         self._asked_graduation: dict[str, int] = {}
+        self._midrun = MidRunDesk(self.state, self.clock)  # mid-run questions (m-…)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -348,6 +350,9 @@ class Cockpit:
         if session_id.startswith(GRADUATION_PREFIX):
             self._answer_graduation(event, session_id, approved=approved)
             return
+        if session_id.startswith(MIDRUN_PREFIX):
+            self._answer_midrun(event, session_id, approved=approved)
+            return
         session = self.registry.get(session_id)
         if session is None:
             self._say(event.thread, f"no session {session_id}")
@@ -367,6 +372,35 @@ class Cockpit:
             self._start(session)
         else:
             self._say(session.thread, f"session {session_id} denied by {who}; nothing ran")
+
+    def _asker(self, session: Session) -> Callable[[dict[str, Any]], None]:
+        """A run's mid-run question (cockpit/midrun.py) → the thread, with Approve / Deny."""
+
+        def ask(item: dict[str, Any]) -> None:
+            pending = self._midrun.asked(session.id, session.thread, item)
+            if pending is None:
+                return
+            try:
+                text = f"session {session.id} asks ({pending.request}):\n{item.get('text', '')}"
+                self.transport.ask(session.thread, neutralise(text), pending.request)
+            except Exception as exc:  # unanswered, it lapses: apply denies on its timeout
+                print(f"cockpit: could not post to {session.thread}: {exc}", file=sys.stderr)
+
+        return ask
+
+    def _answer_midrun(self, event: Event, request: str, *, approved: bool) -> None:
+        pending = {p.request: p for s in list(self._active) for p in self._midrun.open_for(s)}
+        session = pending[request].session if request in pending else ""
+        with self._lock:
+            run = self._runs.get(session)
+        said = self._midrun.answer(
+            request,
+            approved=approved,
+            who=f"{event.transport}:{event.user}",
+            via=event.transport,
+            nudge=run.nudge if run is not None else (lambda _r: "its run has ended"),
+        )
+        self._say(pending[request].thread if request in pending else event.thread, said)
 
     def _expire(self, session_id: str, why: str) -> None:
         with self._lock:
@@ -484,6 +518,11 @@ class Cockpit:
                     f"    pending approval: {', '.join(s.categories)}"
                     f" (approve {s.id} | deny {s.id}; denied in {max(left, 0):.0f}s)"
                 )
+            for question in self._midrun.open_for(s.id):
+                lines.append(
+                    f"    asks mid-run: {question.category}"
+                    f" (approve {question.request} | deny {question.request})"
+                )
         self._say(event.thread, "\n".join(lines))
 
     # --- runs ----------------------------------------------------------------------------
@@ -547,10 +586,10 @@ class Cockpit:
         progress = Progress()
         try:
             run = ApplyProcess(
-                apply_argv(Path(session.plan_path), since),
+                apply_argv(Path(session.plan_path), since, self.config.approval_timeout),
                 relay,
                 env=self.config.env,
-                feed=Feed(relay, progress, session.id),
+                feed=Feed(relay, progress, session.id, on_ask=self._asker(session)),
             )
         except OSError as exc:
             relay.close()

@@ -69,7 +69,8 @@ commands:
   status              sessions of this cockpit
   kill SESSION        stop a session (its ❌ Stop button does the same)
   approve REQUEST     approve a pending request (or press its button): a
-                      session's (s-…) or a graduation proposal's (g-…)
+                      session's (s-…), a graduation proposal's (g-…) or a
+                      running session's mid-run question (m-…)
   deny REQUEST        deny it
   help                this text"""
 

@@ -57,8 +57,12 @@ class Progress:
     turns: int = 0
 
 
-def apply_argv(plan_path: Path, approvals_since: datetime | None) -> list[str]:
+def apply_argv(
+    plan_path: Path, approvals_since: datetime | None, approval_timeout: float | None = None
+) -> list[str]:
     argv = [sys.executable, "-m", "kagura_agent", "apply", "--yes", "--json", "--steer-stdin"]
+    if approval_timeout is not None:  # how long a mid-run question waits for an answer
+        argv += ["--approval-timeout", f"{approval_timeout:g}"]
     if approvals_since is not None:
         argv += ["--approvals-since", iso(approvals_since)]
     return [*argv, str(plan_path)]
@@ -229,10 +233,17 @@ class Feed:
     named after the session. The final answer is posted at the end, whole, the same way;
     when it is the text just posted it is named, not repeated."""
 
-    def __init__(self, relay: Relay, progress: Progress, session_id: str) -> None:
+    def __init__(
+        self,
+        relay: Relay,
+        progress: Progress,
+        session_id: str,
+        on_ask: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.relay = relay
         self.progress = progress
         self.session_id = session_id
+        self.on_ask = on_ask  # a mid-run question of the run (posted with Approve / Deny)
         self._texts = 0
         self._last_text = ""
 
@@ -250,6 +261,8 @@ class Feed:
             self.progress.phase = str(item.get("message", ""))[:80]
         elif item.get("kind") == "brain":
             self._brain(item)
+        elif item.get("kind") == "ask" and self.on_ask is not None:
+            self.on_ask(item)
 
     def _brain(self, item: dict[str, Any]) -> None:
         kind = item.get("type")
@@ -334,6 +347,19 @@ class ApplyProcess:
             return "its apply has ended"
         return None
 
+    def nudge(self, request: str) -> str | None:
+        """Tell the run an operator answered its question ``request`` (the decision is in
+        the approval log; apply reads it there). None, or why it could not be told."""
+        stdin = self.process.stdin
+        if stdin is None or self.process.poll() is not None:
+            return "its apply has ended"
+        try:
+            stdin.write(json.dumps({"answered": request}) + "\n")
+            stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            return "its apply has ended"
+        return None
+
     def wait(self) -> RunOutcome:
         stdout: list[str] = []
         reader = threading.Thread(
@@ -387,6 +413,9 @@ class AdoptedRun:
 
     def steer(self, text: str) -> str | None:
         return "it was adopted after a restart: its input is not this cockpit's"
+
+    def nudge(self, request: str) -> str | None:
+        return "it was adopted after a restart: it denied its open questions then"
 
     def interrupt(self) -> None:
         if self.alive():  # the same process, not a recycled pid
