@@ -325,3 +325,16 @@ def test_a_one_off_run_asks_for_tool_servers_by_name(
     plan = json.loads(done.stdout)["plans"][0]["plan"]
     assert [s["name"] for s in plan["tool_servers"]] == ["notes"]
     assert plan["image"]["name"] == "mcp-tools"
+
+
+def test_the_graduation_baseline_can_grant_a_tool_server(tmp_path: Path, state_dir: Path) -> None:
+    manifests, task = _tool_world(tmp_path, baseline=False)
+    (manifests / "zz-baseline.yml").write_text(
+        "apiVersion: kagura.dev/v1\nkind: Graduation\nmetadata: {name: house}\n"
+        "spec: {baseline: ['toolserver:notes']}\n"
+    )
+    env = cli_env(state_dir, ANTHROPIC_API_KEY="sk-ant-unused-" + "x" * 30)
+    done = kagura(["plan", "--json", "--manifests", str(manifests), str(task)], env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [notes] = json.loads(done.stdout)["plans"][0]["plan"]["tool_servers"]
+    assert notes["class"] == "baseline", notes
