@@ -199,3 +199,24 @@ def test_a_plan_made_with_one_state_dir_applies_with_another(
     last = last_applied("travel")  # same intent, B's facts
     assert last is not None and last["intent"] == plan["intent"]
     assert last["inputs"]["facts"]["graduation_version"] == 0
+
+
+def test_an_image_with_a_repository_pins_where_to_pull_it(tmp_path: Path, state_dir: Path) -> None:
+    manifests = manifest_set(tmp_path)
+    images = manifests / "images.yml"
+    repository = "registry.example:5000/kagura/agent"
+    images.write_text(
+        images.read_text().replace(
+            "  tag: kagura/agent:0.1.0\n",
+            f"  tag: kagura/agent:0.1.0\n  repository: {repository}\n",
+        )
+    )
+    unpushed = _plan(tmp_path, FACTS, "unpushed")
+    assert unpushed["image"]["pull"] is None
+    assert any("is not pushed to " + repository in w for w in unpushed["warnings"])
+    pulled = f"{repository}@sha256:" + "2" * 64
+    pushed = _plan(tmp_path, {**FACTS, "image_pulls": {"kagura/agent:0.1.0": pulled}}, "pushed")
+    assert pushed["image"]["pull"] == pulled
+    assert not [w for w in pushed["warnings"] if "not pushed" in w]
+    # Where the image comes from is part of what the operator approves.
+    assert pushed["intent"] != unpushed["intent"]
