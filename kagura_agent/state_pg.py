@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 WRITE_LOCK = 0x6B6167757261
 POOL_ENV = "KAGURA_AGENT_STATE_POOL"
 
-_pools: dict[str, ConnectionPool[Any]] = {}
+_pools: dict[tuple[str, bool], ConnectionPool[Any]] = {}
 _pools_lock = threading.Lock()
 
 
@@ -87,10 +87,12 @@ def _row_factory(cursor: Any) -> Any:
     return make
 
 
-def pool(url: str) -> ConnectionPool[Any]:
-    """The process's pool for ``url`` (opened on first use, closed at exit)."""
+def pool(url: str, *, read_only: bool = False) -> ConnectionPool[Any]:
+    """The process's pool for ``url`` (opened on first use, closed at exit); a read-only
+    pool's sessions are ``default_transaction_read_only``."""
+    key = (url, read_only)
     with _pools_lock:
-        found = _pools.get(url)
+        found = _pools.get(key)
         if found is not None:
             return found
         try:
@@ -102,25 +104,28 @@ def pool(url: str) -> ConnectionPool[Any]:
                 hint="pip install 'kagura-agent[team]'",
             ) from exc
         size = int(os.environ.get(POOL_ENV, "8") or "8")
+        kwargs: dict[str, Any] = {"autocommit": True, "row_factory": _row_factory}
+        if read_only:
+            kwargs["options"] = "-c default_transaction_read_only=on"
         created: ConnectionPool[Any] = ConnectionPool(
             url,
             min_size=1,
             max_size=max(1, size),
-            kwargs={"autocommit": True, "row_factory": _row_factory},
+            kwargs=kwargs,
             name=f"kagura-state-{len(_pools)}",
             open=False,
         )
         try:
+            # One plain connection first: an unreachable server is one quick, clear error
+            # instead of the pool retrying in the background until its timeout.
+            psycopg.connect(url, connect_timeout=10).close()
             created.open(wait=True, timeout=30.0)
-        except psycopg.Error as exc:
-            created.close()
-            raise StateDbError(f"cannot reach the state store {_safe(url)}: {exc}") from exc
-        except Exception as exc:  # psycopg_pool.PoolTimeout
+        except psycopg.Error as exc:  # psycopg_pool.PoolTimeout too: nobody answered
             created.close()
             raise StateDbError(f"cannot reach the state store {_safe(url)}: {exc}") from exc
         if not _pools:
             atexit.register(close_pools)
-        _pools[url] = created
+        _pools[key] = created
         return created
 
 
@@ -134,7 +139,10 @@ def close_pools() -> None:
 
 
 class PgConnection:
-    """One pooled connection, in autocommit mode; ``transaction`` takes the write lock."""
+    """A handle on the pool: each statement borrows a connection (autocommit) and gives it
+    back at once, and ``transaction`` holds one for its duration, with the write lock.
+    Nothing is held between statements, so a handle left unclosed leaks no server
+    connection (the lease ledger's, a thread's)."""
 
     dialect: Dialect = "postgres"
 
@@ -144,22 +152,39 @@ class PgConnection:
         self._errors: type[Exception] = psycopg.Error
         self._missing: type[Exception] = psycopg.errors.UndefinedTable
         self._where = _safe(url)
-        self._pool = pool(url)
-        try:
-            self.raw: psycopg.Connection[Any] = self._pool.getconn(timeout=30.0)
-        except Exception as exc:  # PoolTimeout, or the server went away
-            raise StateDbError(f"no connection to the state store {self._where}: {exc}") from exc
-        self._read_only = read_only
-        self.execute("SET default_transaction_read_only = " + ("on" if read_only else "off"))
+        self._pool = pool(url, read_only=read_only)
+        # The connection a transaction holds, per thread: a handle may serve several
+        # threads (a memory store behind asyncio.to_thread), each with its own transaction.
+        self._local = threading.local()
 
-    def execute(self, sql: str, params: Sequence[Any] = (), /) -> Cursor:
+    @property
+    def _held(self) -> psycopg.Connection[Any] | None:
+        held: psycopg.Connection[Any] | None = getattr(self._local, "held", None)
+        return held
+
+    @_held.setter
+    def _held(self, conn: psycopg.Connection[Any] | None) -> None:
+        self._local.held = conn
+
+    @contextmanager
+    def _translated(self) -> Iterator[None]:
+        """psycopg's errors (PoolTimeout included) as the seam's."""
         try:
-            if params:
-                return self.raw.execute(placeholders(sql), list(params))
-            return self.raw.execute(sql)
+            yield
         except self._errors as exc:
             kind = MissingTable if isinstance(exc, self._missing) else StateDbError
             raise kind(f"state store {self._where}: {exc}") from exc
+
+    def execute(self, sql: str, params: Sequence[Any] = (), /) -> Cursor:
+        text = placeholders(sql) if params else sql
+        with self._translated():
+            if self._held is not None:
+                return self._held.execute(text, list(params) or None)
+            # Results are read into memory: the cursor stays readable once the connection
+            # is back in the pool.
+            with self._pool.connection(timeout=30.0) as conn:
+                cursor: Cursor = conn.execute(text, list(params) or None)
+                return cursor
 
     def run_script(self, script: str) -> None:
         # Without parameters psycopg sends the text as it is: several statements at once.
@@ -168,9 +193,19 @@ class PgConnection:
     @contextmanager
     def transaction(self) -> Iterator[PgConnection]:
         """BEGIN, the store's write lock, … COMMIT; rolled back on any exception."""
-        with self.raw.transaction():
-            self.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK,))
-            yield self
+        if self._held is not None:
+            raise StateDbError(f"state store {self._where}: a transaction is already open")
+        with (
+            self._translated(),
+            self._pool.connection(timeout=30.0) as conn,
+            conn.transaction(),
+        ):
+            self._held = conn
+            try:
+                self.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK,))
+                yield self
+            finally:
+                self._held = None
 
     def close(self) -> None:
-        self._pool.putconn(self.raw)
+        """Nothing is held between statements: nothing to give back."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from kagura_agent.state import URL_ENV, Location, MissingTable, StateStore
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT_UID = 1000
@@ -116,23 +117,31 @@ def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     )
 
 
+def _state(state_dir: Path) -> Location:
+    """The store the test's ``kagura-agent`` processes use: KAGURA_AGENT_STATE_URL (the
+    ``state_target`` fixture's PostgreSQL database) or the state directory's state.db."""
+    return os.environ.get(URL_ENV) or state_dir / "state.db"
+
+
 def run_ids(state_dir: Path) -> list[str]:
-    """Every run recorded in the state directory, oldest first."""
-    db = state_dir / "state.db"
-    if not db.exists():
+    """Every run recorded in the state store, oldest first."""
+    store = StateStore.read_only(_state(state_dir))
+    if store is None:
         return []
-    with sqlite3.connect(db) as conn:
+    with store:
         try:
-            rows = conn.execute("SELECT run_id FROM runs ORDER BY started_at").fetchall()
-        except sqlite3.OperationalError:
+            rows = store.conn.execute("SELECT run_id FROM runs ORDER BY started_at").fetchall()
+        except MissingTable:
             return []
     return [row[0] for row in rows]
 
 
 def run_row(state_dir: Path, run_id: str) -> dict[str, Any]:
-    with sqlite3.connect(state_dir / "state.db") as conn:
-        conn.row_factory = sqlite3.Row
-        row = conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    store = StateStore.read_only(_state(state_dir))
+    assert store is not None
+    with store:
+        row = store.conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    assert row is not None
     return dict(row)
 
 

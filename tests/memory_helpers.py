@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kagura_agent.clock import FixedClock
 from kagura_agent.memory import MemoryStore, open_memory
+from kagura_agent.memory.postgres import PgMemoryStore
 from testing.fake_memory_cloud import FakeMemoryCloud
 
 TOKEN = "fake-memory-token"
@@ -17,8 +18,18 @@ START = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 @contextmanager
-def open_backend(backend: str, tmp_path: Path, clock: FixedClock) -> Iterator[MemoryStore]:
-    """A fresh store of ``backend`` ("sqlite" or "cloud" against the local fake)."""
+def open_backend(
+    backend: str, tmp_path: Path, clock: FixedClock, postgres_url: str = ""
+) -> Iterator[MemoryStore]:
+    """A fresh store of ``backend`` ("sqlite", "cloud" against the local fake, or
+    "postgres" in the (fresh) database at ``postgres_url``)."""
+    if backend == "postgres":
+        store = PgMemoryStore(postgres_url, clock=clock)
+        try:
+            yield store
+        finally:
+            store.close()
+        return
     if backend == "sqlite":
         store = open_memory({"backend": "sqlite", "location": str(tmp_path / "m.db")}, clock=clock)
         try:

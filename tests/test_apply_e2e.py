@@ -38,8 +38,11 @@ from apply_helpers import (
 )
 
 from kagura_agent.membrane import images
+from kagura_agent.membrane.egress import audit
 from kagura_agent.membrane.egress.owner import COMPONENT_OUTBOUND, LABEL_COMPONENT
 from kagura_agent.membrane.hardening import LABEL_RUN
+from kagura_agent.plan import history
+from kagura_agent.state import Location, StateStore
 from testing.moto import moto_server
 
 pytestmark = pytest.mark.docker
@@ -123,8 +126,14 @@ def _attach_when_outbound_exists(client: Any, relay: Any, state_dir: Path, proc:
 
 
 def test_script_brain_with_egress_and_sts_lease(
-    docker_client: Any, tmp_path: Path, state_dir: Path, sts_world: tuple[str, Any]
+    docker_client: Any,
+    tmp_path: Path,
+    state_dir: Path,
+    sts_world: tuple[str, Any],
+    state_target: Location,
 ) -> None:
+    """The whole apply (runs, lease ledger, egress audit, applied plan) on each state
+    backend."""
     endpoint, relay = sts_world
     key_id, secret = ROOT_KEY.split(":")
     iam = boto3.client(
@@ -213,6 +222,12 @@ def test_script_brain_with_egress_and_sts_lease(
     result = last_json(output)
     assert result["outcome"] == "success" and result["run_id"] == run_id
     assert [v["exit_code"] for v in result["verify"]] == [0, 0]
+    with StateStore(state_target) as store:
+        assert audit.run_allowlist(store, run_id) is not None
+        assert [e.host for e in audit.load_events(store, run_id)] != []
+        assert history.last_applied("sts-e2e") is not None
+    # On PostgreSQL nothing was written to the state directory's SQLite file.
+    assert (state_dir / "state.db").exists() == isinstance(state_target, Path)
 
 
 def _expected_host_config(plan: dict[str, Any]) -> dict[str, Any]:

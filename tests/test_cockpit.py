@@ -26,7 +26,7 @@ from kagura_agent.cockpit.intents import classify
 from kagura_agent.cockpit.registry import Registry, Session
 from kagura_agent.cockpit.transport import Event
 from kagura_agent.errors import KaguraError
-from kagura_agent.state import StateStore
+from kagura_agent.state import Location, StateStore
 
 ALICE, MALLORY = "U-alice", "U-mallory"
 THREAD = "C1:100.1"
@@ -216,8 +216,8 @@ def test_only_run_sessions_continue(cockpit_world: Any, state_dir: Path) -> None
     assert run_ids(state_dir) == []
 
 
-def test_registry_races_and_expiry(state_dir: Path) -> None:
-    registry = Registry(state_dir / "state.db", SystemClock())
+def test_registry_races_and_expiry(state_target: Location) -> None:
+    registry = Registry(state_target, SystemClock())
     registry.add(Session(id="s-a", state="awaiting-approval", **_ROW))
     registry.add(Session(id="s-b", state="running", **_ROW))
     # Two answers at once: the second finds the state moved on.
@@ -235,7 +235,9 @@ _ROW = dict(
 )  # fmt: skip
 
 
-def test_a_restart_settles_runs_whose_apply_is_gone(cockpit_world: Any, state_dir: Path) -> None:
+def test_a_restart_settles_runs_whose_apply_is_gone(
+    cockpit_world: Any, state_target: Location
+) -> None:
     """An apply that ended while no cockpit ran gets the outcome it recorded; one that was
     killed before it could record any is lost; a pending request lapses."""
     from kagura_agent.apply.runs import MIGRATIONS
@@ -244,11 +246,11 @@ def test_a_restart_settles_runs_whose_apply_is_gone(cockpit_world: Any, state_di
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
     pid = int(dead.stdout)
-    registry = Registry(state_dir / "state.db", SystemClock())
+    registry = Registry(state_target, SystemClock())
     registry.add(Session(id="s-done", state="running", pid=pid, pid_start="t0", **_ROW))
     registry.add(Session(id="s-gone", state="running", pid=pid, pid_start="t1", **_ROW))
     registry.add(Session(id="s-ask", state="awaiting-approval", **_ROW))
-    store = StateStore(state_dir / "state.db")
+    store = StateStore(state_target)
     store.migrate("runs", MIGRATIONS)
     with store.transaction() as conn:
         conn.execute(

@@ -15,6 +15,9 @@ from kagura_agent.clock import FixedClock
 from kagura_agent.graduation import record_outcome
 from kagura_agent.state import StateStore
 
+# Every test here runs against both state backends (SQLite, PostgreSQL).
+pytestmark = pytest.mark.usefixtures("state_target")
+
 DNS = "credential:cloudflare/dns-write"
 APT = "egress:debian-packages"
 PLAN = "sha256:" + "c" * 64

@@ -15,6 +15,9 @@ from kagura_agent.membrane.leases import Broker, Budget, LeaseRequest, Ledger
 from kagura_agent.state import StateStore
 from testing.fake_cloudflare import ROOT_TOKEN, FakeCloudflare
 
+# Every test here runs against both state backends (SQLite, PostgreSQL).
+pytestmark = pytest.mark.usefixtures("state_target")
+
 # The fakes listen on loopback: declared as the providers' own address.
 LOCAL = {"endpoint_addresses": ["127.0.0.1/32"]}
 SCOPE = {

@@ -11,6 +11,9 @@ import pytest
 
 from kagura_agent.cli.main import main
 
+# Every test here runs against both state backends (SQLite, PostgreSQL).
+pytestmark = pytest.mark.usefixtures("state_target")
+
 
 def test_list_and_sweep_on_an_empty_ledger(
     state_dir: Path, capsys: pytest.CaptureFixture[str]

@@ -18,6 +18,9 @@ from kagura_agent.membrane.leases.ledger import owner_alive
 from kagura_agent.state import StateStore
 from testing.fake_cloudflare import ROOT_TOKEN, FakeCloudflare
 
+# Every test here runs against both state backends (SQLite, PostgreSQL).
+pytestmark = pytest.mark.usefixtures("state_target")
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -39,7 +42,7 @@ def _child(endpoint: str, crash: str) -> subprocess.Popen[str]:
 
 
 def _rows(state_dir: Path) -> list[dict[str, object]]:
-    store = StateStore(state_dir / "state.db")
+    store = StateStore()
     try:
         return [row.to_json() for row in Ledger(store, SystemClock()).rows()]
     finally:
@@ -102,7 +105,7 @@ def test_crash_between_ledger_steps_leaves_a_row_the_sweeper_resolves(
     [row] = _rows(state_dir)
     assert row["state"] == state and not row["closed_at"]
 
-    store = StateStore(state_dir / "state.db")
+    store = StateStore()
     report = sweep(store)
     store.close()
 
@@ -121,7 +124,7 @@ def test_crash_during_renewal_revokes_both_credentials(
     assert len(cloudflare.ops("mint")) == 2
     assert {r["state"] for r in _rows(state_dir)} == {"live"}
 
-    store = StateStore(state_dir / "state.db")
+    store = StateStore()
     report = sweep(store)
     store.close()
 

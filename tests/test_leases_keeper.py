@@ -17,6 +17,9 @@ from kagura_agent.membrane.leases import Broker, LeaseRequest, deliver, keep_fre
 from kagura_agent.state import StateStore
 from testing.fake_cloudflare import ROOT_TOKEN, FakeCloudflare
 
+# Every test here runs against both state backends (SQLite, PostgreSQL).
+pytestmark = pytest.mark.usefixtures("state_target")
+
 
 class RecordingChannel:
     def __init__(self) -> None:

@@ -19,6 +19,9 @@ from kagura_agent.state import StateStore
 from testing.fake_cloudflare import ROOT_TOKEN, FakeCloudflare
 from testing.fake_gcp import FakeGcp
 
+# Every test here runs against both state backends (SQLite, PostgreSQL).
+pytestmark = pytest.mark.usefixtures("state_target")
+
 # The fakes listen on loopback: declared as the providers' own address.
 LOCAL = {"endpoint_addresses": ["127.0.0.1/32"]}
 SCOPE = {

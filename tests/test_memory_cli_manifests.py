@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kagura_agent.cli.main import main
 from kagura_agent.memory import Source, open_memory
 from kagura_agent.paths import repo_root
+from kagura_agent.state import URL_ENV
 from testing.fake_memory_cloud import FakeMemoryCloud
 
 TOKEN = "fake-memory-token"
@@ -83,3 +85,30 @@ def test_cloud_memory_manifest_is_used_with_its_token_reference(
         assert main(["memory", "show", stored.id, "--manifests", str(manifests), "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["summary"] == "cloud remembers the deploy"
     assert not (state_dir / "memory.db").exists()  # the embedded store was never opened
+
+
+def test_postgres_memory_manifest_uses_the_team_state_database(
+    tmp_path: Path,
+    state_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    postgres_server: Any,
+) -> None:
+    manifests = _manifests(
+        tmp_path,
+        _memory_doc("team", "  backend: postgres\n", True)
+        + "---\n"
+        + _memory_doc("embedded", "  backend: sqlite\n", False),
+    )
+    with postgres_server.fresh_database() as url:
+        monkeypatch.setenv(URL_ENV, url)
+        store = open_memory({"backend": "postgres", "location": "state-store"})
+        team = store.remember(type="note", summary="team runbook", source=Source("run", "r"))
+        store.close()
+        assert main(["memory", "search", "runbook", "--manifests", str(manifests), "--json"]) == 0
+        found = [r["id"] for r in json.loads(capsys.readouterr().out)["results"]]
+        assert found == [team.id]
+        assert not (state_dir / "memory.db").exists()  # nothing went to the embedded file
+        monkeypatch.delenv(URL_ENV)
+        assert main(["memory", "search", "runbook", "--manifests", str(manifests)]) == 3
+        assert f"{URL_ENV} is not set" in capsys.readouterr().err

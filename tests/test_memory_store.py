@@ -1,8 +1,10 @@
-"""Every MemoryStore operation, on both backends: embedded SQLite and the cloud (local fake)."""
+"""Every MemoryStore operation, on every backend: embedded SQLite, the cloud (local fake)
+and PostgreSQL (the team state store)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 
@@ -16,10 +18,15 @@ RUN = Source("run", "run-1")
 SLACK = Source("transport", "slack:C1")
 
 
-@pytest.fixture(params=["sqlite", "cloud"])
+@pytest.fixture(params=["sqlite", "cloud", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MemoryStore]:
     clock = FixedClock(START)
-    with open_backend(request.param, tmp_path, clock) as opened:
+    with ExitStack() as stack:
+        url = ""
+        if request.param == "postgres":
+            server = request.getfixturevalue("postgres_server")
+            url = stack.enter_context(server.fresh_database())
+        opened = stack.enter_context(open_backend(request.param, tmp_path, clock, url))
         opened.clock = clock  # type: ignore[attr-defined]
         yield opened
 

@@ -29,6 +29,9 @@ from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 from testing.memory_runtime import MemoryRuntime
 
+# Every test here runs against both state backends (SQLite, PostgreSQL).
+pytestmark = pytest.mark.usefixtures("state_target")
+
 
 def _plan(base: Path, name: str, session: str) -> Plan:
     project = make_project(base, f"{name}-root")

@@ -13,10 +13,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from kagura_agent.state import StateDbError, StateStore
+from kagura_agent.state import URL_ENV, Location, SchemaBehind, StateDbError, StateStore
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = 20
@@ -27,7 +28,7 @@ ROUNDS = 3
 CHILD = """
 import sys, time
 start = float(sys.argv[1])
-from kagura_agent.state import StateDbError, StateStore
+from kagura_agent.state import URL_ENV, Location, SchemaBehind, StateDbError, StateStore
 from kagura_agent.apply import runs
 from kagura_agent.approvals import log
 from kagura_agent.clock import SystemClock
@@ -56,8 +57,11 @@ print(sorted((r[0], r[1]) for r in rows))
 """
 
 
-def _round(state: Path) -> list[subprocess.CompletedProcess[str]]:
+def _round(state: Path, url: str | None = None) -> list[subprocess.CompletedProcess[str]]:
     env = {**os.environ, "KAGURA_AGENT_STATE_DIR": str(state), "PYTHONPATH": str(ROOT)}
+    env.pop(URL_ENV, None)
+    if url is not None:
+        env[URL_ENV] = url
     start = time.time() + 3.0  # every interpreter is up and importing before then
     children = [
         subprocess.Popen(
@@ -94,7 +98,31 @@ def test_twenty_processes_migrate_a_fresh_state_directory_together(
     assert versions["memory"] >= 1
 
 
-def test_pending_steps_apply_in_one_transaction(tmp_path: Path) -> None:
+def test_twenty_processes_migrate_a_fresh_postgres_database_together(
+    tmp_path: Path, postgres_server: Any
+) -> None:
+    """The same on PostgreSQL: the version is read under the advisory write lock, inside
+    the transaction that applies the steps (and creates schema_versions)."""
+    with postgres_server.fresh_database() as url:
+        results = _round(tmp_path / "state", url)
+        failed = [r for r in results if r.returncode != 0]
+        assert failed == [], failed[0].stderr
+        assert len({r.stdout for r in results}) == 1
+        with StateStore(url) as store:
+            versions = dict(store.conn.execute("SELECT component, version FROM schema_versions"))
+        assert versions["graduation"] >= 1 and versions["leases"] >= 1 and versions["runs"] >= 1
+        assert not (tmp_path / "state" / "state.db").exists()  # nothing went to SQLite
+
+
+def _tables(store: StateStore) -> set[str]:
+    if store.dialect == "sqlite":
+        sql = "SELECT name FROM sqlite_master WHERE type='table'"
+    else:
+        sql = "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+    return {row[0] for row in store.conn.execute(sql)}
+
+
+def test_pending_steps_apply_in_one_transaction(state_target: Location) -> None:
     """A reader sees a component before or after its migration, never half-way: a later
     step that fails leaves no earlier step behind (before, steps committed one by one)."""
     steps = [
@@ -102,14 +130,32 @@ def test_pending_steps_apply_in_one_transaction(tmp_path: Path) -> None:
         "CREATE TABLE two (x INTEGER);",
         "CREATE TABLE three (x INTEGER, x INTEGER);",  # duplicate column: fails
     ]
-    with StateStore(tmp_path / "state.db") as store:
-        with pytest.raises(StateDbError, match="duplicate column"):
+    with StateStore(state_target) as store:
+        with pytest.raises(StateDbError, match=r"specified more than once|duplicate column"):
             store.migrate("atomic", steps)
         assert store._version("atomic") == 0
-        tables = {
-            row[0]
-            for row in store.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-        }
-        assert not {"one", "two"} & tables
+        assert not {"one", "two"} & _tables(store)
         store.migrate("atomic", steps[:2])
         assert store._version("atomic") == 2
+        assert {"one", "two"} <= _tables(store)
+
+
+def test_a_read_only_store_never_migrates(state_target: Location) -> None:
+    """Read-only (plan): a component not at this version raises SchemaBehind and nothing
+    is created; after a writer migrates, the reader reads it."""
+    from kagura_agent.plan import history
+
+    with StateStore(state_target) as writer:
+        writer.migrate("unrelated", ["CREATE TABLE unrelated (x INTEGER);"])
+    reader = StateStore.read_only(state_target)
+    assert reader is not None
+    with reader, pytest.raises(SchemaBehind):
+        reader.migrate("plans", history.MIGRATIONS)
+    with StateStore(state_target) as writer:
+        writer.migrate("plans", history.MIGRATIONS)
+    reader = StateStore.read_only(state_target)
+    assert reader is not None
+    with reader:
+        reader.migrate("plans", history.MIGRATIONS)  # current: nothing to do
+        with pytest.raises(StateDbError), reader.transaction() as conn:
+            conn.execute("DELETE FROM applied_plans")

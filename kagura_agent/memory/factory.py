@@ -2,12 +2,14 @@
 
 The section (docs/plan-format.md) looks like::
 
-    {"name": "default", "backend": "sqlite" | "cloud",
-     "location": "state-dir" | "/abs/memory.db" | "https://…/mcp",
+    {"name": "default", "backend": "sqlite" | "cloud" | "postgres",
+     "location": "state-dir" | "/abs/memory.db" | "https://…/mcp" | "state-store",
      "token_ref": null | "env:KAGURA_MEMORY_TOKEN" | "file:/path" | "keyring:SERVICE/USER",
      "context_id": "…"}            # cloud only; defaults to "kagura-agent"
 
 Secrets arrive as references; the caller may pass the resolved token instead.
+``postgres`` keeps memories in the team's state store (``KAGURA_AGENT_STATE_URL``): its
+URL, which may carry a password, comes from the operator's environment, never a manifest.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from kagura_agent.clock import Clock
 from kagura_agent.errors import SetupError, UsageError
 from kagura_agent.membrane.secrets import parse_secret_ref, resolve
 from kagura_agent.memory.model import MemoryStore
+from kagura_agent.memory.postgres import PgMemoryStore
 from kagura_agent.memory.sqlite import MEMORY_FILE, SqliteMemoryStore
 from kagura_agent.paths import state_dir
+from kagura_agent.state import URL_ENV, state_location
 
 DEFAULT_CONTEXT = "kagura-agent"
+STATE_STORE = "state-store"  # the postgres backend's location: the state store's database
 DEFAULT_SECTION: dict[str, Any] = {"name": "default", "backend": "sqlite", "location": "state-dir"}
 
 
@@ -32,10 +37,11 @@ def section_from_manifest(name: str | None, spec: Mapping[str, Any] | None) -> d
     if spec is None:
         return {**DEFAULT_SECTION, "name": name or "embedded", "token_ref": None}
     backend = spec["backend"]
+    locations = {"cloud": spec.get("url"), "postgres": STATE_STORE}
     return {
         "name": name,
         "backend": backend,
-        "location": spec.get("url") if backend == "cloud" else spec.get("path", "state-dir"),
+        "location": locations.get(backend, spec.get("path", "state-dir")),
         "token_ref": spec.get("token"),
     }
 
@@ -89,4 +95,18 @@ def open_memory(
             str(section.get("context_id") or DEFAULT_CONTEXT),
             clock=clock,
         )
-    raise UsageError(f"unknown memory backend {backend!r} (expected sqlite or cloud)")
+    if backend == "postgres":
+        return PgMemoryStore(postgres_url(), clock=clock)
+    raise UsageError(f"unknown memory backend {backend!r} (expected sqlite, cloud or postgres)")
+
+
+def postgres_url() -> str:
+    """The postgres backend's database: the configured state store, which must be one."""
+    location = state_location()
+    if not isinstance(location, str):
+        raise SetupError(
+            f"the postgres memory backend keeps memories in the state store, but {URL_ENV}"
+            " is not set (the state store is the embedded SQLite file)",
+            hint=f"set {URL_ENV}=postgresql://… or use backend: sqlite",
+        )
+    return location

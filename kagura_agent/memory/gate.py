@@ -24,8 +24,11 @@ RETRY_DELAY_SECONDS = 0.5
 def check_ready(memory_plan_section: Mapping[str, Any] | None, *, token: str | None = None) -> None:
     """Raise SetupError unless the plan's memory backend can be used for a run."""
     section = memory_plan_section or DEFAULT_SECTION
-    if section.get("backend", "sqlite") == "sqlite":
+    backend = section.get("backend", "sqlite")
+    if backend == "sqlite":
         _check_sqlite(section)
+    elif backend == "postgres":
+        open_memory(section).close()  # reachable and migrated; errors are SetupErrors
     else:
         _check_cloud(section, token)
 

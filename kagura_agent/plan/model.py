@@ -21,7 +21,7 @@ NetworkMode = Literal["none"]
 Tenancy = Literal["self-host", "shared"]
 MountKind = Literal["project", "extra", "protected"]
 MountMode = Literal["ro", "rw"]
-MemoryBackend = Literal["sqlite", "cloud"]
+MemoryBackend = Literal["sqlite", "cloud", "postgres"]
 BudgetSource = Literal["task", "brain", "default", "history"]
 PolicyEffect = Literal["deny", "warn"]
 DiffOp = Literal["+", "-", "~"]
@@ -516,8 +516,8 @@ DESCRIPTIONS: dict[str, str] = {
     "brain.layer": "Layer the manifest came from: `packaged` (the defaults) or `operator` (your folder).",
     "memory": "Memory backend and what the plan learnt from it.",
     "memory.name": "Memory manifest name.",
-    "memory.backend": "`sqlite` or `cloud`.",
-    "memory.location": "`state-dir`, a path, or the cloud URL.",
+    "memory.backend": "`sqlite`, `cloud` or `postgres`.",
+    "memory.location": "`state-dir`, a path, the cloud URL, or `state-store` (postgres).",
     "memory.token_ref": "Token reference for the cloud backend, or null.",
     "memory.untrusted_inputs": "The run's untrusted inputs.",
     "memory.known_failures": "Past failures of this task kind and their fixes.",

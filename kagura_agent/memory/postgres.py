@@ -1,0 +1,455 @@
+"""The team memory store: the state store's PostgreSQL database, full text by tsvector/GIN.
+
+Same rules as the embedded store (memory/sqlite.py): trust defaults from the source
+(``default_trust``), recall leaves untrusted memories out unless asked, a forgotten memory
+leaves a content-free tombstone, edges link stored memories only. The index terms are the
+embedded store's own (``terms.tokens``: Unicode letters and digits, lower-cased, accents
+folded), stored as a ``tsvector`` built from that list (``array_to_tsvector``), so both
+stores find the same memories for the same words. Ranking is ``ts_rank`` over the newest
+``RANK_WINDOW`` matches that pass the filters; terms in more than half the memories are
+left out of ranking and only fill up (terms.py keeps the counts), as on SQLite.
+
+Tables are prefixed ``memory_`` (the database is shared with the rest of the state).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Literal, cast
+
+from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
+from kagura_agent.memory import terms
+from kagura_agent.memory.model import (
+    TRUST_TIERS,
+    Edge,
+    Memory,
+    Source,
+    SourceKind,
+    Tombstone,
+    Trust,
+    check_edge_type,
+    default_trust,
+    new_memory_id,
+)
+from kagura_agent.state import Connection, Location, StateStore
+from kagura_agent.state_sql import Dialects
+from kagura_agent.state_types import Row
+
+COMPONENT = "memory-pg"
+RANK_WINDOW = 1000
+
+_V1 = """
+CREATE TABLE memory_items (
+  seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  id TEXT NOT NULL UNIQUE,
+  type TEXT NOT NULL,
+  summary TEXT NOT NULL,
+  details TEXT NOT NULL DEFAULT '{}',
+  tags TEXT NOT NULL DEFAULT '[]',
+  source_kind TEXT NOT NULL CHECK (source_kind IN ('run', 'task', 'transport', 'import')),
+  source_id TEXT NOT NULL,
+  trust TEXT NOT NULL CHECK (trust IN ('trusted', 'untrusted')),
+  task_kind TEXT,
+  created TEXT NOT NULL,
+  search TSVECTOR NOT NULL
+);
+CREATE INDEX memory_items_search ON memory_items USING GIN (search);
+CREATE INDEX memory_items_type ON memory_items(type, trust, created);
+CREATE INDEX memory_items_trust ON memory_items(trust, created);
+CREATE INDEX memory_items_task_kind ON memory_items(task_kind, type, trust, created);
+CREATE INDEX memory_items_source ON memory_items(source_kind, source_id, trust, created);
+CREATE TABLE memory_tags (
+  memory_seq BIGINT NOT NULL REFERENCES memory_items(seq) ON DELETE CASCADE,
+  tag TEXT NOT NULL,
+  PRIMARY KEY (tag, memory_seq)
+);
+CREATE INDEX memory_tags_seq ON memory_tags(memory_seq);
+CREATE TABLE memory_edges (
+  source_id TEXT NOT NULL,
+  target_id TEXT NOT NULL,
+  type TEXT NOT NULL,
+  created TEXT NOT NULL,
+  details TEXT NOT NULL DEFAULT '{}',
+  PRIMARY KEY (source_id, target_id, type)
+);
+CREATE INDEX memory_edges_target ON memory_edges(target_id, type);
+CREATE TABLE memory_tombstones (
+  memory_id TEXT PRIMARY KEY,
+  type TEXT NOT NULL,
+  source_kind TEXT NOT NULL,
+  source_id TEXT NOT NULL,
+  trust TEXT NOT NULL,
+  created TEXT NOT NULL,
+  forgotten TEXT NOT NULL,
+  reason TEXT NOT NULL,
+  cascade_of TEXT
+);
+CREATE TABLE memory_term_docs (term TEXT PRIMARY KEY, docs BIGINT NOT NULL);
+CREATE TABLE memory_total (id INTEGER PRIMARY KEY CHECK (id = 1), memories BIGINT NOT NULL);
+INSERT INTO memory_total(id, memories) VALUES (1, 0);
+"""
+
+# PostgreSQL only: the embedded store keeps its own file (memory/sqlite.py).
+MIGRATIONS = (Dialects(sqlite="SELECT 1;", postgres=_V1),)
+
+_COLUMNS = (
+    "m.seq, m.id, m.type, m.summary, m.details, m.tags, m.source_kind, m.source_id,"
+    " m.trust, m.task_kind, m.created"
+)
+
+
+class PgMemoryStore:
+    """``MemoryStore`` on PostgreSQL. Shares the state store's pool; thread-safe as the
+    state store is (each call borrows a pooled connection)."""
+
+    backend = "postgres"
+
+    def __init__(self, location: Location, *, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self._state = StateStore(location)
+        if self._state.dialect != "postgres":
+            self._state.close()
+            raise ValueError("the postgres memory store needs a postgresql:// state store")
+        self._state.migrate(COMPONENT, MIGRATIONS)
+        self.conn = self._state.conn
+
+    def _now(self) -> datetime:
+        return parse_iso(iso(self.clock.now()))
+
+    # -- writes ----------------------------------------------------------------
+
+    def remember(
+        self,
+        *,
+        type: str,
+        summary: str,
+        source: Source,
+        trust: Trust | None = None,
+        details: Mapping[str, Any] | None = None,
+        tags: Sequence[str] = (),
+        task_kind: str | None = None,
+    ) -> Memory:
+        """Store one memory in one transaction (the row, its terms and its tags)."""
+        memory = Memory(
+            id=new_memory_id(),
+            type=type,
+            summary=summary,
+            source=source,
+            trust=trust or default_trust(source),
+            created=self._now(),
+            details=dict(details or {}),
+            tags=tuple(dict.fromkeys(tags)),
+            task_kind=task_kind,
+        )
+        with self._state.transaction() as conn:
+            _insert(conn, memory)
+        return memory
+
+    def remember_many(self, memories: Sequence[Memory]) -> None:
+        """Store already-built memories (an import) in one transaction."""
+        with self._state.transaction() as conn:
+            for memory in memories:
+                _insert(conn, memory)
+
+    def create_edge(
+        self,
+        source_id: str,
+        target_id: str,
+        type: str,
+        details: Mapping[str, Any] | None = None,
+    ) -> Edge:
+        """Link two stored memories; a repeated link is kept once (with its first details)."""
+        check_edge_type(type)
+        for memory_id in (source_id, target_id):
+            if self.get(memory_id) is None:
+                raise KeyError(f"no memory {memory_id}")
+        with self._state.transaction() as conn:
+            conn.execute(
+                "INSERT INTO memory_edges(source_id, target_id, type, created, details)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (source_id, target_id, type, iso(self._now()), json.dumps(dict(details or {}))),
+            )
+            row = conn.execute(
+                "SELECT * FROM memory_edges WHERE source_id = ? AND target_id = ? AND type = ?",
+                (source_id, target_id, type),
+            ).fetchone()
+        assert row is not None  # inserted or already there, inside this transaction
+        return _edge(row)
+
+    def forget(
+        self, memory_id: str, *, reason: str = "", cascade_of: str | None = None
+    ) -> Tombstone | None:
+        """Delete the memory, its tags and edges; keep a content-free tombstone."""
+        with self._state.transaction() as conn:
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM memory_items m WHERE m.id = ?", (memory_id,)
+            ).fetchone()
+            if row is None:
+                return None
+            memory = _memory(row)
+            tombstone = Tombstone(
+                memory_id=memory.id,
+                type=memory.type,
+                source=memory.source,
+                trust=memory.trust,
+                created=memory.created,
+                forgotten=self._now(),
+                reason=reason,
+                cascade_of=cascade_of,
+            )
+            conn.execute("DELETE FROM memory_items WHERE seq = ?", (row["seq"],))
+            _count(conn, _terms(row["summary"], row["details"], row["tags"]), -1)
+            conn.execute(
+                "DELETE FROM memory_edges WHERE source_id = ? OR target_id = ?",
+                (memory_id, memory_id),
+            )
+            conn.execute(
+                "INSERT INTO memory_tombstones(memory_id, type, source_kind, source_id, trust,"
+                " created, forgotten, reason, cascade_of) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (memory_id) DO UPDATE SET forgotten = excluded.forgotten,"
+                " reason = excluded.reason, cascade_of = excluded.cascade_of",
+                (
+                    memory.id,
+                    memory.type,
+                    memory.source.kind,
+                    memory.source.id,
+                    memory.trust,
+                    iso(memory.created),
+                    iso(tombstone.forgotten),
+                    reason,
+                    cascade_of,
+                ),
+            )
+        return tombstone
+
+    def set_trust(self, memory_id: str, trust: Trust) -> Memory | None:
+        """Change a memory's tier (the ``memory trust`` command logs who and why)."""
+        if trust not in TRUST_TIERS:
+            raise ValueError(f"trust must be one of {TRUST_TIERS}, not {trust!r}")
+        with self._state.transaction() as conn:
+            conn.execute("UPDATE memory_items SET trust = ? WHERE id = ?", (trust, memory_id))
+        return self.get(memory_id)
+
+    # -- reads -----------------------------------------------------------------
+
+    def recall(
+        self,
+        query: str = "",
+        *,
+        k: int = 10,
+        type: str | None = None,
+        task_kind: str | None = None,
+        source: Source | None = None,
+        tags: Sequence[str] = (),
+        include_untrusted: bool = False,
+    ) -> list[Memory]:
+        """ts_rank-ranked recall (newest first without a query), filtered in SQL."""
+        where: list[str] = []
+        params: list[Any] = []
+        if not include_untrusted:
+            where.append("m.trust = 'trusted'")
+        if type is not None:
+            where.append("m.type = ?")
+            params.append(type)
+        if task_kind is not None:
+            where.append("m.task_kind = ?")
+            params.append(task_kind)
+        if source is not None:
+            where.append("m.source_kind = ? AND m.source_id = ?")
+            params += [source.kind, source.id]
+        for tag in tags:
+            where.append("m.seq IN (SELECT memory_seq FROM memory_tags WHERE tag = ?)")
+            params.append(tag)
+        query_terms = terms.tokens(query)
+        if not query_terms:
+            sql = (
+                f"SELECT {_COLUMNS} FROM memory_items m"
+                + (" WHERE " + " AND ".join(where) if where else "")
+                + " ORDER BY m.created DESC, m.seq DESC LIMIT ?"
+            )
+            return [_memory(row) for row in self.conn.execute(sql, [*params, k])]
+        weighted, common = self._split(query_terms)
+        found = self._ranked(weighted, where, params, k) if weighted else []
+        if len(found) < k and common:
+            seen = {m.id for m in found}
+            newest = self._newest_matching(common, where, params, k + len(found))
+            found += [m for m in newest if m.id not in seen][: k - len(found)]
+        return found
+
+    def _split(self, query_terms: list[str]) -> tuple[list[str], list[str]]:
+        row = self.conn.execute("SELECT memories FROM memory_total WHERE id = 1").fetchone()
+        total = int(row[0]) if row else 0
+        marks = ",".join("?" * len(query_terms))
+        docs = {
+            str(r[0]): int(r[1])
+            for r in self.conn.execute(
+                f"SELECT term, docs FROM memory_term_docs WHERE term IN ({marks})", query_terms
+            )
+        }
+        weighted = [t for t in query_terms if 2 * docs.get(t, 0) <= total]
+        return weighted, [t for t in query_terms if 2 * docs.get(t, 0) > total]
+
+    def _ranked(
+        self, query_terms: list[str], where: list[str], params: list[Any], k: int
+    ) -> list[Memory]:
+        sql = (
+            f"SELECT {_COLUMNS} FROM (SELECT m.seq AS rid, ts_rank(m.search, q.query) AS score"
+            " FROM memory_items m, (SELECT CAST(? AS tsquery) AS query) q"
+            " WHERE m.search @@ q.query"
+            + "".join(f" AND {w}" for w in where)
+            + " ORDER BY m.seq DESC LIMIT ?) ranked"
+            " JOIN memory_items m ON m.seq = ranked.rid"
+            " ORDER BY ranked.score DESC, m.seq DESC LIMIT ?"
+        )
+        args = [_tsquery(query_terms), *params, RANK_WINDOW, k]
+        return [_memory(row) for row in self.conn.execute(sql, args)]
+
+    def _newest_matching(
+        self, query_terms: list[str], where: list[str], params: list[Any], k: int
+    ) -> list[Memory]:
+        sql = (
+            f"SELECT {_COLUMNS} FROM memory_items m WHERE m.search @@ CAST(? AS tsquery)"
+            + "".join(f" AND {w}" for w in where)
+            + " ORDER BY m.seq DESC LIMIT ?"
+        )
+        return [_memory(r) for r in self.conn.execute(sql, [_tsquery(query_terms), *params, k])]
+
+    def get(self, memory_id: str) -> Memory | None:
+        row = self.conn.execute(
+            f"SELECT {_COLUMNS} FROM memory_items m WHERE m.id = ?", (memory_id,)
+        ).fetchone()
+        return _memory(row) if row is not None else None
+
+    def edges(
+        self,
+        memory_id: str,
+        *,
+        type: str | None = None,
+        direction: Literal["out", "in", "both"] = "both",
+    ) -> list[Edge]:
+        clauses = {
+            "out": "source_id = ?",
+            "in": "target_id = ?",
+            "both": "(source_id = ? OR target_id = ?)",
+        }
+        params: list[str] = [memory_id] * (2 if direction == "both" else 1)
+        sql = f"SELECT * FROM memory_edges WHERE {clauses[direction]}"
+        if type is not None:
+            sql += " AND type = ?"
+            params.append(type)
+        rows = self.conn.execute(sql + " ORDER BY created, source_id, target_id", params)
+        return [_edge(row) for row in rows]
+
+    def tombstones(self) -> list[Tombstone]:
+        rows = self.conn.execute("SELECT * FROM memory_tombstones ORDER BY forgotten, memory_id")
+        return [_tombstone(row) for row in rows]
+
+    def export(self) -> Iterator[Memory]:
+        for row in self.conn.execute(f"SELECT {_COLUMNS} FROM memory_items m ORDER BY m.seq"):
+            yield _memory(row)
+
+    def count(self) -> int:
+        row = self.conn.execute("SELECT count(*) FROM memory_items").fetchone()
+        return int(row[0]) if row else 0
+
+    def close(self) -> None:
+        self._state.close()
+
+
+def _terms(summary: str, details: str, tags: str) -> list[str]:
+    return sorted(terms.document_terms((summary, details, tags)))
+
+
+def _tsquery(query_terms: Sequence[str]) -> str:
+    # Tokens are Unicode letters and digits only: quoted, each is one literal lexeme.
+    return " | ".join(f"'{t}'" for t in query_terms)
+
+
+def _insert(conn: Connection, memory: Memory) -> None:
+    text = (
+        memory.summary,
+        json.dumps(memory.details, sort_keys=True),
+        json.dumps(list(memory.tags)),
+    )
+    found = _terms(*text)
+    row = conn.execute(
+        "INSERT INTO memory_items(id, type, summary, details, tags, source_kind, source_id,"
+        " trust, task_kind, created, search)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, array_to_tsvector(CAST(? AS text[])))"
+        " RETURNING seq",
+        (
+            memory.id,
+            memory.type,
+            *text,
+            memory.source.kind,
+            memory.source.id,
+            memory.trust,
+            memory.task_kind,
+            iso(memory.created),
+            found,
+        ),
+    ).fetchone()
+    assert row is not None  # RETURNING gives the inserted row
+    if memory.tags:
+        conn.execute(
+            "INSERT INTO memory_tags(memory_seq, tag) SELECT ?, unnest(CAST(? AS text[]))",
+            (row["seq"], list(memory.tags)),
+        )
+    _count(conn, found, +1)
+
+
+def _count(conn: Connection, found: list[str], delta: int) -> None:
+    """Keep the document frequencies (terms.py) in step, inside the caller's transaction."""
+    if found:
+        conn.execute(
+            "INSERT INTO memory_term_docs(term, docs) SELECT unnest(CAST(? AS text[])), ?"
+            " ON CONFLICT (term) DO UPDATE SET docs = memory_term_docs.docs + excluded.docs",
+            (found, delta),
+        )
+        if delta < 0:
+            conn.execute(
+                "DELETE FROM memory_term_docs WHERE term = ANY(CAST(? AS text[])) AND docs <= 0",
+                (found,),
+            )
+    conn.execute(
+        "UPDATE memory_total SET memories = GREATEST(memories + ?, 0) WHERE id = 1", (delta,)
+    )
+
+
+def _memory(row: Row) -> Memory:
+    return Memory(
+        id=row["id"],
+        type=row["type"],
+        summary=row["summary"],
+        source=Source(cast(SourceKind, row["source_kind"]), row["source_id"]),
+        trust=cast(Trust, row["trust"]),
+        created=parse_iso(row["created"]),
+        details=json.loads(row["details"]),
+        tags=tuple(json.loads(row["tags"])),
+        task_kind=row["task_kind"],
+    )
+
+
+def _edge(row: Row) -> Edge:
+    return Edge(
+        row["source_id"],
+        row["target_id"],
+        row["type"],
+        parse_iso(row["created"]),
+        json.loads(row["details"]),
+    )
+
+
+def _tombstone(row: Row) -> Tombstone:
+    return Tombstone(
+        memory_id=row["memory_id"],
+        type=row["type"],
+        source=Source(cast(SourceKind, row["source_kind"]), row["source_id"]),
+        trust=cast(Trust, row["trust"]),
+        created=parse_iso(row["created"]),
+        forgotten=parse_iso(row["forgotten"]),
+        reason=row["reason"],
+        cascade_of=row["cascade_of"],
+    )
