@@ -127,10 +127,12 @@ def main() -> None:
         print(f"100k: full-scan baseline p50 {scan_p50:.1f} ms  p95 {scan_p95:.1f} ms")
         store.close()
         close_pools()
+        load_average = os.getloadavg()[0]  # the figures mean little on a saturated machine
+        print(f"load average during the run: {load_average:.1f} on {os.cpu_count()} cores")
         print(
             f"RESULT memory_pg recall_p95_ms={p95:.3f} n={SIZE} recall_p50_ms={p50:.3f}"
             f" scan_p95_ms={scan_p95:.3f} ratio_scan_over_recall_p95={scan_p95 / p95:.1f}"
-            f" load_per_s={SIZE / load:.0f}"
+            f" load_per_s={SIZE / load:.0f} loadavg={load_average:.1f}"
         )
     finally:
         close_pools()

@@ -28,6 +28,7 @@ from kagura_agent.apply.hostmem import HostMemory, open_host_memory
 from kagura_agent.brain.plan_turn import turn_from_plan
 from kagura_agent.clock import SystemClock
 from kagura_agent.memory.model import Source
+from kagura_agent.memory.postgres import PgMemoryStore
 from kagura_agent.memory.sqlite import SqliteMemoryStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,8 +115,18 @@ def test_the_agents_error_text_is_stored_untrusted_and_shown_quoted(
     assert shown == f"- [untrusted] failure: {quoted}"
 
 
+def _enter(request: pytest.FixtureRequest, context: Any) -> Any:
+    """Enter ``context`` for the rest of the test."""
+    value = context.__enter__()
+    request.addfinalizer(lambda: context.__exit__(None, None, None))
+    return value
+
+
 def _store(tmp_path: Path) -> tuple[SqliteMemoryStore, str, str]:
-    store = SqliteMemoryStore(tmp_path / "memory.db")
+    return _fill(SqliteMemoryStore(tmp_path / "memory.db"))
+
+
+def _fill(store: Any) -> tuple[Any, str, str]:
     trusted = store.remember(
         type="note", summary="deploy with make deploy", source=Source("task", "ops")
     )
@@ -128,10 +139,16 @@ def _store(tmp_path: Path) -> tuple[SqliteMemoryStore, str, str]:
     return store, trusted.id, untrusted.id
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_the_host_recall_filter_keeps_untrusted_memories_from_a_trusted_run(
-    tmp_path: Path,
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
 ) -> None:
-    store, trusted, untrusted = _store(tmp_path)
+    if backend == "postgres":  # the team store: same rules, calls on a worker thread
+        server = request.getfixturevalue("postgres_server")
+        url = _enter(request, server.fresh_database())
+        store, trusted, untrusted = _fill(PgMemoryStore(url))
+    else:
+        store, trusted, untrusted = _store(tmp_path)
     try:
         host = HostMemory(store, "run-1", "deploy", include_untrusted=False)
         found = asyncio.run(host.recall("deploy", 10))

@@ -15,6 +15,7 @@ Tables are prefixed ``memory_`` (the database is shared with the rest of the sta
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, cast
@@ -144,14 +145,17 @@ class PgMemoryStore:
             task_kind=task_kind,
         )
         with self._state.transaction() as conn:
-            _insert(conn, memory)
+            _count(conn, Counter(_insert(conn, memory)), 1)
         return memory
 
     def remember_many(self, memories: Sequence[Memory]) -> None:
-        """Store already-built memories (an import) in one transaction."""
+        """Store already-built memories (an import) in one transaction, counting their
+        terms once for the batch."""
+        found: Counter[str] = Counter()
         with self._state.transaction() as conn:
             for memory in memories:
-                _insert(conn, memory)
+                found.update(_insert(conn, memory))
+            _count(conn, found, len(memories))
 
     def create_edge(
         self,
@@ -200,7 +204,8 @@ class PgMemoryStore:
                 cascade_of=cascade_of,
             )
             conn.execute("DELETE FROM memory_items WHERE seq = ?", (row["seq"],))
-            _count(conn, _terms(row["summary"], row["details"], row["tags"]), -1)
+            gone = _terms(row["summary"], row["details"], row["tags"])
+            _count(conn, Counter({term: -1 for term in gone}), -1)
             conn.execute(
                 "DELETE FROM memory_edges WHERE source_id = ? OR target_id = ?",
                 (memory_id, memory_id),
@@ -367,7 +372,8 @@ def _tsquery(query_terms: Sequence[str]) -> str:
     return " | ".join(f"'{t}'" for t in query_terms)
 
 
-def _insert(conn: Connection, memory: Memory) -> None:
+def _insert(conn: Connection, memory: Memory) -> list[str]:
+    """Insert one memory and its tags; returns its index terms (for ``_count``)."""
     text = (
         memory.summary,
         json.dumps(memory.details, sort_keys=True),
@@ -397,24 +403,27 @@ def _insert(conn: Connection, memory: Memory) -> None:
             "INSERT INTO memory_tags(memory_seq, tag) SELECT ?, unnest(CAST(? AS text[]))",
             (row["seq"], list(memory.tags)),
         )
-    _count(conn, found, +1)
+    return found
 
 
-def _count(conn: Connection, found: list[str], delta: int) -> None:
-    """Keep the document frequencies (terms.py) in step, inside the caller's transaction."""
-    if found:
+def _count(conn: Connection, changes: Counter[str], memories: int) -> None:
+    """Keep the document frequencies (terms.py) in step, inside the caller's transaction:
+    ``changes`` per term, ``memories`` added (or removed, negative)."""
+    if changes:
+        names = sorted(changes)  # one order for every writer: no lock-order deadlocks
         conn.execute(
-            "INSERT INTO memory_term_docs(term, docs) SELECT unnest(CAST(? AS text[])), ?"
+            "INSERT INTO memory_term_docs(term, docs)"
+            " SELECT * FROM unnest(CAST(? AS text[]), CAST(? AS bigint[]))"
             " ON CONFLICT (term) DO UPDATE SET docs = memory_term_docs.docs + excluded.docs",
-            (found, delta),
+            (names, [changes[name] for name in names]),
         )
-        if delta < 0:
+        if memories < 0:
             conn.execute(
                 "DELETE FROM memory_term_docs WHERE term = ANY(CAST(? AS text[])) AND docs <= 0",
-                (found,),
+                (names,),
             )
     conn.execute(
-        "UPDATE memory_total SET memories = GREATEST(memories + ?, 0) WHERE id = 1", (delta,)
+        "UPDATE memory_total SET memories = GREATEST(memories + ?, 0) WHERE id = 1", (memories,)
     )
 
 
