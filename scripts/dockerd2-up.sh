@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A second, separate Docker daemon on this machine: another "Docker host" for tests of
 # plans and images that travel. It has its own API socket, data root (so no images and
-# no containers of the first daemon), exec root (and so its own containerd), pid file
-# and cgroup parent, and no bridge and no iptables rules of its own, so it never touches
+# no containers of the first daemon), exec root (and so its own containerd; its own
+# containerd namespaces even where a system containerd is shared) and pid file, and no bridge and no iptables rules of its own, so it never touches
 # the first daemon's networks. Containers on it run with network "none" (what agent
 # containers get); the egress proxy's internal networks need the first daemon's iptables.
 # Prints one line on stdout: its DOCKER_HOST (unix://DIR/docker.sock).
@@ -54,10 +54,11 @@ setsid dockerd \
     --data-root "$dir/data" \
     --exec-root "$dir/exec" \
     --pidfile "$dir/docker.pid" \
+    --containerd-namespace kagura-dockerd2 \
+    --containerd-plugins-namespace kagura-dockerd2-plugins \
     --bridge none \
     --iptables=false \
     --ip-masq=false \
-    --cgroup-parent kagura-dockerd2 \
     >"$dir/dockerd.log" 2>&1 </dev/null &
 
 deadline=$((SECONDS + ${DOCKER_UP_TIMEOUT:-60}))
