@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from kagura_agent.apply.context import (
     ApplyRuntime,
@@ -33,13 +34,14 @@ from kagura_agent.apply.verify import stop_agent, verify_in_fresh_container
 from kagura_agent.brain.channel import BrainChannel, ChannelLimits
 from kagura_agent.brain.streams import DuplexStream
 from kagura_agent.clock import iso
-from kagura_agent.errors import KaguraError
+from kagura_agent.errors import KaguraError, Terminated
 from kagura_agent.membrane.egress.squid import ANTHROPIC_API
 from kagura_agent.membrane.hardening import LABEL_ROLE, LABEL_RUN
 from kagura_agent.membrane.leases import Lease
 from kagura_agent.plan.injection import PLACEHOLDER, injected_provider
 
 Denials = list[dict[str, object]]
+T = TypeVar("T")
 
 
 def run_in_container(
@@ -116,7 +118,8 @@ def run_in_container(
     memory = open_host_memory(ctx.plan, ctx.run_id)
     children = ChildDispatcher(ctx, memory.store)
     cleanup.callback(children.close)  # a parent never leaves a child running
-    brain = asyncio.run(_drive(ctx, runtime, container_id, stream, inside, traps, memory, children))
+    drive = _drive(ctx, runtime, container_id, stream, inside, traps, memory, children)
+    brain = asyncio.run(_terminable(drive))
     children.close()
     # Nothing the agent started may run into verify: its container goes first.
     problem = stop_agent(runtime, container_id)
@@ -185,6 +188,41 @@ async def _drive(
         capabilities=ctx.midrun,
     )
     return await drive_brain(ctx, channel, leases, traps=traps)
+
+
+async def _terminable(coro: Coroutine[Any, Any, T]) -> T:
+    """``coro``, with SIGTERM cancelling it and raising Terminated once it has unwound.
+
+    The executor's SIGTERM handler raises from whatever frame runs; inside the loop that
+    can be a callback or another task (a sub-agent's poll, the channel's reader), where
+    asyncio logs and drops it and the run goes on. Here the loop takes the signal (as it
+    takes SIGINT: Ctrl-C cancels the turn the same way), and the handler in force before
+    is put back afterwards.
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    previous = signal.getsignal(signal.SIGTERM)
+    received: list[bool] = []
+
+    def cancel() -> None:
+        received.append(True)
+        if task is not None:
+            task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, cancel)
+    except (ValueError, RuntimeError):  # not the main thread: signals are not ours
+        return await coro
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        if received:
+            raise Terminated() from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _arm_traps(
