@@ -284,15 +284,16 @@ class PgMemoryStore:
         return found
 
     def _split(self, query_terms: list[str]) -> tuple[list[str], list[str]]:
-        row = self.conn.execute("SELECT memories FROM memory_total WHERE id = 1").fetchone()
-        total = int(row[0]) if row else 0
+        # One round trip: the total rides along with each known term (none known: every
+        # term is weighted whatever the total is).
         marks = ",".join("?" * len(query_terms))
-        docs = {
-            str(r[0]): int(r[1])
-            for r in self.conn.execute(
-                f"SELECT term, docs FROM memory_term_docs WHERE term IN ({marks})", query_terms
-            )
-        }
+        rows = self.conn.execute(
+            "SELECT term, docs, (SELECT memories FROM memory_total WHERE id = 1)"
+            f" FROM memory_term_docs WHERE term IN ({marks})",
+            query_terms,
+        ).fetchall()
+        docs = {str(r[0]): int(r[1]) for r in rows}
+        total = int(rows[0][2]) if rows else 0
         weighted = [t for t in query_terms if 2 * docs.get(t, 0) <= total]
         return weighted, [t for t in query_terms if 2 * docs.get(t, 0) > total]
 
