@@ -38,6 +38,9 @@ from apply_helpers import (
     write_task,
 )
 
+from kagura_agent.approvals import record_decision
+from kagura_agent.clock import SystemClock
+from kagura_agent.state import StateStore
 from testing.agent_test_image import ensure_agent_test_image
 
 pytestmark = pytest.mark.docker
@@ -339,3 +342,75 @@ def test_a_script_step_dispatches_through_memtool(
     assert "waits: 1 already running" in done.stderr
     for child in children.values():
         assert leftovers(client, child["run"]) == []
+
+
+def test_under_serve_a_child_is_approved_through_the_cockpits_question(
+    agent_test_image: tuple[Any, str], tmp_path: Path, state_dir: Path
+) -> None:
+    """Under serve the parent's apply has no terminal: the child's approval is a mid-run
+    question (an ``ask`` live event), answered as the cockpit answers one — a decision in
+    the approval log for exactly the child plan's intent, then a nudge on apply's stdin.
+    The test plays the cockpit."""
+    client, image_ref = agent_test_image
+    manifests = _manifests(tmp_path, image_ref)
+    project = make_project(tmp_path)
+    fetcher = {
+        "name": "fetcher",
+        "prompt": "run: echo fetched > out.txt",
+        "egress": ["anthropic", "pypi"],
+        "verify": ["grep -q fetched out.txt"],
+    }
+    task = write_task(
+        project,
+        "parent",
+        {
+            "image": "agent-test",
+            "brain": "claude",
+            "prompt": "run: true\n" + dispatch_line(fetcher),
+            "egress": ["anthropic", "pypi"],
+        },
+    )
+    env = cli_env(state_dir, ANTHROPIC_API_KEY=API_KEY)
+    argv = [sys.executable, "-m", "kagura_agent", "apply", "--yes", "--json", "--steer-stdin"]
+    argv += ["--approve", "egress:pypi", "--manifests", str(manifests), str(task)]
+    parent = subprocess.Popen(
+        argv, env=env, cwd=REPO, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert parent.stdin is not None and parent.stderr is not None and parent.stdout is not None
+    asks = []
+    lines = []
+    for line in parent.stderr:
+        lines.append(line)
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict) and item.get("kind") == "ask":
+            asks.append(item)
+            with StateStore(state_dir / "state.db") as store:
+                record_decision(
+                    store,
+                    category=item["category"],
+                    fingerprint=item["fingerprint"],
+                    outcome="approved",
+                    who="test:operator",
+                    via="test",
+                    clock=SystemClock(),
+                    reason="answered by the test, as the cockpit does",
+                )
+            parent.stdin.write(json.dumps({"answered": item["request"]}) + "\n")
+            parent.stdin.flush()
+        if isinstance(item, dict) and item.get("kind") == "brain" and item.get("type") == "done":
+            break
+    out = parent.stdout.read()  # not communicate(): a closed stdin means "the cockpit left"
+    assert parent.wait(300) == 0, "".join(lines)[-4000:]
+    [ask] = asks
+    assert ask["category"] == "egress:pypi" and ask["request"].startswith("m-")
+    assert "sub-agent fetcher: Grant egress:pypi" in ask["text"]
+    [child] = last_json(out)["children"]
+    assert child["outcome"] == "success", child
+    plan_file = state_dir / "dispatch" / last_json(out)["run_id"] / "fetcher.plan.json"
+    assert ask["fingerprint"] == json.loads(plan_file.read_text())["intent"]
+    assert (project / "fetcher" / "out.txt").read_text() == "fetched\n"
+    assert leftovers(client, child["run"]) == []

@@ -38,6 +38,7 @@ import yaml
 from kagura_agent.apply.child_request import ChildRequest, Refused
 from kagura_agent.apply.context import RunContext
 from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_prompt
+from kagura_agent.approvals.midrun import Asker, Question, ask_operator
 from kagura_agent.clock import iso
 from kagura_agent.errors import KaguraError, ValidationError
 from kagura_agent.memory.model import MemoryStore
@@ -108,7 +109,8 @@ class ChildDispatcher:
         self._numbers = itertools.count(1)
         self._slots: asyncio.Semaphore | None = None
         self._procs: dict[int, tuple[subprocess.Popen[bytes], ChildRecord, Path]] = {}
-        self._ask = threading.Lock()  # one approval question at a time on the terminal
+        self._tty = threading.Lock()  # one approval question at a time on the terminal
+        self._asking = asyncio.Lock()
         self._parent_recorded = False
         self._folder = state_dir() / "dispatch" / ctx.run_id
 
@@ -151,7 +153,10 @@ class ChildDispatcher:
         if reasons:
             raise Refused(reasons, child_plan["fingerprint"])
         since = self.ctx.clock.now()
-        await _in_thread(self._approve, child_plan)
+        if self.ctx.midrun is not None:
+            await self._ask(child_plan, record.number, self.ctx.midrun.asker)
+        else:
+            await _in_thread(self._approve, child_plan)
         plan_path = task_path.with_suffix(".plan.json")
         planfile.save(child_plan, plan_path)
         self.ctx.live.phase(
@@ -222,8 +227,37 @@ class ChildDispatcher:
         path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
         return path
 
+    async def _ask(self, child_plan: Plan, number: int, asker: Asker) -> None:
+        """Ask where the run asks its mid-run questions (approvals/midrun.py): the serve
+        cockpit's thread (Approve / Deny, the decision in the approval log), the parent's
+        terminal, or nobody (refused, saying so). Bound to the child plan's intent."""
+        needed = [a["category"] for a in child_plan["approvals"] if a["class"] == "needs-approval"]
+        if not needed:
+            return
+        name, fingerprint = child_plan["task"]["name"], child_plan["fingerprint"]
+        intent = child_plan["intent"]  # approvals bind to the intent, as apply's do
+        reasons = {a["category"]: a["reason"] for a in child_plan["approvals"]}
+        self.ctx.live.phase(
+            f"sub-agent {name} needs approval for {', '.join(needed)} (plan {intent[:19]}…)"
+        )
+        run = self.ctx.run_id.removeprefix("run-")[:12]
+        async with self._asking:  # one question at a time
+            for index, category in enumerate(needed, start=1):
+                question = Question(
+                    request=f"m-{run}-d{number}" + (f"-{index}" if index > 1 else ""),
+                    category=category,
+                    fingerprint=intent,
+                    text=f"sub-agent {name}: Grant {category} to plan {intent[:19]}…?"
+                    f" ({reasons[category]})",
+                    timeout=self.ctx.approval_timeout,
+                )
+                answer = await ask_operator(asker, self.ctx.store, question, self.ctx.clock)
+                if not answer.approved:
+                    raise Refused([f"{category} was not approved: {answer.said()}"], fingerprint)
+
     def _approve(self, child_plan: Plan) -> None:
-        """Ask where the parent asks (its terminal); nobody to ask refuses, as apply does."""
+        """Without the run's asker (an apply driven in-process): ask on the terminal, as
+        apply does; nobody to ask refuses."""
         needed = [a["category"] for a in child_plan["approvals"] if a["class"] == "needs-approval"]
         if not needed:
             return
@@ -232,7 +266,7 @@ class ChildDispatcher:
         self.ctx.live.phase(
             f"sub-agent {name} needs approval for {', '.join(needed)} (plan {fingerprint[:19]}…)"
         )
-        with self._ask, StateStore() as store:  # this thread's own connection
+        with self._tty, StateStore() as store:  # this thread's own connection
             try:
                 obtain_approvals(
                     store,
