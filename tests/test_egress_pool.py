@@ -362,3 +362,28 @@ def test_who_answers_for_a_pooled_session(tmp_path: Path) -> None:
         "retired-live-keeper": True,
         "retired-dead-keeper": False,
     }
+
+
+def test_the_plan_says_whether_a_run_may_get_a_warm_session(tmp_path: Path) -> None:
+    """Packaged: yes (size 2); an operator Policy with size 0: no. (A brain whose key the
+    proxy injects gets no: the golden plan sdk-api-key shows ``"pool": false``.)"""
+    from apply_helpers import manifest_set
+
+    def pool_flag(*documents: dict[str, Any], name: str) -> bool:
+        base = tmp_path / name
+        base.mkdir()
+        manifests = manifest_set(base, _policy("alpha", "alpha.test"), *documents)
+        task = write_task(make_project(base), name, {"egress": ["alpha"], "steps": ["true"]})
+        env = cli_env(base / "state")
+        done = kagura(["plan", "--json", "--manifests", str(manifests), str(task)], env)
+        assert done.returncode == 0, done.stderr
+        [entry] = json.loads(done.stdout)["plans"]
+        return bool(entry["plan"]["egress"]["pool"])
+
+    assert pool_flag(name="packaged") is True
+    off = {
+        "kind": "Policy",
+        "metadata": {"name": "no-pool"},
+        "spec": {"egress_pool": {"size": 0}},
+    }
+    assert pool_flag(off, name="off") is False
