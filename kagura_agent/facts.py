@@ -31,11 +31,19 @@ from kagura_agent.membrane.images import (
 )
 from kagura_agent.membrane.isolation import isolation_report
 from kagura_agent.memory.factory import section_from_manifest, sqlite_path
+from kagura_agent.memory.model import MemoryStore
+from kagura_agent.memory.postgres import PgMemoryStore
 from kagura_agent.memory.sqlite import SqliteMemoryStore
 from kagura_agent.patterns.cost_history import history
 from kagura_agent.patterns.failure_learning import known_failures
 from kagura_agent.plan.history import last_applied
-from kagura_agent.state import SchemaBehind, StateDbError, StateStore
+from kagura_agent.state import (
+    Location,
+    SchemaBehind,
+    StateDbError,
+    StateStore,
+    state_location,
+)
 
 # A facts file is a few KiB of JSON written by a test or a script.
 MAX_FACTS_BYTES = 8 * 2**20
@@ -227,16 +235,25 @@ def _graduation(catalog: Catalog) -> dict[str, Any]:
 
 
 def _memory_facts(task: ResolvedTask) -> dict[str, Any]:
-    """Known failures, cost history and untrusted context from the embedded store, if any."""
+    """Known failures, cost history and untrusted context from the memory store (the
+    embedded file, or the team's in the PostgreSQL state store), if any."""
     section = _memory_section(task)
-    if section["backend"] != "sqlite":
+    location: Location
+    if section["backend"] == "sqlite":
+        location = sqlite_path(section)
+    elif section["backend"] == "postgres" and isinstance(state_location(), str):
+        location = state_location()  # the team's memory, in the state store's database
+    else:
         return {}
-    path = sqlite_path(section)
-    state = StateStore.read_only(path)
+    state = StateStore.read_only(location)
     if state is None:
         return {}
     try:
-        store = SqliteMemoryStore(path, state=state)
+        store: MemoryStore = (
+            SqliteMemoryStore(location, state=state)
+            if isinstance(location, Path)
+            else PgMemoryStore(location, state=state)
+        )
     except SchemaBehind as exc:
         state.close()
         if exc.current == 0:

@@ -109,6 +109,23 @@ def test_postgres_memory_manifest_uses_the_team_state_database(
         found = [r["id"] for r in json.loads(capsys.readouterr().out)["results"]]
         assert found == [team.id]
         assert not (state_dir / "memory.db").exists()  # nothing went to the embedded file
+        # plan reads it too (read-only): a task's context memory that came from chat is
+        # an untrusted input of the plan, as with the embedded store.
+        told = Source("transport", "slack:C1")
+        store = open_memory({"backend": "postgres", "location": "state-store"})
+        chat = store.remember(type="note", summary="chat said so", source=told)
+        store.close()
+        (tmp_path / "project").mkdir()
+        task = tmp_path / "project" / "task.yml"
+        task.write_text(
+            "apiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: hello}\nspec:\n"
+            f"  steps: [echo hi]\n  context: {{memories: [{chat.id}]}}\n",
+            encoding="utf-8",
+        )
+        assert main(["plan", str(task), "--manifests", str(manifests), "--json"]) == 0
+        plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
+        assert plan["memory"]["backend"] == "postgres"
+        assert f"memory:{chat.id}" in plan["memory"]["untrusted_inputs"]
         monkeypatch.delenv(URL_ENV)
         assert main(["memory", "search", "runbook", "--manifests", str(manifests)]) == 3
         assert f"{URL_ENV} is not set" in capsys.readouterr().err

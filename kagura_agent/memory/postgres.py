@@ -107,9 +107,14 @@ class PgMemoryStore:
 
     backend = "postgres"
 
-    def __init__(self, location: Location, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, location: Location, *, clock: Clock | None = None, state: StateStore | None = None
+    ) -> None:
+        """Open (migrating) the memory tables in the database at ``location``; or, with
+        ``state``, use that open store — ``StateStore.read_only(url)`` for a reader that
+        never migrates (it raises ``SchemaBehind`` when the memory schema is not current)."""
         self.clock: Clock = clock or SystemClock()
-        self._state = StateStore(location)
+        self._state = state if state is not None else StateStore(location)
         if self._state.dialect != "postgres":
             self._state.close()
             raise ValueError("the postgres memory store needs a postgresql:// state store")
