@@ -5,16 +5,23 @@ amender (only what the operator's manifests allow, budgets under their ceiling).
 from __future__ import annotations
 
 import asyncio
+import io
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from apply_helpers import make_project, manifest_set, write_task
+from apply_helpers import make_project, manifest_set, token_provider, write_task
 
 from kagura_agent.apply.amend import Amender, Refused
+from kagura_agent.apply.live import LiveView
+from kagura_agent.apply.midrun import MidRun, amendments
 from kagura_agent.approvals import history, record_decision
-from kagura_agent.approvals.midrun import ChatAsker, NobodyAsker, Question
-from kagura_agent.clock import SystemClock
+from kagura_agent.approvals.midrun import Answer, ChatAsker, NobodyAsker, Question
+from kagura_agent.clock import FixedClock, SystemClock
+from kagura_agent.errors import RefusedError
+from kagura_agent.membrane.leases import Broker, LeaseRequest
+from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.plan.build import Compiled, compile_tasks
 from kagura_agent.state import StateStore
 
@@ -221,3 +228,101 @@ def test_a_plan_its_manifests_no_longer_reproduce_cannot_be_amended(
     other = {**c.plan, "fingerprint": OTHER}
     with pytest.raises(Refused, match="not what its manifests compile to"):
         Amender(c, other).capability("egress", "second")  # type: ignore[arg-type]
+
+
+# --- lease budgets -----------------------------------------------------------------------
+
+
+class StubAsker:
+    """Answers every question the same way, recording it in the log as an operator would."""
+
+    def __init__(self, outcome: Any) -> None:
+        self.outcome = outcome
+        self.asked: list[Question] = []
+
+    async def ask(self, store: StateStore, q: Question, clock: Any) -> Answer:
+        self.asked.append(q)
+        decision = record_decision(
+            store,
+            category=q.category,
+            fingerprint=q.fingerprint,
+            outcome=self.outcome,
+            who="test:op",
+            via="test",
+            clock=clock,
+        )
+        return Answer.of(decision)
+
+
+def _lease_run(tmp_path: Path, outcome: Any) -> tuple[Any, Any, Any, StubAsker, StateStore]:
+    c = compiled(
+        tmp_path,
+        token_provider(),
+        credentials=[{"provider": "token", "scope": "use"}],
+    )
+    [entry] = [e for e in c.plan["credentials"] if e["category"] == "credential:token/use"]
+    store = StateStore()
+    clock = FixedClock(datetime.now(UTC))
+    lease = Broker(store, run_id="run-units", clock=clock).acquire(
+        LeaseRequest.from_plan({**entry, "class": "approved"})
+    )
+    asker = StubAsker(outcome)
+    live = LiveView(Redactor(), stream=io.StringIO(), as_json=True)
+    midrun = MidRun(
+        store=store,
+        run_id="run-units",
+        live=live,
+        clock=clock,
+        asker=asker,
+        amender=Amender(c, c.plan),
+        timeout=30,
+    )
+    midrun.leases.append(lease)
+    return midrun, lease, clock, asker, store
+
+
+def test_a_lease_budget_about_to_run_out_is_extended_when_approved(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KAGURA_TEST_TOKEN", "kagura-units-token-" + "u" * 20)
+    midrun, lease, clock, asker, store = _lease_run(tmp_path, "approved")
+    assert (lease.budget.seconds, lease.budget.renewals) == (900, 0)
+    asyncio.run(midrun.check_leases())
+    assert asker.asked == []  # 15 minutes left: not yet
+    clock.advance(timedelta(minutes=9))  # its one lease ends in 6 minutes, no renewals left
+    asyncio.run(midrun.check_leases())
+    [question] = asker.asked
+    assert question.category == "budget:credential:token/use"
+    assert (
+        "~ credential token:use renewals 0 → 1\n~ credential token:use budget 15m → 30m"
+        in question.text
+    )
+    assert (lease.budget.seconds, lease.budget.renewals) == (1800, 1)
+    clock.advance(timedelta(minutes=2))
+    assert lease.tick() is not None  # renewed inside the extended budget, not exhausted
+    [row] = amendments(store, "run-units")
+    assert (row["category"], row["outcome"], row["who"]) == (
+        "budget:credential:token/use",
+        "granted",
+        "test:op",
+    )
+    asyncio.run(midrun.check_leases())
+    assert len(asker.asked) == 1  # asked once per lease
+    lease.release()
+    store.close()
+
+
+def test_an_unanswered_lease_budget_lets_the_lease_run_out(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KAGURA_TEST_TOKEN", "kagura-units-token-" + "u" * 20)
+    midrun, lease, clock, asker, store = _lease_run(tmp_path, "timeout")
+    clock.advance(timedelta(minutes=9))
+    asyncio.run(midrun.check_leases())
+    assert len(asker.asked) == 1 and lease.budget.seconds == 900
+    clock.advance(timedelta(minutes=2))
+    with pytest.raises(RefusedError, match="budget exhausted"):
+        lease.tick()
+    [row] = amendments(store, "run-units")
+    assert row["outcome"] == "timeout"
+    store.close()

@@ -32,6 +32,7 @@ from kagura_agent.units import format_duration, parse_duration
 
 # Budget limits an operator may extend mid-run: the plan's key and its ceiling's key.
 EXTENDABLE = {"wall_seconds": "wall_time"}
+MAX_RENEWALS = 100  # the Task schema's maximum
 
 
 class Refused(Exception):
@@ -61,6 +62,8 @@ class Amender:
         self._compiled = compiled
         self._task = compiled.task if compiled is not None else None
         self._budget: dict[str, Any] = {}
+        # Lease budgets extended so far: credential category -> (budget_seconds, renewals).
+        self._leases: dict[str, tuple[int, int]] = {}
         self.problem = ""
         if compiled is None:
             self.problem = "this run was started without its manifests at hand"
@@ -166,14 +169,46 @@ class Amender:
         self._budget.update({k: limits[k] for k in EXTENDABLE})
         self.accept(amendment)
 
+    def lease_budget(self, category: str, seconds: int, renewals: int) -> Amendment:
+        """The plan with credential ``category`` held up to ``seconds`` with ``renewals``,
+        the seconds cut to the wall-time ceiling (no lease outlives the longest run) and
+        the renewals to 100 (the schema's); Refused when nothing would grow."""
+        if self.problem or self._task is None:
+            raise Refused(self.problem)
+        found = [c for c in self.plan["credentials"] if c["category"] == category]
+        if not found:
+            raise Refused(f"{category} is not in this run's plan")
+        entry = found[0]
+        ceiling = budget_ceilings(self.catalog).get("wall_time")
+        if ceiling is not None:
+            seconds = min(seconds, int(ceiling.limit))
+        renewals = min(renewals, MAX_RENEWALS)
+        if seconds <= entry["budget_seconds"] and renewals <= entry["renewals"]:
+            where = f" ({ceiling.source})" if ceiling is not None else ""
+            raise Refused(f"the lease budget of {category} is at its ceiling{where}")
+        saved = dict(self._leases)
+        self._leases[category] = (seconds, renewals)
+        try:
+            return self._amendment(f"budget:{category}", self._task)
+        finally:
+            self._leases = saved
+
+    def accept_lease_budget(self, amendment: Amendment, category: str) -> None:
+        [entry] = [c for c in amendment.plan["credentials"] if c["category"] == category]
+        self._leases[category] = (entry["budget_seconds"], entry["renewals"])
+        self.accept(amendment)
+
     # --- compile -----------------------------------------------------------------------
 
     def _amendment(self, category: str, task: ResolvedTask) -> Amendment:
         assert self._compiled is not None
         plan: Plan = compile_plan(self.catalog, task, self._compiled.facts)
-        if self._budget:
+        if self._budget or self._leases:
             plan = copy.deepcopy(plan)
             plan["budget"].update(self._budget)  # type: ignore[typeddict-item]
+            for entry in plan["credentials"]:
+                if entry["category"] in self._leases:
+                    entry["budget_seconds"], entry["renewals"] = self._leases[entry["category"]]
             plan["fingerprint"] = ""
             plan["fingerprint"] = fingerprint(plan)
         if not plan["applyable"]:

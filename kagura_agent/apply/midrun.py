@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, Literal, Protocol
 
 from kagura_agent.apply.amend import Amender, Amendment, Refused
@@ -28,12 +29,15 @@ from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import KaguraError
 from kagura_agent.hygiene import neutralise
 from kagura_agent.membrane.leases import Broker, Lease, LeaseRequest, deliver
+from kagura_agent.membrane.leases.broker import RENEW_MARGIN, Budget
 from kagura_agent.state import StateStore
 from kagura_agent.units import format_duration
 
 RecordOutcome = Literal["refused", "granted", "denied", "timeout", "failed"]
 # Ask about the wall budget this long before it ends (a third of it, 10 s..5 min).
 WALL_LEAD_MIN, WALL_LEAD_MAX = 10.0, 300.0
+# Ask about a lease's budget this long before the renewal that would exhaust it.
+LEASE_LEAD = timedelta(minutes=2)
 # The container must hear about an approved extension before its own deadline fires.
 ANSWER_MARGIN = 2.0
 
@@ -124,6 +128,7 @@ class MidRun:
         self.channel: Channel | None = None
         self._numbers = itertools.count(1)
         self._one_at_a_time = asyncio.Lock()
+        self._lease_asked: set[str] = set()  # leases asked about once already
 
     @property
     def plan(self) -> Any:
@@ -245,6 +250,71 @@ class MidRun:
             self._record(request, "budget", name, reason, "granted", answer.who, said, amendment)
             self.live.note(f"↳ {request}: {said}")
             return True
+
+    async def watch_leases(self, poll_seconds: float = 5.0) -> None:
+        """Ask to extend a lease's budget before it runs out (until cancelled)."""
+        while True:
+            await self.check_leases()
+            await asyncio.sleep(poll_seconds)
+
+    async def check_leases(self) -> None:
+        """One pass: each lease whose budget ends (or whose renewals run out) within
+        ``LEASE_LEAD`` of its renewal is asked about, once. Approved: the lease's budget
+        grows by what the plan gave it (its seconds, its renewals + 1), to the ceiling;
+        refused, denied or unanswered: the keeper exhausts it at its renewal, the run stops."""
+        for lease in list(self.leases):
+            if lease.closed or lease.id in self._lease_asked or lease.minted is None:
+                continue
+            now = lease.broker.clock.now()
+            soon = now + RENEW_MARGIN + LEASE_LEAD
+            spent = lease.renewals_used >= lease.budget.renewals and lease.expires_at <= soon
+            if lease.budget_ends_at > soon and not spent:
+                continue
+            self._lease_asked.add(lease.id)
+            await self._extend_lease(lease, (lease.expires_at - RENEW_MARGIN - now).total_seconds())
+
+    async def _extend_lease(self, lease: Lease, left: float) -> None:
+        request_id = self._request_id()
+        category = lease.request.category
+        reason = (
+            f"the lease budget of {category} ({lease.budget.seconds}s, {lease.budget.renewals}"
+            f" renewals, {lease.renewals_used} used) runs out at its next renewal"
+        )
+        async with self._one_at_a_time:
+            seconds = lease.budget.seconds + lease.request.budget_seconds
+            renewals = lease.budget.renewals + lease.request.renewals + 1
+            try:
+                amendment = self.amender.lease_budget(category, seconds, renewals)
+            except Refused as exc:
+                why = f"{exc}; the run stops when the lease runs out"
+                self._record(request_id, "budget", category, reason, "refused", "manifests", why)
+                self.live.note(f"↳ {request_id}: lease budget not extended: {why}", "yellow")
+                return
+            [entry] = [c for c in amendment.plan["credentials"] if c["category"] == category]
+            question = self._question(
+                request_id,
+                amendment,
+                f"{reason[0].upper()}{reason[1:]}. Extend it to {entry['budget_seconds']}s"
+                f" with {entry['renewals']} renewals? Silence stops the run.",
+                max(min(self.timeout, left - ANSWER_MARGIN), 1.0),
+            )
+            answer = await self.asker.ask(self.store, question, self.clock)
+            if not answer.approved:
+                said = self._answered(request_id, "budget", category, reason, amendment, answer)
+                self.live.note(
+                    f"lease budget not extended ({said}): the run stops when it runs out"
+                )
+                return
+            lease.budget = Budget(int(entry["budget_seconds"]), int(entry["renewals"]))
+            self.amender.accept_lease_budget(amendment, category)
+            said = (
+                f"lease budget of {category} extended to {lease.budget.seconds}s,"
+                f" {lease.budget.renewals} renewals ({answer.said()})"
+            )
+            self._record(
+                request_id, "budget", category, reason, "granted", answer.who, said, amendment
+            )
+            self.live.note(f"↳ {request_id}: {said}")
 
     # --- shared ------------------------------------------------------------------------
 

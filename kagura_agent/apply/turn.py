@@ -168,12 +168,13 @@ class _Turn:
         steering = asyncio.create_task(self._steer()) if self.ctx.steer_stdin else None
         midrun = self.ctx.midrun
         wall = asyncio.create_task(midrun.watch_wall()) if midrun is not None else None
+        budgets = asyncio.create_task(midrun.watch_leases()) if midrun is not None else None
         try:
             async for event in self.channel.run_turn(turn):
                 self.ctx.live.brain(event)
                 self._observe(event)
         finally:
-            for task in (renewer, steering, wall):
+            for task in (renewer, steering, wall, budgets):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
