@@ -76,7 +76,7 @@ def test_a_replayed_approval_from_before_the_question_does_not_count(state_dir: 
     async def scenario(store: StateStore) -> Any:
         decide(store, FP)  # the same plan approved once already: an old answer
         await asyncio.sleep(1.1)  # the log keeps whole seconds
-        task = asyncio.create_task(asker.ask(store, question(timeout=1.5), SystemClock()))
+        task = asyncio.create_task(asker.ask(store, question(timeout=2.0), SystemClock()))
         await asyncio.sleep(0.05)
         asker.nudged("m-run-1")
         return await task
@@ -85,7 +85,7 @@ def test_a_replayed_approval_from_before_the_question_does_not_count(state_dir: 
         answer = asyncio.run(scenario(store))
         log = history(store)
     assert not answer.approved and answer.outcome == "timeout"
-    assert answer.said() == "not approved: no answer within 1.5s"
+    assert answer.said() == "not approved: no answer within 2s"
     assert [d.outcome for d in log] == ["timeout", "approved"]
 
 

@@ -128,7 +128,7 @@ class ChatAsker:
                 try:
                     alive = await asyncio.wait_for(queue.get(), max(left, 0.0))
                 except TimeoutError:
-                    why = f"no answer within {question.timeout:g}s"
+                    why = f"no answer within {question.timeout:.0f}s"
                     return _timeout(store, question, clock, self._via, why)
                 if not alive:
                     why = "the cockpit went away before anyone answered"
