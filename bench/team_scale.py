@@ -1,6 +1,6 @@
 """Team scale: queued runs through procrastinate and ``kagura-agent runner`` processes.
 
-    python bench/team_scale.py [--latency-runs 12] [--sleep 20] [--slots 3] [--concurrency 2]
+    python bench/team_scale.py [--latency-runs 12] [--sleep 60] [--slots 3] [--concurrency 2]
 
 Starts its own PostgreSQL (scripts/postgres-up.sh) and real runners, each with its own
 name and state directory, all on this machine's Docker. Two measurements in one run:
@@ -188,7 +188,7 @@ def throughput(base: Path, url: str, runners: int, runs: int, seconds: float, co
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency-runs", type=int, default=12)
-    parser.add_argument("--sleep", type=float, default=20.0)
+    parser.add_argument("--sleep", type=float, default=60.0)
     parser.add_argument("--slots", type=int, default=3, help="runs per run slot")
     parser.add_argument("--concurrency", type=int, default=2)
     args = parser.parse_args()
