@@ -11,6 +11,7 @@ import importlib.util
 import os
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kagura_agent.errors import KaguraError
@@ -22,6 +23,7 @@ from kagura_agent.memory.factory import section_from_manifest
 from kagura_agent.memory.gate import check_ready
 from kagura_agent.paths import state_dir
 from kagura_agent.plan.planner import agent_can_write
+from kagura_agent.state import StateStore, describe, state_location
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ def run_checks(manifests: str | None, project_root: str | None = None) -> list[C
     except KaguraError as exc:
         checks.append(Check("manifests", "FAIL", exc.message))
     checks.append(_state_dir())
+    checks.append(_state_store())
     checks.extend(_docker())
     if catalog is not None:
         checks.append(_memory(catalog))
@@ -126,6 +129,21 @@ def _state_dir() -> Check:
     except OSError as exc:
         return Check("state directory", "FAIL", f"{path} is not writable: {exc.strerror}")
     return Check("state directory", "PASS", str(path))
+
+
+def _state_store() -> Check:
+    """Which state store commands use; a PostgreSQL one must answer (password masked)."""
+    try:
+        location = state_location()
+        if isinstance(location, Path):
+            return Check("state store", "PASS", f"embedded SQLite {location}")
+        store = StateStore.read_only(location)  # a URL: never None
+        if store is not None:
+            with store:
+                store.conn.execute("SELECT 1")
+    except KaguraError as exc:
+        return Check("state store", "FAIL", exc.message)
+    return Check("state store", "PASS", f"PostgreSQL {describe(location)}")
 
 
 def _docker() -> list[Check]:

@@ -174,3 +174,19 @@ def test_an_unreachable_server_is_a_setup_error(state_dir: Path) -> None:
 def test_the_state_target_fixture_runs_both(state_target: Location) -> None:
     with StateStore(state_target) as store:
         assert store.dialect == ("sqlite" if isinstance(state_target, Path) else "postgres")
+
+
+def test_doctor_names_the_state_store(
+    pg_url: str, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kagura_agent.doctor import run_checks
+
+    checks = {c.name: c for c in run_checks(None)}
+    assert checks["state store"].status == "PASS"
+    assert checks["state store"].detail == f"PostgreSQL {pg_url}"
+    monkeypatch.setenv(URL_ENV, "postgresql://kagura:pw@127.0.0.1:1/nothing?connect_timeout=1")
+    checks = {c.name: c for c in run_checks(None)}
+    assert checks["state store"].status == "FAIL" and ":pw@" not in checks["state store"].detail
+    monkeypatch.delenv(URL_ENV)
+    checks = {c.name: c for c in run_checks(None)}
+    assert checks["state store"].detail.startswith("embedded SQLite ")
