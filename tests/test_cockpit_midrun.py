@@ -275,3 +275,150 @@ def _attach(client: Any, upstream: Any, state_dir: Path, serve: Any, project: Pa
         time.sleep(0.05)
     nets[0].connect(upstream, aliases=["second.test", "third.test"])
     (project / ".upstream-ready").write_text("go\n")
+
+
+def test_mid_run_questions_on_slack_answered_with_the_buttons(
+    tmp_path: Path, state_dir: Path, docker_client: Any
+) -> None:
+    """The same questions through the fake Slack: each is posted in the session's thread
+    with Approve / Deny buttons carrying its m-… request; a press of Approve grants, of Deny
+    denies; both are logged as the Slack operator's for the amended plan."""
+    from test_cockpit_slack import ALICE, APP_TOKEN, BOT_TOKEN, DM, _text, _wait_posts
+
+    from testing.fake_slack import FakeSlack
+
+    with FakeSlack(BOT_TOKEN, APP_TOKEN) as slack:
+        transport = {
+            "kind": "Transport",
+            "metadata": {"name": "chat"},
+            "spec": {
+                "type": "slack",
+                "token": "env:KAGURA_TEST_SLACK_BOT",
+                "app_token": "env:KAGURA_TEST_SLACK_APP",
+                "operators": [ALICE],
+                "channel": "C0OPS",
+                "base_url": slack.base_url,
+            },
+        }
+        argv, env, _ = session_world(tmp_path, docker_client, transport)
+        manifests = Path(argv[argv.index("--manifests") + 1])
+        extra = [policy("second", "second.test"), policy("third", "third.test")]
+        (manifests / "zz-midrun.yml").write_text(
+            yaml.safe_dump_all([{"apiVersion": "kagura.dev/v1", **d} for d in extra])
+        )
+        env.update(KAGURA_TEST_SLACK_BOT=BOT_TOKEN, KAGURA_TEST_SLACK_APP=APP_TOKEN)
+        task = _task(
+            tmp_path,
+            "slackgrants",
+            {
+                "prompt": "\n".join(
+                    [
+                        "run: true",
+                        access("egress", "second", "the data lives on second.test"),
+                        access("egress", "third", "and a bit on third.test"),
+                    ]
+                )
+            },
+        )
+        serve = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
+        )
+        try:
+            slack.wait_for_connection(timeout=30)
+            slack.send_message(ALICE, DM, f"launch {task}", ts="1700000000.000200")
+            for word, action in (("second", "kagura_approve"), ("third", "kagura_deny")):
+
+                def is_question(post: Any, word: str = word) -> bool:
+                    return f"asks for egress:{word} mid-run" in _text(post)
+
+                posts = _wait_posts(slack, is_question, timeout=240)
+                question = next(p for p in posts if is_question(p))
+                request = question.payload["blocks"][-1]["elements"][0]["value"]
+                assert request.startswith("m-"), request
+                slack.press(ALICE, DM, question.ts, action, request)
+            _wait_posts(slack, lambda p: "(exit 0)" in _text(p), timeout=240)
+        finally:
+            serve.terminate()
+            serve.wait(60)
+        said = "\n".join(_text(p) for p in slack.posts)
+    assert f"egress:second approved by slack:{ALICE}" in said, said
+    assert f"egress:third denied by slack:{ALICE}" in said, said
+    assert "Access said: granted: egress:second approved by slack:" in said, said
+    assert "Access said: [error] refused: denied by slack:" in said, said
+    with StateStore() as store:
+        log = [d for d in history(store) if d.via == "slack" and d.kind == "capability"]
+    assert sorted((d.category, d.outcome) for d in log) == [
+        ("egress:second", "approved"),
+        ("egress:third", "denied"),
+    ]
+    assert all(d.who == f"slack:{ALICE}" for d in log)
+
+
+def test_mid_run_questions_on_discord_answered_with_the_buttons(
+    tmp_path: Path, state_dir: Path, docker_client: Any
+) -> None:
+    """The same through the fake Discord: the question's Approve / Deny components carry
+    its m-… request; a press answers it, logged as the Discord operator's."""
+    from test_cockpit_discord import ALICE, DM, OPS, TOKEN, _content, _wait_post
+
+    from testing.fake_discord import FakeDiscord
+
+    with FakeDiscord(TOKEN) as fake:
+        transport = {
+            "kind": "Transport",
+            "metadata": {"name": "dc"},
+            "spec": {
+                "type": "discord",
+                "token": "env:KAGURA_TEST_DISCORD",
+                "operators": [ALICE],
+                "channel": OPS,
+                "base_url": fake.base_url,
+            },
+        }
+        argv, env, _ = session_world(tmp_path, docker_client, transport)
+        manifests = Path(argv[argv.index("--manifests") + 1])
+        extra = [policy("second", "second.test"), policy("third", "third.test")]
+        (manifests / "zz-midrun.yml").write_text(
+            yaml.safe_dump_all([{"apiVersion": "kagura.dev/v1", **d} for d in extra])
+        )
+        env.update(KAGURA_TEST_DISCORD=TOKEN)
+        task = _task(
+            tmp_path,
+            "discordgrants",
+            {
+                "prompt": "\n".join(
+                    [
+                        "run: true",
+                        access("egress", "second", "the data lives on second.test"),
+                        access("egress", "third", "and a bit on third.test"),
+                    ]
+                )
+            },
+        )
+        serve = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
+        )
+        try:
+            fake.wait_for_connection(timeout=30)
+            fake.send_message(ALICE, DM, f"launch {task}")
+            for word, button in (("second", 0), ("third", 1)):
+                question = _wait_post(
+                    fake, lambda p, w=word: f"asks for egress:{w} mid-run" in _content(p), 240
+                )
+                custom_id = question.payload["components"][0]["components"][button]["custom_id"]
+                assert ":m-" in custom_id, custom_id
+                fake.press(ALICE, question.id, custom_id)
+            _wait_post(fake, lambda p: "(exit 0)" in _content(p), timeout=240)
+        finally:
+            serve.terminate()
+            serve.wait(60)
+        said = "\n".join(_content(p) for p in fake.posts)
+    assert f"egress:second approved by discord:{ALICE}" in said, said
+    assert f"egress:third denied by discord:{ALICE}" in said, said
+    assert "Access said: granted: egress:second approved by discord:" in said, said
+    with StateStore() as store:
+        log = [d for d in history(store) if d.via == "discord" and d.kind == "capability"]
+    assert sorted((d.category, d.outcome) for d in log) == [
+        ("egress:second", "approved"),
+        ("egress:third", "denied"),
+    ]
