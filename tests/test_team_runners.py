@@ -57,7 +57,7 @@ def test_thirty_queued_runs_spread_over_three_runners_each_applied_once(
         project = make_project(tmp_path, f"p{index:02d}")
         for name in ("a", "b"):
             spec = {"steps": [APPEND], "verify": ["test -s applied.txt"]}
-            paths.append(plan_file(project, f"p{index:02d}{name}", spec, manifests))
+            paths.append(plan_file(project, name, spec, manifests))
     crew = [runners(f"runner-{n}", "--concurrency", "2") for n in range(3)]
     wait_registered(queue_url, 3)
     queued = [queue.enqueue_plan(queue_url, load(path), who="test") for path in paths]
@@ -265,11 +265,11 @@ def test_graduation_earned_on_one_runner_unlocks_on_another(
     assert asked["class"] == "needs-approval"
     runner_a = runners("runner-a", env=shared)
     wait_registered(queue_url, 1)
-    for index in range(2):
+    for _ in range(2):
         # Planned afresh each time: the evidence of the last run is an input of the next
-        # plan. A task name of its own: runner A's memory of an earlier run of the same
-        # task would be a fact that differs from the planning host's (a stale plan here).
-        fresh = load(plan_file(project, f"earn{index}", spec, manifests))
+        # plan. Runner A's memory of the first run is a fact the planning host lacks: it
+        # changes no capability, so the plan still applies there.
+        fresh = load(plan_file(project, "earn", spec, manifests))
         queued = queue.enqueue_plan(queue_url, fresh, approve=["egress:slow-lane"], who="op")
         wait_until(
             lambda q=queued: (
