@@ -112,7 +112,9 @@ def pushed(
         timeout=900,
     )
     assert done.returncode == 0, done.stderr
-    (row,) = json.loads(done.stdout)["images"]
+    pushed = json.loads(done.stdout)
+    assert (pushed["ok"], pushed["errors"]) == (True, []), pushed
+    (row,) = pushed["images"]
     assert row["pushed"].startswith(repository + "@sha256:"), row
     yield manifests, row["pushed"]
     with contextlib.suppress(Exception):  # the push's tag; the image itself stays

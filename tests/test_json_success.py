@@ -28,6 +28,10 @@ ELSEWHERE = {
     "plan": "test_json_output.py::test_plan_json_has_one_shape_for_one_task_and_many",
     "show": "test_json_output.py::test_show_json_is_the_same_object",
     "egress log": "test_egress_lifecycle.py::test_egress_log_cli",
+    "images push": "test_images_registry.py (the pushed fixture checks the envelope)",
+    "queue list": "test_team_docs.py (needs PostgreSQL)",
+    "queue runners": "test_team_docs.py (needs PostgreSQL)",
+    "queue follow": "streams one JSON object per event; test_team_runners.py reads them",
 }
 
 

@@ -4,6 +4,7 @@ machine's Docker (the URL, state directory and RUN filled in)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -72,4 +73,11 @@ def test_the_team_setup_runs_as_written(
     assert run_id, outputs
     assert f"run {run_id}: success" in outputs["queue follow"]
     assert "host-1" in outputs["queue runners"]
+    # --json success is the envelope (test_json_success names this test for both).
+    for action, key in (("list", "runs"), ("runners", "runners")):
+        argv = [sys.executable, "-m", "kagura_agent", "queue", action, "--json"]
+        done = subprocess.run(argv, env=env, cwd=project, capture_output=True, text=True)
+        data = json.loads(done.stdout)
+        assert (done.returncode, data["ok"], data["errors"]) == (0, True, []), done.stderr
+        assert data[key], data
     assert (project / "out.txt").read_text() == "hello\n"
