@@ -237,8 +237,9 @@ def test_a_parent_dispatches_two_children_and_refuses_a_wider_one(
 
 @pytest.mark.parametrize(
     ("signum", "exit_code"),
-    [(signal.SIGINT, 130), (signal.SIGTERM, 143)],  # Ctrl-C and the cockpit's kill; kill(1)
-    ids=["sigint", "sigterm"],
+    # Ctrl-C and the cockpit's kill; kill(1); kill -9, which the parent never sees
+    [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGKILL, -9)],
+    ids=["sigint", "sigterm", "sigkill"],
 )
 def test_killing_the_parent_stops_its_running_child(
     agent_test_image: tuple[Any, str],
@@ -282,15 +283,34 @@ def test_killing_the_parent_stops_its_running_child(
     parent.send_signal(signum)
     _, err = parent.communicate(timeout=300)
     assert parent.returncode == exit_code, err[-4000:]
+    if signum == signal.SIGKILL:  # the child hears of it from Linux (parent-death signal)
+        while run_row(state_dir, child_run)["outcome"] != "interrupted":
+            assert time.monotonic() < deadline + 300, run_row(state_dir, child_run)
+            time.sleep(0.5)
+        _remove_run_objects(client, parent_run)  # a next start's sweeps (tested elsewhere)
+    kept = leftovers(client, parent_run)
     assert run_row(state_dir, child_run)["outcome"] == "interrupted"
-    assert leftovers(client, child_run) == [] and leftovers(client, parent_run) == []
+    assert leftovers(client, child_run) == [] and kept == []
     child_leases = [lease for lease in all_leases(env) if lease["run_id"] == child_run]
     assert child_leases and all(
         lease["closed_at"] and lease["state"] in ("released", "revoked") for lease in child_leases
     )
+    if signum == signal.SIGKILL:
+        return  # the parent wrote nothing more: no dispatch outcome, no farewell
     [row] = _dispatches(state_dir, parent_run)
     assert (row["task"], row["child_run"], row["outcome"]) == ("sleeper", child_run, "interrupted")
     assert "stopping 1 sub-agent(s)" in err
+
+
+def _remove_run_objects(client: Any, run_id: str) -> None:
+    """What a killed parent left: its containers, then its networks and volumes."""
+    label = {"label": f"dev.kagura.run={run_id}"}
+    for container in client.containers.list(all=True, filters=label):
+        container.remove(force=True)
+    for network in client.networks.list(filters=label):
+        network.remove()
+    for volume in client.volumes.list(filters=label):
+        volume.remove(force=True)
 
 
 def test_a_script_step_dispatches_through_memtool(

@@ -37,6 +37,7 @@ import yaml
 
 from kagura_agent.apply.child_request import ChildRequest, Refused
 from kagura_agent.apply.context import RunContext
+from kagura_agent.apply.parentdeath import child_environment
 from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_prompt
 from kagura_agent.approvals.midrun import Asker, Question, ask_operator
 from kagura_agent.clock import iso
@@ -288,9 +289,10 @@ class ChildDispatcher:
         out, err = plan_path.with_suffix(".out"), plan_path.with_suffix(".err")
         with out.open("wb") as stdout, err.open("wb") as stderr:
             # Its own session: the terminal's Ctrl-C reaches the parent, which stops it.
+            # It stops with this process even when this one is killed with SIGKILL.
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                start_new_session=True,
+                start_new_session=True, env=child_environment(),
             )  # fmt: skip
         self._procs[record.number] = (proc, record, out)
         relay = _Relay(err, record, self.ctx.live.note)

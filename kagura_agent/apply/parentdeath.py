@@ -1,0 +1,37 @@
+"""A dispatched child stops when its parent run dies, even by ``kill -9``.
+
+The parent starts each child ``apply`` with ``KAGURA_AGENT_PARENT_PID`` set. The child asks
+Linux for a parent-death signal: SIGINT, apply's own clean-up path (agent stopped, leases
+revoked, containers removed). A parent that dies before the request is seen by its pid
+no longer being the child's parent, and the child interrupts itself. Elsewhere, and for an
+``apply`` nobody dispatched, this does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Mapping
+
+PARENT_ENV = "KAGURA_AGENT_PARENT_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def child_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment for a child apply: this process is the parent to follow."""
+    return {**environ, PARENT_ENV: str(os.getpid())}
+
+
+def stop_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
+    """Ask for SIGINT when the dispatching parent dies; whether it was asked."""
+    wanted = environ.get(PARENT_ENV, "")
+    if not wanted.isdigit() or not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGINT, 0, 0, 0) != 0:
+        return False
+    if os.getppid() != int(wanted):  # the parent was gone before the request
+        os.kill(os.getpid(), signal.SIGINT)
+    return True
