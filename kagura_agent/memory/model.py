@@ -220,3 +220,51 @@ class MemoryStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def recall_filters(
+    *,
+    include_untrusted: bool,
+    type: str | None,
+    task_kind: str | None,
+    source: Source | None,
+    tags: Sequence[str],
+    tag_clause: str,
+) -> tuple[list[str], list[Any]]:
+    """The WHERE clauses (on alias ``m``) and their parameters that every SQL backend's
+    recall applies; ``tag_clause`` is the backend's test for one tag (one ``?``)."""
+    where: list[str] = []
+    params: list[Any] = []
+    if not include_untrusted:
+        where.append("m.trust = 'trusted'")
+    if type is not None:
+        where.append("m.type = ?")
+        params.append(type)
+    if task_kind is not None:
+        where.append("m.task_kind = ?")
+        params.append(task_kind)
+    if source is not None:
+        where.append("m.source_kind = ? AND m.source_id = ?")
+        params += [source.kind, source.id]
+    for tag in tags:
+        where.append(tag_clause)
+        params.append(tag)
+    return where, params
+
+
+def tombstone_row(
+    memory: Memory, tombstone: Tombstone, reason: str, cascade_of: str | None
+) -> tuple[Any, ...]:
+    """A forgotten memory's tombstone as the SQL backends store it (in column order:
+    memory_id, type, source_kind, source_id, trust, created, forgotten, reason, cascade_of)."""
+    return (
+        memory.id,
+        memory.type,
+        memory.source.kind,
+        memory.source.id,
+        memory.trust,
+        iso(memory.created),
+        iso(tombstone.forgotten),
+        reason,
+        cascade_of,
+    )

@@ -33,6 +33,8 @@ from kagura_agent.memory.model import (
     check_edge_type,
     default_trust,
     new_memory_id,
+    recall_filters,
+    tombstone_row,
 )
 from kagura_agent.state import Connection, Location, StateStore
 from kagura_agent.state_sql import Dialects
@@ -220,17 +222,7 @@ class PgMemoryStore:
                 " created, forgotten, reason, cascade_of) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (memory_id) DO UPDATE SET forgotten = excluded.forgotten,"
                 " reason = excluded.reason, cascade_of = excluded.cascade_of",
-                (
-                    memory.id,
-                    memory.type,
-                    memory.source.kind,
-                    memory.source.id,
-                    memory.trust,
-                    iso(memory.created),
-                    iso(tombstone.forgotten),
-                    reason,
-                    cascade_of,
-                ),
+                tombstone_row(memory, tombstone, reason, cascade_of),
             )
         return tombstone
 
@@ -256,22 +248,14 @@ class PgMemoryStore:
         include_untrusted: bool = False,
     ) -> list[Memory]:
         """ts_rank-ranked recall (newest first without a query), filtered in SQL."""
-        where: list[str] = []
-        params: list[Any] = []
-        if not include_untrusted:
-            where.append("m.trust = 'trusted'")
-        if type is not None:
-            where.append("m.type = ?")
-            params.append(type)
-        if task_kind is not None:
-            where.append("m.task_kind = ?")
-            params.append(task_kind)
-        if source is not None:
-            where.append("m.source_kind = ? AND m.source_id = ?")
-            params += [source.kind, source.id]
-        for tag in tags:
-            where.append("m.seq IN (SELECT memory_seq FROM memory_tags WHERE tag = ?)")
-            params.append(tag)
+        where, params = recall_filters(
+            include_untrusted=include_untrusted,
+            type=type,
+            task_kind=task_kind,
+            source=source,
+            tags=tags,
+            tag_clause="m.seq IN (SELECT memory_seq FROM memory_tags WHERE tag = ?)",
+        )
         query_terms = terms.tokens(query)
         if not query_terms:
             sql = (

@@ -30,6 +30,8 @@ from kagura_agent.memory.model import (
     check_edge_type,
     default_trust,
     new_memory_id,
+    recall_filters,
+    tombstone_row,
 )
 from kagura_agent.state import StateDbError, StateStore
 
@@ -256,17 +258,7 @@ class SqliteMemoryStore:
             conn.execute(
                 "INSERT OR REPLACE INTO tombstones(memory_id, type, source_kind, source_id, trust,"
                 " created, forgotten, reason, cascade_of) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    memory.id,
-                    memory.type,
-                    memory.source.kind,
-                    memory.source.id,
-                    memory.trust,
-                    iso(memory.created),
-                    iso(tombstone.forgotten),
-                    reason,
-                    cascade_of,
-                ),
+                tombstone_row(memory, tombstone, reason, cascade_of),
             )
         return tombstone
 
@@ -292,22 +284,14 @@ class SqliteMemoryStore:
         include_untrusted: bool = False,
     ) -> list[Memory]:
         """FTS5 bm25-ranked recall (newest first without a query), filtered in SQL."""
-        where: list[str] = []
-        params: list[Any] = []
-        if not include_untrusted:
-            where.append("m.trust = 'trusted'")
-        if type is not None:
-            where.append("m.type = ?")
-            params.append(type)
-        if task_kind is not None:
-            where.append("m.task_kind = ?")
-            params.append(task_kind)
-        if source is not None:
-            where.append("m.source_kind = ? AND m.source_id = ?")
-            params += [source.kind, source.id]
-        for tag in tags:
-            where.append("m.rowid IN (SELECT memory_rowid FROM memory_tags WHERE tag = ?)")
-            params.append(tag)
+        where, params = recall_filters(
+            include_untrusted=include_untrusted,
+            type=type,
+            task_kind=task_kind,
+            source=source,
+            tags=tags,
+            tag_clause="m.rowid IN (SELECT memory_rowid FROM memory_tags WHERE tag = ?)",
+        )
         query_terms = terms.tokens(query)
         if not query_terms:
             sql = (
