@@ -2,8 +2,11 @@
 # A second, separate Docker daemon on this machine: another "Docker host" for tests of
 # plans and images that travel. It has its own API socket, data root (so no images and
 # no containers of the first daemon), exec root (and so its own containerd; its own
-# containerd namespaces even where a system containerd is shared) and pid file, and no bridge and no iptables rules of its own, so it never touches
-# the first daemon's networks. Containers on it run with network "none" (what agent
+# containerd namespaces even where a system containerd is shared) and pid file, and a
+# bridge of its own (kagura-d2br, made here) with no iptables rules, so it never touches the
+# first daemon's networks. Not `--bridge none`: a daemon started so deletes the host's
+# docker0, the first daemon's default bridge (and every build and default-network run on
+# it fails until that daemon restarts). Containers on it run with network "none" (what agent
 # containers get); the egress proxy's internal networks need the first daemon's iptables.
 # Prints one line on stdout: its DOCKER_HOST (unix://DIR/docker.sock).
 #
@@ -48,6 +51,14 @@ if DOCKER_HOST="$host" docker info >/dev/null 2>&1; then
     exit 0
 fi
 
+bridge="kagura-d2br"
+if ! ip link show "$bridge" >/dev/null 2>&1; then
+    command -v ip >/dev/null || apt-get install -y -q iproute2 >&2
+    ip link add "$bridge" type bridge
+    ip addr add 10.213.213.1/24 dev "$bridge"
+    ip link set "$bridge" up
+fi
+
 say "starting a second dockerd (log: $dir/dockerd.log)"
 setsid dockerd \
     --host "$host" \
@@ -56,7 +67,7 @@ setsid dockerd \
     --pidfile "$dir/docker.pid" \
     --containerd-namespace kagura-dockerd2 \
     --containerd-plugins-namespace kagura-dockerd2-plugins \
-    --bridge none \
+    --bridge "$bridge" \
     --iptables=false \
     --ip-masq=false \
     >"$dir/dockerd.log" 2>&1 </dev/null &

@@ -42,6 +42,7 @@ from team_helpers import queue_url, runners, wait_registered, wait_until  # noqa
 
 from kagura_agent.plan import planfile
 from kagura_agent.team import queue
+from testing.egress_images import ensure_egress_images
 
 pytestmark = pytest.mark.docker
 HELLO = {"steps": ["echo pulled > out.txt"], "verify": ["grep -q pulled out.txt"]}
@@ -237,3 +238,14 @@ def test_a_host_whose_image_differs_refuses(
     assert done.returncode == 6, done.stderr
     assert "differs on this Docker host" in done.stderr and plan["image"]["digest"] in done.stderr
     assert run_ids(state_b) == []
+
+
+def test_the_second_daemon_leaves_the_first_daemons_default_bridge(
+    dockerd2: Any, docker_client: Any
+) -> None:
+    """A second dockerd must not delete docker0 (a daemon started with `--bridge none`
+    does): the first daemon's builds and default-network containers need it."""
+    assert dockerd2.ping()
+    base = ensure_egress_images(docker_client)["base"]
+    output = docker_client.containers.run(base, ["echo", "bridged"], remove=True)
+    assert output.strip() == b"bridged"
