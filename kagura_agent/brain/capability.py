@@ -10,10 +10,10 @@ sends can approve anything: the answer is the host's.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from kagura_agent.brain.replies import PendingReplies
 
 KINDS = ("egress", "credential")
 # The host answers every request (a timeout is its deny); this only bounds a host that died.
@@ -37,9 +37,7 @@ class CapabilityBridge:
     """The container's side: each request is a line to the host and its answer back."""
 
     def __init__(self, send: Callable[[dict[str, Any]], None]) -> None:
-        self._send = send
-        self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._replies = PendingReplies(send)
 
     async def request(self, kind: str, name: str, reason: str) -> dict[str, Any]:
         """``{"granted": bool, "message": str}`` — the host's answer."""
@@ -47,34 +45,16 @@ class CapabilityBridge:
             return {"granted": False, "message": f"kind must be one of {', '.join(KINDS)}"}
         if not name or len(name) > MAX_FIELD or len(reason) > MAX_FIELD:
             return {"granted": False, "message": f"name (1..{MAX_FIELD}) and reason are needed"}
-        number = next(self._ids)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending[number] = future
+        message = {"type": "capability-request", "kind": kind, "name": name, "reason": reason}
         try:
-            self._send(
-                {
-                    "type": "capability-request",
-                    "request": number,
-                    "kind": kind,
-                    "name": name,
-                    "reason": reason,
-                }
-            )
-            reply = await asyncio.wait_for(future, WAIT_SECONDS)
+            reply = await self._replies.ask(message, WAIT_SECONDS)
         except TimeoutError:
             return {"granted": False, "message": "the host did not answer"}
-        finally:
-            self._pending.pop(number, None)
         return {"granted": bool(reply.get("granted")), "message": str(reply.get("message") or "")}
 
     def resolve(self, msg: dict[str, Any]) -> None:
         """Deliver a ``capability-result`` to its waiting request (unknown ids dropped)."""
-        number = msg.get("request")
-        future = self._pending.get(number) if isinstance(number, int) else None
-        if future is not None and not future.done():
-            future.set_result(msg)
+        self._replies.resolve(msg)
 
     def close(self) -> None:
-        for future in self._pending.values():
-            if not future.done():
-                future.set_result({"granted": False, "message": "the channel closed"})
+        self._replies.close({"granted": False, "message": "the channel closed"})

@@ -11,10 +11,11 @@ is in ``KAGURA_MEMORY_SOCKET``; ``python3 -m kagura_agent.brain.memtool`` is the
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 from collections.abc import Callable
 from typing import Any
+
+from kagura_agent.brain.replies import PendingReplies
 
 MEMORY_SOCKET_ENV = "KAGURA_MEMORY_SOCKET"
 MEMORY_OPS = ("recall", "remember", "get", "explore", "link")
@@ -33,41 +34,29 @@ class BridgeMemory:
     """MemoryClient whose calls travel to the host over the channel."""
 
     def __init__(self, send: Callable[[dict[str, Any]], None]) -> None:
-        self._send = send
-        self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._replies = PendingReplies(send)
 
     async def request(self, op: str, fields: dict[str, Any]) -> Any:
         """Send one request and return the host's ``result`` (raises MemoryUnavailable)."""
         if op not in MEMORY_OPS + HOST_OPS:
             raise MemoryUnavailable(f"unknown memory op {op!r}")
-        number = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[number] = future
+        timeout = None if op in HOST_OPS else REQUEST_TIMEOUT_SECONDS
+        message = {"type": "memory-request", "op": op, **fields}
         try:
-            self._send({"type": "memory-request", "request": number, "op": op, **fields})
-            timeout = None if op in HOST_OPS else REQUEST_TIMEOUT_SECONDS
-            reply = await asyncio.wait_for(future, timeout)
+            reply = await self._replies.ask(message, timeout)
         except TimeoutError:
             raise MemoryUnavailable(f"the host did not answer memory {op}") from None
-        finally:
-            self._pending.pop(number, None)
         if not reply.get("ok"):
             raise MemoryUnavailable(str(reply.get("error") or "memory request refused"))
         return reply.get("result")
 
     def resolve(self, msg: dict[str, Any]) -> None:
         """Deliver a ``memory-result`` to its waiting request (unknown ids are dropped)."""
-        number = msg.get("request")
-        future = self._pending.get(number) if isinstance(number, int) else None
-        if future is not None and not future.done():
-            future.set_result(msg)
+        self._replies.resolve(msg)
 
     def close(self) -> None:
         """Fail every waiting request (the channel is going away)."""
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(MemoryUnavailable("the channel closed"))
+        self._replies.close(MemoryUnavailable("the channel closed"))
 
     async def recall(self, query: str, limit: int = 5) -> list[dict[str, Any]]:
         result = await self.request("recall", {"query": query, "limit": limit})
