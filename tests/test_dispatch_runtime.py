@@ -284,22 +284,32 @@ def test_killing_the_parent_stops_its_running_child(
     _, err = parent.communicate(timeout=300)
     assert parent.returncode == exit_code, err[-4000:]
     if signum == signal.SIGKILL:  # the child hears of it from Linux (parent-death signal)
-        while run_row(state_dir, child_run)["outcome"] != "interrupted":
+        # Its clean-up is its own process's: wait until that has run (outcome recorded,
+        # containers gone, leases closed), then the same checks as after SIGINT.
+        while (
+            run_row(state_dir, child_run)["outcome"] != "interrupted"
+            or leftovers(client, child_run)
+            or not _child_leases_closed(env, child_run)
+        ):
             assert time.monotonic() < deadline + 300, run_row(state_dir, child_run)
             time.sleep(0.5)
         _remove_run_objects(client, parent_run)  # a next start's sweeps (tested elsewhere)
     kept = leftovers(client, parent_run)
     assert run_row(state_dir, child_run)["outcome"] == "interrupted"
     assert leftovers(client, child_run) == [] and kept == []
-    child_leases = [lease for lease in all_leases(env) if lease["run_id"] == child_run]
-    assert child_leases and all(
-        lease["closed_at"] and lease["state"] in ("released", "revoked") for lease in child_leases
-    )
+    assert _child_leases_closed(env, child_run)
     if signum == signal.SIGKILL:
         return  # the parent wrote nothing more: no dispatch outcome, no farewell
     [row] = _dispatches(state_dir, parent_run)
     assert (row["task"], row["child_run"], row["outcome"]) == ("sleeper", child_run, "interrupted")
     assert "stopping 1 sub-agent(s)" in err
+
+
+def _child_leases_closed(env: dict[str, str], run_id: str) -> bool:
+    leases = [lease for lease in all_leases(env) if lease["run_id"] == run_id]
+    return bool(leases) and all(
+        lease["closed_at"] and lease["state"] in ("released", "revoked") for lease in leases
+    )
 
 
 def _remove_run_objects(client: Any, run_id: str) -> None:
