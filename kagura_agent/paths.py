@@ -39,3 +39,9 @@ def repo_root() -> Path | None:
 def recipes_root() -> Path:
     """The folder holding images/<recipe>/Dockerfile: the checkout's or the wheel's copy."""
     return resource_dir("images")
+
+
+def under(path: str, root: str) -> bool:
+    """``path`` is ``root`` or inside it, compared as text: resolve both first (realpath)
+    when links matter."""
+    return path == root or path.startswith(root.rstrip("/") + "/")

@@ -18,7 +18,8 @@ import os
 from kagura_agent.errors import Diagnostic
 from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.membrane.endpoints import endpoint_problems
-from kagura_agent.membrane.secrets import FORBIDDEN_SECRET_ROOTS, under
+from kagura_agent.membrane.secrets import FORBIDDEN_SECRET_ROOTS
+from kagura_agent.paths import under
 
 SECRET_FIELDS = {
     "CredentialProvider": ("secret",),

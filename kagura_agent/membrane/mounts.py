@@ -16,6 +16,8 @@ import os
 import stat
 from pathlib import Path
 
+from kagura_agent.paths import under
+
 # Anything that exposes a container engine is a full host escape, whatever its mode.
 _ENGINE_SOCKETS = ("docker.sock", "containerd.sock", "podman.sock", "crio.sock")
 _SYSTEM_PREFIXES = ("/proc", "/sys", "/dev", "/run", "/var/run", "/boot")
@@ -27,10 +29,6 @@ def _home_dirs() -> list[str]:
     if sudo_home:
         homes.add(os.path.realpath(Path(f"~{sudo_home}").expanduser()))
     return sorted(homes)
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def check_mount(source: str, project_root: str, *, writable: bool) -> str | None:
@@ -59,10 +57,10 @@ def check_mount(source: str, project_root: str, *, writable: bool) -> str | None
     if real == "/":
         return f"mount source {source}{moved} is the host root directory"
     for home in _home_dirs():
-        if _inside(home, real):
+        if under(home, real):
             return f"mount source {source}{moved} is or contains the home directory {home}"
     for prefix in _SYSTEM_PREFIXES:
-        if _inside(real, prefix):
+        if under(real, prefix):
             return f"mount source {source}{moved} is under the system directory {prefix}"
     if _is_link_escape(source, project_root, root, real):
         return f"mount source {source} is a symlink that leaves the project root {root}{moved}"
@@ -76,5 +74,5 @@ def check_mount(source: str, project_root: str, *, writable: bool) -> str | None
 def _is_link_escape(source: str, project_root: str, root: str, real: str) -> bool:
     """True when ``source`` is written inside the project root but resolves outside it."""
     lexical = os.path.normpath(source)
-    written_inside = _inside(lexical, os.path.normpath(project_root)) or _inside(lexical, root)
-    return written_inside and not _inside(real, root)
+    written_inside = under(lexical, os.path.normpath(project_root)) or under(lexical, root)
+    return written_inside and not under(real, root)

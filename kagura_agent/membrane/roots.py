@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kagura_agent.manifest.cache import cache_dir
-from kagura_agent.paths import PACKAGE_DIR, state_dir
+from kagura_agent.paths import PACKAGE_DIR, state_dir, under
 
 # Forbidden with everything below them.
 _SYSTEM_TREES = (
@@ -90,10 +90,6 @@ class Place:
     reason: str
     tree: bool = True  # refuse everything below it too, not only the place itself
     soft: bool = False  # a declared Workspace root may lift it
-
-
-def _inside(path: str, top: str) -> bool:
-    return path == top or path.startswith(top.rstrip("/") + "/")
 
 
 def _real(path: str | Path) -> str:
@@ -209,16 +205,16 @@ def check_project_root(
     """
     real = _real(root)
     moved = f" (resolves to {real})" if real != os.path.normpath(root) else ""
-    declared = any(_inside(real, _real(a)) for a in allowed)
+    declared = any(under(real, _real(a)) for a in allowed)
     within: Place | None = None  # the most specific place the root is or is inside
     contained: Place | None = None  # the first refused place the root contains
     for place in places if places is not None else forbidden_places(extra):
         if place.soft and declared:
             continue
-        if real == place.path or (place.tree and _inside(real, place.path)):
+        if real == place.path or (place.tree and under(real, place.path)):
             if within is None or len(place.path) > len(within.path):
                 within = place
-        elif contained is None and _inside(place.path, real):
+        elif contained is None and under(place.path, real):
             contained = place
     if within is not None:
         where = "is" if real == within.path else f"is inside {within.path},"

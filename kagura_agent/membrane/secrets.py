@@ -25,6 +25,7 @@ from typing import Literal
 
 from kagura_agent.errors import SetupError
 from kagura_agent.hygiene import looks_like_secret as looks_like_secret  # re-exported
+from kagura_agent.paths import under
 
 SecretKind = Literal["env", "file", "keyring"]
 REDACTED = "(sensitive)"
@@ -96,11 +97,6 @@ def resolve(ref: SecretRef | str) -> str:
             raise SetupError(f"secret {ref} is empty")
         return value
     return _resolve_keyring(ref)
-
-
-def under(path: str, root: str) -> bool:
-    """``path`` is ``root`` or inside it (both already resolved)."""
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _read_secret_file(ref: SecretRef) -> str:
