@@ -1,13 +1,18 @@
 """The team queue's PostgreSQL: where it is, its schema, and psycopg errors translated.
 
 The queue lives in the team's one PostgreSQL: ``KAGURA_AGENT_QUEUE_URL``, else the state
-store's ``KAGURA_AGENT_STATE_URL``. Its schema is procrastinate's own tables plus three
-of ours (created together, once, under an advisory lock so runners starting at the same
-moment do not race):
+store's ``KAGURA_AGENT_STATE_URL``. Its schema is the ``team`` component of the state
+store's versioned migrations (``StateStore.migrate``: one locked transaction, the version
+recorded in ``schema_versions``, so runners starting at the same moment do not race and a
+later kagura-agent can add steps):
 
-    kagura_team_runs     one row per queued run: plan, placement, status, runner, times
-    kagura_team_events   the run's live events (apply's JSON lines), in order
-    kagura_team_runners  each runner's identity and advertised capacity
+    v1  procrastinate's own tables and functions
+    v2  kagura_team_runs     one row per queued run: plan, placement, status, runner, times
+        kagura_team_events   the run's live events (apply's JSON lines), in order
+        kagura_team_runners  each runner's identity and advertised capacity
+
+A database set up before the schema was versioned (procrastinate's tables there, no
+``team`` version) is adopted as v1; v2's statements are idempotent for it.
 """
 
 from __future__ import annotations
@@ -18,12 +23,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from kagura_agent.errors import SetupError
+from kagura_agent.state import MissingTable, StateStore
+from kagura_agent.state_sql import Dialects, Migration
 
 if TYPE_CHECKING:
     import psycopg
 
-# pg_advisory_xact_lock key for schema creation ("kagura" in ASCII, as a number).
-SCHEMA_LOCK = 0x6B6167757261
+COMPONENT = "team"
 
 TABLES = """
 CREATE TABLE IF NOT EXISTS kagura_team_runs (
@@ -110,13 +116,50 @@ def connect(url: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
             yield conn
 
 
-def ensure_schema(url: str) -> None:
-    """procrastinate's schema and ours, created once (idempotent; safe to race)."""
-    with connect(url) as conn, conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
-        row = conn.execute("SELECT to_regclass('procrastinate_jobs') AS found").fetchone()
-        if row is None or row["found"] is None:
-            from procrastinate import schema
+def migrations() -> list[Migration]:
+    """The ``team`` component's steps (PostgreSQL only: team mode has no SQLite queue)."""
+    from procrastinate import schema
 
-            conn.execute(schema.SchemaManager.get_schema().encode())
-        conn.execute(TABLES.encode())
+    return [
+        Dialects(sqlite=_NOT_SQLITE, postgres=schema.SchemaManager.get_schema()),
+        Dialects(sqlite=_NOT_SQLITE, postgres=TABLES),
+    ]
+
+
+_NOT_SQLITE = "SELECT 'the team queue lives on PostgreSQL only'"
+
+
+def ensure_schema(url: str) -> None:
+    """The ``team`` component at this kagura-agent's version (idempotent; safe to race)."""
+    with pg_errors("the team queue's PostgreSQL"):
+        steps = migrations()
+    with StateStore(url) as store:
+        if store.dialect != "postgres":  # pragma: no cover - queue_url checks the scheme
+            raise SetupError("the team queue lives on PostgreSQL only")
+        _adopt_unversioned(store)
+        store.migrate(COMPONENT, steps)
+
+
+def _adopt_unversioned(store: StateStore) -> None:
+    """A database whose queue was made before the schema was versioned: procrastinate's
+    tables are there but no ``team`` version; record v1 (its v2 is idempotent)."""
+    try:
+        if store.conn.execute(
+            "SELECT 1 FROM schema_versions WHERE component = ?", (COMPONENT,)
+        ).fetchone():
+            return
+    except MissingTable:
+        pass
+    found = store.conn.execute("SELECT to_regclass('procrastinate_jobs') AS found").fetchone()
+    if found is None or found[0] is None:
+        return
+    with store.transaction() as conn:
+        conn.run_script(
+            "CREATE TABLE IF NOT EXISTS schema_versions ("
+            " component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+        )
+        conn.execute(
+            "INSERT INTO schema_versions(component, version) VALUES (?, 1)"
+            " ON CONFLICT(component) DO NOTHING",
+            (COMPONENT,),
+        )
