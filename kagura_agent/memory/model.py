@@ -9,13 +9,14 @@ tier, so a caller can tell the planner which inputs were untrusted.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, Protocol, cast, get_args
 
-from kagura_agent.clock import iso
+from kagura_agent.clock import iso, parse_iso
 
 SourceKind = Literal["run", "task", "transport", "import"]
 Trust = Literal["trusted", "untrusted"]
@@ -145,7 +146,7 @@ def untrusted_ids(memories: Sequence[Memory]) -> list[str]:
 
 
 class MemoryStore(Protocol):
-    """What every memory backend provides. Implementations: sqlite (embedded), cloud."""
+    """What every memory backend provides. Implementations: sqlite (embedded), postgres (team), cloud."""
 
     backend: str
 
@@ -268,3 +269,63 @@ def tombstone_row(
         reason,
         cascade_of,
     )
+
+
+class SqlRow(Protocol):
+    """A result row of either SQL backend (sqlite3.Row or the state seam's Row)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+    def keys(self) -> list[str]: ...
+
+
+def memory_from_row(row: SqlRow) -> Memory:
+    """A memory as both SQL backends store it (details and tags as JSON text)."""
+    return Memory(
+        id=row["id"],
+        type=row["type"],
+        summary=row["summary"],
+        source=Source(cast(SourceKind, row["source_kind"]), row["source_id"]),
+        trust=cast(Trust, row["trust"]),
+        created=parse_iso(row["created"]),
+        details=json.loads(row["details"]),
+        tags=tuple(json.loads(row["tags"])),
+        task_kind=row["task_kind"],
+    )
+
+
+def edge_from_row(row: SqlRow) -> Edge:
+    # A SQLite store opened read-only before its v5 migration has no details column.
+    details = json.loads(row["details"]) if "details" in row.keys() else {}  # noqa: SIM118 - a sqlite3.Row's `in` looks at values
+    return Edge(row["source_id"], row["target_id"], row["type"], parse_iso(row["created"]), details)
+
+
+def tombstone_from_row(row: SqlRow) -> Tombstone:
+    return Tombstone(
+        memory_id=row["memory_id"],
+        type=row["type"],
+        source=Source(cast(SourceKind, row["source_kind"]), row["source_id"]),
+        trust=cast(Trust, row["trust"]),
+        created=parse_iso(row["created"]),
+        forgotten=parse_iso(row["forgotten"]),
+        reason=row["reason"],
+        cascade_of=row["cascade_of"],
+    )
+
+
+def edges_query(
+    table: str, memory_id: str, type: str | None, direction: Literal["out", "in", "both"]
+) -> tuple[str, list[str]]:
+    """The SQL (``?`` placeholders) and parameters listing ``memory_id``'s edges in
+    ``table``, oldest first."""
+    clauses = {
+        "out": "source_id = ?",
+        "in": "target_id = ?",
+        "both": "(source_id = ? OR target_id = ?)",
+    }
+    params = [memory_id] * (2 if direction == "both" else 1)
+    sql = f"SELECT * FROM {table} WHERE {clauses[direction]}"
+    if type is not None:
+        sql += " AND type = ?"
+        params.append(type)
+    return sql + " ORDER BY created, source_id, target_id", params

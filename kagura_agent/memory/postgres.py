@@ -18,7 +18,7 @@ import json
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
 from kagura_agent.memory import terms
@@ -27,18 +27,20 @@ from kagura_agent.memory.model import (
     Edge,
     Memory,
     Source,
-    SourceKind,
     Tombstone,
     Trust,
     check_edge_type,
     default_trust,
+    edge_from_row,
+    edges_query,
+    memory_from_row,
     new_memory_id,
     recall_filters,
+    tombstone_from_row,
     tombstone_row,
 )
 from kagura_agent.state import Connection, Location, StateStore
 from kagura_agent.state_sql import Dialects
-from kagura_agent.state_types import Row
 
 COMPONENT = "memory-pg"
 RANK_WINDOW = 1000
@@ -187,7 +189,7 @@ class PgMemoryStore:
                 (source_id, target_id, type),
             ).fetchone()
         assert row is not None  # inserted or already there, inside this transaction
-        return _edge(row)
+        return edge_from_row(row)
 
     def forget(
         self, memory_id: str, *, reason: str = "", cascade_of: str | None = None
@@ -199,7 +201,7 @@ class PgMemoryStore:
             ).fetchone()
             if row is None:
                 return None
-            memory = _memory(row)
+            memory = memory_from_row(row)
             tombstone = Tombstone(
                 memory_id=memory.id,
                 type=memory.type,
@@ -263,7 +265,7 @@ class PgMemoryStore:
                 + (" WHERE " + " AND ".join(where) if where else "")
                 + " ORDER BY m.created DESC, m.seq DESC LIMIT ?"
             )
-            return [_memory(row) for row in self.conn.execute(sql, [*params, k])]
+            return [memory_from_row(row) for row in self.conn.execute(sql, [*params, k])]
         weighted, common = self._split(query_terms)
         found = self._ranked(weighted, where, params, k) if weighted else []
         if len(found) < k and common:
@@ -299,7 +301,7 @@ class PgMemoryStore:
             " ORDER BY ranked.score DESC, m.seq DESC LIMIT ?"
         )
         args = [_tsquery(query_terms), *params, RANK_WINDOW, k]
-        return [_memory(row) for row in self.conn.execute(sql, args)]
+        return [memory_from_row(row) for row in self.conn.execute(sql, args)]
 
     def _newest_matching(
         self, query_terms: list[str], where: list[str], params: list[Any], k: int
@@ -309,13 +311,15 @@ class PgMemoryStore:
             + "".join(f" AND {w}" for w in where)
             + " ORDER BY m.seq DESC LIMIT ?"
         )
-        return [_memory(r) for r in self.conn.execute(sql, [_tsquery(query_terms), *params, k])]
+        return [
+            memory_from_row(r) for r in self.conn.execute(sql, [_tsquery(query_terms), *params, k])
+        ]
 
     def get(self, memory_id: str) -> Memory | None:
         row = self.conn.execute(
             f"SELECT {_COLUMNS} FROM memory_items m WHERE m.id = ?", (memory_id,)
         ).fetchone()
-        return _memory(row) if row is not None else None
+        return memory_from_row(row) if row is not None else None
 
     def edges(
         self,
@@ -324,26 +328,16 @@ class PgMemoryStore:
         type: str | None = None,
         direction: Literal["out", "in", "both"] = "both",
     ) -> list[Edge]:
-        clauses = {
-            "out": "source_id = ?",
-            "in": "target_id = ?",
-            "both": "(source_id = ? OR target_id = ?)",
-        }
-        params: list[str] = [memory_id] * (2 if direction == "both" else 1)
-        sql = f"SELECT * FROM memory_edges WHERE {clauses[direction]}"
-        if type is not None:
-            sql += " AND type = ?"
-            params.append(type)
-        rows = self.conn.execute(sql + " ORDER BY created, source_id, target_id", params)
-        return [_edge(row) for row in rows]
+        sql, params = edges_query("memory_edges", memory_id, type, direction)
+        return [edge_from_row(row) for row in self.conn.execute(sql, params)]
 
     def tombstones(self) -> list[Tombstone]:
         rows = self.conn.execute("SELECT * FROM memory_tombstones ORDER BY forgotten, memory_id")
-        return [_tombstone(row) for row in rows]
+        return [tombstone_from_row(row) for row in rows]
 
     def export(self) -> Iterator[Memory]:
         for row in self.conn.execute(f"SELECT {_COLUMNS} FROM memory_items m ORDER BY m.seq"):
-            yield _memory(row)
+            yield memory_from_row(row)
 
     def count(self) -> int:
         row = self.conn.execute("SELECT count(*) FROM memory_items").fetchone()
@@ -414,41 +408,4 @@ def _count(conn: Connection, changes: Counter[str], memories: int) -> None:
             )
     conn.execute(
         "UPDATE memory_total SET memories = GREATEST(memories + ?, 0) WHERE id = 1", (memories,)
-    )
-
-
-def _memory(row: Row) -> Memory:
-    return Memory(
-        id=row["id"],
-        type=row["type"],
-        summary=row["summary"],
-        source=Source(cast(SourceKind, row["source_kind"]), row["source_id"]),
-        trust=cast(Trust, row["trust"]),
-        created=parse_iso(row["created"]),
-        details=json.loads(row["details"]),
-        tags=tuple(json.loads(row["tags"])),
-        task_kind=row["task_kind"],
-    )
-
-
-def _edge(row: Row) -> Edge:
-    return Edge(
-        row["source_id"],
-        row["target_id"],
-        row["type"],
-        parse_iso(row["created"]),
-        json.loads(row["details"]),
-    )
-
-
-def _tombstone(row: Row) -> Tombstone:
-    return Tombstone(
-        memory_id=row["memory_id"],
-        type=row["type"],
-        source=Source(cast(SourceKind, row["source_kind"]), row["source_id"]),
-        trust=cast(Trust, row["trust"]),
-        created=parse_iso(row["created"]),
-        forgotten=parse_iso(row["forgotten"]),
-        reason=row["reason"],
-        cascade_of=row["cascade_of"],
     )

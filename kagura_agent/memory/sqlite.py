@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
 from kagura_agent.errors import SetupError
@@ -24,13 +24,16 @@ from kagura_agent.memory.model import (
     Edge,
     Memory,
     Source,
-    SourceKind,
     Tombstone,
     Trust,
     check_edge_type,
     default_trust,
+    edge_from_row,
+    edges_query,
+    memory_from_row,
     new_memory_id,
     recall_filters,
+    tombstone_from_row,
     tombstone_row,
 )
 from kagura_agent.state import StateDbError, StateStore
@@ -226,7 +229,7 @@ class SqliteMemoryStore:
                 "SELECT * FROM edges WHERE source_id = ? AND target_id = ? AND type = ?",
                 (source_id, target_id, type),
             ).fetchone()
-        return _edge(row)
+        return edge_from_row(row)
 
     def forget(
         self, memory_id: str, *, reason: str = "", cascade_of: str | None = None
@@ -236,7 +239,7 @@ class SqliteMemoryStore:
             row = conn.execute("SELECT * FROM memories WHERE id = ?", (memory_id,)).fetchone()
             if row is None:
                 return None
-            memory = _memory(row)
+            memory = memory_from_row(row)
             tombstone = Tombstone(
                 memory_id=memory.id,
                 type=memory.type,
@@ -299,7 +302,7 @@ class SqliteMemoryStore:
                 + (" WHERE " + " AND ".join(where) if where else "")
                 + " ORDER BY m.created DESC, m.rowid DESC LIMIT ?"
             )
-            return [_memory(row) for row in self.conn.execute(sql, [*params, k])]
+            return [memory_from_row(row) for row in self.conn.execute(sql, [*params, k])]
         # Terms in more than half the memories carry no bm25 weight (see terms.py) but
         # would cost a read of their whole posting list: rank by the others, then fill
         # up with the newest memories that match only the common ones.
@@ -328,7 +331,7 @@ class SqliteMemoryStore:
             " ORDER BY ranked.score, m.rowid DESC LIMIT ?"
         )
         args = [terms.match_expression(query_terms), *params, RANK_WINDOW, k]
-        return [_memory(row) for row in self.conn.execute(sql, args)]
+        return [memory_from_row(row) for row in self.conn.execute(sql, args)]
 
     def _newest_matching(
         self, query_terms: list[str], where: list[str], params: list[Any], k: int
@@ -341,11 +344,11 @@ class SqliteMemoryStore:
             + " ORDER BY memories_fts.rowid DESC LIMIT ?"
         )
         args = [terms.match_expression(query_terms), *params, k]
-        return [_memory(row) for row in self.conn.execute(sql, args)]
+        return [memory_from_row(row) for row in self.conn.execute(sql, args)]
 
     def get(self, memory_id: str) -> Memory | None:
         row = self.conn.execute("SELECT * FROM memories WHERE id = ?", (memory_id,)).fetchone()
-        return _memory(row) if row is not None else None
+        return memory_from_row(row) if row is not None else None
 
     def edges(
         self,
@@ -354,26 +357,16 @@ class SqliteMemoryStore:
         type: str | None = None,
         direction: Literal["out", "in", "both"] = "both",
     ) -> list[Edge]:
-        clauses = {
-            "out": "source_id = ?",
-            "in": "target_id = ?",
-            "both": "(source_id = ? OR target_id = ?)",
-        }
-        params: list[str] = [memory_id] * (2 if direction == "both" else 1)
-        sql = f"SELECT * FROM edges WHERE {clauses[direction]}"
-        if type is not None:
-            sql += " AND type = ?"
-            params.append(type)
-        rows = self.conn.execute(sql + " ORDER BY created, source_id, target_id", params)
-        return [_edge(row) for row in rows]
+        sql, params = edges_query("edges", memory_id, type, direction)
+        return [edge_from_row(row) for row in self.conn.execute(sql, params)]
 
     def tombstones(self) -> list[Tombstone]:
         rows = self.conn.execute("SELECT * FROM tombstones ORDER BY forgotten, memory_id")
-        return [_tombstone(row) for row in rows]
+        return [tombstone_from_row(row) for row in rows]
 
     def export(self) -> Iterator[Memory]:
         for row in self.conn.execute("SELECT * FROM memories ORDER BY rowid"):
-            yield _memory(row)
+            yield memory_from_row(row)
 
     def count(self) -> int:
         return int(self.conn.execute("SELECT count(*) FROM memories").fetchone()[0])
@@ -393,37 +386,3 @@ class SqliteMemoryStore:
 
     def close(self) -> None:
         self._state.close()
-
-
-def _memory(row: sqlite3.Row) -> Memory:
-    return Memory(
-        id=row["id"],
-        type=row["type"],
-        summary=row["summary"],
-        source=Source(cast(SourceKind, row["source_kind"]), row["source_id"]),
-        trust=cast(Trust, row["trust"]),
-        created=parse_iso(row["created"]),
-        details=json.loads(row["details"]),
-        tags=tuple(json.loads(row["tags"])),
-        task_kind=row["task_kind"],
-    )
-
-
-def _edge(row: sqlite3.Row) -> Edge:
-    # A store opened read-only before its v5 migration has no details column.
-    has_details = "details" in row.keys()  # noqa: SIM118 - a Row's `in` looks at values
-    details = json.loads(row["details"]) if has_details else {}
-    return Edge(row["source_id"], row["target_id"], row["type"], parse_iso(row["created"]), details)
-
-
-def _tombstone(row: sqlite3.Row) -> Tombstone:
-    return Tombstone(
-        memory_id=row["memory_id"],
-        type=row["type"],
-        source=Source(cast(SourceKind, row["source_kind"]), row["source_id"]),
-        trust=cast(Trust, row["trust"]),
-        created=parse_iso(row["created"]),
-        forgotten=parse_iso(row["forgotten"]),
-        reason=row["reason"],
-        cascade_of=row["cascade_of"],
-    )
