@@ -185,16 +185,8 @@ def approval_for(
     an earlier approval. Decisions for any other fingerprint are never returned, nor,
     with ``since``, decisions made before that moment (one approval per apply).
     """
-    migrate(store)
-    row = store.conn.execute(
-        "SELECT * FROM approval_decisions WHERE kind = 'capability' AND fingerprint = ?"
-        " AND category = ? ORDER BY id DESC LIMIT 1",
-        (fingerprint, category),
-    ).fetchone()
-    if row is None:
-        return None
-    decision = _decision(row)
-    if since is not None and decision.decided_at < since:
+    decision = _latest_capability_decision(store, fingerprint, category)
+    if decision is None or (since is not None and decision.decided_at < since):
         return None
     return decision if decision.approved else None
 
@@ -204,16 +196,20 @@ def latest_decision(
 ) -> Decision | None:
     """The latest decision of any outcome on ``category`` for exactly this plan, made at or
     after ``since`` (a mid-run question: its answer, approve or deny), or None."""
+    decision = _latest_capability_decision(store, fingerprint, category)
+    return decision if decision is not None and decision.decided_at >= since else None
+
+
+def _latest_capability_decision(
+    store: StateStore, fingerprint: str, category: str
+) -> Decision | None:
     migrate(store)
     row = store.conn.execute(
         "SELECT * FROM approval_decisions WHERE kind = 'capability' AND fingerprint = ?"
         " AND category = ? ORDER BY id DESC LIMIT 1",
         (fingerprint, category),
     ).fetchone()
-    if row is None:
-        return None
-    decision = _decision(row)
-    return decision if decision.decided_at >= since else None
+    return _decision(row) if row is not None else None
 
 
 def require_approvals(
