@@ -14,6 +14,10 @@ from test_egress_proxy import PLAN_EGRESS, PRIVATE, World, _status
 
 from kagura_agent.errors import RefusedError, SetupError
 from kagura_agent.membrane.egress import reload as reload_mod
+from kagura_agent.membrane.egress.policy import load_policy
+from kagura_agent.membrane.egress.proxy import PROXY_USER
+from kagura_agent.membrane.egress.squid import READY_MARKER, render_squid_conf
+from kagura_agent.membrane.runtime import ContainerError
 
 pytestmark = pytest.mark.docker
 # The proxy tests' own fixtures: a started session, an upstream and a no-network agent.
@@ -100,3 +104,66 @@ def test_reload_refuses_when_squid_rejects_the_file(
         world.session.reload(_amended())
     _, out = world.through_proxy("http://allowed.test:8443/")
     assert _status(out) == "200", out
+
+
+def _ready_lines(world: World) -> int:
+    logs = world.client.api.logs(world.session.proxy.id, stdout=False, stderr=True)
+    return int(logs.decode(errors="replace").count(READY_MARKER))
+
+
+def test_every_reload_waits_for_its_own_ready_line(world: World) -> None:
+    """The ready count is taken relative to the lines before each reload: the second and
+    third reloads of one proxy wait for squid's own new line too (a fixed "second line"
+    would let the second one return before squid had reloaded at all)."""
+    lines = _ready_lines(world)
+    assert lines == 1  # squid's start
+    hosts = ["unlisted.test", "other.test", "third.test"]
+    for number, host in enumerate(hosts, start=1):
+        conf = render_squid_conf(
+            load_policy(_amended({"host": host, "port": 8443, "allow_addresses": PRIVATE})),
+            ["127.0.0.1/32"],
+        )
+        wait = reload_mod.start_reload(
+            world.client, world.session.proxy.id, conf, user=PROXY_USER, timeout=30
+        )
+        wait()  # returns only once this reload's own line is in the log
+        assert _ready_lines(world) == lines + number
+    # The last file is in force at once: the first entry went with the second reload.
+    world.session.policy = load_policy(
+        _amended({"host": "third.test", "port": 8443, "allow_addresses": PRIVATE})
+    )
+    _, out = world.through_proxy("http://allowed.test:8443/")
+    assert _status(out) == "200", out
+    _, out = world.through_proxy("http://unlisted.test:8443/")
+    assert _status(out) != "200", out
+
+
+def test_a_refused_file_leaves_squid_running_its_old_one_and_is_reported_by_wait(
+    world: World,
+) -> None:
+    """The one mechanism checks every file before squid sees it, also on the warm path
+    (start_reload is what a claimed pooled session gets): ``wait()`` says refused, no
+    reload happened, and the old configuration is still in force."""
+    lines = _ready_lines(world)
+    conf = render_squid_conf(load_policy(_amended()), ["127.0.0.1/32"]) + "no_such_directive on\n"
+    wait = reload_mod.start_reload(
+        world.client, world.session.proxy.id, conf, user=PROXY_USER, timeout=30
+    )
+    with pytest.raises(SetupError, match="refused by squid"):
+        wait()
+    assert _ready_lines(world) == lines
+    state = world.client.api.inspect_container(world.session.proxy.id)["State"]
+    assert state["Running"]
+    _, out = world.through_proxy("http://allowed.test:8443/")
+    assert _status(out) == "200", out
+
+
+def test_a_gone_proxy_fails_the_reload_at_once(world: World) -> None:
+    """A pooled proxy that died while idle fails the claim before any thread starts (the
+    run then starts cold)."""
+    world.client.api.kill(world.session.proxy.id)
+    world.client.api.wait(world.session.proxy.id, timeout=30)
+    with pytest.raises(ContainerError):  # "is not running" from the exec's creation
+        reload_mod.start_reload(
+            world.client, world.session.proxy.id, "# nothing\n", user=PROXY_USER, timeout=30
+        )

@@ -4,7 +4,7 @@ A cold run creates its socket volume and outbound network and starts squid (abou
 second, most of it the daemon wiring the network). A pooled session is all of that done
 ahead by a keeper process (``kagura-agent egress pool serve``), with squid running a
 deny-everything configuration. A run that finds an idle session claims it, writes its own
-allowlist into it and has squid reload (a few tens of milliseconds), and never gives it
+allowlist into it and has squid reload (reload.py), and never gives it
 back: after the run the session is destroyed, and the keeper starts a fresh one.
 
 Used once, never reused: no reset has to be proven, because nothing of a run is ever seen
@@ -23,10 +23,11 @@ instant. The files say who may remove what:
 - ``retired/NAME.json``: the run is over (its agent stopped, its proxy killed and its log
   read): the keeper removes it in the background; any sweep does once the keeper is gone.
 
-reload.py does the same swap for a live run's mid-run grant, with ``squid -k parse`` first
-(a live proxy must keep its old configuration on a bad one); a pooled squid serves no
-one yet, so a configuration it rejects only costs this claim (the run starts cold or
-fails before its agent has a way out), and the parse (~0.1 s of CPU) is skipped.
+The run's configuration goes in the way a live run's mid-run grant does (reload.py: write
+and ``squid -k parse`` in one exec, SIGHUP, ready counted from the lines before), in a
+thread while the run creates and starts its agent container: a pooled proxy that is gone
+fails the claim at once (the run starts cold); one that refuses the file or does not come
+back fails the run before its agent has a way out.
 
 The pool is per Docker host and per state directory (its files are in the state
 directory; its objects are on this host's daemon).
@@ -45,7 +46,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kagura_agent.errors import SetupError
 from kagura_agent.membrane import images
 from kagura_agent.membrane.egress import owner
 from kagura_agent.membrane.egress.policy import EgressPolicy
@@ -74,7 +74,7 @@ from kagura_agent.membrane.egress.proxy import (
     proxy_create_kwargs,
     wait_for_ready,
 )
-from kagura_agent.membrane.egress.squid import READY_MARKER, render_squid_conf
+from kagura_agent.membrane.egress.squid import render_squid_conf
 from kagura_agent.membrane.egress.sweep import remove_network, remove_volume_if_unused, salvage
 from kagura_agent.membrane.runtime import docker_errors
 from kagura_agent.state import StateStore
@@ -97,65 +97,8 @@ __all__ = [
     "keeper_thread",
     "names_alive",
     "pool_dir",
-    "reconfigure",
     "retire",
 ]
-
-# Reconfiguring a running squid: the new squid.conf (base64, argv $1) replaces the one on
-# its tmpfs, then SIGHUP to squid (pid 1 of the proxy container, same user) reloads it.
-# Nothing secret travels this way: a pooled session never carries an injected credential.
-_RECONFIGURE = (
-    'set -eu; umask 077; printf %s "$1" | base64 -d > /run/squid/squid.conf.next;'
-    " mv /run/squid/squid.conf.next /run/squid/squid.conf; kill -HUP 1"
-)
-
-
-def reconfigure(client: Any, proxy_id: str, conf: str, timeout: float = 10.0) -> Callable[[], None]:
-    """Have a running pooled squid load ``conf``; returns ``wait()``: back once it listens.
-
-    One exec (write the file, SIGHUP), then squid's own "accepting" line, the second in its
-    log (the first was its start with the deny-everything configuration), read from the
-    followed log in a thread: no polling, and the caller starts the agent's container
-    meanwhile (the agent has no way out until its forwarder starts, after ``wait()``).
-    A proxy that is gone fails here at once (ContainerError: the caller starts cold); a
-    squid that exits on the new configuration ends the stream: ``wait()`` raises
-    SetupError at once.
-    """
-    marker = READY_MARKER.encode()
-    payload = base64.b64encode(conf.encode()).decode()
-    with docker_errors("reconfiguring a pooled egress proxy"):
-        stream = client.api.logs(proxy_id, stdout=False, stderr=True, stream=True, follow=True)
-        try:
-            exec_id = client.api.exec_create(
-                proxy_id, ["sh", "-c", _RECONFIGURE, "-", payload], stdout=False, stderr=False
-            )["Id"]
-            client.api.exec_start(exec_id, detach=True)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                stream.close()
-            raise
-    found = threading.Event()
-
-    def follow() -> None:
-        seen = b""
-        with contextlib.suppress(Exception):
-            for chunk in stream:
-                seen = seen + chunk
-                if seen.count(marker) >= 2:
-                    found.set()
-                    return
-
-    reader = threading.Thread(target=follow, name="egress-pool-reconfigure", daemon=True)
-    reader.start()
-
-    def wait() -> None:
-        reader.join(timeout)
-        with contextlib.suppress(Exception):
-            stream.close()
-        if not found.is_set():
-            raise SetupError("the pooled egress proxy did not take this run's configuration")
-
-    return wait
 
 
 def finish_audit(client: Any, session: PooledSession, store: StateStore) -> None:

@@ -48,7 +48,7 @@ from kagura_agent.membrane.egress.proxy import (
     proxy_create_kwargs,
     wait_for_ready,
 )
-from kagura_agent.membrane.egress.reload import reload_allowlist
+from kagura_agent.membrane.egress.reload import reload_allowlist, start_reload
 from kagura_agent.membrane.egress.squid import (
     INJECT_PORT,
     PROXY_PORT,
@@ -270,7 +270,9 @@ class EgressSession:
         pooled, path = claimed
         try:
             conf = render_squid_conf(self.policy, ["127.0.0.1/32"], None)
-            self._wait_pooled = pool.reconfigure(self.client, pooled.proxy_id, conf)
+            self._wait_pooled = start_reload(
+                self.client, pooled.proxy_id, conf, user=PROXY_USER, timeout=10.0
+            )
         except Exception:
             # Dead or unwilling: it is nobody's now; remove it here and start cold.
             with contextlib.suppress(Exception):
