@@ -1,4 +1,5 @@
-"""kagura-agent queue list|follow|runners: the team queue's runs, as the shared store has them."""
+"""kagura-agent queue list|follow|cancel|runners: the team queue's runs, as the shared
+store has them."""
 
 from __future__ import annotations
 
@@ -20,6 +21,13 @@ def register(subparsers: Any) -> None:
     follow.add_argument("--json", action="store_true", help="events as JSON lines")
     follow.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
     follow.set_defaults(handler=run_follow)
+    cancel = actions.add_parser(
+        "cancel",
+        help="stop a run: cancelled in the queue before a runner takes it, else its runner"
+        " interrupts the apply (leases revoked, containers removed)",
+    )
+    cancel.add_argument("run_id", metavar="RUN")
+    cancel.set_defaults(handler=run_cancel)
     runners = actions.add_parser("runners", help="runners that registered, with capacity")
     runners.add_argument("--json", action="store_true")
     runners.set_defaults(handler=run_runners)
@@ -54,9 +62,18 @@ def run_follow(args: argparse.Namespace) -> int:
             print(_line(item), flush=True)
     status = last.get("status")
     code = last.get("exit_code")
-    if status == "lost":
+    if status in ("lost", "cancelled"):
         return 1
     return int(code) if isinstance(code, int) and code >= 0 else 0
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    from kagura_agent.approvals.asking import operator_name
+    from kagura_agent.team.db import queue_url
+    from kagura_agent.team.queue import cancel
+
+    print(cancel(queue_url(args.queue_url), args.run_id, operator_name()))
+    return 0
 
 
 def _line(item: dict[str, Any]) -> str:

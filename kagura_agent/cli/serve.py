@@ -37,6 +37,20 @@ def register(subparsers: Any) -> None:
         help="project root of `run TEXT` tasks from chat (default: the current directory)",
     )
     parser.add_argument("--image", metavar="NAME", help="Image manifest for `run TEXT` tasks")
+    team = parser.add_argument_group("team queue")
+    team.add_argument(
+        "--queue",
+        action="store_true",
+        help="team mode: an approved session is queued for the team's runners (as"
+        " `apply --queue` does) instead of applied on this host; its events come back"
+        " into the thread",
+    )
+    team.add_argument(
+        "--queue-url",
+        metavar="URL",
+        help="the queue's PostgreSQL (default: $KAGURA_AGENT_QUEUE_URL, else"
+        " $KAGURA_AGENT_STATE_URL); implies --queue",
+    )
     add_manifest_option(parser)
     parser.set_defaults(handler=run)
 
@@ -69,7 +83,14 @@ def run(args: argparse.Namespace) -> int:
             f"Transport {manifest.name} lists no operators",
             hint="set spec.operators to the chat user ids allowed to launch and approve",
         )
+    queue = None
+    if args.queue or args.queue_url:
+        from kagura_agent.team.db import ensure_schema, queue_url
+
+        queue = queue_url(args.queue_url)
+        ensure_schema(queue)  # unreachable or not PostgreSQL: said now, not at the first run
     transport = _transport(manifest.name, spec)
+
     cockpit = Cockpit(
         transport,
         CockpitConfig(
@@ -80,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             image=args.image,
             # graduation proposals: the operators' channel (the terminal is its own)
             channel="tty" if spec["type"] == "cli" else spec.get("channel"),
+            queue_url=queue,
         ),
     )
     for session in cockpit.settle_previous():

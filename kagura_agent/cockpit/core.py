@@ -44,6 +44,7 @@ from kagura_agent.cockpit.runner import (
     Progress,
     Relay,
     RunOutcome,
+    TeamRun,
     apply_argv,
 )
 from kagura_agent.cockpit.transport import Event, Transport
@@ -62,6 +63,7 @@ from kagura_agent.plan.build import plan_tasks
 from kagura_agent.plan.model import Plan
 from kagura_agent.plan.render import render_text
 from kagura_agent.state import Location, MissingTable, StateStore, state_location
+from kagura_agent.team.queue import enqueue_plan
 from kagura_agent.ui import Style
 
 STOP_WAIT_SECONDS = 120.0
@@ -83,6 +85,9 @@ class CockpitConfig:
     # The operators' channel (a thread id of the transport: "C0123OPS", "tty"): graduation
     # proposals go there; without one, to the thread of the run that made them eligible.
     channel: str | None = None
+    # Team mode: the queue's PostgreSQL. An approved session is queued for the team's
+    # runners (team/queue.enqueue_plan) instead of applied here, and followed from there.
+    queue_url: str | None = None
 
 
 class Cockpit:
@@ -99,7 +104,7 @@ class Cockpit:
         self.plans_dir = config.plans_dir or beside / "cockpit-plans"
         self.registry = Registry(self.state, self.clock)
         self._lock = threading.Lock()
-        self._runs: dict[str, ApplyProcess | AdoptedRun] = {}
+        self._runs: dict[str, ApplyProcess | AdoptedRun | TeamRun] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._timers: dict[str, threading.Timer] = {}
         # Sessions whose apply runs (started or adopted), and those queued behind them.
@@ -126,6 +131,16 @@ class Cockpit:
         running = [s for s in left if s.state == "running"]
         queued = [s for s in left if s.state == "queued"]
         for session in running:
+            if session.pid is None and session.run_id and self.config.queue_url:
+                with self._lock:
+                    self._active[session.id] = session
+                self._follow_team(session, session.run_id)
+                self._say(
+                    session.thread,
+                    f"session {session.id}: the cockpit restarted; still following run"
+                    f" {session.run_id} on the team queue",
+                )
+                continue
             run = AdoptedRun(session.pid or 0, session.pid_start, self.state)
             if session.pid is not None and run.alive():
                 with self._lock:
@@ -182,7 +197,10 @@ class Cockpit:
                     f"session {session.id}: the cockpit stopped before it could start; nothing ran",
                 )
         for run in runs:
-            run.interrupt()
+            if isinstance(run, TeamRun):  # the runner's: the next cockpit follows it again
+                run.detach()
+            else:
+                run.interrupt()
         for thread in list(self._threads.values()):
             thread.join(STOP_WAIT_SECONDS)
 
@@ -462,6 +480,12 @@ class Cockpit:
             self._say(event.thread, f"session {session_id} is not running here ({session.state})")
             return
         self.registry.update(session_id, stopped_by=who)
+        if isinstance(run, TeamRun):
+            said = run.cancel(who)
+            self._say(session.thread, f"session {session_id}: {said}")
+            if event.thread != session.thread:
+                self._say(event.thread, f"stopping session {session_id}; its thread follows it")
+            return
         run.interrupt()
         self._say(
             session.thread,
@@ -529,7 +553,14 @@ class Cockpit:
 
     def _start(self, session: Session) -> None:
         """Run the session's apply now, or queue it behind the running (or earlier queued)
-        session that writes the same project root or resumes the same brain session."""
+        session that writes the same project root or resumes the same brain session.
+        In team mode it is queued for the team's runners instead (their queue holds the
+        project root's lock across runners)."""
+        if self.config.queue_url:
+            with self._lock:
+                self._active[session.id] = session
+            self._enqueue(session, self.config.queue_url)
+            return
         with self._lock:
             blocker = self._blocker(session)
             if blocker is None:
@@ -614,7 +645,58 @@ class Cockpit:
         except Exception as exc:  # kill still works by name
             print(f"cockpit: could not post to {thread}: {exc}", file=sys.stderr)
 
-    def _follow_in_thread(self, session: Session, run: ApplyProcess | AdoptedRun) -> None:
+    def _enqueue(self, session: Session, url: str) -> None:
+        """Queue the session's saved plan, with the approvals given in chat, for the
+        team's runners; then follow the run from the shared store."""
+        try:
+            queued = enqueue_plan(
+                url,
+                planfile.load(Path(session.plan_path)),
+                approve=session.categories,
+                approval_ttl=self.config.approval_timeout,
+                who=f"{session.transport}:{session.requested_by}",
+                clock=self.clock,
+            )
+        except KaguraError as exc:
+            self.registry.update(session.id, state="failed")
+            self._say(session.thread, f"session {session.id}: not queued: {exc.render()}")
+            self._release(session.id)
+            return
+        self.registry.update(session.id, state="running", run_id=queued.run_id)
+        self._follow_team(session, queued.run_id)
+        self._say(
+            session.thread,
+            f"session {session.id}: queued as run {queued.run_id} on {queued.queue} for the"
+            " team's runners; its events follow here",
+        )
+        try:
+            self.transport.offer_stop(
+                session.thread,
+                neutralise(
+                    f"session {session.id} is queued: ❌ Stop (or `kill {session.id}`) cancels"
+                    " it in the queue, or asks its runner to interrupt it"
+                ),
+                session.id,
+            )
+        except Exception as exc:  # kill still works by name
+            print(f"cockpit: could not post to {session.thread}: {exc}", file=sys.stderr)
+
+    def _follow_team(self, session: Session, run_id: str) -> None:
+        thread = session.thread
+        assert self.config.queue_url is not None
+        relay = Relay(
+            lambda text: self._say(thread, text),
+            attach=lambda name, content, comment: self._attach(thread, name, content, comment),
+            max_chars=int(getattr(self.transport, "max_chars", 4000)),
+            pacer=self._pacer,
+            channel=_channel(thread),
+        )
+        progress = Progress(phase="queued for a runner")
+        self._progress[session.id] = progress
+        run = TeamRun(self.config.queue_url, run_id, relay, Feed(relay, progress, session.id))
+        self._follow_in_thread(session, run)
+
+    def _follow_in_thread(self, session: Session, run: ApplyProcess | AdoptedRun | TeamRun) -> None:
         thread = threading.Thread(
             target=self._follow, args=(session, run), name=f"cockpit-{session.id}", daemon=True
         )
@@ -623,7 +705,7 @@ class Cockpit:
             self._threads[session.id] = thread
         thread.start()
 
-    def _follow(self, session: Session, run: ApplyProcess | AdoptedRun) -> None:
+    def _follow(self, session: Session, run: ApplyProcess | AdoptedRun | TeamRun) -> None:
         try:
             outcome = run.wait()
         except Exception as exc:  # reading its output failed; the process is still its own
@@ -631,6 +713,11 @@ class Cockpit:
         finally:
             with self._lock:
                 self._runs.pop(session.id, None)
+        if outcome.outcome == "detached":  # the cockpit stops; the run goes on elsewhere
+            self._progress.pop(session.id, None)
+            with self._lock:
+                self._active.pop(session.id, None)
+            return
         try:
             self._finish(session, outcome)
         finally:
@@ -640,7 +727,11 @@ class Cockpit:
             self.propose_graduations(session.thread)
 
     def _finish(self, session: Session, outcome: RunOutcome) -> None:
-        state = "lost" if outcome.outcome == "lost" else _state_for(outcome.exit_code)
+        state = (
+            outcome.outcome
+            if outcome.outcome in ("lost", "cancelled")
+            else _state_for(outcome.exit_code)
+        )
         progress = self._progress.get(session.id)
         cost = (
             outcome.cost_usd
@@ -662,8 +753,10 @@ class Cockpit:
             stopped = self.registry.get(session.id)
             who = stopped.stopped_by if stopped is not None and stopped.stopped_by else None
             text += f"; stopped by {who}" if who else "; interrupted"
-            if outcome.run_id:
+            if outcome.run_id and outcome.note is None:
                 text += "\n" + self._left_behind(outcome.run_id)
+        if outcome.note:
+            text += f"; {outcome.note}"
         self._say(session.thread, text)
 
     def _left_behind(self, run_id: str) -> str:

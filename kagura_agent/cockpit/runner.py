@@ -30,6 +30,7 @@ from kagura_agent.brain.events import MAX_TEXT_CHARS
 from kagura_agent.clock import iso
 from kagura_agent.membrane.leases.ledger import owner_alive
 from kagura_agent.state import Location, MissingTable, StateStore
+from kagura_agent.team import queue
 
 BATCH_SECONDS = 1.5
 MAX_BATCH_LINES = 40
@@ -46,6 +47,7 @@ class RunOutcome:
     outcome: str  # the run's own word: success | failed | interrupted | ...; or "error"
     wall_seconds: float | None
     cost_usd: float | None = None
+    note: str | None = None  # what the thread is told besides (a team run: lost on runner X)
 
 
 @dataclass
@@ -90,6 +92,13 @@ def chat_line(line: str) -> str | None:
         return _brain_line(item)
     if kind == "incident":
         return f"⚠ incident {item.get('id')}: {item.get('reason')} (kagura-agent incidents)"
+    # A team run's events, as its runner and the reaper store them (team/runner.py).
+    if kind == "runner":
+        return f"● {item.get('message', '')}"
+    if kind == "log":
+        return str(item.get("message") or "").rstrip() or None
+    if kind in ("lost", "abort", "cancelled"):
+        return f"⚠ {item.get('message', '')}"
     return None
 
 
@@ -261,6 +270,8 @@ class Feed:
             self.progress.phase = str(item.get("message", ""))[:80]
         elif item.get("kind") == "brain":
             self._brain(item)
+        elif item.get("kind") == "runner":  # a team run taken by a runner
+            self.progress.phase = str(item.get("message", ""))[:80]
         elif item.get("kind") == "ask" and self.on_ask is not None:
             self.on_ask(item)
 
@@ -394,6 +405,67 @@ class ApplyProcess:
             str(result.get("outcome")),
             result.get("wall_seconds"),
             float(cost) if isinstance(cost, int | float) else None,
+        )
+
+
+class TeamRun:
+    """A session's run on the team queue (``serve --queue``): a runner on some Docker host
+    applies it; its events come back from the shared store (``queue.follow``) into the
+    same feed and relay as a local apply's. Kill cancels it in the queue, or asks its
+    runner to interrupt the apply. Steering and mid-run answers stay with the runner's
+    apply (it runs without this cockpit's stdin): refused with a reason.
+
+    When the cockpit stops it only stops following (:meth:`detach`): the run is the
+    runner's, and the next cockpit follows it again from the store."""
+
+    def __init__(self, url: str, run_id: str, relay: Relay, feed: Feed) -> None:
+        self.url = url
+        self.run_id = run_id
+        self.relay = relay
+        self.feed = feed
+        self._detached = threading.Event()
+
+    def steer(self, text: str) -> str | None:
+        return "it runs on a team runner; its brain takes no messages from chat"
+
+    def nudge(self, request: str) -> str | None:
+        return "it runs on a team runner; its questions are answered where it runs"
+
+    def interrupt(self) -> None:
+        self.cancel("the cockpit")
+
+    def cancel(self, who: str) -> str:
+        """Cancel it in the queue, or ask its runner to stop it; what was done."""
+        return queue.cancel(self.url, self.run_id, who)
+
+    def detach(self) -> None:
+        self._detached.set()
+
+    def wait(self) -> RunOutcome:
+        status: dict[str, Any] | None = None
+        note = None
+        try:
+            for item in queue.follow(self.url, self.run_id, stop=self._detached.is_set):
+                if item.get("kind") == "status":
+                    status = item
+                    break
+                if item.get("kind") == "lost":
+                    note = (
+                        f"lost on runner {item.get('runner') or '(none)'}: it stopped"
+                        f" heartbeating; leases revoked: {item.get('leases_revoked')} of"
+                        f" {item.get('leases_found', '?')} (by runner {item.get('reaped_by')})"
+                    )
+                self.feed.line(json.dumps(item))
+        finally:
+            self.relay.close()
+        if status is None:
+            return RunOutcome(-1, self.run_id, "detached", None)
+        code = status.get("exit_code")
+        outcome = str(status.get("status"))
+        if note is None and outcome != "killed" and status.get("message"):
+            note = str(status["message"])
+        return RunOutcome(
+            int(code) if isinstance(code, int) else -1, self.run_id, outcome, None, None, note
         )
 
 

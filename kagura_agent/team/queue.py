@@ -14,7 +14,8 @@ job: a runner that takes it after the deadline refuses it (status ``refused``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -32,8 +33,15 @@ if TYPE_CHECKING:
     import procrastinate
 
 TASK_NAME = "kagura.apply"
-TERMINAL = ("success", "failed", "refused", "lost")
+# A run ends success | failed | refused (exit 6, or its approval lapsed in the queue) |
+# killed (stopped while applying: apply's SIGINT path) | cancelled (stopped before a runner
+# took it: nothing ran) | lost (its runner stopped heartbeating; reaper.py).
+TERMINAL = ("success", "failed", "refused", "killed", "cancelled", "lost")
 DEFAULT_APPROVAL_TTL = 3600.0
+# The events that close a run, each stored just after its final status (runner, reaper,
+# cancel); ``follow`` waits up to CLOSING_WAIT seconds for it once the status is final.
+CLOSING = ("end", "lost", "cancelled")
+CLOSING_WAIT = 30.0
 
 
 @dataclass(frozen=True)
@@ -151,13 +159,22 @@ def run(url: str, run_id: str) -> dict[str, Any]:
     return {k: _plain(v) for k, v in row.items()}
 
 
-def follow(url: str, run_id: str, *, timeout: float | None = None) -> Iterator[dict[str, Any]]:
+def follow(
+    url: str,
+    run_id: str,
+    *,
+    timeout: float | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> Iterator[dict[str, Any]]:
     """Yield the run's events (stored ones first, then as runners store them) until the
     run ends; the last item is ``{"kind": "status", ...}`` with its row. Woken by
-    LISTEN/NOTIFY; ``timeout`` bounds the whole wait (None: until the run ends)."""
+    LISTEN/NOTIFY; ``timeout`` bounds the whole wait (None: until the run ends); ``stop``
+    (checked at least every second) ends it early, without a status item."""
     run(url, run_id)
     deadline = None if timeout is None else SystemClock().now() + timedelta(seconds=timeout)
     seen = 0
+    closed = False  # the event that ends the run was read (stored after its status)
+    ended_at: float | None = None
     with connect(url) as conn:
         conn.execute(f"LISTEN {EVENTS_CHANNEL}")
         while True:
@@ -168,16 +185,72 @@ def follow(url: str, run_id: str, *, timeout: float | None = None) -> Iterator[d
             ).fetchall()
             for row in rows:
                 seen = row["seq"]
+                closed = closed or row["item"].get("kind") in CLOSING
                 yield {**row["item"], "at": row["at"].isoformat()}
             status = conn.execute(
                 "SELECT * FROM kagura_team_runs WHERE run_id = %s", (run_id,)
             ).fetchone()
             if status is not None and status["status"] in TERMINAL and not rows:
-                yield {"kind": "status", **{k: _plain(v) for k, v in status.items()}}
-                return
+                # Whoever ends a run sets its status, then stores its closing event (the
+                # reaper after revoking the leases it reports): wait for that event,
+                # within reason (a writer that died in between).
+                ended_at = ended_at if ended_at is not None else time.monotonic()
+                if closed or time.monotonic() - ended_at > CLOSING_WAIT:
+                    yield {"kind": "status", **{k: _plain(v) for k, v in status.items()}}
+                    return
             if deadline is not None and SystemClock().now() > deadline:
                 raise UsageError(f"run {run_id} still {status and status['status']} at timeout")
+            if stop is not None and stop():
+                return
             _wait_notify(conn, 1.0)
+
+
+def cancel(url: str, run_id: str, who: str) -> str:
+    """Stop a queued run, whatever it is doing; returns what was done, in a sentence.
+
+    Not yet taken by a runner: its job is cancelled in the queue (procrastinate: only a
+    ``todo`` job is) and the run ends ``cancelled`` — nothing ran. Taken: the job's abort
+    is requested; its runner cancels the job, which interrupts the apply (SIGINT: leases
+    revoked, containers removed) and ends the run ``killed``. Ended: nothing to do.
+    """
+    row = run(url, run_id)
+    if row["status"] in TERMINAL:
+        return f"run {run_id} has ended already ({row['status']})"
+    app = make_app(url)
+    with pg_errors("cancelling the run"), app.open():
+        if app.job_manager.cancel_job_by_id(row["job_id"], abort=False):
+            ended = False
+            with connect(url) as conn:
+                ended = (
+                    conn.execute(
+                        "UPDATE kagura_team_runs SET status = 'cancelled', ended_at = now(),"
+                        " message = %s WHERE run_id = %s AND status = 'queued' RETURNING run_id",
+                        (f"cancelled by {who} before a runner took it", run_id),
+                    ).fetchone()
+                    is not None
+                )
+                said = f"run {run_id}: cancelled in the queue by {who}; nothing ran"
+                if ended:
+                    _store_event(conn, run_id, {"kind": "cancelled", "message": said})
+            return said
+        if app.job_manager.cancel_job_by_id(row["job_id"], abort=True):
+            said = (
+                f"run {run_id}: stop asked by {who}; runner {row['runner'] or '(taking it)'}"
+                " interrupts its apply, which revokes its leases and removes its containers"
+            )
+            with connect(url) as conn:
+                _store_event(conn, run_id, {"kind": "abort", "message": said})
+            return said
+    return f"run {run_id} is {run(url, run_id)['status']}; it cannot be stopped from here"
+
+
+def _store_event(conn: Any, run_id: str, item: dict[str, Any]) -> None:
+    from psycopg.types.json import Jsonb
+
+    conn.execute(
+        "INSERT INTO kagura_team_events(run_id, item) VALUES (%s, %s)", (run_id, Jsonb(item))
+    )
+    conn.execute("SELECT pg_notify(%s, %s)", (EVENTS_CHANNEL, run_id))
 
 
 def _wait_notify(conn: Any, seconds: float) -> None:

@@ -72,6 +72,7 @@ async def reap_once(app: Any, me: str, stalled_after: float) -> list[str]:
                 "runner": row["runner"],
                 "reaped_by": me,
                 "leases_revoked": revoked,
+                "leases_found": found,
                 "message": (
                     f"run lost: runner {row['runner'] or '(none)'} stopped heartbeating;"
                     f" {revoked} of {found} open lease(s) revoked by runner {me}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import sys
 from collections.abc import Callable
@@ -204,9 +205,23 @@ async def apply_job(
     log(config, f"applying {run_id} ({plan['task']['name']})")
     proc = await children.run(argv)
     assert proc.stdout is not None and proc.stderr is not None
-    out, _ = await asyncio.gather(proc.stdout.read(), _relay(app, run_id, proc.stderr))
+    output = asyncio.gather(proc.stdout.read(), _relay(app, run_id, proc.stderr))
+    try:
+        out, _ = await asyncio.shield(output)
+    except asyncio.CancelledError:
+        # The job's abort was asked (``queue cancel``, kill from chat) or the runner is
+        # shutting down: interrupt the apply as an operator's Ctrl-C would — it revokes
+        # its leases and removes its containers — and record how it ended.
+        log(config, f"{run_id}: stop asked; interrupting its apply")
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGINT)
+        out, _ = await output
+        code = await proc.wait()
+        await _finish(app, run_id, "killed", code, _message(out.decode(errors="replace")))
+        path.unlink(missing_ok=True)
+        raise
     code = await proc.wait()
-    status = {0: "success", 6: "refused"}.get(code, "failed")
+    status = {0: "success", 6: "refused", 130: "killed"}.get(code, "failed")
     await _finish(app, run_id, status, code, _message(out.decode(errors="replace")))
     path.unlink(missing_ok=True)
     log(config, f"{run_id} {status} (exit {code})")
