@@ -31,7 +31,7 @@ from kagura_agent.plan.planner import compile_plan, fingerprint
 from kagura_agent.units import format_duration, parse_duration
 
 # Budget limits an operator may extend mid-run: the plan's key and its ceiling's key.
-EXTENDABLE = {"wall_seconds": "wall_time"}
+EXTENDABLE = {"wall_seconds": "wall_time", "turns": "turns", "cost_usd": "cost_usd"}
 MAX_RENEWALS = 100  # the Task schema's maximum
 
 
@@ -158,7 +158,7 @@ class Amender:
             shown = ceiling.shown if ceiling is not None else _shown(key, current)
             raise Refused(f"budget {key} is at its ceiling {shown}{where}")
         saved = dict(self._budget)
-        self._budget[key] = int(wanted)
+        self._budget[key] = round(wanted, 6) if key == "cost_usd" else int(wanted)
         try:
             return self._amendment(f"budget:{key}", self._task)
         finally:
@@ -233,4 +233,6 @@ def _host_allows(pattern: str, host: str) -> bool:
 
 
 def _shown(key: str, value: float) -> str:
+    if key == "cost_usd":
+        return f"${value:g}"
     return format_duration(int(value)) if key == "wall_seconds" else f"{value:g}"

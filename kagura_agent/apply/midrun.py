@@ -8,6 +8,9 @@
     wall budget near its end ──▶ MidRun.watch_wall ── Amender.budget (≤ ceiling) ── ask
                                         ▼ approved: the new deadline, in the container and here
                                           silence / deny: the run stops when it runs out
+    the CLI's turn or $ budget ran out ──▶ MidRun.extend_budget ── Amender.budget (≤ ceiling)
+                                        ▼ approved: what is left by the host's count, to the
+                                          engine (it goes on in the same session); else stop
 
 One amendment at a time: each is compiled from the plan in force, so two approvals
 never race. Every request and its outcome go into the run's record (``run_amendments``)
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Literal, Protocol
 
@@ -40,6 +43,8 @@ WALL_LEAD_MIN, WALL_LEAD_MAX = 10.0, 300.0
 LEASE_LEAD = timedelta(minutes=2)
 # The container must hear about an approved extension before its own deadline fires.
 ANSWER_MARGIN = 2.0
+# The brain budgets its CLI holds a query to (extended when it runs out of one).
+BRAIN_BUDGETS = {"turns": "turn", "cost_usd": "dollar"}
 
 MIGRATIONS = (
     """
@@ -129,6 +134,25 @@ class MidRun:
         self._numbers = itertools.count(1)
         self._one_at_a_time = asyncio.Lock()
         self._lease_asked: set[str] = set()  # leases asked about once already
+        # The brain's turns and dollars as the host counted them from its events.
+        self.spent_turns = 0
+        self.spent_usd = 0.0
+
+    def counted(self, turns: int | None, usd: float | None) -> None:
+        """What the run's cost events say was spent so far (the host's own count)."""
+        if turns is not None:
+            self.spent_turns = max(self.spent_turns, turns)
+        if usd is not None:
+            self.spent_usd = max(self.spent_usd, usd)
+
+    def past_budget(self) -> str | None:
+        """Why the brain may not go on: a turn or dollar budget in force is spent."""
+        budget = self.plan["budget"]
+        if budget["turns"] and self.spent_turns >= budget["turns"]:
+            return f"{self.spent_turns} turns spent of a {budget['turns']}-turn budget"
+        if budget["cost_usd"] and self.spent_usd >= budget["cost_usd"]:
+            return f"${self.spent_usd:.4f} spent of a ${budget['cost_usd']:g} budget"
+        return None
 
     @property
     def plan(self) -> Any:
@@ -250,6 +274,53 @@ class MidRun:
             self._record(request, "budget", name, reason, "granted", answer.who, said, amendment)
             self.live.note(f"↳ {request}: {said}")
             return True
+
+    async def extend_budget(
+        self, limit: str, turns: int, cost_usd: float, reason: str
+    ) -> dict[str, Any]:
+        """The brain's CLI ran out of its turn or dollar budget (``limit``): ask to double
+        it, cut to the Policy ceiling. The counts are the host's (never less than what the
+        engine says it spent); the answer says what is left of each budget when granted."""
+        request = self._request_id()
+        # What is left is reckoned from the larger count (the events may still be on
+        # their way); past_budget keeps to the events as they are seen, in order.
+        used = (max(self.spent_turns, turns), max(self.spent_usd, cost_usd))
+        reason = neutralise(reason, newlines=False)
+        self.live.note(f"budget request {request}: the brain ran out of its {limit} ({reason})")
+        async with self._one_at_a_time:
+            current = self.plan["budget"].get(limit) if limit in BRAIN_BUDGETS else None
+            name, what = limit, BRAIN_BUDGETS.get(limit, limit)
+            try:
+                if not current:
+                    raise Refused(f"this run has no {what} budget to extend")
+                amendment = self.amender.budget(limit, current * 2)
+                limits: Mapping[str, Any] = amendment.plan["budget"]
+                new, left = limits[limit], _left(limits, *used)
+                spent = [k for k, v in left.items() if v is not None and v <= 0]
+                if spent:
+                    raise Refused(f"its {BRAIN_BUDGETS[spent[0]]} budget is spent too")
+            except Refused as exc:
+                why = f"{exc}; the run stops"
+                self._record(request, "budget", name, reason, "refused", "manifests", why)
+                self.live.note(f"↳ {request}: {what} budget not extended: {why}", "yellow")
+                return {"granted": False, "message": why}
+            question = self._question(
+                request,
+                amendment,
+                f"The brain ran out of its {what} budget ({_budget_shown(limit, current)};"
+                f" {reason}). Extend it to {_budget_shown(limit, new)}? Silence stops the run.",
+                self.timeout,
+            )
+            answer = await self.asker.ask(self.store, question, self.clock)
+            if not answer.approved:
+                said = self._answered(request, "budget", name, reason, amendment, answer)
+                self.live.note(f"{what} budget not extended ({said}): the run stops")
+                return {"granted": False, "message": said}
+            self.amender.accept_budget(amendment)
+            said = f"{what} budget extended to {_budget_shown(limit, new)} ({answer.said()})"
+            self._record(request, "budget", name, reason, "granted", answer.who, said, amendment)
+            self.live.note(f"↳ {request}: {said}")
+            return {"granted": True, "message": said, **left}
 
     async def watch_leases(self, poll_seconds: float = 5.0) -> None:
         """Ask to extend a lease's budget before it runs out (until cancelled)."""
@@ -375,6 +446,20 @@ class MidRun:
                     detail,
                 ),
             )
+
+
+def _left(budget: Mapping[str, Any], turns: int, usd: float) -> dict[str, Any]:
+    """What is left of each brain budget in ``budget`` after ``turns`` and ``usd`` (None:
+    no limit)."""
+    limit_turns, limit_usd = budget["turns"], budget["cost_usd"]
+    return {
+        "turns": None if not limit_turns else limit_turns - turns,
+        "cost_usd": None if not limit_usd else round(limit_usd - usd, 6),
+    }
+
+
+def _budget_shown(limit: str, value: float) -> str:
+    return f"${value:g}" if limit == "cost_usd" else f"{value:g} turns"
 
 
 __all__ = ["MIGRATIONS", "MidRun", "amendments"]

@@ -25,7 +25,14 @@ from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.tripwire import CREDS_WATCH_SECONDS, ContainerTraps
 from kagura_agent.approvals.midrun import ChatAsker
 from kagura_agent.brain.channel import BrainChannel
-from kagura_agent.brain.events import BrainEvent, CheckpointEvent, CostEvent, DoneEvent, ErrorEvent
+from kagura_agent.brain.events import (
+    BrainEvent,
+    CheckpointEvent,
+    CostEvent,
+    DoneEvent,
+    ErrorEvent,
+    ToolCallEvent,
+)
 from kagura_agent.brain.plan_turn import turn_from_plan
 from kagura_agent.errors import RefusedError
 from kagura_agent.membrane.leases import Lease, deliver, keep_fresh, withdraw
@@ -173,6 +180,14 @@ class _Turn:
             async for event in self.channel.run_turn(turn):
                 self.ctx.live.brain(event)
                 self._observe(event)
+                # The host is the authority on the turn and dollar budgets: a brain that acts
+                # on past a spent one (no extension granted) is stopped here.
+                why = midrun.past_budget() if isinstance(event, ToolCallEvent) and midrun else None
+                if why is not None:
+                    self.ctx.live.note(f"the brain went on past its budget ({why}); stopping")
+                    self.tally.error = f"budget: {why}, not extended"
+                    await self.channel.stop()
+                    break
         finally:
             for task in (renewer, steering, wall, budgets):
                 if task is not None:
@@ -187,6 +202,8 @@ class _Turn:
     def _observe(self, event: BrainEvent) -> None:
         tally = self.tally
         if isinstance(event, CostEvent):
+            if self.ctx.midrun is not None:
+                self.ctx.midrun.counted(event.turns, event.usd)
             if event.usd is not None:
                 tally.cost_usd = event.usd
             if event.turns is not None:

@@ -67,6 +67,13 @@ class CapabilityServer(Protocol):
 
     async def request(self, kind: str, name: str, reason: str) -> tuple[bool, str]: ...
 
+    async def extend_budget(
+        self, limit: str, turns: int, cost_usd: float, reason: str
+    ) -> dict[str, Any]:
+        """A turn or dollar budget the brain ran out of: ``granted``, ``message`` and, when
+        granted, what is left of each budget by the host's count (``turns``, ``cost_usd``)."""
+        ...
+
 
 @dataclass(frozen=True)
 class ChannelLimits:
@@ -347,8 +354,9 @@ class BrainChannel:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return True
-        if kind == "capability-request":
-            task = asyncio.create_task(self._serve_capability(obj))
+        if kind in ("capability-request", "budget-request"):
+            serving = self._serve_capability if kind == "capability-request" else self._serve_budget
+            task = asyncio.create_task(serving(obj))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return True
@@ -420,6 +428,40 @@ class BrainChannel:
         reply = {"type": "capability-result", "request": number, "granted": granted}
         with contextlib.suppress(StreamClosed, OSError):
             await self._send({**reply, "message": message})
+
+    async def _serve_budget(self, req: dict[str, Any]) -> None:
+        """The brain ran out of its turn or dollar budget: the host decides (its own count,
+        the ceilings, an operator); the answer goes back."""
+        number = req.get("request")
+        if not isinstance(number, int) or isinstance(number, bool):
+            return
+        limit, turns, usd, reason = (req.get(k) for k in ("limit", "turns", "cost_usd", "reason"))
+        if self.capabilities is None:
+            reply: dict[str, Any] = {
+                "granted": False,
+                "message": "this run takes no mid-run requests",
+            }
+        elif (
+            not isinstance(limit, str)
+            or not isinstance(turns, int)
+            or not isinstance(usd, int | float)
+            or not isinstance(reason, str)
+        ):
+            reply = {"granted": False, "message": "a budget request needs limit, turns, cost_usd"}
+        else:
+            self._holds += 1
+            try:
+                reply = await self.capabilities.extend_budget(
+                    limit[:32], int(turns), float(usd), reason[:512]
+                )
+            except Exception as exc:  # the host's failure is a refusal, never a crash
+                why = f"the host could not decide: {type(exc).__name__}: {exc}"
+                reply = {"granted": False, "message": why}
+            finally:
+                self._holds -= 1
+                self._last_activity = asyncio.get_running_loop().time()
+        with contextlib.suppress(StreamClosed, OSError):
+            await self._send({"type": "budget-result", "request": number, **reply})
 
     async def _memory_call(self, req: dict[str, Any]) -> Any:
         if self.memory is None:

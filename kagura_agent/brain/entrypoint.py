@@ -9,6 +9,8 @@ Reads JSON lines on stdin from the host::
     {"type": "user-message", "lease": n, "text": ...}   steering: the next user message
     {"type": "capability-result", "request": n, "granted": bool, "message": ...}
     {"type": "budget", "lease": n, "wall_seconds": s}   an extended wall budget (acked)
+    {"type": "budget-result", "request": n, "granted": bool, "message": ..., "turns": t,
+     "cost_usd": d}                                      a turn/dollar budget answer
     {"type": "stop"}
 
 and writes JSON lines on stdout: brain events (see events.py) plus the control lines
@@ -16,7 +18,9 @@ and writes JSON lines on stdout: brain events (see events.py) plus the control l
 ``memory-request`` (``request`` n, ``op`` recall|remember|get|explore|link|dispatch, op
 fields; dispatch: a sub-agent, answered when it has finished), ``capability-request``
 (``request`` n, ``kind``, ``name``, ``reason``: a mid-run ask for one more egress policy
-or credential scope) and ``budget-extended``. Only this
+or credential scope), ``budget-request`` (``request`` n, ``limit`` turns|cost_usd,
+``turns``, ``cost_usd`` spent, ``reason``: the CLI ran out of that budget) and
+``budget-extended``. Only this
 module writes to the real stdout: fd 1 is pointed at stderr so stray prints from
 engines or libraries cannot corrupt the channel. Stdlib and the engines only.
 """
@@ -123,7 +127,7 @@ class Entrypoint:
             self.memory.resolve(msg)
         elif kind == "user-message":
             self._user_message(msg)
-        elif kind == "capability-result":
+        elif kind in ("capability-result", "budget-result"):
             self.capabilities.resolve(msg)
         elif kind == "budget":
             self._budget(msg)

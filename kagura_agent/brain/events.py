@@ -91,7 +91,7 @@ class ErrorEvent:
 
 
 ERROR_CODES = frozenset(
-    {"engine", "step-failed", "timeout", "idle", "oversize", "protocol", "crash", "setup"}
+    {"engine", "step-failed", "timeout", "idle", "oversize", "protocol", "crash", "setup", "budget"}
 )
 
 BrainEvent = (

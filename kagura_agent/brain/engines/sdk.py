@@ -10,11 +10,21 @@ Steering: the prompt goes in as the SDK's streaming input, kept open while the t
 :meth:`SdkBrain.steer` adds a message to it, which the CLI takes as the next user message
 once it has answered the one before. The turn ends (done) at the result of the last
 message given; a message given after that is refused, never lost silently.
+
+Turn and dollar budgets: the CLI holds a query to ``max_turns`` and ``max_budget_usd``
+and ends it with an ``error_max_turns`` / ``error_max_budget_usd`` result (then exits).
+The SDK has no control request that changes either limit in a running CLI, so instead of
+ending the turn the engine asks the host to extend the budget (brain/capability.py); the
+host asks the operator, bounded by the Policy ceilings, and answers with what is left of
+the new budget by its own count. Approved: the same session goes on (``resume``, same
+container) in a new CLI with those limits and a continuation prompt. Refused, denied or
+unanswered: the turn ends with the CLI's error and why it was not extended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from collections.abc import AsyncIterator
@@ -85,16 +95,61 @@ class SdkBrain:
         )
 
     async def run(self, turn: Turn) -> AsyncIterator[BrainEvent]:
-        """One SDK query; yields text/tool events, then cost and done (or error)."""
+        """One SDK query (more when a turn or dollar budget is extended); yields text/tool
+        events, then cost and done (or error)."""
         import claude_agent_sdk as sdk
 
+        spent = _Spent()
+        prompt, session_id = turn.full_prompt(), turn.session_id
+        turns_left, usd_left = turn.budget.turns, turn.budget.cost_usd
+        while True:
+            segment = _Segment()
+            options = self._options(sdk, turn, session_id, turns_left, usd_left)
+            async for event in self._query(sdk, options, prompt, spent, segment):
+                yield event
+            if segment.limited is None:
+                return
+            spent.add(segment)
+            answer = await self._extend(segment, spent)
+            if not answer["granted"]:
+                yield ErrorEvent(
+                    message=f"claude reported an error: {segment.detail}; the"
+                    f" {_WORDS[segment.limited]} budget was not extended: {answer['message']}",
+                    code="budget",
+                )
+                return
+            yield TextEvent(text=f"[{answer['message']}]\n\n")
+            prompt, session_id = CONTINUE_PROMPT, segment.session_id or session_id
+            # The host's count of what is left of each budget (None: no limit).
+            turns_left = _left(answer.get("turns"), int)
+            usd_left = _left(answer.get("cost_usd"), float)
+
+    async def _extend(self, segment: _Segment, spent: _Spent) -> dict[str, Any]:
+        """Ask the host for more of the budget that ran out (never this engine's call)."""
+        limited = segment.limited
+        assert limited is not None
+        if self._capabilities is None:
+            return {"granted": False, "message": "this run takes no mid-run requests"}
+        reason = f"{segment.detail} after {spent.turns} turns, ${spent.usd:.4f}"
+        return await self._capabilities.extend_budget(
+            limited, spent.turns, round(spent.usd, 6), reason
+        )
+
+    def _options(
+        self,
+        sdk: Any,
+        turn: Turn,
+        session_id: str | None,
+        turns_left: int | None,
+        usd_left: float | None,
+    ) -> Any:
         options = sdk.ClaudeAgentOptions(
-            permission_mode=turn.permission_mode,  # type: ignore[arg-type]
+            permission_mode=turn.permission_mode,
             model=turn.model,
-            resume=turn.session_id,
+            resume=session_id,
             cwd=turn.cwd,
-            max_turns=turn.budget.turns,
-            max_budget_usd=turn.budget.cost_usd,
+            max_turns=turns_left,
+            max_budget_usd=usd_left,
             cli_path=self._resolve_cli(turn),
             env=dict(turn.env),
         )
@@ -116,6 +171,13 @@ class SdkBrain:
             ]
         if servers:
             options.mcp_servers = servers
+        return options
+
+    async def _query(
+        self, sdk: Any, options: Any, prompt: str, spent: _Spent, segment: _Segment
+    ) -> AsyncIterator[BrainEvent]:
+        """One CLI process: ``prompt`` and any steering. A result that says a turn or dollar
+        budget ran out ends it without a terminal event (``segment.limited`` says which)."""
         finished = False
         retries = _Retries()
         inbox: asyncio.Queue[str | None] = asyncio.Queue()
@@ -123,7 +185,7 @@ class SdkBrain:
         answered = 0
 
         async def prompts() -> AsyncIterator[dict[str, Any]]:
-            text: str | None = turn.full_prompt()
+            text: str | None = prompt
             while text is not None:
                 yield {
                     "type": "user",
@@ -138,9 +200,14 @@ class SdkBrain:
                 events = _map_message(sdk, message, retries)
                 if isinstance(message, sdk.ResultMessage):
                     answered += 1
-                    if answered < self._given:  # steered: the CLI answers the next one
+                    events = spent.counted(events)
+                    if message.subtype in _LIMITS:  # the CLI stops here: ask, not end
+                        segment.stopped(message)
+                        events = [e for e in events if not isinstance(e, ErrorEvent)]
+                        finished = True
+                    if answered < self._given and not segment.limited:  # steered: more to answer
                         events = [e for e in events if not isinstance(e, DoneEvent)]
-                    else:  # the last message is answered: close the input, end the turn
+                    else:  # the last message is answered: close the input, end the query
                         self._steering = None
                         inbox.put_nowait(None)
                 for event in events:
@@ -148,16 +215,79 @@ class SdkBrain:
                     yield event
         except sdk.CLINotFoundError as exc:
             yield ErrorEvent(message=f"Claude Code CLI not found: {exc}", code="setup")
+            segment.limited = None
             return
         except sdk.ClaudeSDKError as exc:
             if not finished:
                 yield ErrorEvent(message=f"claude agent sdk: {exc}", code="engine")
-            return
+            return  # after a budget result the CLI exits 1: that is expected
         finally:
             self._steering = None
             inbox.put_nowait(None)
         if not finished:
             yield ErrorEvent(message="the CLI ended without a result message", code="protocol")
+
+
+# The CLI's result subtypes for a budget that ran out, and the budget each names.
+_LIMITS = {"error_max_turns": "turns", "error_max_budget_usd": "cost_usd"}
+_WORDS = {"turns": "turn", "cost_usd": "dollar"}
+CONTINUE_PROMPT = (
+    "The operator extended your budget. Carry on with the task where you stopped;"
+    " do not repeat work already done."
+)
+
+
+class _Spent:
+    """Turns and dollars of the CLI processes that ended on a budget (each counts its own)."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+        self.usd = 0.0
+
+    def add(self, segment: _Segment) -> None:
+        self.turns += segment.turns
+        self.usd += segment.usd
+
+    def counted(self, events: list[BrainEvent]) -> list[BrainEvent]:
+        """The cost event of a result, with what earlier processes spent added (the host's
+        tally sees the whole turn)."""
+        if not self.turns and not self.usd:
+            return events
+        return [
+            dataclasses.replace(
+                e,
+                turns=None if e.turns is None else e.turns + self.turns,
+                usd=None if e.usd is None else e.usd + self.usd,
+            )
+            if isinstance(e, CostEvent)
+            else e
+            for e in events
+        ]
+
+
+class _Segment:
+    """How one CLI process ended: ``limited`` is the budget that ran out (or None)."""
+
+    def __init__(self) -> None:
+        self.limited: str | None = None
+        self.detail = ""
+        self.turns = 0
+        self.usd = 0.0
+        self.session_id: str | None = None
+
+    def stopped(self, message: Any) -> None:
+        self.limited = _LIMITS[message.subtype]
+        self.detail = ", ".join(message.errors or []) or message.subtype
+        self.turns = int(message.num_turns or 0)
+        self.usd = float(message.total_cost_usd or 0.0)
+        self.session_id = message.session_id
+
+
+def _left(value: object, kind: type[Any]) -> Any:
+    """A limit from the host's answer: what is left of the budget, or None (no limit)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return kind(value)
+    return None
 
 
 def sdk_tool_servers(turn: Turn) -> dict[str, dict[str, Any]]:
