@@ -1,8 +1,11 @@
 """The state store: applied plans, approvals, the lease ledger, sessions, graduation, runs.
 
 Two backends behind one seam. The embedded default is one SQLite database in the state
-directory (``state.db``); a team points ``KAGURA_AGENT_STATE_URL`` at a PostgreSQL
-database (``postgresql://…``, psycopg 3 with a connection pool, imported only then).
+directory (``state.db``); a team names a PostgreSQL database (``postgresql://…``, psycopg 3
+with a connection pool, imported only then) in a ``State`` manifest of the operator's
+folder (manifest/statebackend.py), or in ``KAGURA_AGENT_STATE_URL``, which overrides it.
+Every command resolves the store the same way (``state_location``), so ``leases``,
+``graduation``, ``runner`` and ``queue`` see the ledger ``apply`` wrote.
 Components see a ``Connection``: ``execute(sql, params)`` with ``?`` placeholders in the
 SQL both dialects read (``state_sql``), and ``transaction()``, which holds the store's one
 write lock (SQLite's ``BEGIN IMMEDIATE``; on PostgreSQL a transaction-scoped advisory
@@ -39,6 +42,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kagura_agent import state_pg
 from kagura_agent.errors import SetupError
+from kagura_agent.manifest import statebackend
 from kagura_agent.paths import state_dir
 from kagura_agent.state_sql import Dialect, Migration, migration_sql
 from kagura_agent.state_types import Connection, MissingTable, StateDbError
@@ -60,6 +64,7 @@ __all__ = [
     "StateStore",
     "describe",
     "state_location",
+    "state_origin",
     "state_path",
 ]
 
@@ -70,9 +75,32 @@ def state_path() -> Path:
 
 
 def state_location() -> Location:
-    """The configured store: ``KAGURA_AGENT_STATE_URL`` when set, else state.db."""
+    """The configured store: ``KAGURA_AGENT_STATE_URL`` when set, else the URL the
+    operator folder's State manifest names, else state.db in the state directory."""
     url = os.environ.get(URL_ENV, "").strip()
-    return _checked_url(url) if url else state_path()
+    if url:
+        return _checked_url(url)
+    chosen = _manifest_choice()
+    return chosen.url if chosen is not None else state_path()
+
+
+def state_origin() -> str:
+    """Who chose the configured store, for messages."""
+    if os.environ.get(URL_ENV, "").strip():
+        return URL_ENV
+    chosen = _manifest_choice()
+    return chosen.origin() if chosen is not None else "the state directory"
+
+
+_choices: dict[str, statebackend.StateChoice | None] = {}
+
+
+def _manifest_choice() -> statebackend.StateChoice | None:
+    """The State manifest's choice (read once per folder and process)."""
+    folder = str(statebackend.folder().resolve())
+    if folder not in _choices:
+        _choices[folder] = statebackend.choose(Path(folder))
+    return _choices[folder]
 
 
 def _checked_url(url: str) -> str:
@@ -122,7 +150,7 @@ class StateStore:
     def __init__(self, where: Location | None = None) -> None:
         self.location: Location = _resolve(where)
         self.writable = True
-        self.conn: Connection = _open(self.location, read_only=False)
+        self.conn: Connection = _opened(self.location, where, read_only=False)
 
     @classmethod
     def read_only(cls, where: Location | None = None) -> StateStore | None:
@@ -142,7 +170,7 @@ class StateStore:
         store = cls.__new__(cls)
         store.location = location
         store.writable = False
-        store.conn = _open(location, read_only=True)
+        store.conn = _opened(location, where, read_only=True)
         return store
 
     @property
@@ -256,6 +284,20 @@ def _resolve(where: Location | None) -> Location:
     if isinstance(where, str):
         return _checked_url(where)
     return where
+
+
+def _opened(location: Location, where: Location | None, *, read_only: bool) -> Connection:
+    """``_open``; when the store was the configured one, a failure says who chose it."""
+    try:
+        return _open(location, read_only=read_only)
+    except StateDbError as exc:
+        if where is not None or isinstance(location, Path):
+            raise
+        raise StateDbError(
+            f"{exc} (chosen by {state_origin()})",
+            hint=f"check the database is up and reachable, or unset {URL_ENV} / remove the"
+            " State manifest to use the embedded store",
+        ) from exc
 
 
 def _open(location: Location, *, read_only: bool, shared: bool = False) -> Connection:

@@ -1,6 +1,8 @@
-"""The team set-up in docs/operations.md, run as written: a runner, plan, apply --queue,
-queue list / follow / runners — on a fresh database of the session's PostgreSQL and this
-machine's Docker (the URL, state directory and RUN filled in)."""
+"""The team set-up in docs/operations.md, run as written: the State manifest in the
+host's ./manifests, then a runner, plan, apply --queue, queue list / follow / runners —
+on a fresh database of the session's PostgreSQL and this machine's Docker (the URL,
+state directory and RUN filled in). Nothing names the database but the manifest: every
+command found it there, and nothing was written to the embedded store."""
 
 from __future__ import annotations
 
@@ -18,7 +20,17 @@ import pytest
 from apply_helpers import REPO, make_project, write_task
 from team_helpers import queue_url, wait_registered  # noqa: F401 - the fixture
 
+from kagura_agent.state import StateStore
+
 pytestmark = pytest.mark.docker
+
+
+def state_manifest() -> str:
+    text = (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
+    for body in re.findall(r"^```yaml\n(.*?)^```", text, re.M | re.S):
+        if "kind: State" in body:
+            return str(body)
+    raise AssertionError("docs/operations.md has no State manifest")
 
 
 def team_block() -> list[str]:
@@ -39,7 +51,11 @@ def test_the_team_setup_runs_as_written(
     write_task(
         project, "docs-team", {"steps": ["echo hello > out.txt"], "verify": ["test -s out.txt"]}
     )
+    (project / "manifests").mkdir()
+    (project / "manifests" / "state.yml").write_text(state_manifest())
     env = {**os.environ, "KAGURA_AGENT_STATE_DIR": str(state_dir), "NO_COLOR": "1"}
+    for name in ("KAGURA_AGENT_STATE_URL", "KAGURA_AGENT_QUEUE_URL", "KAGURA_AGENT_MANIFESTS"):
+        env.pop(name, None)
     runner: subprocess.Popen[bytes] | None = None
     outputs: dict[str, str] = {}
     run_id = ""
@@ -81,3 +97,9 @@ def test_the_team_setup_runs_as_written(
         assert (done.returncode, data["ok"], data["errors"]) == (0, True, []), done.stderr
         assert data[key], data
     assert (project / "out.txt").read_text() == "hello\n"
+    # The run's record, the runner's sweeps and the plan's look-ups all went to PostgreSQL.
+    assert not (state_dir / "state.db").exists()
+    assert not (tmp_path / "runner" / "state.db").exists()
+    with StateStore(queue_url) as store:
+        ran = store.conn.execute("SELECT run_id FROM runs WHERE run_id = ?", (run_id,)).fetchall()
+    assert len(ran) == 1

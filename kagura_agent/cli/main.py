@@ -12,7 +12,7 @@ import argparse
 import contextlib
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from kagura_agent import __version__
@@ -82,7 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return int(ExitCode.USAGE)
     try:
-        code = int(handler(args))
+        with _state_manifests(getattr(args, "manifests", None)):
+            code = int(handler(args))
         if argv is None and getattr(args, "fast_exit", False):
             _exit_now(code)
         return code
@@ -96,6 +97,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 143
     except BrokenPipeError:
         return int(ExitCode.OK)
+
+
+@contextlib.contextmanager
+def _state_manifests(manifests: str | None) -> Iterator[None]:
+    """With ``--manifests DIR``, that folder's State manifest chooses the state store, for
+    this command and the processes it starts (the cockpit's applies, a runner's); put
+    back after, for a caller in the same process."""
+    import os
+
+    from kagura_agent.manifest.statebackend import MANIFESTS_ENV
+
+    if not manifests:
+        yield
+        return
+    before = os.environ.get(MANIFESTS_ENV)
+    os.environ[MANIFESTS_ENV] = os.path.abspath(manifests)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(MANIFESTS_ENV, None)
+        else:
+            os.environ[MANIFESTS_ENV] = before
 
 
 def _exit_now(code: int) -> NoReturn:

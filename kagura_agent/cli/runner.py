@@ -52,6 +52,12 @@ def register(subparsers: Any) -> None:
         help="a runner silent this long is gone: its runs are marked lost (default 30)",
     )
     parser.add_argument("--queue-url", metavar="URL", help="the queue's PostgreSQL")
+    parser.add_argument(
+        "--manifests",
+        metavar="DIR",
+        help="the operator folder whose State manifest names the team's database, for this"
+        " runner and its applies (default: $KAGURA_AGENT_MANIFESTS, ./manifests)",
+    )
     parser.set_defaults(handler=run)
 
 

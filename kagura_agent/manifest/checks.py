@@ -75,6 +75,15 @@ def check_catalog(catalog: Catalog) -> list[Diagnostic]:
                     hint=f"{defaults[0].name} is already the default",
                 )
             )
+    states = catalog.of("State")
+    for extra in states[1:]:  # the state store is one (manifest/statebackend.py)
+        problems.append(
+            extra.diag(
+                ("kind",),
+                "more than one State manifest: the state store is one",
+                hint=f"State {states[0].name} already names it",
+            )
+        )
     for egress in catalog.of("EgressPolicy"):
         problems.extend(check_egress(egress))
     for brain in catalog.of("Brain"):

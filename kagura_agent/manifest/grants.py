@@ -1,7 +1,7 @@
 """Checks on what the manifest set hands out: where file: secrets live, where providers are.
 
 - A ``file:`` secret reference (CredentialProvider ``secret``, Memory ``token``,
-  Transport ``token``/``app_token``) must point inside a directory a Policy declares in
+  Transport ``token``/``app_token``, State ``url``) must point inside a directory a Policy declares in
   ``secret_dirs`` (after ``~`` expansion and resolving symlinks), and never into /proc,
   /sys or /dev. At apply, ``membrane.secrets.resolve`` checks the file again (a regular
   file owned by the applying user, outside /proc, /sys and /dev).
@@ -25,6 +25,7 @@ SECRET_FIELDS = {
     "CredentialProvider": ("secret",),
     "Memory": ("token",),
     "Transport": ("token", "app_token"),
+    "State": ("url",),
 }
 SETTINGS_BLOCKS = ("aws", "gcp", "cloudflare", "github")
 

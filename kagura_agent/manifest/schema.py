@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from functools import cache
 from typing import Any
 
@@ -24,6 +25,7 @@ KINDS: tuple[str, ...] = (
     "Policy",
     "Workspace",
     "ToolServer",
+    "State",
     "Task",
 )
 
@@ -80,10 +82,17 @@ def _diag(
     return Diagnostic(doc.file, line, col, json_path(path), message, hint)
 
 
+# The password of a URL written where a reference belongs (user:PASSWORD@host).
+_URL_PASSWORD = re.compile(r"(://[^/:@\s]*:)[^@/\s]+@")
+
+
 def _shown(value: Any) -> str:
-    """How an offending value is quoted: never a value that looks like a pasted key."""
+    """How an offending value is quoted: never a value that looks like a pasted key, nor
+    the password of a URL."""
     if isinstance(value, str) and looks_like_token(value):
         return REDACTED_SECRET
+    if isinstance(value, str) and _URL_PASSWORD.search(value):
+        return repr(_URL_PASSWORD.sub(r"\1***@", value))
     return repr(value)
 
 

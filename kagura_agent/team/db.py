@@ -1,8 +1,8 @@
 """The team queue's PostgreSQL: where it is, its schema, and psycopg errors translated.
 
 The queue lives in the team's one PostgreSQL: ``KAGURA_AGENT_QUEUE_URL``, else the state
-store's ``KAGURA_AGENT_STATE_URL``. Its schema is the ``team`` component of the state
-store's versioned migrations (``StateStore.migrate``: one locked transaction, the version
+store's (``KAGURA_AGENT_STATE_URL``, else the State manifest's). Its schema is the
+``team`` component of the state store's versioned migrations (``StateStore.migrate``: one locked transaction, the version
 recorded in ``schema_versions``, so runners starting at the same moment do not race and a
 later kagura-agent can add steps):
 
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from kagura_agent.errors import SetupError
-from kagura_agent.state import MissingTable, StateStore
+from kagura_agent.state import MissingTable, StateStore, state_location
 from kagura_agent.state_sql import Dialects, Migration
 
 if TYPE_CHECKING:
@@ -74,15 +74,15 @@ EVENTS_CHANNEL = "kagura_team_events"
 
 def queue_url(explicit: str | None = None) -> str:
     """The queue's connection URL (option, then the environment), or a SetupError."""
-    url = (
-        explicit
-        or os.environ.get("KAGURA_AGENT_QUEUE_URL")
-        or os.environ.get("KAGURA_AGENT_STATE_URL")
-    )
+    url = explicit or os.environ.get("KAGURA_AGENT_QUEUE_URL")
+    if not url:
+        store = state_location()  # KAGURA_AGENT_STATE_URL, else the State manifest's
+        url = store if isinstance(store, str) else None
     if not url or not url.startswith(("postgresql://", "postgres://")):
         raise SetupError(
             "team mode needs a PostgreSQL URL for its queue",
-            hint="set KAGURA_AGENT_QUEUE_URL (or KAGURA_AGENT_STATE_URL) or pass --queue-url",
+            hint="name the team's PostgreSQL in a State manifest (or KAGURA_AGENT_STATE_URL),"
+            " set KAGURA_AGENT_QUEUE_URL, or pass --queue-url",
         )
     return url
 
