@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import subprocess
 import sys
 import threading
@@ -219,3 +220,62 @@ def test_past_the_ceiling_the_extension_is_capped_then_refused_unasked(
         ("", "refused", "manifests"),
     ]
     assert "turn 3 of 6" in err and "turn 4 of 6" not in err
+
+
+def test_a_turn_budget_extended_from_the_cockpit_under_serve(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    """serve on the terminal transport: the question is posted in the session's thread
+    with its m-… request; ``approve m-…`` extends it and the run finishes."""
+    from chat_helpers import session_world
+    from test_cockpit_midrun import Terminal
+    from test_cockpit_midrun import _task as cockpit_task
+
+    argv, env, _ = session_world(tmp_path, docker_client, None)
+    task = cockpit_task(tmp_path, "budgeted", {"prompt": "turns: 3", "budget": {"turns": 2}})
+    serve = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    term = Terminal(serve)
+    try:
+        term.until("kagura-agent serve: type `help`")
+        mark = len(term.lines)
+        term.type_in(f"launch {task}")
+        request = term.question(mark)
+        term.type_in(f"approve {request}")
+        term.until(f"{request} budget:turns approved by terminal:")
+        assert "(exit 0)" in term.until("(exit ", since=mark), "".join(term.lines[mark:])
+        serve.stdin.close()  # type: ignore[union-attr]
+        assert serve.wait(60) == 0
+        term._reader.join(10)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+    out = "".join(term.lines)
+    for line in documented_transcript():
+        pattern = ".*".join(re.escape(part) for part in line.split("…"))
+        assert re.search(pattern, out), line
+    assert "turn budget extended to 4 turns (approved by terminal:" in out, out
+    assert "Finished all 3 turns (resumed " in out, out
+    [run_id] = run_ids(state_dir)
+    with StateStore() as store:
+        [row] = amendments(store, run_id)
+        decided = [d for d in history(store) if d.fingerprint == row["fingerprint"]]
+    assert (row["category"], row["outcome"]) == ("budget:turns", "granted")
+    assert [(d.outcome, d.via) for d in decided] == [("approved", "terminal")]
+    assert leftovers(docker_client, run_id) == []
+
+
+def documented_transcript() -> list[str]:
+    """docs/cockpit.md's turn-budget transcript (the ``text`` block of "Mid-run
+    questions"); … stands for ids, hashes and names."""
+    text = (REPO / "docs" / "cockpit.md").read_text(encoding="utf-8")
+    section = text.split("## Mid-run questions", 1)[1].split("\n## ", 1)[0]
+    [block] = re.findall(r"^```text\n(.*?)^```$", section, re.M | re.S)
+    return str(block).rstrip("\n").splitlines()

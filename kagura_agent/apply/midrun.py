@@ -286,10 +286,12 @@ class MidRun:
         # their way); past_budget keeps to the events as they are seen, in order.
         used = (max(self.spent_turns, turns), max(self.spent_usd, cost_usd))
         reason = neutralise(reason, newlines=False)
-        self.live.note(f"budget request {request}: the brain ran out of its {limit} ({reason})")
+        name, what = limit, BRAIN_BUDGETS.get(limit, limit)
+        self.live.note(
+            f"budget request {request}: the brain ran out of its {what} budget ({reason})"
+        )
         async with self._one_at_a_time:
             current = self.plan["budget"].get(limit) if limit in BRAIN_BUDGETS else None
-            name, what = limit, BRAIN_BUDGETS.get(limit, limit)
             try:
                 if not current:
                     raise Refused(f"this run has no {what} budget to extend")
