@@ -96,6 +96,27 @@ def test_a_turn_budget_that_runs_out_is_extended_and_the_same_session_goes_on(
     assert not any(isinstance(e, ErrorEvent) for e in events)
 
 
+def test_a_message_steered_in_before_the_budget_ran_out_is_not_lost(
+    tmp_path: Path, fake_log: Path
+) -> None:
+    host = Host({"granted": True, "message": "turn budget extended to 6 turns", "turns": 3})
+    brain = SdkBrain(cli_path=str(FAKE_CLAUDE), capabilities=host)
+    turn = Turn(engine="sdk", prompt="turns: 3", cwd=str(tmp_path), budget=Budget(turns=2))
+
+    async def go() -> list[BrainEvent]:
+        events: list[BrainEvent] = []
+        async for event in brain.run(turn):
+            events.append(event)
+            if len(events) == 1:  # the first tool call: the CLI is busy with the task
+                assert brain.steer("also say hello") == (True, "")
+        return events
+
+    events = asyncio.run(go())
+    done = events[-1]
+    assert isinstance(done, DoneEvent), done
+    assert done.result and done.result.endswith("Heard mid-run: also say hello"), done.result
+
+
 def test_a_dollar_budget_is_extended_with_what_the_host_says_is_left(
     tmp_path: Path, fake_log: Path
 ) -> None:

@@ -77,6 +77,7 @@ class SdkBrain:
         self._capabilities = capabilities  # mid-run capability requests (brain/capability.py)
         self._steering: asyncio.Queue[str | None] | None = None  # open while a turn runs
         self._given = 0  # user messages given to the running turn
+        self._steered: list[str] = []  # those given mid-run, in order
 
     def steer(self, text: str) -> tuple[bool, str]:
         """Give the running turn ``text`` as its next user message."""
@@ -84,6 +85,7 @@ class SdkBrain:
             return False, "the turn is ending"
         self._steering.put_nowait(text)
         self._given += 1
+        self._steered.append(text)
         return True, ""
 
     def _resolve_cli(self, turn: Turn) -> str | None:
@@ -120,6 +122,10 @@ class SdkBrain:
                 return
             yield TextEvent(text=f"[{answer['message']}]\n\n")
             prompt, session_id = CONTINUE_PROMPT, segment.session_id or session_id
+            if segment.unanswered:
+                prompt += "\n\nMessages from the operator not answered yet:\n" + "\n".join(
+                    segment.unanswered
+                )
             # The host's count of what is left of each budget (None: no limit).
             turns_left = _left(answer.get("turns"), int)
             usd_left = _left(answer.get("cost_usd"), float)
@@ -181,7 +187,7 @@ class SdkBrain:
         finished = False
         retries = _Retries()
         inbox: asyncio.Queue[str | None] = asyncio.Queue()
-        self._steering, self._given = inbox, 1
+        self._steering, self._given, self._steered = inbox, 1, []
         answered = 0
 
         async def prompts() -> AsyncIterator[dict[str, Any]]:
@@ -203,6 +209,8 @@ class SdkBrain:
                     events = spent.counted(events)
                     if message.subtype in _LIMITS:  # the CLI stops here: ask, not end
                         segment.stopped(message)
+                        # Steered messages the stopped CLI had not come to yet go on.
+                        segment.unanswered = self._steered[answered - 1 :]
                         events = [e for e in events if not isinstance(e, ErrorEvent)]
                         finished = True
                     if answered < self._given and not segment.limited:  # steered: more to answer
@@ -274,6 +282,7 @@ class _Segment:
         self.turns = 0
         self.usd = 0.0
         self.session_id: str | None = None
+        self.unanswered: list[str] = []  # steered messages the CLI never came to
 
     def stopped(self, message: Any) -> None:
         self.limited = _LIMITS[message.subtype]
