@@ -28,7 +28,7 @@ import json
 import secrets
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,6 +220,7 @@ class MemoryRuntime:
         network: str | None = None,
         egress_mounts: list[dict[str, object]] | None = None,
         role: str = "agent",
+        forward: Sequence[tuple[str, int]] = (),
     ) -> str:
         self._point(f"create:{role}")
         container = self._add(run_id, role, environment or {}, network, egress_mounts or [])

@@ -101,6 +101,7 @@ def run_in_container(
         environment=environment,
         network=egress.network if egress else None,
         egress_mounts=egress.mounts() if egress else [],
+        forward=egress.forwards() if egress else (),
     )
     cleanup.callback(_remove_container, runtime, container_id, live)
     stoppable.append(container_id)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -93,8 +93,11 @@ class ApplyRuntime(Protocol):
         network: str | None = None,
         egress_mounts: builtins.list[dict[str, object]] | None = None,
         role: str = "agent",
+        forward: Sequence[tuple[str, int]] = (),
     ) -> str:
-        """Create the plan's container (``role`` agent or verify), not started; its id."""
+        """Create the plan's container (``role`` agent or verify), not started; its id.
+        ``forward``: the egress forwarder's (socket, port) pairs, started by the
+        container's own command."""
         ...
 
     def start(self, container_id: str) -> None: ...
@@ -136,7 +139,9 @@ class ApplyRuntime(Protocol):
         ...
 
     def start_forwarder(self, container_id: str, config: AgentNetworkConfig) -> None:
-        """Start the agent's side of the egress path in its (running) container."""
+        """The agent's side of the egress path in its (running) container: ready when this
+        returns (started by the container's command when it was created with
+        ``forward``; the run's proxy has its configuration)."""
         ...
 
     def sweep_egress(self, store: StateStore) -> builtins.list[str]:

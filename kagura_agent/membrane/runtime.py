@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError
 from kagura_agent.membrane import hardening, mounts
-from kagura_agent.membrane.images import image_present, local_image_digest
+from kagura_agent.membrane.images import image_present, inspect_image, local_image_digest
 from kagura_agent.membrane.isolation import check_tenancy, isolation_report
 from kagura_agent.membrane.roots import check_project_root
 from kagura_agent.plan.model import Plan
@@ -135,6 +135,22 @@ def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     return create, host
 
 
+def _with_forwarder(
+    image_id: str, command: list[str] | None, forward: Sequence[tuple[str, int]]
+) -> list[str]:
+    """The image's entrypoint and command (or ``command``), behind the forwarder's launcher."""
+    from kagura_agent.membrane.egress import forwarder
+
+    found = inspect_image(image_id)
+    if found is None:
+        raise SetupError(f"image {image_id} could not be inspected")
+    config = found.get("Config") or {}
+    argv = [*(config.get("Entrypoint") or []), *(command or config.get("Cmd") or [])]
+    if not argv:
+        raise SetupError(f"image {image_id} has no entrypoint or command to run")
+    return forwarder.launcher(forward, argv)
+
+
 class DockerRuntime:
     """Create, start, attach to, wait for, stop and remove plan containers."""
 
@@ -154,15 +170,20 @@ class DockerRuntime:
         dns_opt: list[str] | None = None,
         egress_mounts: list[dict[str, Any]] | None = None,
         role: str = "agent",
+        forward: Sequence[tuple[str, int]] = (),
     ) -> str:
         """Create the plan's container (not started); returns its id.
+
+        ``forward`` (the egress forwarder's (socket, port) pairs): the container's own
+        command starts the forwarder before the image's entrypoint (forwarder.launcher),
+        so the agent's way out listens from its start, with no ``docker exec``.
 
         Checks, in order: tenancy gate, image digest, mounts; then the hardening floor
         in ``container_kwargs``. The container is created from the image ID, not the tag,
         so a re-tag between the check and the create cannot swap the image.
         """
         check_tenancy(plan["hardening"])
-        check_image_digest(plan)
+        image_id = check_image_digest(plan)
         check_plan_mounts(plan)
         kwargs = hardening.container_kwargs(
             plan,
@@ -176,6 +197,9 @@ class DockerRuntime:
             egress_mounts=egress_mounts,
             role=role,
         )
+        if forward:
+            kwargs["entrypoint"] = _with_forwarder(image_id, kwargs.get("command"), forward)
+            kwargs["command"] = None
         create, host = split_kwargs(kwargs)
         api = self.client.api
         with docker_errors(f"creating the container for run {run_id}"):

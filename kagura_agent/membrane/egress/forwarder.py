@@ -7,14 +7,17 @@ expect an HTTP proxy on a TCP port (``HTTPS_PROXY=http://127.0.0.1:3128``), so t
 forwarder listens there and copies each connection to the socket, where socat hands it to
 squid. Nothing is parsed here: the proxy sees exactly what the tool sent.
 
-Stdlib only, and importable on its own: the in-container entrypoint starts it with
-:func:`serve` when ``KAGURA_EGRESS_SOCKET`` is set, and images without kagura-agent run
-this file with ``python3 -c`` (see :func:`command`).
+Stdlib only, and importable on its own: images without kagura-agent run this file with
+``python3 -c``. apply makes it part of the agent container's own command
+(:func:`launcher`): it binds the forwarder's ports, forks the forwarder, and execs the
+image's entrypoint — so the ports listen before the entrypoint runs, with no ``docker
+exec`` and no readiness line to wait for. :func:`command` is the same forwarder alone,
+for a ``docker exec`` into a running container. asyncio is imported only where it runs,
+after the fork: the entrypoint's start does not wait for it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import os
@@ -22,7 +25,12 @@ import select
 import socket
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncio
 
 SOCKET_ENV = "KAGURA_EGRESS_SOCKET"
 PORT_ENV = "KAGURA_EGRESS_PORT"
@@ -208,6 +216,8 @@ def _splice_both(client: socket.socket, upstream: socket.socket) -> None:
 
 
 async def _relay(client: socket.socket, path: str) -> None:
+    import asyncio
+
     loop = asyncio.get_running_loop()
     upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     upstream.setblocking(False)
@@ -246,6 +256,8 @@ def listen(port: int, host: str = "127.0.0.1") -> socket.socket:
 
 async def serve(server: socket.socket, path: str) -> None:
     """Accept forever on ``server``, relaying every connection to the Unix socket ``path``."""
+    import asyncio
+
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = set()
     while True:
@@ -263,20 +275,65 @@ def command(path: str, port: int) -> list[str]:
     return ["python3", "-c", source, path, str(port)]
 
 
+# The agent container's entrypoint (python3 -c STUB SPEC SOURCE -- ARGV...): only socket
+# and os before the exec, so the image's entrypoint starts ~12 ms later than it would
+# alone; the forwarder's own code (SOURCE: this file) is compiled in the child, after
+# the fork. The child holds no end of the brain channel (the container's stdin and
+# stdout): its stdin, stdout and stderr are /dev/null before anything else runs.
+_LAUNCH_STUB = """\
+import os, socket, sys
+spec, source, sep, argv = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+assert sep == "--" and argv, "usage: SPEC SOURCE -- ARGV..."
+servers = []
+for item in spec.split(","):
+    port, _, path = item.partition("=")
+    server = socket.create_server(("127.0.0.1", int(port)), backlog=256)
+    server.setblocking(False)
+    servers.append((server, path))
+if os.fork() == 0:
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        scope = {"__name__": "kagura_forwarder"}
+        exec(compile(source, "forwarder.py", "exec"), scope)
+        scope["_serve_all"](servers)
+    finally:
+        os._exit(0)
+for server, _ in servers:
+    server.close()
+os.execvp(argv[0], argv)
+"""
+
+
+def launcher(pairs: Sequence[tuple[str, int]], argv: Sequence[str]) -> list[str]:
+    """A container entrypoint: listen on each ``(socket path, port)`` pair, fork the
+    forwarder, then exec ``argv`` (the image's own entrypoint and command). The ports
+    listen before ``argv`` runs; a port that cannot be bound ends the container."""
+    spec = ",".join(f"{port}={path}" for path, port in pairs)
+    source = Path(__file__).read_text(encoding="utf-8")
+    return ["python3", "-c", _LAUNCH_STUB, spec, source, "--", *argv]
+
+
+def _serve_all(servers: list[tuple[socket.socket, str]]) -> None:
+    import asyncio
+
+    async def run() -> None:
+        await asyncio.gather(*(serve(server, path) for server, path in servers))
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())
+
+
 def main(argv: list[str]) -> int:
     path = argv[0] if argv else os.environ.get(SOCKET_ENV, "")
     port = int(argv[1] if len(argv) > 1 else os.environ.get(PORT_ENV, "3128"))
     if not path:
         print("forwarder: no proxy socket given", file=sys.stderr)
         return 2
-
-    async def run() -> None:
-        server = listen(port)
-        print(ready_line(path, port), file=sys.stderr, flush=True)
-        await serve(server, path)
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run())
+    server = listen(port)
+    print(ready_line(path, port), file=sys.stderr, flush=True)
+    _serve_all([(server, path)])
     return 0
 
 

@@ -9,9 +9,10 @@
 The agent container has no network at all (``network_mode: none``: loopback only), so
 there is no IP path from it to the host, the Docker bridges or anything else. Its one
 way out is a Unix socket on a small tmpfs volume that it and the proxy container mount:
-inside the agent a forwarder (forwarder.py, started by :func:`start_forwarder` with
-``docker exec`` right after the container starts, so it needs only ``python3`` in the
-image) listens on 127.0.0.1:3128 and copies connections to the socket; inside the proxy
+inside the agent a forwarder (forwarder.py: apply starts it with the container's own
+command, before the image's entrypoint; :func:`start_forwarder` starts it with ``docker
+exec`` in a running container; either way it needs only ``python3`` in the image)
+listens on 127.0.0.1:3128 and copies connections to the socket; inside the proxy
 container socat listens on the socket and hands each connection to squid, which listens
 on the proxy's loopback only. The proxy alone is on the outbound network. If the proxy
 dies the agent has no way out. Anything that goes wrong before the proxy is ready tears
@@ -90,6 +91,10 @@ class AgentNetworkConfig:
     def network(self) -> str:
         return "none"
 
+    def forwards(self) -> list[tuple[str, int]]:
+        """The forwarder's (socket path, port) pairs: the proxy's, and the injector's."""
+        return [(self.socket_path, self.port), *([self.inject] if self.inject else [])]
+
     def mounts(self) -> list[dict[str, Any]]:
         """The socket volume, read-only, as a docker-py ``Mount`` mapping."""
         return [
@@ -126,7 +131,7 @@ def start_forwarder(
     """
     if net.wait_ready is not None:
         net.wait_ready()
-    pairs = [(net.socket_path, net.port), *([net.inject] if net.inject else [])]
+    pairs = net.forwards()
     deadline = time.monotonic() + timeout
     for path, port in pairs:
         with docker_errors(f"starting the egress forwarder in {container_id[:12]}"):
