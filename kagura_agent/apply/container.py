@@ -53,8 +53,9 @@ def run_in_container(
 ) -> RunReport:
     plan, run_id, live = ctx.plan, ctx.run_id, ctx.live
     # Last on the way out: a verify container whose own removal failed gets a second try
-    # (its run's row is closed by then, so no later sweep looks for it).
-    cleanup.callback(_remove_verify_leftovers, runtime, run_id, live)
+    # (its run's row is closed by then, so no later sweep looks for it). A task without
+    # verify commands never makes one: no list request.
+    cleanup.callback(_remove_verify_leftovers, runtime, ctx, live)
     stoppable: list[str] = []  # the agent's container, once it exists
     tripwire = Tripwire(
         dict(plan["tripwires"]),
@@ -304,9 +305,11 @@ def _close_egress(egress: EgressRun, denials: Denials, live: LiveView) -> None:
         )
 
 
-def _remove_verify_leftovers(runtime: ApplyRuntime, run_id: str, live: LiveView) -> None:
+def _remove_verify_leftovers(runtime: ApplyRuntime, ctx: RunContext, live: LiveView) -> None:
+    if not ctx.plan["task"]["verify"]:
+        return
     try:
-        for container_id in runtime.list({LABEL_RUN: run_id, LABEL_ROLE: "verify"}):
+        for container_id in runtime.list({LABEL_RUN: ctx.run_id, LABEL_ROLE: "verify"}):
             runtime.remove(container_id, force=True)
     except KaguraError as exc:
         live.note(f"could not remove this run's verify container: {exc.message}", "red")
