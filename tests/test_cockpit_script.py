@@ -465,6 +465,7 @@ def test_a_scripted_session_per_transport(
             )
         },
     )
+    turns = _task(tmp_path, "turns", {"prompt": "turns: 3", "budget": {"turns": 2}})
     extended = write_task(
         make_project(tmp_path, "extended"),
         "extended",
@@ -501,7 +502,13 @@ def test_a_scripted_session_per_transport(
             chat.wait(f"{request} {category} {word} by {chat.who}", thread)
         # 4. The long final answer.
         done = chat.wait("(exit 0)", thread)
-        # 5. A leased session short of its wall budget: extended, then stopped.
+        # 5. A session whose brain runs out of turns: extended, the same session finishes.
+        third = chat.launch(f"launch {turns}")
+        more = _question(chat, "~ budget turns 2 → 4", third)
+        chat.press(more, "approve")
+        chat.wait(f"turn budget extended to 4 turns (approved by {chat.who}", third)
+        chat.wait("(exit 0)", third)
+        # 6. A leased session short of its wall budget: extended, then stopped.
         second = chat.launch(f"launch {extended}")
         stop = _question(chat, "❌ Stop (or `kill s-", second, 120)
         wall = _question(chat, f"~ budget wall_seconds {WALL} → {2 * WALL}", second, 180)
@@ -546,6 +553,8 @@ def test_a_scripted_session_per_transport(
     asked = [line.split() for line in seen if line.startswith("GET ")]
     assert [host for _, host, _ in asked] == ["second.test:8080"], seen
     assert {source for _, _, source in asked} <= proxies, (asked, proxies)
+    # The turn extension: the same brain session finished its task.
+    assert "Finished all 3 turns (resumed " in chat.transcript(third), chat.transcript(third)
     # The wall extension and the stop.
     stop_text = chat.transcript(second)
     assert f"budget:wall_seconds approved by {chat.who}" in stop_text, stop_text
@@ -556,7 +565,7 @@ def test_a_scripted_session_per_transport(
     assert re.search(r"run \S+ killed in [\d.]+s.*\(exit 130\)", stop_text), stop_text
     # The records: runs, their amendments, the approval log, the ledger, Docker.
     ids = run_ids(state_dir)
-    assert len(ids) == 2, ids
+    assert len(ids) == 3, ids
     with StateStore() as store:
         rows = [amendments(store, run_id) for run_id in ids]
         log = history(store)
@@ -564,26 +573,31 @@ def test_a_scripted_session_per_transport(
             r["run_id"]: (r["outcome"], r["exit_code"])
             for r in store.conn.execute("SELECT run_id, outcome, exit_code FROM runs")
         }
-    assert runs == {ids[0]: ("success", 0), ids[1]: ("interrupted", 130)}, runs
+    assert runs == {
+        ids[0]: ("success", 0),
+        ids[1]: ("success", 0),
+        ids[2]: ("interrupted", 130),
+    }, runs
     assert [(r["category"], r["outcome"]) for r in rows[0]] == [
         ("egress:second", "granted"),
         ("egress:third", "denied"),
         ("", "refused"),
         ("credential:filetoken/use", "granted"),
     ], rows[0]
-    assert [(r["category"], r["outcome"]) for r in rows[1]] == [
+    assert [(r["category"], r["outcome"]) for r in rows[1]] == [("budget:turns", "granted")]
+    assert [(r["category"], r["outcome"]) for r in rows[2]] == [
         ("budget:wall_seconds", "granted")
-    ], rows[1]
+    ], rows[2]
     mine = [d for d in log if d.who == chat.who]
     assert all(d.via == chat.kind for d in mine), mine
     graduation = [(d.category, d.outcome) for d in mine if d.kind == "graduation"]
     assert graduation == [("egress:docs", "approved")]
     decided = {(d.category, d.fingerprint): d.outcome for d in mine if d.kind == "capability"}
-    for row in [*rows[0], *rows[1]]:
+    for row in [*rows[0], *rows[1], *rows[2]]:
         if row["outcome"] in ("granted", "denied"):
             want = "approved" if row["outcome"] == "granted" else "denied"
             assert decided[(row["category"], row["fingerprint"])] == want, row
-    assert len(decided) == 4, decided
+    assert len(decided) == 5, decided
     for run_id in ids:
         assert leftovers(docker_client, run_id) == []
     assert live_leases(cli_env(state_dir)) == []
