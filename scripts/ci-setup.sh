@@ -28,5 +28,8 @@ step postgres bash -c 'd=$(mktemp -d) && bash scripts/postgres-up.sh "$d" && bas
 # (its own user, temp storage, 127.0.0.1) to prove it runs; the tests start their own,
 # and a second dockerd (scripts/dockerd2-up.sh) that pulls from it.
 step registry bash -c 'd=$(mktemp -d /tmp/kagura-registry.XXXXXX) && bash scripts/registry-up.sh "$d" >/dev/null && bash scripts/registry-up.sh --stop "$d" && rm -rf "$d"'
+# The second Docker host (its own dockerd, iptables in its own network namespace): started
+# once to prove it runs here; the tests start their own, forwarding the registry into it.
+step dockerd2 bash -c 'd=$(mktemp -d /tmp/kagura-dockerd2.XXXXXX) && bash scripts/dockerd2-up.sh "$d" >/dev/null && bash scripts/dockerd2-up.sh --stop "$d" && rm -rf "$d"'
 "$python" -m kagura_agent images list
 printf 'ci-setup timings: %s total=%ss\n' "${timings[*]}" "$((SECONDS - total_started))" >&2

@@ -80,3 +80,20 @@ def state_target(
     with server.fresh_database() as url:
         monkeypatch.setenv(URL_ENV, url)
         yield url
+
+
+@pytest.fixture(scope="session")
+def registry(docker_client: Any) -> Iterator[str]:
+    """HOST:PORT of Debian's docker-registry on 127.0.0.1 for the session (tests/daemon2.py)."""
+    import daemon2
+
+    yield from daemon2.registry()
+
+
+@pytest.fixture(scope="session")
+def dockerd2(tmp_path_factory: pytest.TempPathFactory, registry: str) -> Iterator[Any]:
+    """A client of a second, separate Docker daemon with iptables in its own network
+    namespace, pulling from ``registry`` (tests/daemon2.py); .host is its DOCKER_HOST."""
+    import daemon2
+
+    yield from daemon2.second_daemon(tmp_path_factory.mktemp("dockerd2"), registry)

@@ -1,8 +1,8 @@
 """Images by digest from a registry, and plans applied on a second, separate Docker daemon.
 
 The project's scripts start Debian's docker-registry on 127.0.0.1 (scripts/registry-up.sh)
-and a second dockerd with its own socket, data root and exec root
-(scripts/dockerd2-up.sh). ``kagura-agent images push`` puts the agent image in the
+and a second dockerd with its own socket, data root, exec root and network namespace
+(scripts/dockerd2-up.sh; the session fixtures ``registry`` and ``dockerd2``, tests/daemon2.py). ``kagura-agent images push`` puts the agent image in the
 registry; a plan made against the first daemon pins ``repository@sha256:…``; applied
 with DOCKER_HOST pointing at the second daemon (and another state directory: another
 host), apply pulls exactly that digest and runs there. A ``kill -9`` on that host is
@@ -13,10 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +20,6 @@ from typing import Any
 
 import pytest
 from apply_helpers import (
-    REPO,
     cli_env,
     kagura,
     leftovers,
@@ -37,7 +32,6 @@ from apply_helpers import (
     wait_for_run,
     write_task,
 )
-from resources import missing
 from team_helpers import queue_url, runners, wait_registered, wait_until  # noqa: F401 - fixtures
 
 from kagura_agent.plan import planfile
@@ -46,48 +40,6 @@ from testing.egress_images import ensure_egress_images
 
 pytestmark = pytest.mark.docker
 HELLO = {"steps": ["echo pulled > out.txt"], "verify": ["grep -q pulled out.txt"]}
-
-
-def _script(name: str, *args: str) -> str:
-    done = subprocess.run(
-        ["bash", str(REPO / "scripts" / name), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if done.returncode != 0:
-        missing(f"scripts/{name} failed: {done.stderr[-1500:]}")
-    return done.stdout.strip()
-
-
-@pytest.fixture(scope="module")
-def registry(docker_client: Any) -> Iterator[str]:
-    """HOST:PORT of a docker-registry started by scripts/registry-up.sh."""
-    if os.geteuid() != 0:
-        missing("the registry and the second dockerd are started as root here")
-    # Not under tmp_path: the registry runs as its own user, who cannot enter pytest's
-    # private folders.
-    folder = Path(tempfile.mkdtemp(prefix="kagura-registry-"))
-    address = _script("registry-up.sh", str(folder))
-    yield address
-    _script("registry-up.sh", "--stop", str(folder))
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def dockerd2(tmp_path_factory: pytest.TempPathFactory, registry: str) -> Iterator[Any]:
-    """A docker-py client of the second daemon (scripts/dockerd2-up.sh); .host is its socket."""
-    import docker
-
-    folder = Path(os.environ.get("KAGURA_DOCKERD2_DIR") or tmp_path_factory.mktemp("dockerd2"))
-    host = _script("dockerd2-up.sh", str(folder))
-    client = docker.DockerClient(base_url=host, timeout=120)
-    client.host = host
-    yield client
-    client.close()
-    if not os.environ.get("KAGURA_DOCKERD2_DIR"):  # a shared one outlives the module
-        _script("dockerd2-up.sh", "--stop", str(folder))
 
 
 @pytest.fixture(scope="module")
