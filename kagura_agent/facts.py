@@ -20,6 +20,7 @@ from kagura_agent.graduation.knobs import Knobs, knobs_from_spec
 from kagura_agent.graduation.ledger import snapshot
 from kagura_agent.graduation.model import GraduationSnapshot
 from kagura_agent.manifest.catalog import Catalog
+from kagura_agent.manifest.proxyimage import proxy_image
 from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.membrane.images import (
     daemon_info,
@@ -129,16 +130,28 @@ class Facts:
         )
 
 
-def gather_facts(catalog: Catalog, task: ResolvedTask, pin: ImagePin | None = None) -> Facts:
+def gather_facts(
+    catalog: Catalog,
+    task: ResolvedTask,
+    pin: ImagePin | None = None,
+    proxy_pin: ImagePin | None = None,
+) -> Facts:
     """Look everything up that the planner needs; never fails on a missing resource.
 
     Read-only: the state store and the memory store are opened with
     ``StateStore.read_only`` (nothing created, nothing migrated; docs/architecture.md, State).
     ``pin`` is a saved plan's image: when that image ID is here, it is the image fact
-    (apply runs the pinned image, whatever the tag points at now).
+    (apply runs the pinned image, whatever the tag points at now); ``proxy_pin`` is the
+    same for its egress proxy image (``egress.proxy``).
     """
     tag = task.image.spec["tag"]
     image = _image_facts(tag, task.image.spec.get("repository"), pin)
+    proxy = proxy_image(catalog)
+    proxy_facts = (
+        _image_facts(proxy.tag, proxy.repository, proxy_pin)
+        if task.runtime == "container"
+        else (None, None)
+    )
     recipe = task.image.spec["recipe"]
     folder = recipe_path(recipe)
     found: dict[str, Any] = {}
@@ -147,8 +160,8 @@ def gather_facts(catalog: Catalog, task: ResolvedTask, pin: ImagePin | None = No
         notes += part.pop("state_notes", [])
         found.update(part)
     return Facts(
-        image_digests={tag: image[0]},
-        image_pulls={tag: image[1]},
+        image_digests={tag: image[0], proxy.tag: proxy_facts[0]},
+        image_pulls={tag: image[1], proxy.tag: proxy_facts[1]},
         recipe_digests={recipe: recipe_digest(folder) if folder is not None else None},
         project_owner=_owner(task.project_root),
         project_mode=_mode(task.project_root),

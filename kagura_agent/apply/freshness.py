@@ -18,7 +18,7 @@ from pathlib import Path
 from kagura_agent.errors import RefusedError
 from kagura_agent.facts import ImagePin
 from kagura_agent.membrane.registry import pull_pinned
-from kagura_agent.membrane.runtime import check_image_digest
+from kagura_agent.membrane.runtime import check_image_digest, check_proxy_digest
 from kagura_agent.plan.build import Compiled, compile_tasks
 from kagura_agent.plan.diff import diff_plans
 from kagura_agent.plan.intent import FactChange, fact_changes, intent_fingerprint, intent_view
@@ -43,6 +43,8 @@ def localize(saved: Plan, log: Callable[[str], None] | None = None) -> Localized
     pull_pinned(saved, log=log or (lambda _line: None))
     if saved["brain"]["runtime"] == "container" and saved["image"]["digest"]:
         check_image_digest(saved)  # the pinned image, or exit 6 naming what is here
+    if saved["brain"]["runtime"] == "container":
+        check_proxy_digest(saved)  # the pinned egress proxy too
     return check_saved_plan_fresh(saved)
 
 
@@ -66,7 +68,9 @@ def check_saved_plan_fresh(plan: Plan) -> Localized:
     with contextlib.chdir(_planned_from(plan["task"])):
         current = [
             c
-            for c in compile_tasks(manifests, [task_path], pin=_pin(plan))
+            for c in compile_tasks(
+                manifests, [task_path], pin=_pin(plan), proxy_pin=_proxy_pin(plan)
+            )
             if c.plan["task"]["name"] == plan["task"]["name"]
         ]
     if not current:
@@ -78,6 +82,11 @@ def check_saved_plan_fresh(plan: Plan) -> Localized:
 def _pin(plan: Plan) -> ImagePin | None:
     image = plan["image"]
     return ImagePin(image["digest"], image["pull"]) if image["digest"] else None
+
+
+def _proxy_pin(plan: Plan) -> ImagePin | None:
+    proxy = plan["egress"].get("proxy")
+    return ImagePin(proxy["digest"], proxy["pull"]) if proxy and proxy["digest"] else None
 
 
 def _planned_from(task: TaskSection) -> str:

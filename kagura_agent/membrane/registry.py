@@ -3,8 +3,8 @@
 ``push`` tags a local image into its Image manifest's ``repository`` and pushes it; the
 registry answers with the manifest digest, and ``repository@sha256:…`` is what plans pin
 (``image.pull``). ``pull_pinned`` runs on the applying host before the plan is checked:
-when the pinned image ID is not here it pulls ``image.pull`` by digest and refuses (exit 6)
-unless exactly the pinned ID arrived. A pull never moves a local tag.
+when a pinned image ID is not here it pulls ``image.pull`` (and the egress proxy's
+``egress.proxy.pull``) by digest and refuses (exit 6) unless exactly the pinned ID arrived. A pull never moves a local tag.
 """
 
 from __future__ import annotations
@@ -53,42 +53,52 @@ def push(ref: str, repository: str, *, client: Any | None = None, log: Log = _qu
 
 
 def pull_pinned(plan: Plan, *, client: Any | None = None, log: Log = _quiet) -> bool:
-    """Make the plan's pinned image present here; True when it had to be pulled.
+    """Make the plan's pinned images present here (the agent image, and the egress proxy
+    image of ``egress.proxy``); True when one had to be pulled.
 
     Nothing to do for host-runtime plans, unresolved images (apply refuses those later)
-    or an image already here. Refuses (exit 6) when the image is missing and the plan
+    or an image already here. Refuses (exit 6) when an image is missing and the plan
     names nowhere to pull it from, or when the pull brought another image ID.
     """
-    image = plan["image"]
-    digest = image["digest"]
-    if plan["brain"]["runtime"] != "container" or not digest or image_present(digest):
+    if plan["brain"]["runtime"] != "container":
         return False
-    pull = image["pull"]
-    if not pull:
-        return False  # check_image_digest refuses it, naming what this host has instead
+    image, proxy = plan["image"], plan["egress"].get("proxy")
+    wanted = [(f"image {image['ref']}", image["digest"], image["pull"])]
+    if proxy:
+        wanted.append((f"egress proxy image {proxy['ref']}", proxy["digest"], proxy["pull"]))
+    # A missing image with nowhere to pull it from: check_image_digest / check_proxy_digest
+    # refuse it, naming what this host has instead.
+    missing = [(what, d, p) for what, d, p in wanted if d and p and not image_present(d)]
+    if not missing:
+        return False
     own = client is None
     client = client if client is not None else connect(timeout=1800)
     try:
-        started = time.monotonic()
-        log(f"pulling {pull}")
-        try:
-            with docker_errors(f"pulling {pull}"):
-                client.api.pull(pull)
-        except ContainerError as exc:
-            raise RefusedError(
-                f"image {image['ref']} differs on this Docker host (the plan pins {digest})"
-                f" and could not be pulled: {exc.message}",
-                hint="is the registry up, and was the image pushed there?",
-            ) from exc
-        found = inspect_image(pull)
-        got = found["Id"] if found else None
-        if got != digest:
-            raise RefusedError(
-                f"image {image['ref']} differs: {pull} is {got} here, the plan pins {digest}",
-                hint="plan again to review the image the registry has",
-            )
-        log(f"pulled {pull} in {time.monotonic() - started:.1f}s")
+        for what, digest, pull in missing:
+            _pull(client, what, digest, pull, log)
         return True
     finally:
         if own:
             client.close()
+
+
+def _pull(client: Any, what: str, digest: str, pull: str, log: Log) -> None:
+    started = time.monotonic()
+    log(f"pulling {pull}")
+    try:
+        with docker_errors(f"pulling {pull}"):
+            client.api.pull(pull)
+    except ContainerError as exc:
+        raise RefusedError(
+            f"{what} differs on this Docker host (the plan pins {digest})"
+            f" and could not be pulled: {exc.message}",
+            hint="is the registry up, and was the image pushed there?",
+        ) from exc
+    found = inspect_image(pull)
+    got = found["Id"] if found else None
+    if got != digest:
+        raise RefusedError(
+            f"{what} differs: {pull} is {got} here, the plan pins {digest}",
+            hint="plan again to review the image the registry has",
+        )
+    log(f"pulled {pull} in {time.monotonic() - started:.1f}s")

@@ -112,6 +112,32 @@ def check_image_digest(plan: Plan) -> str:
     return str(planned)
 
 
+def check_proxy_digest(plan: Plan) -> str | None:
+    """The plan's egress proxy image ID after checking this daemon holds exactly it.
+
+    None when the plan has no proxy or pinned none (planned where the proxy was not
+    built: the proxy's own start says so). Refuses (exit 6) as ``check_image_digest``.
+    """
+    proxy = plan["egress"].get("proxy")
+    if not proxy or not proxy["digest"]:
+        return None
+    ref, planned = proxy["ref"], proxy["digest"]
+    if not image_present(planned):
+        local = local_image_digest(ref)
+        here = f"{ref} is {local} here" if local else f"{ref} is not here"
+        raise RefusedError(
+            f"egress proxy image {ref} differs on this Docker host: the plan pins {planned},"
+            f" {here}",
+            hint=(
+                "push it (an Image manifest built from images/egress-proxy with a repository,"
+                " `kagura-agent images push NAME`) and plan again"
+                if not proxy["pull"]
+                else "plan again to review the proxy image this host has"
+            ),
+        )
+    return str(planned)
+
+
 def check_plan_mounts(plan: Plan) -> None:
     """Re-check every bind mount against the host file system right before launch.
 

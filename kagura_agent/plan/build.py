@@ -50,8 +50,10 @@ def compile_tasks(
     facts_file: str | None = None,
     base_rev: str | None = None,
     pin: ImagePin | None = None,
+    proxy_pin: ImagePin | None = None,
 ) -> list[Compiled]:
-    """Every task in ``paths``, compiled, with its catalog, resolved task and facts."""
+    """Every task in ``paths``, compiled, with its catalog, resolved task and facts;
+    ``pin`` and ``proxy_pin`` are a saved plan's agent and egress proxy images."""
     workspace = load_workspace(manifests, paths, base_rev=base_rev)
     if not workspace.tasks:
         raise UsageError("no Task documents found in " + ", ".join(paths))
@@ -61,7 +63,9 @@ def compile_tasks(
     plans = []
     checker = CachedRuleChecker()
     for task in workspace.tasks:
-        facts = fixed if fixed is not None else gather_facts(workspace.catalog, task, pin)
+        facts = (
+            fixed if fixed is not None else gather_facts(workspace.catalog, task, pin, proxy_pin)
+        )
         plan = compile_plan(workspace.catalog, task, facts, check_rule=checker)
         plans.append(Compiled(workspace.catalog, task, facts, plan))
     checker.passed.save()

@@ -130,12 +130,21 @@ class EgressRule(TypedDict):
     layer: Layer
 
 
+class ProxyPin(TypedDict):
+    """The egress proxy image a plan runs: pinned like the agent image (``image``)."""
+
+    ref: str
+    digest: str | None
+    pull: str | None
+
+
 class EgressSection(TypedDict):
     mode: EgressMode
     allow: list[EgressRule]
     allow_addresses: list[str]
     policies: list[str]
     pool: NotRequired[bool]
+    proxy: NotRequired[ProxyPin | None]  # None when mode is none
 
 
 class CredentialBase(TypedDict):
@@ -440,6 +449,19 @@ DESCRIPTIONS: dict[str, str] = {
     "egress.pool": (
         "Whether apply may give the run a warm (pooled, never reused) proxy session when one"
         " is idle (Policy `spec.egress_pool`); the run's output says which it got."
+    ),
+    "egress.proxy": (
+        "The egress proxy image the run uses, pinned like `image` (null when mode is `none`):"
+        " an Image manifest built from `images/egress-proxy` names its tag and repository."
+    ),
+    "egress.proxy.ref": "Proxy image tag.",
+    "egress.proxy.digest": (
+        "Proxy image ID when planned; apply starts the proxy from exactly this ID"
+        " and refuses (exit 6) a host that has another."
+    ),
+    "egress.proxy.pull": (
+        "`repository@sha256:…` to pull the proxy image from when a host lacks it"
+        " (null: not pushed)."
     ),
     "credentials": "Lease requests (references only, never a secret value).",
     "credentials[].name": "`<provider>-<scope>`.",

@@ -19,6 +19,7 @@ from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.ceilings import budget_ceilings, over_ceilings
 from kagura_agent.manifest.egresspool import egress_pool_knobs
 from kagura_agent.manifest.hosts import normalize_host
+from kagura_agent.manifest.proxyimage import proxy_image
 from kagura_agent.manifest.schema import schema_version
 from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.membrane.floor import floor_violations
@@ -56,6 +57,7 @@ from kagura_agent.plan.model import (
     ParentLink,
     Plan,
     PolicyResult,
+    ProxyPin,
     Refusal,
     Scheme,
     TaskSection,
@@ -113,6 +115,7 @@ def compile_plan(
     brain = _brain(task)
     # A proxy that injects the brain's key is configured at its start: never a pooled one.
     egress["pool"] = egress["pool"] and brain_injection(brain) is None
+    egress["proxy"] = _proxy(catalog, facts) if egress["mode"] == "proxy" else None
     image = _image(task.image, facts)
     credentials = [_credential(request) for request in task.credentials]
     mounts: list[Mount] = [
@@ -421,6 +424,14 @@ def _image(image: Manifest, facts: Facts) -> ImageBase:
         "source": image.file,
         "layer": layer_of(image.layer),
     }
+
+
+def _proxy(catalog: Catalog, facts: Facts) -> ProxyPin:
+    """The egress proxy image, pinned as the agent image is (``_image``)."""
+    proxy = proxy_image(catalog)
+    digest = facts.image_digests.get(proxy.tag)
+    pull = facts.image_pulls.get(proxy.tag) if proxy.repository and digest else None
+    return {"ref": proxy.tag, "digest": digest, "pull": pull}
 
 
 def _egress(policies: list[Manifest], tool_rules: list[EgressRule], pool: bool) -> EgressSection:

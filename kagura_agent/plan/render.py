@@ -233,6 +233,9 @@ def render_text(plan: Plan, style: Style) -> str:
             out.append(
                 "               proxy: a warm pooled session if one is idle (used once), else cold"
             )
+        proxy = egress.get("proxy")
+        if proxy:
+            out.append(f"               proxy image {proxy['ref']}  {_short(proxy['digest'])}")
     if not plan["credentials"]:
         out.append("  credentials  none")
     for index, cred in enumerate(plan["credentials"]):

@@ -58,7 +58,8 @@ FORBIDDEN_RANGES: tuple[str, ...] = (
 
 _ENTRY_KEYS = {"host", "port", "scheme", "policy", "source", "layer", "allow_addresses"}
 # "pool" says whether a warm session may serve the run (pool.py); it changes no rule.
-_SECTION_KEYS = {"mode", "allow", "allow_addresses", "policies", "pool"}
+# "proxy" is the image the proxy runs (plan egress.proxy), not part of the allowlist.
+_SECTION_KEYS = {"mode", "allow", "allow_addresses", "policies", "pool", "proxy"}
 _SCHEMES = ("https", "http")
 
 

@@ -253,9 +253,13 @@ class EgressSession:
             session.injection = injection
             session._inject_line = injection_line(injection, injection_secret)
         audit.record_run(store, run_id, iso((clock or SystemClock()).now()), plan["egress"])
-        proxy_image = image or images.image_ref("egress-proxy")
+        # The plan's pinned proxy image (egress.proxy) by ID, so a retag never changes it.
+        pin = plan["egress"].get("proxy")
+        pinned = pin["digest"] if pin else None
+        proxy_image = image or pinned or images.image_ref("egress-proxy")
         cold_only = injection is not None or extra_networks or extra_hosts
-        if from_pool and not cold_only and session._adopt_pooled(proxy_image):
+        pool_tag = image or images.image_ref("egress-proxy")
+        if from_pool and not cold_only and session._adopt_pooled(pool_tag, pinned):
             audit.mark_session(store, run_id, f"warm:{session.pooled_name}")
             return session
         audit.mark_session(store, run_id, "cold")
@@ -267,13 +271,19 @@ class EgressSession:
             raise
         return session
 
-    def _adopt_pooled(self, image: str) -> bool:
-        """Claim an idle pooled session and load this run's allowlist into it; False: none."""
-        claimed = pool.claim(self.run_id, image)
+    def _adopt_pooled(self, tag: str, pinned: str | None) -> bool:
+        """Claim an idle pooled session and load this run's allowlist into it; False: none.
+
+        The keeper's sessions run its proxy tag; one whose image is not the plan's
+        ``pinned`` ID (the tag was rebuilt or retagged since the plan) is removed unused.
+        """
+        claimed = pool.claim(self.run_id, tag)
         if claimed is None:
             return False
         pooled, path = claimed
         try:
+            if pinned and self.client.api.inspect_container(pooled.proxy_id)["Image"] != pinned:
+                raise SetupError(f"pooled session {pooled.name} runs another proxy image")
             conf = render_squid_conf(self.policy, ["127.0.0.1/32"], None)
             self._wait_pooled = start_reload(
                 self.client, pooled.proxy_id, conf, user=PROXY_USER, timeout=10.0
