@@ -11,12 +11,14 @@ through the proxy; an unlisted host and an unlisted port are refused by the prox
 TCP to the upstream, to the daemon's gateways and to a service on its host fails, and DNS
 fails (a plain container on the same daemon reaches those, the control). A ``kill -9``
 mid-run leaves the proxy, its network and socket volume on the second daemon, and the
-next apply there sweeps them. Neither daemon's iptables sees the other's bridges.
+next apply there sweeps them. Neither daemon's iptables sees the other's bridges. A warm
+pooled proxy of another image than the pinned one never serves the run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import subprocess
 import time
@@ -41,11 +43,14 @@ from apply_helpers import (
 )
 from daemon2 import in_netns
 
+from kagura_agent.membrane import images
+from kagura_agent.membrane.egress import EgressSession, pool
 from kagura_agent.membrane.egress.owner import COMPONENT_OUTBOUND, COMPONENT_PROXY, LABEL_COMPONENT
 from kagura_agent.membrane.hardening import LABEL_RUN
 
 pytestmark = pytest.mark.docker
 
+RELABELLED = "kagura/egress-proxy-test:relabelled"
 PRIVATE = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
 EGRESS = {
     "kind": "EgressPolicy",
@@ -350,3 +355,48 @@ def test_the_second_daemon_keeps_its_chains_in_its_own_namespace(
     assert "10.213.213." not in theirs and "10.214." not in theirs
     bridge = docker_client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Subnet"]
     assert bridge != "10.213.213.0/24"  # the first daemon's docker0 is its own
+
+
+def test_a_warm_proxy_of_another_image_never_serves_a_pinned_plan(
+    docker_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool's keeper runs its proxy tag; when that tag is another image than the plan
+    pins (rebuilt since the plan), the claimed session is removed and the run starts cold."""
+    import docker
+
+    monkeypatch.setenv("KAGURA_AGENT_STATE_DIR", str(tmp_path / "state"))
+    pinned = docker_client.images.get(images.image_ref("egress-proxy")).id
+    # Another image ID that runs the same proxy: the pinned one with one more label.
+    dockerfile = f"FROM {images.image_ref('egress-proxy')}\nLABEL dev.kagura.test=daemon2\n"
+    other, _ = docker_client.images.build(
+        fileobj=io.BytesIO(dockerfile.encode()), tag=RELABELLED, rm=True
+    )
+    assert other.id != pinned
+    plan = {
+        "egress": {
+            "mode": "proxy",
+            "allow": [{"host": "allowed.test", "port": 8443}],
+            "proxy": {"ref": RELABELLED, "digest": pinned, "pull": None},
+        }
+    }
+    base = pool.pool_dir()
+    keeper = pool.Keeper(docker.from_env(), pool.PoolSettings(size=1), image=RELABELLED, base=base)
+    try:
+        with pool.keeper_thread(keeper):
+            deadline = time.monotonic() + 120
+            while not (idle := [e for e in pool.entries(base) if e.state == pool.IDLE]):
+                assert time.monotonic() < deadline, "the keeper never started a session"
+                time.sleep(0.1)
+            run_id = f"test-pinned-{time.monotonic_ns()}"
+            session = EgressSession.start(
+                docker_client, plan, run_id, image=RELABELLED, from_pool=True
+            )
+            try:
+                assert not session.warm
+                labels = {"label": f"{pool.LABEL_POOL}={idle[0].name}"}
+                assert docker_client.containers.list(all=True, filters=labels) == []
+            finally:
+                session.close()
+            assert leftovers(docker_client, run_id) == []
+    finally:
+        docker_client.images.remove(RELABELLED, force=True)
