@@ -465,7 +465,12 @@ def test_a_scripted_session_per_transport(
             )
         },
     )
-    turns = _task(tmp_path, "turns", {"prompt": "turns: 3", "budget": {"turns": 2}})
+    # 3 Bash turns and an answer at $0.01 each: out of turns after 2, of dollars after 3.
+    turns = _task(
+        tmp_path,
+        "turns",
+        {"prompt": "turns: 3\nturn cost: 0.01", "budget": {"turns": 2, "cost_usd": 0.025}},
+    )
     extended = write_task(
         make_project(tmp_path, "extended"),
         "extended",
@@ -502,11 +507,15 @@ def test_a_scripted_session_per_transport(
             chat.wait(f"{request} {category} {word} by {chat.who}", thread)
         # 4. The long final answer.
         done = chat.wait("(exit 0)", thread)
-        # 5. A session whose brain runs out of turns: extended, the same session finishes.
+        # 5. A session whose brain runs out of turns, then of dollars: both extended, and
+        # the same brain session finishes.
         third = chat.launch(f"launch {turns}")
         more = _question(chat, "~ budget turns 2 → 4", third)
         chat.press(more, "approve")
         chat.wait(f"turn budget extended to 4 turns (approved by {chat.who}", third)
+        dollars = _question(chat, "~ budget cost_usd", third)
+        chat.press(dollars, "approve")
+        chat.wait(f"budget extended to $0.05 (approved by {chat.who}", third)
         chat.wait("(exit 0)", third)
         # 6. A leased session short of its wall budget: extended, then stopped.
         second = chat.launch(f"launch {extended}")
@@ -584,7 +593,10 @@ def test_a_scripted_session_per_transport(
         ("", "refused"),
         ("credential:filetoken/use", "granted"),
     ], rows[0]
-    assert [(r["category"], r["outcome"]) for r in rows[1]] == [("budget:turns", "granted")]
+    assert [(r["category"], r["outcome"]) for r in rows[1]] == [
+        ("budget:turns", "granted"),
+        ("budget:cost_usd", "granted"),
+    ], rows[1]
     assert [(r["category"], r["outcome"]) for r in rows[2]] == [
         ("budget:wall_seconds", "granted")
     ], rows[2]
@@ -597,7 +609,7 @@ def test_a_scripted_session_per_transport(
         if row["outcome"] in ("granted", "denied"):
             want = "approved" if row["outcome"] == "granted" else "denied"
             assert decided[(row["category"], row["fingerprint"])] == want, row
-    assert len(decided) == 5, decided
+    assert len(decided) == 6, decided
     for run_id in ids:
         assert leftovers(docker_client, run_id) == []
     assert live_leases(cli_env(state_dir)) == []
