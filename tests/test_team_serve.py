@@ -164,3 +164,70 @@ def _agent_running(client: Any, run_id: str) -> bool:
         "dev.kagura.task" in c.labels and c.status == "running"
         for c in run_containers(client, run_id)
     )
+
+
+@pytest.mark.timeout(400)
+def test_a_chat_approval_travels_with_the_queued_run_and_a_restarted_cockpit_follows_it(
+    docker_client: Any,
+    tmp_path: Path,
+    state_dir: Path,
+    queue_url: str,  # noqa: F811 - the fixture
+    runners: Any,  # noqa: F811 - the fixture
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A chat fake (the scripted transport): a plan needing approval is approved in the
+    thread and queued with that approval; the cockpit stops before any runner took it
+    (the run stays queued: the cockpit only stops following), and the next cockpit follows
+    it again from the store to its end, applied by a runner that starts later."""
+    import threading
+
+    from test_cockpit import ALICE, ScriptedTransport
+
+    from kagura_agent.cockpit.core import Cockpit, CockpitConfig
+
+    monkeypatch.setenv("KAGURA_AGENT_STATE_URL", queue_url)  # sessions + approvals shared
+    docs = {
+        "kind": "EgressPolicy",
+        "metadata": {"name": "docs"},
+        "spec": {"allow": [{"host": "docs.invalid"}]},
+    }
+    manifests = manifest_set(tmp_path, docs)
+    project = make_project(tmp_path, "net")
+    spec = {"steps": ["echo ok > ok.txt"], "egress": ["docs"], "verify": ["test -s ok.txt"]}
+    task = write_task(project, "net", spec)
+    config = CockpitConfig(
+        operators=frozenset({ALICE}), manifests=str(manifests), queue_url=queue_url
+    )
+
+    def serve(transport: ScriptedTransport) -> tuple[Cockpit, threading.Thread]:
+        cockpit = Cockpit(transport, config)
+        cockpit.settle_previous()
+        thread = threading.Thread(target=cockpit.serve, daemon=True)
+        thread.start()
+        return cockpit, thread
+
+    first = ScriptedTransport()
+    _, thread = serve(first)
+    first.send(f"launch {task}")
+    first.wait_for("needs approval for plan")
+    session_id = first.requests[-1]  # a session's id is its approval request's
+    first.send(f"approve {session_id}")
+    out = first.wait_for(": queued as run run-")
+    run_id = out.split("queued as run ")[1].split()[0]
+    first.stop()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert queue.run(queue_url, run_id)["status"] == "queued"  # left to the runners
+
+    second = ScriptedTransport()
+    cockpit, thread = serve(second)
+    second.wait_for(f"still following run {run_id} on the team queue")
+    runners("late", env={"KAGURA_AGENT_STATE_URL": queue_url})
+    out = second.wait_for(f"session {session_id}: run {run_id} succeeded", timeout=180)
+    assert "● taken by runner late" in out
+    assert (project / "ok.txt").read_text() == "ok\n"
+    (session,) = cockpit.sessions()
+    assert (session.state, session.run_id) == ("succeeded", run_id)
+    assert "approved by test:" in first.text()
+    second.stop()
+    thread.join(60)
