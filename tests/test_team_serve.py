@@ -180,6 +180,7 @@ def test_a_chat_approval_travels_with_the_queued_run_and_a_restarted_cockpit_fol
     (the run stays queued: the cockpit only stops following), and the next cockpit follows
     it again from the store to its end, applied by a runner that starts later."""
     import threading
+    from dataclasses import replace
 
     from test_cockpit import ALICE, ScriptedTransport
 
@@ -218,6 +219,13 @@ def test_a_chat_approval_travels_with_the_queued_run_and_a_restarted_cockpit_fol
     thread.join(60)
     assert not thread.is_alive()
     assert queue.run(queue_url, run_id)["status"] == "queued"  # left to the runners
+
+    # A cockpit without --queue neither follows it nor calls it lost.
+    local = ScriptedTransport()
+    Cockpit(local, replace(config, queue_url=None)).settle_previous()
+    assert f"its run {run_id} is on the team queue; this cockpit does not follow it" in (
+        local.text()
+    )
 
     second = ScriptedTransport()
     cockpit, thread = serve(second)

@@ -63,7 +63,7 @@ from kagura_agent.plan.build import plan_tasks
 from kagura_agent.plan.model import Plan
 from kagura_agent.plan.render import render_text
 from kagura_agent.state import Location, MissingTable, StateStore, state_location
-from kagura_agent.team.queue import enqueue_plan
+from kagura_agent.team.queue import DEFAULT_APPROVAL_TTL, enqueue_plan
 from kagura_agent.ui import Style
 
 STOP_WAIT_SECONDS = 120.0
@@ -131,7 +131,14 @@ class Cockpit:
         running = [s for s in left if s.state == "running"]
         queued = [s for s in left if s.state == "queued"]
         for session in running:
-            if session.pid is None and session.run_id and self.config.queue_url:
+            if session.pid is None and session.run_id:  # queued for the team's runners
+                if self.config.queue_url is None:
+                    self._say(
+                        session.thread,
+                        f"session {session.id}: its run {session.run_id} is on the team queue;"
+                        " this cockpit does not follow it (serve --queue does)",
+                    )
+                    continue
                 with self._lock:
                     self._active[session.id] = session
                 self._follow_team(session, session.run_id)
@@ -653,7 +660,7 @@ class Cockpit:
                 url,
                 planfile.load(Path(session.plan_path)),
                 approve=session.categories,
-                approval_ttl=self.config.approval_timeout,
+                approval_ttl=DEFAULT_APPROVAL_TTL,  # as `apply --queue`: an hour to be taken
                 who=f"{session.transport}:{session.requested_by}",
                 clock=self.clock,
             )
