@@ -58,3 +58,13 @@ def test_a_denied_capability_is_listed(capsys: pytest.CaptureFixture[str]) -> No
     )
     assert "- **denied** `egress:paste`" in text
     assert "| denied |" in text
+
+
+def test_the_pinned_egress_proxy_image_has_its_row(capsys: pytest.CaptureFixture[str]) -> None:
+    case = ROOT / "tests" / "plans" / "egress-wildcards"
+    facts = str(case / "facts.json")
+    text = _markdown(
+        capsys, str(case / "task.yml"), "--manifests", str(case / "manifests"), "--facts", facts
+    )
+    rows = [line for line in text.splitlines() if line.startswith("| egress proxy image |")]
+    assert rows == ["| egress proxy image | `kagura/egress-proxy:0.1.0` sha256:333333333333… | |"]

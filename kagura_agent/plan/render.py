@@ -368,6 +368,9 @@ def render_markdown(plan: Plan) -> str:
         lines.append(
             f"| egress | `{entry['scheme']}://{entry['host']}:{entry['port']}` (policy {entry['policy']}{notes}){mine(entry)} | {classes.get(rule_category(entry['policy']), '')} |"
         )
+    proxy = plan["egress"].get("proxy")
+    if proxy:
+        lines.append(f"| egress proxy image | `{proxy['ref']}` {_short(proxy['digest'])} | |")
     for cred in plan["credentials"]:
         line = _cred_line(cred, injected_provider(plan))
         lines.append(f"| credential | {line}{mine(cred)} | {cred['class']} |")
