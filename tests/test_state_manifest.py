@@ -149,3 +149,20 @@ def test_a_broken_choice_is_a_located_error(
         assert "(chosen by State team (manifests/state.yml:2))" in done.stderr
     assert "Traceback" not in done.stderr and "hunter2" not in done.stderr + done.stdout
     assert not (state_dir / "state.db").exists()  # never a silent fall-back to the file
+
+
+def test_the_postgres_memory_backend_uses_the_state_manifests_database(
+    folder: Path, tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kagura_agent.errors import SetupError
+    from kagura_agent.memory.factory import postgres_url
+
+    for name in ("KAGURA_AGENT_STATE_URL", "KAGURA_AGENT_MANIFESTS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KAGURA_TEAM_DB", "postgresql://kagura@db.internal:5432/team")
+    monkeypatch.chdir(folder)
+    assert postgres_url() == "postgresql://kagura@db.internal:5432/team"
+    monkeypatch.chdir(tmp_path)  # no ./manifests here: the embedded store
+    with pytest.raises(SetupError) as err:
+        postgres_url()
+    assert "State manifest" in err.value.hint

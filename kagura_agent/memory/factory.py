@@ -8,8 +8,9 @@ The section (docs/plan-format.md) looks like::
      "context_id": "…"}            # cloud only; defaults to "kagura-agent"
 
 Secrets arrive as references; the caller may pass the resolved token instead.
-``postgres`` keeps memories in the team's state store (``KAGURA_AGENT_STATE_URL``): its
-URL, which may carry a password, comes from the operator's environment, never a manifest.
+``postgres`` keeps memories in the team's state store (the State manifest's, or
+``KAGURA_AGENT_STATE_URL``): its URL, which may carry a password, is a reference in the
+manifest or the operator's environment, never written in a manifest.
 """
 
 from __future__ import annotations
@@ -105,8 +106,9 @@ def postgres_url() -> str:
     location = state_location()
     if not isinstance(location, str):
         raise SetupError(
-            f"the postgres memory backend keeps memories in the state store, but {URL_ENV}"
-            " is not set (the state store is the embedded SQLite file)",
-            hint=f"set {URL_ENV}=postgresql://… or use backend: sqlite",
+            "the postgres memory backend keeps memories in the state store, but the state"
+            " store is the embedded SQLite file",
+            hint="name the team's PostgreSQL in a State manifest (or set"
+            f" {URL_ENV}=postgresql://…), or use backend: sqlite",
         )
     return location
