@@ -12,7 +12,8 @@ TCP to the upstream, to the daemon's gateways and to a service on its host fails
 fails (a plain container on the same daemon reaches those, the control). A ``kill -9``
 mid-run leaves the proxy, its network and socket volume on the second daemon, and the
 next apply there sweeps them. Neither daemon's iptables sees the other's bridges. A warm
-pooled proxy of another image than the pinned one never serves the run.
+pooled proxy of another image than the pinned one never serves the run. A runner on the
+second daemon takes a queued egress plan, pulls the proxy and runs it there.
 """
 
 from __future__ import annotations
@@ -42,11 +43,14 @@ from apply_helpers import (
     write_task,
 )
 from daemon2 import in_netns
+from team_helpers import queue_url, runners, wait_registered, wait_until  # noqa: F401 - fixtures
 
 from kagura_agent.membrane import images
 from kagura_agent.membrane.egress import EgressSession, pool
 from kagura_agent.membrane.egress.owner import COMPONENT_OUTBOUND, COMPONENT_PROXY, LABEL_COMPONENT
 from kagura_agent.membrane.hardening import LABEL_RUN
+from kagura_agent.plan import planfile
+from kagura_agent.team import queue
 
 pytestmark = pytest.mark.docker
 
@@ -400,3 +404,39 @@ def test_a_warm_proxy_of_another_image_never_serves_a_pinned_plan(
             assert leftovers(docker_client, run_id) == []
     finally:
         docker_client.images.remove(RELABELLED, force=True)
+
+
+def test_a_runner_on_the_second_daemon_pulls_the_proxy_and_applies_a_queued_egress_plan(
+    tmp_path: Path,
+    pushed_both: dict[str, Any],
+    dockerd2: Any,
+    queue_url: str,  # noqa: F811 - the fixture
+    runners: Any,  # noqa: F811 - the fixture
+) -> None:
+    """``kagura-agent runner`` with DOCKER_HOST on the second daemon takes an egress plan
+    made on the first from the queue, pulls the pinned proxy image and runs it there."""
+    manifests = pushed_both["manifests"]
+    project, saved, plan = _plan(
+        tmp_path, manifests, "d2-queued", ["ls /sys/class/net > interfaces.txt"], []
+    )
+    proxy = plan["egress"]["proxy"]
+    _drop(dockerd2, proxy["digest"])
+    runner = runners("runner-d2-egress", env={"DOCKER_HOST": dockerd2.host})
+    wait_registered(queue_url, 1)
+    started = int(time.time()) - 1
+    queued = queue.enqueue_plan(queue_url, planfile.load(saved), who="op")
+    wait_until(
+        lambda: queue.run(queue_url, queued.run_id)["status"] in queue.TERMINAL, 600, "the run"
+    )
+    row = queue.run(queue_url, queued.run_id)
+    assert (row["status"], row["runner"]) == ("success", "runner-d2-egress"), (row, runner.output())
+    events = json.dumps(list(queue.follow(queue_url, queued.run_id, timeout=60)))
+    assert f"pulling {proxy['pull']}" in events, events[-3000:]
+    assert (project / "interfaces.txt").read_text().split() == ["lo"]
+    label = {"label": f"{LABEL_RUN}={queued.run_id}", "type": "container"}
+    on_b = dockerd2.events(since=started, until=int(time.time()) + 1, decode=True, filters=label)
+    created = [e["Actor"]["Attributes"] for e in on_b if e.get("Action") == "create"]
+    assert [a["image"] for a in created if a.get(LABEL_COMPONENT) == COMPONENT_PROXY] == [
+        proxy["digest"]
+    ]
+    assert leftovers(dockerd2, queued.run_id) == []
