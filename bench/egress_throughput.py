@@ -49,7 +49,7 @@ import docker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kagura_agent.membrane.egress import EgressSession, forwarder
+from kagura_agent.membrane.egress import forwarder
 from kagura_agent.membrane.egress.policy import load_policy
 from kagura_agent.membrane.egress.session import (
     PROXY_SOCKET_DIR,
@@ -57,6 +57,7 @@ from kagura_agent.membrane.egress.session import (
     PROXY_USER,
     SOCKET_NAME,
     AgentNetworkConfig,
+    EgressSession,
     start_forwarder,
 )
 from kagura_agent.membrane.egress.squid import render_squid_conf

@@ -46,8 +46,9 @@ from daemon2 import in_netns
 from team_helpers import queue_url, runners, wait_registered, wait_until  # noqa: F401 - fixtures
 
 from kagura_agent.membrane import images
-from kagura_agent.membrane.egress import EgressSession, pool
+from kagura_agent.membrane.egress import pool
 from kagura_agent.membrane.egress.owner import COMPONENT_OUTBOUND, COMPONENT_PROXY, LABEL_COMPONENT
+from kagura_agent.membrane.egress.session import EgressSession
 from kagura_agent.membrane.hardening import LABEL_RUN
 from kagura_agent.plan import planfile
 from kagura_agent.team import queue

@@ -21,7 +21,7 @@ from testing.egress_images import ensure_egress_images
 # A stand-in for the applying process: it starts a run's egress, says so, and waits.
 CHILD = """
 import sys, time, docker
-from kagura_agent.membrane.egress import EgressSession
+from kagura_agent.membrane.egress.session import EgressSession
 plan = {"egress": {"mode": "proxy", "allow": [{"host": "allowed.test", "port": 8443}]}}
 with EgressSession.start(docker.from_env(), plan, sys.argv[1]) as egress:
     print("ready", egress.proxy_name, flush=True)
@@ -90,7 +90,7 @@ def test_kill_9_leftovers_are_swept_on_next_start(
 
 
 def test_egress_log_cli(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from kagura_agent.membrane.egress import load_policy
+    from kagura_agent.membrane.egress.policy import load_policy
 
     store = audit.open_store(StateStore())
     allow = {"mode": "proxy", "allow": [{"host": "api.github.com"}]}

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from kagura_agent.errors import RefusedError, SetupError
-from kagura_agent.membrane.egress import EgressSession, audit
+from kagura_agent.membrane.egress import audit
 from kagura_agent.membrane.egress.owner import LABEL_COMPONENT
+from kagura_agent.membrane.egress.session import EgressSession
 from kagura_agent.state import StateStore
 from testing.egress_images import ensure_egress_images, start_forwarder
 

@@ -84,8 +84,9 @@ def test_the_postgres_memory_backend_needs_the_state_url(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(URL_ENV, raising=False)
-    with pytest.raises(SetupError, match=f"{URL_ENV} is not set"):
+    with pytest.raises(SetupError, match="the state store is the embedded SQLite file") as caught:
         open_memory({"backend": "postgres", "location": "state-store"})
+    assert URL_ENV in caught.value.render() and "State manifest" in caught.value.render()
 
 
 # --- PostgreSQL only ---------------------------------------------------------------------

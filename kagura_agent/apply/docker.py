@@ -14,9 +14,9 @@ from typing import Any
 from kagura_agent.apply.context import ContainerState, EgressSink
 from kagura_agent.brain.streams import DockerAttachStream, DuplexStream
 from kagura_agent.clock import Clock
-from kagura_agent.membrane.egress import EgressSession, sweep_orphans
-from kagura_agent.membrane.egress.session import AgentNetworkConfig, start_forwarder
+from kagura_agent.membrane.egress.session import AgentNetworkConfig, EgressSession, start_forwarder
 from kagura_agent.membrane.egress.squid import Injection
+from kagura_agent.membrane.egress.sweep import sweep_orphans
 from kagura_agent.membrane.runtime import DockerRuntime, docker_errors
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore

@@ -77,7 +77,8 @@ def _log(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from kagura_agent.membrane.egress import audit, sweep_orphans
+    from kagura_agent.membrane.egress import audit
+    from kagura_agent.membrane.egress.sweep import sweep_orphans
     from kagura_agent.membrane.runtime import connect, docker_errors
     from kagura_agent.state import StateStore
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError
 from kagura_agent.membrane import hardening, mounts
+from kagura_agent.membrane.egress import forwarder
 from kagura_agent.membrane.images import image_present, inspect_image, local_image_digest
 from kagura_agent.membrane.isolation import check_tenancy, isolation_report
 from kagura_agent.membrane.roots import check_project_root
@@ -165,8 +166,6 @@ def _with_forwarder(
     image_id: str, command: list[str] | None, forward: Sequence[tuple[str, int]]
 ) -> list[str]:
     """The image's entrypoint and command (or ``command``), behind the forwarder's launcher."""
-    from kagura_agent.membrane.egress import forwarder
-
     found = inspect_image(image_id)
     if found is None:
         raise SetupError(f"image {image_id} could not be inspected")
