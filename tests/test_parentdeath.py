@@ -13,14 +13,15 @@ from kagura_agent.apply.parentdeath import PARENT_ENV, stop_with_parent
 
 # A child that waits for SIGINT and leaves a mark when it arrives.
 CHILD = """
-import sys, time
+import os, sys, time
 from kagura_agent.apply.parentdeath import stop_with_parent
 try:
     assert stop_with_parent()
     print("ready", flush=True)
     time.sleep(60)
 except KeyboardInterrupt:
-    open(sys.argv[1], "w").write("interrupted")
+    open(sys.argv[1] + ".tmp", "w").write("interrupted")
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])  # the mark appears whole
 """
 
 # A parent that starts that child with child_environment() and waits forever.
@@ -53,7 +54,7 @@ def test_a_child_is_interrupted_when_its_parent_is_killed(tmp_path: Path) -> Non
     )
     assert parent.stdout is not None
     child_pid = int(parent.stdout.readline())
-    time.sleep(1.0)  # asked for the signal by now; if not, it finds its parent gone
+    assert parent.stdout.readline() == "ready\n"  # the child has asked for the signal
     parent.send_signal(signal.SIGKILL)
     parent.wait(timeout=30)
     deadline = time.monotonic() + 30
