@@ -554,6 +554,9 @@ def test_a_scripted_session_per_transport(
     assert f"Access said: granted: credential:filetoken/use approved by {chat.who}" in transcript
     assert "After said (0): hello from second.test:8080" in transcript, transcript
     assert "hello from third.test" not in said
+    # The proxy's denials reached the thread: second.test before its grant, third.test.
+    assert "⊘ egress denied second.test:8080" in transcript, transcript
+    assert "⊘ egress denied third.test:8080" in transcript, transcript
     assert "After said (0): token-pushed" in transcript, transcript
     assert "(exit 0)" in done.text
     # What the upstream saw: second.test only, and only from the run's proxy (after the
