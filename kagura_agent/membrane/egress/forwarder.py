@@ -276,10 +276,12 @@ def command(path: str, port: int) -> list[str]:
 
 
 # The agent container's entrypoint (python3 -c STUB SPEC SOURCE -- ARGV...): only socket
-# and os before the exec, so the image's entrypoint starts ~12 ms later than it would
-# alone; the forwarder's own code (SOURCE: this file) is compiled in the child, after
-# the fork. The child holds no end of the brain channel (the container's stdin and
-# stdout): its stdin, stdout and stderr are /dev/null before anything else runs.
+# and os before the exec, so the image's entrypoint starts one bare python3 start later
+# than it would alone. The child holds no end of the brain channel (the container's
+# stdin and stdout): its stdin, stdout and stderr are /dev/null before anything else
+# runs, then it execs a fresh python3 running this file (SOURCE) on the bound sockets,
+# so nothing of the stub or of the entrypoint's argv is in its memory or command line.
+SERVE_FDS = "--serve-fds"  # as written in the stub
 _LAUNCH_STUB = """\
 import os, socket, sys
 spec, source, sep, argv = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
@@ -288,18 +290,19 @@ servers = []
 for item in spec.split(","):
     port, _, path = item.partition("=")
     server = socket.create_server(("127.0.0.1", int(port)), backlog=256)
-    server.setblocking(False)
     servers.append((server, path))
 if os.fork() == 0:
     try:
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
-        scope = {"__name__": "kagura_forwarder"}
-        exec(compile(source, "forwarder.py", "exec"), scope)
-        scope["_serve_all"](servers)
+        fds = []
+        for server, path in servers:
+            os.set_inheritable(server.fileno(), True)
+            fds.append(f"{server.fileno()}={path}")
+        os.execvp("python3", ["python3", "-c", source, "--serve-fds", ",".join(fds)])
     finally:
-        os._exit(0)
+        os._exit(127)
 for server, _ in servers:
     server.close()
 os.execvp(argv[0], argv)
@@ -326,6 +329,15 @@ def _serve_all(servers: list[tuple[socket.socket, str]]) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == [SERVE_FDS] and len(argv) == 2:
+        servers = []
+        for item in argv[1].split(","):
+            fd, _, path = item.partition("=")
+            server = socket.socket(fileno=int(fd))
+            server.setblocking(False)
+            servers.append((server, path))
+        _serve_all(servers)
+        return 0
     path = argv[0] if argv else os.environ.get(SOCKET_ENV, "")
     port = int(argv[1] if len(argv) > 1 else os.environ.get(PORT_ENV, "3128"))
     if not path:
