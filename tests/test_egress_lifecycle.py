@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from kagura_agent.cli.main import main
-from kagura_agent.membrane.egress import audit, sweep_orphans
+from kagura_agent.membrane.egress import audit
+from kagura_agent.membrane.egress.sweep import sweep_orphans
 from kagura_agent.state import StateStore
 from testing.egress_images import ensure_egress_images
 

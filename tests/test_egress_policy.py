@@ -9,8 +9,9 @@ import pytest
 
 from kagura_agent.errors import RefusedError
 from kagura_agent.manifest.hosts import is_ip_literal, normalize_host
-from kagura_agent.membrane.egress import audit, load_policy, render_squid_conf
-from kagura_agent.membrane.egress.policy import subtract
+from kagura_agent.membrane.egress import audit
+from kagura_agent.membrane.egress.policy import load_policy, subtract
+from kagura_agent.membrane.egress.squid import render_squid_conf
 from kagura_agent.state import StateStore
 
 
