@@ -31,6 +31,7 @@ ELSEWHERE = {
     "images push": "test_images_registry.py (the pushed fixture checks the envelope)",
     "queue list": "test_team_docs.py (needs PostgreSQL)",
     "queue runners": "test_team_docs.py (needs PostgreSQL)",
+    "queue cancel": "test_team_docs.py (needs PostgreSQL)",
     "queue follow": "streams one JSON object per event; test_team_runners.py reads them",
 }
 

@@ -96,6 +96,13 @@ def test_the_team_setup_runs_as_written(
         data = json.loads(done.stdout)
         assert (done.returncode, data["ok"], data["errors"]) == (0, True, []), done.stderr
         assert data[key], data
+    # Cancelling a run that has ended changes nothing and says so.
+    argv = [sys.executable, "-m", "kagura_agent", "queue", "cancel", run_id, "--json"]
+    done = subprocess.run(argv, env=env, cwd=project, capture_output=True, text=True)
+    data = json.loads(done.stdout)
+    assert (done.returncode, data["ok"], data["errors"]) == (0, True, []), done.stderr
+    assert (data["run"], data["status"]) == (run_id, "success"), data
+    assert "has ended already" in data["message"], data
     assert (project / "out.txt").read_text() == "hello\n"
     # The run's record, the runner's sweeps and the plan's look-ups all went to PostgreSQL.
     assert not (state_dir / "state.db").exists()

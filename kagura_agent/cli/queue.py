@@ -27,6 +27,7 @@ def register(subparsers: Any) -> None:
         " interrupts the apply (leases revoked, containers removed)",
     )
     cancel.add_argument("run_id", metavar="RUN")
+    cancel.add_argument("--json", action="store_true")
     cancel.set_defaults(handler=run_cancel)
     runners = actions.add_parser("runners", help="runners that registered, with capacity")
     runners.add_argument("--json", action="store_true")
@@ -69,10 +70,19 @@ def run_follow(args: argparse.Namespace) -> int:
 
 def run_cancel(args: argparse.Namespace) -> int:
     from kagura_agent.approvals.asking import operator_name
+    from kagura_agent.cli.common import print_json
     from kagura_agent.team.db import queue_url
-    from kagura_agent.team.queue import cancel
+    from kagura_agent.team.queue import cancel, run
 
-    print(cancel(queue_url(args.queue_url), args.run_id, operator_name()))
+    url = queue_url(args.queue_url)
+    said = cancel(url, args.run_id, operator_name())
+    if args.json:
+        status = run(url, args.run_id)["status"]
+        print_json(
+            {"ok": True, "errors": [], "run": args.run_id, "status": status, "message": said}
+        )
+    else:
+        print(said)
     return 0
 
 
