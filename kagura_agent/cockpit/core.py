@@ -640,17 +640,19 @@ class Cockpit:
             session.id, state="running", pid=run.pid, pid_start=process_start(run.pid)
         )
         self._follow_in_thread(session, run)
+        self._offer_stop(
+            session,
+            f"session {session.id} is running: ❌ Stop (or `kill {session.id}`) interrupts it;"
+            " apply cleans up and exits 130",
+        )
+
+    def _offer_stop(self, session: Session, text: str) -> None:
+        """Post ``text`` with the ❌ Stop button for ``session`` (kill still works by name
+        when the post fails)."""
         try:
-            self.transport.offer_stop(
-                thread,
-                neutralise(
-                    f"session {session.id} is running: ❌ Stop (or `kill {session.id}`)"
-                    " interrupts it; apply cleans up and exits 130"
-                ),
-                session.id,
-            )
-        except Exception as exc:  # kill still works by name
-            print(f"cockpit: could not post to {thread}: {exc}", file=sys.stderr)
+            self.transport.offer_stop(session.thread, neutralise(text), session.id)
+        except Exception as exc:
+            print(f"cockpit: could not post to {session.thread}: {exc}", file=sys.stderr)
 
     def _enqueue(self, session: Session, url: str) -> None:
         """Queue the session's saved plan, with the approvals given in chat, for the
@@ -676,17 +678,11 @@ class Cockpit:
             f"session {session.id}: queued as run {queued.run_id} on {queued.queue} for the"
             " team's runners; its events follow here",
         )
-        try:
-            self.transport.offer_stop(
-                session.thread,
-                neutralise(
-                    f"session {session.id} is queued: ❌ Stop (or `kill {session.id}`) cancels"
-                    " it in the queue, or asks its runner to interrupt it"
-                ),
-                session.id,
-            )
-        except Exception as exc:  # kill still works by name
-            print(f"cockpit: could not post to {session.thread}: {exc}", file=sys.stderr)
+        self._offer_stop(
+            session,
+            f"session {session.id} is queued: ❌ Stop (or `kill {session.id}`) cancels it in the"
+            " queue, or asks its runner to interrupt it",
+        )
 
     def _follow_team(self, session: Session, run_id: str) -> None:
         thread = session.thread

@@ -111,30 +111,14 @@ def choose(directory: Path) -> StateChoice | None:
     spec = first.value["spec"]
     name = str(first.value["metadata"]["name"])
     line, col = first.where(("spec", "url"))
+
+    def url_problem(message: str) -> ValidationError:
+        return ValidationError([Diagnostic(first.file, line, col, "$.spec.url", message)])
+
     try:
         url = resolve(spec["url"]).strip()
     except KaguraError as exc:
-        raise ValidationError(
-            [
-                Diagnostic(
-                    first.file,
-                    line,
-                    col,
-                    "$.spec.url",
-                    f"State {name}: {spec['url']} does not resolve: {exc}",
-                )
-            ]
-        ) from None
+        raise url_problem(f"State {name}: {spec['url']} does not resolve: {exc}") from None
     if urlsplit(url).scheme not in ("postgresql", "postgres"):
-        raise ValidationError(
-            [
-                Diagnostic(
-                    first.file,
-                    line,
-                    col,
-                    "$.spec.url",
-                    f"State {name}: {spec['url']} holds no postgresql:// URL",
-                )
-            ]
-        )
+        raise url_problem(f"State {name}: {spec['url']} holds no postgresql:// URL")
     return StateChoice(url, name, f"{first.file}:{first.where(('kind',))[0]}")
