@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 from apply_helpers import (
     NOWHERE,
+    REPO,
     cli_env,
     json_lines,
     leftovers,
@@ -109,6 +111,38 @@ def test_signal_mid_run_cleans_up(
     assert proc.returncode == exit_code, output
     _assert_nothing_left(docker_client, run_id, env, output)
     assert run_row(state_dir, run_id)["outcome"] == outcome
+
+
+def test_sigint_stops_an_apply_started_with_sigint_ignored(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    """Started under nohup or as a background job of a script, a process inherits SIGINT
+    ignored; the cockpit's kill, a dispatcher and the parent-death signal still stop apply
+    with SIGINT, so apply takes it back (this failed: the run went on to its end)."""
+    manifests = manifest_set(tmp_path, *TEST_MANIFESTS)
+    project = make_project(tmp_path)
+    spec = {"brain": "script", "egress": ["nowhere"], "steps": ["sleep 600"]}
+    task = write_task(project, "ignored", spec)
+    env = cli_env(state_dir)
+    argv = ["apply", "--yes", "--json", "--manifests", str(manifests), str(task)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kagura_agent", *argv],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    run_id = wait_for_run(state_dir, proc)
+    wait_for_container(docker_client, run_id)
+    time.sleep(0.5)  # let the brain reach the sleeping step
+    proc.send_signal(signal.SIGINT)
+    output = _finish(proc)
+    assert proc.returncode == 130, output
+    assert leftovers(docker_client, run_id) == [], output
+    assert run_row(state_dir, run_id)["outcome"] == "interrupted"
 
 
 def test_brain_past_its_wall_budget_is_stopped(

@@ -4,7 +4,8 @@ The parent starts each child ``apply`` with ``KAGURA_AGENT_PARENT_PID`` set. The
 Linux for a parent-death signal: SIGINT, apply's own clean-up path (agent stopped, leases
 revoked, containers removed). A parent that dies before the request is seen by its pid
 no longer being the child's parent, and the child interrupts itself. Elsewhere, and for an
-``apply`` nobody dispatched, this does nothing.
+``apply`` nobody dispatched, this does nothing. Every apply first takes SIGINT back if it
+was started with it ignored (``take_back_sigint``): else none of this would stop it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,18 @@ _PR_SET_PDEATHSIG = 1
 def child_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment for a child apply: this process is the parent to follow."""
     return {**environ, PARENT_ENV: str(os.getpid())}
+
+
+def take_back_sigint() -> bool:
+    """SIGINT is apply's clean-up path: Ctrl-C, the cockpit's kill, a dispatcher stopping
+    its children and the parent-death signal all send it. A process started with SIGINT
+    ignored (under ``nohup``, as a background job of a script, by a serve or runner started
+    that way) inherits the ignore, and none of those would stop it; such an apply takes
+    SIGINT back. Whether it had to."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        return False
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    return True
 
 
 def stop_with_parent(environ: Mapping[str, str] = os.environ) -> bool:

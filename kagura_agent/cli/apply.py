@@ -99,9 +99,10 @@ def add_apply_options(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kagura_agent.apply.freshness import localize
-    from kagura_agent.apply.parentdeath import stop_with_parent
+    from kagura_agent.apply.parentdeath import stop_with_parent, take_back_sigint
     from kagura_agent.plan import planfile
 
+    take_back_sigint()  # started with SIGINT ignored (nohup, a background job): stoppable
     stop_with_parent()  # a dispatched child: SIGINT when its parent run dies
     target = Path(args.target)
     if args.queue:
