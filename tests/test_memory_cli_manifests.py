@@ -128,4 +128,5 @@ def test_postgres_memory_manifest_uses_the_team_state_database(
         assert f"memory:{chat.id}" in plan["memory"]["untrusted_inputs"]
         monkeypatch.delenv(URL_ENV)
         assert main(["memory", "search", "runbook", "--manifests", str(manifests)]) == 3
-        assert f"{URL_ENV} is not set" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "the state store is the embedded SQLite file" in err and URL_ENV in err
