@@ -8,13 +8,12 @@ attached socket, container state, exec (verify), and the run's egress proxy.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator
 
 from kagura_agent.apply.context import ContainerState, EgressSink
 from kagura_agent.brain.streams import DockerAttachStream, DuplexStream
 from kagura_agent.clock import Clock
-from kagura_agent.membrane.egress.session import AgentNetworkConfig, EgressSession, start_forwarder
+from kagura_agent.membrane.egress.session import AgentNetworkConfig, EgressSession
 from kagura_agent.membrane.egress.squid import Injection
 from kagura_agent.membrane.egress.sweep import sweep_orphans
 from kagura_agent.membrane.runtime import DockerRuntime, docker_errors
@@ -24,43 +23,6 @@ from kagura_agent.state import StateStore
 
 class DockerApplyRuntime(DockerRuntime):
     """Docker, as apply drives it."""
-
-    def __init__(self, client: Any | None = None) -> None:
-        super().__init__(client)
-        # Containers whose own command starts the egress forwarder (create's ``forward``).
-        self._forwarding: set[str] = set()
-
-    def create(
-        self,
-        plan: Plan,
-        run_id: str,
-        *,
-        command: list[str] | None = None,
-        environment: dict[str, str] | None = None,
-        network: str | None = None,
-        name: str | None = None,
-        dns: list[str] | None = None,
-        dns_opt: list[str] | None = None,
-        egress_mounts: list[dict[str, Any]] | None = None,
-        role: str = "agent",
-        forward: Sequence[tuple[str, int]] = (),
-    ) -> str:
-        container_id = super().create(
-            plan,
-            run_id,
-            command=command,
-            environment=environment,
-            network=network,
-            name=name,
-            dns=dns,
-            dns_opt=dns_opt,
-            egress_mounts=egress_mounts,
-            role=role,
-            forward=forward,
-        )
-        if forward:
-            self._forwarding.add(container_id)
-        return container_id
 
     @contextlib.contextmanager
     def attach(self, container_id: str) -> Iterator[DuplexStream]:
@@ -120,11 +82,9 @@ class DockerApplyRuntime(DockerRuntime):
         )
 
     def start_forwarder(self, container_id: str, config: AgentNetworkConfig) -> None:
-        if container_id not in self._forwarding:
-            start_forwarder(self.client, container_id, config)
-            return
-        # Its own command listens before the entrypoint runs (no exec, nothing to wait
-        # for); a warm session's squid must have this run's configuration first.
+        # apply creates every agent container that has egress with ``forward``: its own
+        # command listens before the entrypoint runs (no exec, nothing to wait for); a
+        # warm session's squid must have this run's configuration first.
         if config.wait_ready is not None:
             config.wait_ready()
 
