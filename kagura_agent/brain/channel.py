@@ -406,62 +406,70 @@ class BrainChannel:
 
     async def _serve_capability(self, req: dict[str, Any]) -> None:
         """One mid-run request: the host's CapabilityServer decides; the answer goes back."""
-        number = req.get("request")
-        if not isinstance(number, int) or isinstance(number, bool):
-            return
         kind, name, reason = (req.get(k) for k in ("kind", "name", "reason"))
-        if self.capabilities is None:
-            granted, message = False, "this run takes no mid-run requests"
-        elif not all(isinstance(v, str) for v in (kind, name, reason)):
-            granted, message = False, "a request needs kind, name and reason strings"
-        else:
-            self._holds += 1
-            try:
-                granted, message = await self.capabilities.request(
-                    str(kind), str(name)[:512], str(reason)[:512]
-                )
-            except Exception as exc:  # the host's failure is a refusal, never a crash
-                granted, message = False, f"the host could not decide: {type(exc).__name__}: {exc}"
-            finally:
-                self._holds -= 1
-                self._last_activity = asyncio.get_running_loop().time()
-        reply = {"type": "capability-result", "request": number, "granted": granted}
-        with contextlib.suppress(StreamClosed, OSError):
-            await self._send({**reply, "message": message})
+        if not (isinstance(kind, str) and isinstance(name, str) and isinstance(reason, str)):
+            await self._answer_host(
+                req, "capability-result", "a request needs kind, name and reason strings"
+            )
+            return
+
+        async def decide(server: CapabilityServer) -> dict[str, Any]:
+            granted, message = await server.request(kind, name[:512], reason[:512])
+            return {"granted": granted, "message": message}
+
+        await self._answer_host(req, "capability-result", decide)
 
     async def _serve_budget(self, req: dict[str, Any]) -> None:
         """The brain ran out of its turn or dollar budget: the host decides (its own count,
         the ceilings, an operator); the answer goes back."""
+        limit, turns, usd, reason = (req.get(k) for k in ("limit", "turns", "cost_usd", "reason"))
+        if not (
+            isinstance(limit, str)
+            and isinstance(turns, int)
+            and isinstance(usd, int | float)
+            and isinstance(reason, str)
+        ):
+            await self._answer_host(
+                req, "budget-result", "a budget request needs limit, turns, cost_usd"
+            )
+            return
+
+        async def decide(server: CapabilityServer) -> dict[str, Any]:
+            return await server.extend_budget(limit[:32], int(turns), float(usd), reason[:512])
+
+        await self._answer_host(req, "budget-result", decide)
+
+    async def _answer_host(
+        self,
+        req: dict[str, Any],
+        result_type: str,
+        decide: Callable[[CapabilityServer], Awaitable[dict[str, Any]]] | str,
+    ) -> None:
+        """Answer one numbered request the host's CapabilityServer decides (``decide``), or
+        refuse it (``decide`` is why it is malformed, or the run takes no requests); the
+        host's failure is a refusal, never a crash."""
         number = req.get("request")
         if not isinstance(number, int) or isinstance(number, bool):
             return
-        limit, turns, usd, reason = (req.get(k) for k in ("limit", "turns", "cost_usd", "reason"))
         if self.capabilities is None:
             reply: dict[str, Any] = {
                 "granted": False,
                 "message": "this run takes no mid-run requests",
             }
-        elif (
-            not isinstance(limit, str)
-            or not isinstance(turns, int)
-            or not isinstance(usd, int | float)
-            or not isinstance(reason, str)
-        ):
-            reply = {"granted": False, "message": "a budget request needs limit, turns, cost_usd"}
+        elif isinstance(decide, str):
+            reply = {"granted": False, "message": decide}
         else:
             self._holds += 1
             try:
-                reply = await self.capabilities.extend_budget(
-                    limit[:32], int(turns), float(usd), reason[:512]
-                )
-            except Exception as exc:  # the host's failure is a refusal, never a crash
+                reply = await decide(self.capabilities)
+            except Exception as exc:
                 why = f"the host could not decide: {type(exc).__name__}: {exc}"
                 reply = {"granted": False, "message": why}
             finally:
                 self._holds -= 1
                 self._last_activity = asyncio.get_running_loop().time()
         with contextlib.suppress(StreamClosed, OSError):
-            await self._send({"type": "budget-result", "request": number, **reply})
+            await self._send({"type": result_type, "request": number, **reply})
 
     async def _memory_call(self, req: dict[str, Any]) -> Any:
         if self.memory is None:
