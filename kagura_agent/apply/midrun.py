@@ -28,6 +28,7 @@ from typing import Any, Literal, Protocol
 from kagura_agent.apply.amend import Amender, Amendment, Refused
 from kagura_agent.apply.live import LiveView
 from kagura_agent.approvals.midrun import Answer, Asker, Question
+from kagura_agent.brain.protocol import BRAIN_BUDGETS
 from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import KaguraError
 from kagura_agent.hygiene import neutralise
@@ -43,8 +44,6 @@ WALL_LEAD_MIN, WALL_LEAD_MAX = 10.0, 300.0
 LEASE_LEAD = timedelta(minutes=2)
 # The container must hear about an approved extension before its own deadline fires.
 ANSWER_MARGIN = 2.0
-# The brain budgets its CLI holds a query to (extended when it runs out of one).
-BRAIN_BUDGETS = {"turns": "turn", "cost_usd": "dollar"}
 
 MIGRATIONS = (
     """

@@ -30,6 +30,10 @@ ENGINES: tuple[str, ...] = ("script", "sdk", "kagura-brain")
 # matching the plan's ``task.steps`` (``[["sh", "-c", "echo hi"]]``).
 Step = str | tuple[str, ...]
 
+# The brain budgets the host may extend mid-run (a budget request names one), and the
+# word for one unit of each, as the operator reads it ("its turn budget is spent").
+BRAIN_BUDGETS: dict[str, str] = {"turns": "turn", "cost_usd": "dollar"}
+
 
 @dataclass(frozen=True)
 class Budget:

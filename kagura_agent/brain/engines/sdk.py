@@ -48,7 +48,7 @@ from kagura_agent.brain.events import (
     ToolResultEvent,
 )
 from kagura_agent.brain.memory_bridge import MemoryUnavailable
-from kagura_agent.brain.protocol import MemoryClient, Turn
+from kagura_agent.brain.protocol import BRAIN_BUDGETS, MemoryClient, Turn
 
 CLI_PATH_ENV = "KAGURA_CLAUDE_CLI"
 MEMORY_SERVER = "kagura-memory"
@@ -116,7 +116,7 @@ class SdkBrain:
             if not answer["granted"]:
                 yield ErrorEvent(
                     message=f"claude reported an error: {segment.detail}; the"
-                    f" {_WORDS[segment.limited]} budget was not extended: {answer['message']}",
+                    f" {BRAIN_BUDGETS[segment.limited]} budget was not extended: {answer['message']}",
                     code="budget",
                 )
                 return
@@ -238,7 +238,6 @@ class SdkBrain:
 
 # The CLI's result subtypes for a budget that ran out, and the budget each names.
 _LIMITS = {"error_max_turns": "turns", "error_max_budget_usd": "cost_usd"}
-_WORDS = {"turns": "turn", "cost_usd": "dollar"}
 CONTINUE_PROMPT = (
     "The operator extended your budget. Carry on with the task where you stopped;"
     " do not repeat work already done."
