@@ -14,7 +14,7 @@ import pytest
 from kagura_agent.cli.main import main
 from kagura_agent.clock import FixedClock
 from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger, Sweeper
-from kagura_agent.membrane.leases.ledger import owner_alive, process_start
+from kagura_agent.processes import owner_alive, process_start
 from kagura_agent.state import StateStore
 from testing.fake_cloudflare import ROOT_TOKEN, FakeCloudflare
 from testing.fake_gcp import FakeGcp

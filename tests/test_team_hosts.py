@@ -16,8 +16,8 @@ import pytest
 from kagura_agent.apply.runs import open_run, sweep_dead_runs
 from kagura_agent.clock import FixedClock
 from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger, Sweeper
-from kagura_agent.membrane.leases.ledger import owner_alive, this_host
 from kagura_agent.plan.model import Plan
+from kagura_agent.processes import owner_alive, this_host
 from kagura_agent.state import StateStore
 from kagura_agent.team.reaper import revoke_run_leases
 from testing.fake_cloudflare import ROOT_TOKEN, FakeCloudflare

@@ -21,9 +21,9 @@ from kagura_agent.apply.context import ApplyRuntime
 from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import RefusedError
 from kagura_agent.membrane.hardening import LABEL_RUN
-from kagura_agent.membrane.leases.ledger import owner_alive, process_start, this_host
 from kagura_agent.paths import state_dir
 from kagura_agent.plan.model import Plan
+from kagura_agent.processes import owner_alive, process_start, this_host
 from kagura_agent.state import StateStore
 
 MIGRATIONS = [
@@ -42,7 +42,7 @@ MIGRATIONS = [
     );
     CREATE INDEX runs_open ON runs(ended_at);
     """,
-    # The applying process's host (ledger.this_host): a shared state store holds the runs
+    # The applying process's host (processes.this_host): a shared state store holds the runs
     # of many hosts, and only the host that ran one can remove its containers.
     "ALTER TABLE runs ADD COLUMN host TEXT",
 ]

@@ -55,13 +55,13 @@ from kagura_agent.hygiene import neutralise
 from kagura_agent.manifest.adhoc import write_adhoc_task
 from kagura_agent.manifest.workspace import load_workspace
 from kagura_agent.membrane.hardening import LABEL_RUN
-from kagura_agent.membrane.leases.ledger import process_start
 from kagura_agent.membrane.runtime import connect
 from kagura_agent.paths import state_dir
 from kagura_agent.plan import planfile
 from kagura_agent.plan.build import plan_tasks
 from kagura_agent.plan.model import Plan
 from kagura_agent.plan.render import render_text
+from kagura_agent.processes import process_start
 from kagura_agent.state import Location, MissingTable, StateStore, state_location
 from kagura_agent.team.queue import DEFAULT_APPROVAL_TTL, enqueue_plan
 from kagura_agent.ui import Style

@@ -28,9 +28,8 @@ from typing import IO, Any
 from kagura_agent.apply.live import tool_call_detail
 from kagura_agent.brain.events import MAX_TEXT_CHARS
 from kagura_agent.clock import iso
-from kagura_agent.membrane.leases.ledger import owner_alive
+from kagura_agent.processes import owner_alive
 from kagura_agent.state import Location, MissingTable, StateStore
-from kagura_agent.team import queue
 
 BATCH_SECONDS = 1.5
 MAX_BATCH_LINES = 40
@@ -436,12 +435,16 @@ class TeamRun:
 
     def cancel(self, who: str) -> str:
         """Cancel it in the queue, or ask its runner to stop it; what was done."""
+        from kagura_agent.team import queue  # psycopg and apply's modules: team runs only
+
         return queue.cancel(self.url, self.run_id, who)
 
     def detach(self) -> None:
         self._detached.set()
 
     def wait(self) -> RunOutcome:
+        from kagura_agent.team import queue
+
         status: dict[str, Any] | None = None
         note = None
         try:

@@ -11,6 +11,8 @@ import os
 import socket
 from pathlib import Path
 
+from kagura_agent.processes import process_start
+
 LABEL_OWNER = "dev.kagura.owner"
 LABEL_COMPONENT = "dev.kagura.component"
 COMPONENT_PROXY = "egress-proxy"
@@ -20,13 +22,8 @@ COMPONENT_OUTBOUND = "egress-outbound"
 
 
 def _start_time(pid: int) -> str:
-    """Field 22 of /proc/PID/stat (start time in clock ticks); '' where /proc is absent."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    # The command name (field 2) may contain spaces; fields after it follow the last ')'.
-    return stat.rsplit(")", 1)[1].split()[19]
+    """The process start time (processes.process_start); '' where /proc is absent."""
+    return process_start(pid) or ""
 
 
 def current_owner() -> str:

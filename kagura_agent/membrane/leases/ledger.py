@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from kagura_agent.clock import Clock, iso, parse_iso
+from kagura_agent.processes import process_start, this_host
 from kagura_agent.state import Connection, StateStore
 
 COMPONENT = "leases"
@@ -80,58 +79,6 @@ class Owner:
     @classmethod
     def current(cls, run_id: str) -> Owner:
         return cls(os.getpid(), process_start(os.getpid()), run_id, this_host())
-
-
-def this_host() -> str:
-    """This host's identity: $KAGURA_AGENT_HOST_ID, else the machine id, else the hostname.
-
-    Processes on one host share a pid namespace with it (and so may judge each other's
-    pids); a process on another host is the team reaper's to judge, by heartbeat."""
-    explicit = os.environ.get("KAGURA_AGENT_HOST_ID")
-    if explicit:
-        return explicit
-    try:
-        machine = Path("/etc/machine-id").read_text().strip()
-    except OSError:
-        machine = ""
-    return machine or socket.gethostname()
-
-
-def process_start(pid: int) -> str | None:
-    """The process start time in clock ticks since boot (Linux /proc), or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat.rpartition(")")[2].split()
-    return fields[19] if len(fields) > 19 else None
-
-
-def owner_alive(pid: int | None, start: str | None, host: str | None = None) -> bool:
-    """Whether the recorded owner is still running (and is the same process). An owner on
-    another host (``host`` recorded and not this one) counts as alive: not ours to judge."""
-    if host is not None and host != this_host():
-        return True
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    if start is None:
-        return True
-    current = process_start(pid)
-    if current is not None and current != start:
-        return False  # the pid was reused by another process
-    # A zombie (killed but not yet reaped) holds nothing: treat as dead.
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,10 @@ from kagura_agent.clock import Clock, SystemClock
 from kagura_agent.errors import KaguraError, SetupError
 from kagura_agent.membrane.endpoints import check_endpoints
 from kagura_agent.membrane.leases.broker import ProviderFactory
-from kagura_agent.membrane.leases.ledger import GrantRow, Ledger, owner_alive
+from kagura_agent.membrane.leases.ledger import GrantRow, Ledger
 from kagura_agent.membrane.providers import CredentialProvider, ProviderError, build_provider
 from kagura_agent.membrane.secrets import Redactor, resolve
+from kagura_agent.processes import owner_alive
 from kagura_agent.state import StateStore
 
 TRIES_PER_SWEEP = 3
