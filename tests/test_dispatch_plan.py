@@ -150,3 +150,43 @@ def test_a_forgotten_context_memory_is_a_warning(
         in (plan["warnings"])
     )
     assert plan["applyable"] is True  # the handoff is thinner, not wider
+
+
+@pytest.mark.parametrize("workdir", [".git", ".git/hooks", "tasks", "up"])
+def test_a_child_cannot_write_what_the_parent_had_read_only(tmp_path: Path, workdir: str) -> None:
+    """The attack: the parent's brain dispatches a child whose workdir is a folder the
+    parent had mounted read-only over its root (its ``.git``, the folder of its task file),
+    or a symlink it made to the root itself (``up -> .``: the child's root is the parent's,
+    without the parent's task file protected). The child's root is its only writable
+    mount, so the child would write the hooks the operator's next git command runs, or
+    the task file the next run is planned from."""
+    proj = tmp_path / "proj"
+    (proj / ".git" / "hooks").mkdir(parents=True)
+    (proj / "tasks").mkdir()
+    (proj / "up").symlink_to(".")
+    parent_task = proj / "tasks" / "parent.yml"
+    parent_task.write_text(
+        "apiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: parent}\n"
+        'spec:\n  project_root: ..\n  steps: ["true"]\n',
+        encoding="utf-8",
+    )
+    parent = _plan(parent_task, {}, tmp_path)
+    assert {m["target"] for m in parent["mounts"] if m["kind"] == "protected"} == {
+        "/workspace/.git",
+        "/workspace/tasks",
+    }
+    # Where apply/dispatch.py writes it: in the state directory, its root the workdir.
+    child_task = _task(
+        tmp_path / "state" / "children",
+        "child",
+        CHILD + f"  project_root: {proj / workdir}\n",
+    )
+    plan = _plan(child_task, {"parent_plan": parent, "parent_run": "run-p"}, tmp_path)
+    narrowing = plan["task"]["parent"]["narrowing"]
+    if workdir == "up":
+        expected = f"mount {proj} makes {proj / 'tasks'} writable, read-only in the parent"
+    else:
+        expected = f"mount {proj / workdir} is rw but read-only in the parent"
+    assert len(narrowing) == 1 and narrowing[0].startswith(expected), narrowing
+    assert ("git metadata" if ".git" in workdir else "(this task file)") in narrowing[0]
+    assert plan["applyable"] is False

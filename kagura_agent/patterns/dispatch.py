@@ -101,8 +101,10 @@ def narrowing_violations(
 
     Egress entries (host, port, scheme) and allowed private ranges must be the parent's;
     credentials must be a (provider, scope) the parent holds with no longer ttl; mounts
-    must lie within a parent mount, and be read-only where the parent's is; tool servers
-    must be ones the parent had.
+    must lie within a parent mount, and be read-only where the parent's is — a child
+    rooted at (or over) what the parent had protected read-only (its task file, its
+    ``.git``) would write what the operator trusts next; tool servers must be ones the
+    parent had.
     """
     parent_tools = {s["name"] for s in parent_plan.get("tool_servers") or []}
     return [
@@ -163,6 +165,33 @@ def _mounts(parent: Sequence[Mapping[str, Any]], child: Sequence[Mapping[str, An
         covering = [p for p in parent if _within(mount["source"], p["source"])]
         if not covering:
             found.append(f"mount {mount['source']} is outside every parent mount")
-        elif mount.get("mode") == "rw" and all(p.get("mode") != "rw" for p in covering):
-            found.append(f"mount {mount['source']} is rw but read-only in the parent")
+            continue
+        if mount.get("mode") != "rw":
+            continue
+        guard = _guard(parent, mount["source"])
+        if guard is None or guard.get("mode") != "rw":
+            why = f" ({guard['protects']})" if guard and guard.get("protects") else ""
+            found.append(f"mount {mount['source']} is rw but read-only in the parent{why}")
+        held = [m["source"] for m in child if m.get("kind") == "protected"]
+        for kept in parent:
+            if (
+                kept.get("mode") == "ro"
+                and kept.get("kind") != "extra"
+                and kept["source"] != mount["source"]
+                and _within(kept["source"], mount["source"])
+                and not any(_within(kept["source"], h) for h in held)
+            ):
+                found.append(
+                    f"mount {mount['source']} makes {kept['source']} writable, read-only in"
+                    f" the parent ({kept.get('protects') or 'read-only'})"
+                )
     return found
+
+
+def _guard(parent: Sequence[Mapping[str, Any]], source: str) -> Mapping[str, Any] | None:
+    """The parent mount that decides whether the parent may write ``source``: the deepest
+    project or protected mount covering it (a protected entry is read-only over the
+    writable root). An ``extra`` mount is another, read-only view elsewhere: it never
+    decides what the project root lets the parent write."""
+    view = [p for p in parent if p.get("kind") != "extra" and _within(source, p["source"])]
+    return max(view, key=lambda p: len(PurePosixPath(p["source"]).parts), default=None)
