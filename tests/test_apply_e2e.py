@@ -322,12 +322,15 @@ def test_the_container_that_runs_equals_the_plan(
     assert mounted == wanted
     volumes = [(m["Name"], m["Destination"], m["RW"]) for m in info["Mounts"] if m not in binds]
     assert volumes == [(socket_volume, "/run/kagura/egress", False)]
-    # The task file lies in the project root: it is mounted read-only over it.
+    # The task file lies in the project root: it is mounted read-only over it; the root
+    # has no .git yet: it is held empty and read-only, and gone after the run.
     assert [m["target"] for m in plan["mounts"]] == [
         "/workspace",
         "/reference",
+        "/workspace/.git",
         "/workspace/task.yml",
     ]
+    assert not (project / ".git").exists()
     # No credential or proxy secret in the config: the environment is only the proxy's.
     env_names = {item.split("=", 1)[0] for item in config["Env"]}
     assert {"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"} <= env_names

@@ -111,7 +111,11 @@ def test_mounts_only_project_root_writable(tmp_path: Path) -> None:
     ref.mkdir()
     plan = make_plan(tmp_path, digest=DIGEST, extra_mounts=[(str(ref), "/ref")])
     mounts = hardening.container_kwargs(plan, "r")["mounts"]
-    assert [(m["Target"], m["ReadOnly"]) for m in mounts] == [("/workspace", False), ("/ref", True)]
+    assert [(m["Target"], m["ReadOnly"]) for m in mounts] == [
+        ("/workspace", False),
+        ("/ref", True),
+        ("/workspace/.git", True),  # absent: held empty, read-only (membrane/placeholders.py)
+    ]
     plan["mounts"][1]["mode"] = "rw"
     with pytest.raises(RefusedError, match="only the project root"):
         hardening.container_kwargs(plan, "r")

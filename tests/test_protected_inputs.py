@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,9 @@ def test_a_task_file_and_manifest_folder_in_the_root_are_mounted_read_only(
         if m["kind"] == "protected"
     ]
     root = os.path.realpath(project)
+    git = "git metadata (hooks and config run on the operator's next git command)"
     assert protected == [
+        (f"{root}/.git", "/workspace/.git", "ro", git),  # absent: held empty for the run
         (f"{root}/manifests", "/workspace/manifests", "ro", "the operator manifest folder"),
         (f"{root}/task.yml", "/workspace/task.yml", "ro", "this task file"),
     ]
@@ -144,7 +148,8 @@ def test_git_metadata_is_read_only_unless_the_operator_allows_it(
         plan = _plan(project, capsys, *argv, str(task))
         return [m["target"] for m in plan["mounts"] if m["kind"] == "protected"]
 
-    assert protected() == ["/workspace/.git", "/workspace/task.yml"]
+    # No operator folder: ./manifests at the root is where the next run would look.
+    assert protected() == ["/workspace/.git", "/workspace/manifests", "/workspace/task.yml"]
     ops = tmp_path / "ops"
     ops.mkdir()
     (ops / "git.yml").write_text(
@@ -153,3 +158,86 @@ def test_git_metadata_is_read_only_unless_the_operator_allows_it(
         encoding="utf-8",
     )
     assert protected("--manifests", str(ops)) == ["/workspace/task.yml"]
+
+
+def test_inputs_that_do_not_exist_yet_are_protected_as_placeholders(
+    tmp_path: Path,
+    state_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Run from the project root with no operator folder (``run "TEXT"`` in a project):
+    the next invocation reads ``./manifests`` as the operator's folder, and the operator's
+    next ``git status`` there reads ``.git``. Neither exists yet; both are protected."""
+    project = make_project(tmp_path)
+    task = write_task(project, "fresh", {"steps": ["ls"]})
+    monkeypatch.chdir(project)
+    monkeypatch.delenv("KAGURA_AGENT_MANIFESTS", raising=False)
+    root = os.path.realpath(project)
+    plan = _plan(project, capsys, str(task))
+    held = [
+        (m["source"], m["target"], m.get("placeholder"))
+        for m in plan["mounts"]
+        if m["kind"] == "protected"
+    ]
+    assert held == [
+        (f"{root}/.git", "/workspace/.git", True),
+        (f"{root}/manifests", "/workspace/manifests", True),
+        (f"{root}/task.yml", "/workspace/task.yml", None),
+    ]
+    assert plan["applyable"] is True
+    assert main(["plan", str(task)]) == 0
+    assert (
+        f"protected    {root}/manifests -> /workspace/manifests (read-only over the project"
+        " root, held empty while absent: the operator manifest folder ./manifests"
+    ) in capsys.readouterr().out
+    # With an operator folder of its own (elsewhere), ./manifests is not where it looks.
+    ops = tmp_path / "ops"
+    shutil.copytree(REPO / "manifests", ops)
+    plan = _plan(project, capsys, "--manifests", str(ops), str(task))
+    assert [m["target"] for m in plan["mounts"] if m["kind"] == "protected"] == [
+        "/workspace/.git",
+        "/workspace/task.yml",
+    ]
+
+
+def test_the_agent_cannot_create_what_the_host_would_trust_next(
+    tmp_path: Path, state_dir: Path, docker_client: Any
+) -> None:
+    """From inside a real container, the operator's usual layout minus the folders it has
+    not made yet: the agent plants ``manifests/`` (a baseline egress policy the next run
+    from here would read as the operator's) and a ``.git`` (a hook, or a ``gitdir:`` file).
+    Every attempt fails, and nothing of the placeholders is left after the run."""
+    project = make_project(tmp_path)
+    grant = (
+        "apiVersion: kagura.dev/v1\\nkind: Graduation\\nmetadata: {name: mine}\\n"
+        "spec: {baseline: [egress:github]}\\n"
+    )
+    attempts = {
+        "manifests": f"mkdir -p manifests && printf '{grant}' > manifests/grant.yml",
+        "manifests-move": "mkdir ../m 2>/dev/null; mv manifests manifests.old",
+        "git-hooks": "mkdir -p .git/hooks && echo 'touch /tmp/owned' > .git/hooks/post-checkout",
+        "git-file": "rmdir .git && echo 'gitdir: /workspace/evil' > .git",
+    }
+    steps = [
+        f"if {cmd}; then echo {name}=W$((0)); else echo {name}=R$((0)); fi"
+        for name, cmd in attempts.items()
+    ]
+    steps.append("echo fine > notes.txt")
+    task = write_task(project, "plant", {"steps": steps})
+    env = cli_env(state_dir)
+    env.pop("KAGURA_AGENT_MANIFESTS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "kagura_agent", "apply", "--yes", str(task)],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = done.stdout + done.stderr
+    for name in attempts:
+        assert f"{name}=R0" in shown and f"{name}=W0" not in shown, (name, shown[-3000:])
+    assert sorted(p.name for p in project.iterdir()) == ["notes.txt", "task.yml"]

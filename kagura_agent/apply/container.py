@@ -38,6 +38,7 @@ from kagura_agent.errors import KaguraError, Terminated
 from kagura_agent.membrane.egress.squid import ANTHROPIC_API
 from kagura_agent.membrane.hardening import LABEL_ROLE, LABEL_RUN
 from kagura_agent.membrane.leases import Lease
+from kagura_agent.membrane.placeholders import held_absent
 from kagura_agent.plan.injection import PLACEHOLDER, injected_provider
 
 Denials = list[dict[str, object]]
@@ -52,6 +53,9 @@ def run_in_container(
     denials: Denials,
 ) -> RunReport:
     plan, run_id, live = ctx.plan, ctx.run_id, ctx.live
+    # Absent host inputs (.git, ./manifests) held empty and read-only until every
+    # container of the run, verify's too, is gone.
+    cleanup.enter_context(held_absent(plan))
     # Last on the way out: a verify container whose own removal failed gets a second try
     # (its run's row is closed by then, so no later sweep looks for it). A task without
     # verify commands never makes one: no list request.

@@ -312,7 +312,10 @@ def _paths(
             continue
         mounts.append({"kind": "extra", "source": real, "target": mount["target"], "mode": "ro"})
     protected, problem = protected_inputs(
-        root, host_inputs(task, catalog) + git_metadata(root, catalog)
+        root,
+        host_inputs(task, catalog)
+        + git_metadata(root, catalog)
+        + implicit_manifests(root, catalog),
     )
     if problem:
         problems.append(task.diag(("spec", "project_root"), problem))
@@ -332,21 +335,40 @@ def host_inputs(task: Manifest, catalog: Catalog) -> list[tuple[str, str]]:
 def git_metadata(root: str, catalog: Catalog) -> list[tuple[str, str]]:
     """The root's own .git: its hooks and config run on the operator's next git command.
 
-    Read-only unless a Policy of the operator's folder sets ``writable_git: true``.
+    Read-only unless a Policy of the operator's folder sets ``writable_git: true`` — also
+    when there is none yet: a ``.git`` the agent creates (a root inside a larger checkout,
+    a folder the operator will ``git status`` in) would be the operator's next git
+    command's configuration (``core.fsmonitor``, hooks).
     """
     git = os.path.join(root, ".git")
     writable = any(
         p.spec.get("writable_git") is True for p in catalog.of("Policy") if p.layer == "operator"
     )
-    if writable or not os.path.lexists(git):
+    if writable:
         return []
     return [(git, "git metadata (hooks and config run on the operator's next git command)")]
+
+
+def implicit_manifests(root: str, catalog: Catalog) -> list[tuple[str, str]]:
+    """``manifests`` at the top of the root, when the catalog has no operator folder.
+
+    Run from the root with no operator folder (``run "TEXT"`` in a project, ``apply
+    task.yml`` beside it), the next invocation reads ``./manifests`` as the operator's
+    folder: a folder the agent created there would grant the next run whatever it says.
+    """
+    if any(info["layer"] == "operator" for info in catalog.layers):
+        return []
+    return [(os.path.join(root, "manifests"), "the operator manifest folder ./manifests")]
 
 
 def protected_inputs(
     root: str, inputs: list[tuple[str, str]]
 ) -> tuple[list[dict[str, str]], str | None]:
     """Read-only mounts over the host's inputs that lie inside the project root.
+
+    An input that does not exist yet (no ``.git``, no ``./manifests``) is protected all
+    the same, as an empty read-only placeholder for the run (``placeholder`` in the
+    mount): what the agent could create there the host would trust next time.
 
     The agent writes anything under its root; a task file or manifest folder in there
     would let it grant itself capabilities for the next run (a baseline EgressPolicy, a
@@ -363,16 +385,21 @@ def protected_inputs(
         if under(real, root):  # (real == root returned above)
             top = os.path.join(root, os.path.relpath(real, root).split(os.sep)[0])
             tops.setdefault(top, what)
-    return [
-        {
+    mounts: list[dict[str, str]] = []
+    for top, what in sorted(tops.items()):
+        mount = {
             "kind": "protected",
             "source": top,
             "target": "/workspace/" + os.path.relpath(top, root),
             "mode": "ro",
             "protects": what,
         }
-        for top, what in sorted(tops.items())
-    ], None
+        if not os.path.lexists(top):
+            # Not there yet: apply holds it empty and read-only for the run (the agent
+            # cannot create it) and removes it after (apply/placeholders.py).
+            mount["placeholder"] = "absent"
+        mounts.append(mount)
+    return mounts, None
 
 
 def mounts_of(task: Manifest) -> list[dict[str, str]]:

@@ -18,6 +18,7 @@ from kagura_agent.membrane import hardening, mounts
 from kagura_agent.membrane.egress import forwarder
 from kagura_agent.membrane.images import image_present, inspect_image, local_image_digest
 from kagura_agent.membrane.isolation import check_tenancy, isolation_report
+from kagura_agent.membrane.placeholders import create_missing
 from kagura_agent.membrane.roots import check_project_root
 from kagura_agent.plan.model import Plan
 
@@ -149,6 +150,7 @@ def check_plan_mounts(plan: Plan) -> None:
     problem = check_project_root(root, allowed=[root])
     if problem:
         raise RefusedError(problem)
+    create_missing(plan)  # absent host inputs, held empty (apply removes them after)
     for mount in plan["mounts"]:
         problem = mounts.check_mount(mount["source"], root, writable=mount["mode"] == "rw")
         if problem:

@@ -315,13 +315,16 @@ def _classified(approval: Approval) -> Classified:
 
 def _task_mount(mount: Mapping[str, str]) -> Mount:
     if mount["kind"] == "protected":
-        return {
+        protected: Mount = {
             "kind": "protected",
             "source": mount["source"],
             "target": mount["target"],
             "mode": "ro",
             "protects": mount["protects"],
         }
+        if mount.get("placeholder"):
+            protected["placeholder"] = True
+        return protected
     return _extra_mount(mount)
 
 

@@ -214,9 +214,10 @@ def render_text(plan: Plan, style: Style) -> str:
     )
     for mount in plan["mounts"][1:]:
         if mount["kind"] == "protected":
+            held = ", held empty while absent" if mount.get("placeholder") else ""
             out.append(
                 f"  protected    {mount['source']} -> {mount['target']} (read-only over the"
-                f" project root: {mount.get('protects', '')} stays the operator's)"
+                f" project root{held}: {mount.get('protects', '')} stays the operator's)"
             )
             continue
         out.append(

@@ -1,0 +1,66 @@
+"""Host inputs that do not exist yet, held empty and read-only for the run.
+
+The planner protects ``.git`` and ``./manifests`` at the top of the project root even
+when they are absent (``manifest/task.py`` ``protected_inputs``): what the agent created
+there, the host would trust next time (the operator's next git command runs its hooks
+and config; the next plan reads ``./manifests`` as the operator's folder). A bind mount
+needs a source, so each one becomes an empty folder before a container mounts it
+(``create_missing``, called by the runtime's ``create``), and apply removes them after
+its last container (``held_absent``); the plan's read-only mount over it means the agent
+can neither write in it nor remove or rename it. A ``kill -9`` in between leaves the
+empty folder, which the next plan protects like any existing input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from kagura_agent.errors import RefusedError
+from kagura_agent.plan.model import Plan
+
+
+def placeholders(plan: Plan) -> list[str]:
+    """The sources of the plan's placeholder mounts."""
+    return [
+        m["source"] for m in plan["mounts"] if m["kind"] == "protected" and m.get("placeholder")
+    ]
+
+
+def create_missing(plan: Plan) -> list[str]:
+    """Make each missing placeholder source an empty folder; return those made.
+
+    An ordinary folder (0755 before the umask): the read-only mount is what protects
+    it inside the container, and one a ``kill -9`` leaves behind is an ordinary folder
+    for the operator's own ``git init``.
+    """
+    made = []
+    for source in placeholders(plan):
+        with contextlib.suppress(FileExistsError):  # checked as a mount source next
+            os.mkdir(source, 0o755)  # never follows a planted symlink
+            made.append(source)
+    return made
+
+
+@contextlib.contextmanager
+def held_absent(plan: Plan) -> Iterator[list[str]]:
+    """Create every placeholder for the run; remove them (when still empty) on exit.
+
+    RefusedError when one exists already: it appeared after the plan was made, and the
+    plan did not look at what it holds.
+    """
+    for source in placeholders(plan):
+        if os.path.lexists(source):
+            raise RefusedError(
+                f"{source} appeared in the project root after the plan was made",
+                hint="plan again: the plan must see what it holds",
+            )
+    made: list[str] = []
+    try:
+        made = create_missing(plan)
+        yield made
+    finally:
+        for path in reversed(made):
+            with contextlib.suppress(OSError):  # not empty: the operator put something there
+                os.rmdir(path)
