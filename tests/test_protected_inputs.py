@@ -21,7 +21,9 @@ import pytest
 from apply_helpers import AGENT_UID, cli_env, kagura, make_project, write_task
 
 from kagura_agent.cli.main import main
+from kagura_agent.errors import RefusedError
 from kagura_agent.manifest.task import protected_inputs
+from kagura_agent.membrane.placeholders import create_missing, held_absent
 
 REPO = Path(__file__).resolve().parents[1]
 FACTS = {"image_digests": {"kagura/agent:0.1.0": "sha256:" + "a" * 64}, "graduation": {}}
@@ -241,3 +243,29 @@ def test_the_agent_cannot_create_what_the_host_would_trust_next(
     for name in attempts:
         assert f"{name}=R0" in shown and f"{name}=W0" not in shown, (name, shown[-3000:])
     assert sorted(p.name for p in project.iterdir()) == ["notes.txt", "task.yml"]
+
+
+def test_a_placeholder_that_cannot_be_made_refuses_the_run(
+    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    project = make_project(tmp_path)
+    task = write_task(project, "fresh", {"steps": ["ls"]})
+    plan = _plan(project, capsys, str(task))
+    (project / ".git").mkdir()  # appeared after the plan
+    with (
+        pytest.raises(RefusedError, match="appeared in the project root after the plan"),
+        held_absent(plan),
+    ):
+        pass
+    (project / ".git").rmdir()
+    with held_absent(plan) as made:
+        root = os.path.realpath(project)
+        assert made == [f"{root}/.git", f"{root}/manifests"]
+        assert (project / ".git").is_dir() and (project / "manifests").is_dir()
+    assert sorted(p.name for p in project.iterdir()) == ["task.yml"]
+    moved = json.loads(json.dumps(plan))
+    for mount in moved["mounts"]:
+        if mount.get("placeholder"):
+            mount["source"] = str(tmp_path / "missing" / "deeper")
+    with pytest.raises(RefusedError, match="cannot hold"):
+        create_missing(moved)

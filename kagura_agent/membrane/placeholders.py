@@ -37,9 +37,18 @@ def create_missing(plan: Plan) -> list[str]:
     """
     made = []
     for source in placeholders(plan):
-        with contextlib.suppress(FileExistsError):  # checked as a mount source next
+        try:
             os.mkdir(source, 0o755)  # never follows a planted symlink
-            made.append(source)
+        except FileExistsError:
+            continue  # checked as a mount source next
+        except OSError as exc:
+            # Unprotected, the agent could create it: no run.
+            raise RefusedError(
+                f"cannot hold {source} for the run: {exc.strerror}",
+                hint="create it yourself, or let agents write it (writable_git: true, or"
+                " an operator manifest folder named with --manifests)",
+            ) from None
+        made.append(source)
     return made
 
 
