@@ -314,3 +314,70 @@ def test_validate_and_doctor_report_the_layers_in_force(
     checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
     assert checks["manifest layers"]["status"] == "PASS"
     assert "operator" in checks["manifest layers"]["detail"]
+
+
+HOUSE_DENY = (
+    "apiVersion: kagura.dev/v1\nkind: Policy\nmetadata: {name: NAME}\nspec:\n  rules:\n"
+    "    - name: no-example\n      effect: deny\n      message: not example.org\n"
+    "      schema:\n        properties:\n          egress:\n            properties:\n"
+    "              allow:\n                items:\n                  properties:\n"
+    "                    host: {deniedDomains: [example.org]}\n"
+)
+
+
+@pytest.mark.parametrize("layout", ["symlinked-folder", "upper-case-suffix"])
+def test_no_policy_file_of_the_operator_folder_is_silently_dropped(
+    layout: str, at_tmp: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An operator keeps a house policy in a shared folder linked into the manifest folder,
+    or names it ``House.YML``: the loader skipped both without a word, the policy stopped
+    applying, and a task reaching what it denies planned as applyable."""
+    base, facts = at_tmp
+    ops = base / "ops"
+    ops.mkdir()
+    (ops / "egress.yml").write_text(
+        "apiVersion: kagura.dev/v1\nkind: EgressPolicy\nmetadata: {name: example}\n"
+        "spec:\n  baseline: true\n  allow: [{host: example.org}]\n",
+        encoding="utf-8",
+    )
+    if layout == "symlinked-folder":
+        (base / "shared").mkdir()
+        (base / "shared" / "house.yml").write_text(HOUSE_DENY.replace("NAME", "house"))
+        (ops / "house").symlink_to(base / "shared")
+        (ops / "loop").symlink_to(ops)  # a loop ends: each real folder is read once
+    else:
+        (ops / "House.YML").write_text(HOUSE_DENY.replace("NAME", "house"))
+    (base / "task.yml").write_text(_task("", "  egress: [example]\n  steps: [ls]\n")[4:])
+    assert main(["plan", "--json", "--facts", str(facts), "--manifests", "ops", "task.yml"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
+    denied = [r["policy"] for r in plan["policy"] if not r["passed"] and r["effect"] == "deny"]
+    assert denied == ["house/no-example"]
+    assert plan["applyable"] is False
+
+
+def test_a_dangling_symlink_in_the_operator_folder_is_an_error(
+    at_tmp: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, _ = at_tmp
+    (base / "ops").mkdir()
+    (base / "ops" / "house.yml").symlink_to(base / "moved" / "house.yml")
+    assert main(["validate", "--manifests", "ops"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read file" in err and "ops/house.yml" in err
+
+
+def test_a_manifest_file_linked_from_the_project_root_is_protected(
+    at_tmp: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operator's folder links a policy kept in the project's repository: the agent
+    would rewrite the operator's policy for the next run unless that file is protected."""
+    base, facts = at_tmp
+    (base / "project" / "policies").mkdir()
+    (base / "project" / "policies" / "house.yml").write_text(HOUSE_DENY.replace("NAME", "house"))
+    (base / "ops").mkdir()
+    (base / "ops" / "house.yml").symlink_to(base / "project" / "policies" / "house.yml")
+    (base / "task.yml").write_text(_task("", "  steps: [ls]\n")[4:])
+    assert main(["plan", "--json", "--facts", str(facts), "--manifests", "ops", "task.yml"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
+    protected = {m["target"]: m["protects"] for m in plan["mounts"] if m["kind"] == "protected"}
+    assert protected["/workspace/policies"] == "a file of the operator manifest folder"

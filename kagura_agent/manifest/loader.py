@@ -88,15 +88,29 @@ def display_path(path: Path) -> str:
 
 def yaml_files(path: Path) -> list[Path]:
     """The YAML files of ``path``; a folder's hidden entries (.github/, .pre-commit-config.yaml,
-    .git/) are not ours and are skipped."""
+    .git/) are not ours and are skipped.
+
+    Nothing else in a folder is skipped without a word: symlinked subfolders are read
+    (each real folder once, so a loop ends), ``.YML``/``.Yaml`` are YAML files too, and a
+    dangling symlink named like one is listed so reading it reports the problem — an
+    operator's policy in any of them must never silently stop applying.
+    """
     if path.is_dir():
-        return sorted(
-            p
-            for p in path.rglob("*")
-            if p.suffix in YAML_SUFFIXES
-            and p.is_file()
-            and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        )
+        found: list[Path] = []
+        seen: set[str] = set()
+        for folder, dirs, files in os.walk(path, followlinks=True):
+            real = os.path.realpath(folder)
+            if real in seen:
+                dirs[:] = []
+                continue
+            seen.add(real)
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            found += [
+                Path(folder) / name
+                for name in files
+                if not name.startswith(".") and Path(name).suffix.lower() in YAML_SUFFIXES
+            ]
+        return sorted(found)
     if path.is_file():
         return [path]
     if path.exists():

@@ -324,11 +324,13 @@ def _paths(
 
 
 def host_inputs(task: Manifest, catalog: Catalog) -> list[tuple[str, str]]:
-    """Files the host trusts on the next plan: this task file and every manifest folder."""
+    """Files the host trusts on the next plan: this task file, every manifest folder and
+    every file read as part of one (a symlink in the folder may lead elsewhere)."""
     found = [(str(Path(task.file).resolve()), "this task file")]
-    found += [
-        (str(info["path"]), f"the {info['layer']} manifest folder") for info in catalog.layers
-    ]
+    for info in catalog.layers:
+        what = f"the {info['layer']} manifest folder"
+        found.append((str(info["path"]), what))
+        found += [(real, f"a file of {what}") for real in info["reads"]]
     return found
 
 

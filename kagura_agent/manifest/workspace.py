@@ -12,6 +12,7 @@ from kagura_agent.errors import Diagnostic, UsageError, ValidationError
 from kagura_agent.manifest.catalog import Catalog, build_catalog
 from kagura_agent.manifest.checks import check_catalog, inline_secrets
 from kagura_agent.manifest.loader import (
+    YAML_SUFFIXES,
     Sources,
     display_path,
     manifests_dir,
@@ -86,6 +87,8 @@ def _layer(name: str, shown: str, path: Path, sources: Sources) -> MappingProxyT
             "dir": shown,
             "path": str(path.resolve()),
             "files": sorted(sources.digests),
+            # Where each file really is: a symlinked file or folder may lie elsewhere.
+            "reads": tuple(sorted(sources.real_paths)),
         }
     )
 
@@ -140,7 +143,7 @@ def _git_sources(directory: Path, rev: str, layer: str) -> Sources:
         raise UsageError(f"cannot read manifests at git revision {rev!r}: {exc}") from exc
     sources = Sources()
     for name in sorted(listing.splitlines()):
-        if not name.endswith((".yml", ".yaml")):
+        if not name.lower().endswith(YAML_SUFFIXES):
             continue
         text = _git(Path(top), "show", f"{rev}:{name}")
         sources.extend(read_text_source(text, f"{rev}:{name}", layer))
