@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from brain_helpers import attached, collect
 
-from kagura_agent.apply.child_request import ChildRequest, Refused
+from kagura_agent.apply.child_request import ChildRequest, Refused, make_workdir
 from kagura_agent.brain.channel import ChannelLimits
 from kagura_agent.brain.events import DoneEvent, ToolResultEvent
 from kagura_agent.brain.protocol import Turn
@@ -114,3 +115,31 @@ def test_a_run_without_a_dispatcher_says_so(tmp_path: Path) -> None:
             assert "exit=1" in result.output
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("workdir", ["a/new", "a", "a/deeper/still", "file/x"])
+def test_a_child_workdir_through_a_planted_symlink_makes_nothing_outside(
+    tmp_path: Path, workdir: str
+) -> None:
+    """The parent's agent plants ``a -> OUTSIDE`` in its root and dispatches a child with
+    workdir ``a/new``: the host (root, maybe) created OUTSIDE/new and chowned it to the
+    root's owner before the child was planned and refused. Now nothing is made and the
+    child is refused, every symlink or file in the way named."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "a").symlink_to(outside)
+    (root / "file").write_text("x")
+    with pytest.raises(Refused, match="is not a folder of the project"):
+        make_workdir(str(root), workdir)
+    assert list(outside.iterdir()) == []
+    assert sorted(p.name for p in root.iterdir()) == ["a", "file"]
+
+
+def test_a_child_workdir_is_made_inside_and_owned_like_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    made = make_workdir(str(root), "x/y")
+    assert made == root / "x" / "y" and made.is_dir()
+    assert os.stat(made).st_uid == os.stat(root).st_uid
+    assert make_workdir(str(root), "x/y") == made  # an existing folder is reused

@@ -6,6 +6,8 @@ reported at once, every problem, as the reasons the child is refused.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -92,3 +94,39 @@ def _strings(fields: Mapping[str, Any], key: str, problems: list[str]) -> list[s
 def _relative(path: str) -> bool:
     parts = Path(path).parts
     return bool(parts) and not Path(path).is_absolute() and ".." not in parts
+
+
+def make_workdir(parent_root: str, workdir: str) -> Path:
+    """The child's project root, ``workdir`` under ``parent_root``: made (owned like the
+    parent's root) where missing, one component at a time through directory descriptors
+    opened with O_NOFOLLOW.
+
+    The parent's agent writes anything under its root while its child is planned, so a
+    component may be a symlink it planted (``a -> /etc``, ``a -> /root``): the host,
+    possibly root, would create and chown a folder wherever it points. Any symlink in the
+    way refuses the child instead; nothing is made outside the parent's root.
+    """
+    owner = os.stat(parent_root)
+    fd = os.open(parent_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in Path(workdir).parts:
+            made = False
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=fd)  # mkdir never follows a final symlink
+                made = True
+            try:
+                child = os.open(
+                    part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                )
+            except OSError:  # ELOOP: a symlink; ENOTDIR: a file
+                raise Refused(
+                    [f"workdir {workdir!r}: {part!r} is not a folder of the project (a symlink?)"]
+                ) from None
+            os.close(fd)
+            fd = child
+            if made:
+                with contextlib.suppress(PermissionError):
+                    os.fchown(fd, owner.st_uid, owner.st_gid)
+    finally:
+        os.close(fd)
+    return Path(parent_root) / workdir

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from kagura_agent.apply.child_request import ChildRequest, Refused
+from kagura_agent.apply.child_request import ChildRequest, Refused, make_workdir
 from kagura_agent.apply.context import RunContext
 from kagura_agent.apply.parentdeath import child_environment
 from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_prompt
@@ -192,12 +191,7 @@ class ChildDispatcher:
 
     def _write_task(self, child: ChildRequest, context: list[str]) -> Path:
         plan = self.ctx.plan
-        root = Path(plan["task"]["project_root"]) / child.workdir
-        if not root.exists():
-            root.mkdir(parents=True)
-            owner = Path(plan["task"]["project_root"]).stat()
-            with contextlib.suppress(PermissionError):
-                os.chown(root, owner.st_uid, owner.st_gid)
+        root = make_workdir(plan["task"]["project_root"], child.workdir)
         spec: dict[str, Any] = {
             "kind": child.name,
             "brain": plan["brain"]["name"],
