@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from membrane_helpers import make_plan, new_run_id
 
+from kagura_agent.errors import RefusedError
 from kagura_agent.membrane.build import build
 from kagura_agent.membrane.images import image_ref, local_image_digest
 from kagura_agent.membrane.runtime import DockerRuntime
@@ -163,8 +164,6 @@ def test_escape_probe_fails(runtime: DockerRuntime, project: Path, probe: str) -
 def test_symlink_to_etc_is_refused_and_cannot_write_through(
     runtime: DockerRuntime, project: Path, tmp_path: Path
 ) -> None:
-    from kagura_agent.errors import RefusedError
-
     (project / "etc-link").symlink_to("/etc")
     (project / "sub").mkdir()
     plan = make_plan(project, extra_mounts=[(str(project / "sub"), "/hostetc")])
@@ -263,3 +262,41 @@ def test_proc_mounts_inside_the_container_equal_the_plan(
     assert _flags(mounts["/"][1])[0] == ("ro" if plan["hardening"]["read_only_rootfs"] else "rw")
     for mount in plan["mounts"]:
         assert _flags(mounts[mount["target"]][1])[0] == mount["mode"], mount
+
+
+def test_a_bind_source_swapped_for_a_symlink_after_the_check_is_refused_at_start(
+    runtime: DockerRuntime, tmp_path: Path
+) -> None:
+    """A dispatched child's root lies inside its parent's writable root, and the parent's
+    agent runs all along. Between the child's checks (plan, freshness, create) and the
+    container's start, when the runtime follows the bind source path, the parent renames
+    the folder away and leaves a symlink to a folder of the operator's in its place: the
+    child would get that folder read-write as /workspace. The start compares what each
+    mount really is with what was checked, and refuses."""
+    parent = tmp_path / "parent"
+    child = parent / "child"
+    child.mkdir(parents=True)
+    secret = tmp_path / "operator-only"
+    secret.mkdir()
+    (secret / "id_rsa").write_text("canary-key-5b1e\n")
+    for folder in (child, secret):  # a checkout each: no placeholder to give it away
+        (folder / ".git").mkdir()
+    if os.geteuid() == 0:
+        for path in (parent, child, secret, secret / "id_rsa"):
+            os.chown(path, 1000, 1000)
+    plan = make_plan(child)
+    run_id = new_run_id()
+    _RUN_IDS.append(run_id)
+    # As apply's entrypoint: nothing of the agent runs before the host's first turn.
+    container_id = runtime.create(plan, run_id, command=["sleep", "60"])
+    try:
+        child.rename(parent / "moved")
+        child.symlink_to(secret)
+        with pytest.raises(RefusedError, match="/workspace is not what was checked"):
+            runtime.start(container_id)
+        assert runtime.wait(container_id, timeout=30)["exit_code"] != 0  # killed
+    finally:
+        runtime.remove(container_id)
+    # A plan whose source is a symlink by the time of create is refused there.
+    with pytest.raises(RefusedError, match="moved since the plan"):
+        runtime.create(plan, new_run_id(), command=["true"])

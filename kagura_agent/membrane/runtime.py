@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError
-from kagura_agent.membrane import hardening, mounts
+from kagura_agent.membrane import binds, hardening, mounts
 from kagura_agent.membrane.egress import forwarder
 from kagura_agent.membrane.images import image_present, inspect_image, local_image_digest
 from kagura_agent.membrane.isolation import check_tenancy, isolation_report
@@ -183,6 +183,8 @@ class DockerRuntime:
 
     def __init__(self, client: Any | None = None) -> None:
         self.client = client if client is not None else connect()
+        # What create checked of each container's bind sources, compared at start.
+        self._binds: dict[str, list[binds.Identity]] = {}
 
     def create(
         self,
@@ -212,6 +214,10 @@ class DockerRuntime:
         check_tenancy(plan["hardening"])
         image_id = check_image_digest(plan)
         check_plan_mounts(plan)
+        try:
+            identities = binds.source_identities(plan)
+        except (ValueError, OSError) as exc:
+            raise RefusedError(str(exc)) from None
         kwargs = hardening.container_kwargs(
             plan,
             run_id,
@@ -237,12 +243,33 @@ class DockerRuntime:
                 use_config_proxy=False,
                 **create,
             )
+        self._binds[str(result["Id"])] = identities
         return str(result["Id"])
 
     def start(self, container_id: str) -> None:
-        """Start a created container."""
+        """Start a created container; RefusedError (the container killed) when one of its
+        bind mounts is not the folder ``create`` checked (membrane/binds.py)."""
         with docker_errors(f"starting container {container_id[:12]}"):
             self.client.api.start(container_id)
+        expected = self._binds.pop(container_id, None)
+        if not expected:
+            return
+        pid = int(self.inspect(container_id)["State"].get("Pid") or 0)
+        problems = binds.mismatches(
+            expected, pid, lambda targets: self._stat_inside(container_id, targets)
+        )
+        if problems:
+            with contextlib.suppress(ContainerError):
+                self.kill(container_id)
+            raise RefusedError("; ".join(problems))
+
+    def _stat_inside(self, container_id: str, targets: list[str]) -> list[str]:
+        api = self.client.api
+        argv = ["stat", "-c", "%d:%i", "--", *targets]
+        with docker_errors(f"checking the mounts of container {container_id[:12]}"):
+            exec_id = api.exec_create(container_id, argv, stdout=True, stderr=False)["Id"]
+            output = api.exec_start(exec_id, demux=False) or b""
+        return bytes(output).decode("ascii", "replace").split()
 
     def attach_socket(self, container_id: str) -> socket.socket:
         """A raw socket on the container's stdin/stdout/stderr (call before ``start``).
