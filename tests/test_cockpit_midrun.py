@@ -187,9 +187,9 @@ def test_mid_run_questions_on_the_terminal(
         },
     )
     extended = _task(
-        tmp_path, "extended", {"prompt": "run: sleep 26", "budget": {"wall_time": "20s"}}
+        tmp_path, "extended", {"prompt": "run: sleep 15", "budget": {"wall_time": "12s"}}
     )
-    lapsed = _task(tmp_path, "lapsed", {"prompt": "run: sleep 26", "budget": {"wall_time": "20s"}})
+    lapsed = _task(tmp_path, "lapsed", {"prompt": "run: sleep 15", "budget": {"wall_time": "12s"}})
     serve = subprocess.Popen(
         argv,
         stdin=subprocess.PIPE,
@@ -222,7 +222,7 @@ def test_mid_run_questions_on_the_terminal(
         mark = len(term.lines)
         term.type_in(f"launch {extended}")
         wall = term.question(mark)
-        assert "~ budget wall_seconds 20 → 40" in "".join(term.lines[mark:])
+        assert "~ budget wall_seconds 12 → 24" in "".join(term.lines[mark:])
         term.type_in(f"approve {wall}")
         term.until(f"{wall} budget:wall_seconds approved by terminal:")
         term.approve_all_until("(exit ", since=mark)  # a slow machine may need it again
@@ -247,7 +247,7 @@ def test_mid_run_questions_on_the_terminal(
     assert "Access said: [error] refused: denied by terminal:" in out, out
     assert "nobody was asked, the operator's manifests do not allow it: no EgressPolicy" in out
     assert "token-pushed" in out, out
-    assert "wall budget extended to 40s" in out, out
+    assert "wall budget extended to 24s" in out, out
     assert "wall budget not extended (not approved: no answer within" in out, out
     assert "overran its" in out and "wall" in out
     assert MIDTOKEN not in out and CANARY not in out and API_KEY not in out

@@ -373,22 +373,22 @@ def test_a_forged_approval_for_another_plan_is_ignored_and_silence_denies(
 def test_the_wall_budget_is_extended_when_approved(
     agent_image: str, tmp_path: Path, state_dir: Path
 ) -> None:
-    prompt = "run: sleep 26 && echo slept > slept.txt"
+    prompt = "run: sleep 15 && echo slept > slept.txt"
     proc, operator, _ = start(
         tmp_path,
         state_dir,
         agent_image,
         prompt,
         lambda ask: "approve",
-        budget={"wall_time": "20s"},
+        budget={"wall_time": "12s"},
     )
     result = finish(proc, operator)
     assert result.get("outcome") == "success", "".join(operator.raw)
-    # Asked before the 20 s ran out (again before 40 s when the machine is slow).
+    # Asked before the 12 s ran out (again before 24 s when the machine is slow).
     ask = operator.asks[0]
     assert ask["category"] == "budget:wall_seconds"
-    assert "~ budget wall_seconds 20 → 40" in ask["text"], ask["text"]
-    assert any("wall budget extended to 40s" in n for n in operator.notes()), operator.notes()
+    assert "~ budget wall_seconds 12 → 24" in ask["text"], ask["text"]
+    assert any("wall budget extended to 24s" in n for n in operator.notes()), operator.notes()
     [run_id] = run_ids(state_dir)
     with StateStore(state_dir / "state.db") as store:
         row = amendments(store, run_id)[0]
@@ -399,14 +399,14 @@ def test_the_wall_budget_is_extended_when_approved(
 def test_an_unanswered_wall_extension_stops_the_run_saying_why(
     agent_image: str, tmp_path: Path, state_dir: Path
 ) -> None:
-    prompt = "run: sleep 26 && echo slept > slept.txt"
+    prompt = "run: sleep 15 && echo slept > slept.txt"
     proc, operator, project = start(
         tmp_path,
         state_dir,
         agent_image,
         prompt,
         lambda ask: "silence",
-        budget={"wall_time": "20s"},
+        budget={"wall_time": "12s"},
     )
     result = finish(proc, operator)
     assert result.get("outcome") == "failed", "".join(operator.raw)
