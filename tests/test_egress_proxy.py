@@ -614,6 +614,19 @@ def test_the_anthropic_key_is_injected_at_the_proxy_and_never_in_the_agent(
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert f'KEYS ["{CANARY_KEY}"] /v1/messages' in upstream.logs().decode()
+        # The injecting port is no way elsewhere: a CONNECT through it, or an absolute URI
+        # naming another host, never opens a tunnel or reaches another host with the key.
+        seen_before = upstream.logs().decode().count("KEYS")
+        for probe in (
+            "curl -sS -p -x http://127.0.0.1:3129 --max-time 10 http://unlisted.test:8080/",
+            "curl -sS -p -x http://127.0.0.1:3129 --max-time 10 http://api.anthropic.test:8080/",
+            "curl -sS -x http://127.0.0.1:3129 --max-time 10 http://127.0.0.1:3128/squid-internal-mgr/menu",
+        ):
+            result = agent.exec_run(["sh", "-c", probe + " -w '\\n%{http_code}' 2>&1"])
+            shown = result.output.decode(errors="replace")
+            assert shown.rsplit("\n", 1)[-1] in ("403", "400", "000"), (probe, shown)
+        # Whatever reached the fake API through the injecting port went only there.
+        assert upstream.logs().decode().count("KEYS") - seen_before <= 1
         # Nowhere the agent can look: environment, files, /proc, its docker inspect; and
         # not in the proxy's config either (it went in on stdin).
         # A pattern that matches the key without containing it (the grep's own argv is in /proc).
@@ -637,3 +650,23 @@ def test_the_anthropic_key_is_injected_at_the_proxy_and_never_in_the_agent(
             session.close()
         side.remove()
     assert _leftovers(docker_client, run_id) == []
+
+
+def test_the_proxys_own_cache_manager_is_unreachable(world: World) -> None:
+    """squid's cache manager by every spelling an agent might try: its internal URL on
+    its own name, loopback and port, the old cache_object scheme as a request target, and
+    a tunnel to its own port. Every one is refused by the allowlist's final deny."""
+    proxy = "-x http://127.0.0.1:3128 --max-time 10 -w '\\n%{http_code}'"
+    probes = [
+        f"curl -sS {proxy} http://kagura-egress:3128/squid-internal-mgr/menu",
+        f"curl -sS {proxy} http://localhost:3128/squid-internal-mgr/info",
+        f"curl -sS {proxy} http://127.0.0.1:3128/squid-internal-mgr/info",
+        f"curl -sS {proxy} --request-target cache_object://localhost/info http://localhost/",
+        f"curl -sS -p {proxy} http://localhost:3128/",
+    ]
+    for probe in probes:
+        _code, out = world.sh(probe + " 2>&1")
+        assert out.rsplit("\n", 1)[-1] in ("403", "400", "000"), (probe, out)
+    world.session.close()
+    decisions = [e for e in world.events if e["type"] == "egress.decision"]
+    assert decisions and all(e["decision"] == "deny" for e in decisions), decisions
