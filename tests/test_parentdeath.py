@@ -77,3 +77,69 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+# A child whose clean-up takes a while, and which says whether it was interrupted again.
+SLOW_CHILD = """
+import os, sys, time
+from kagura_agent.apply.parentdeath import stop_with_parent
+marks = []
+try:
+    assert stop_with_parent()
+    print("ready", flush=True)
+    time.sleep(60)
+except KeyboardInterrupt:
+    marks.append("interrupted")
+    try:
+        time.sleep(2)  # its clean-up
+    except KeyboardInterrupt:
+        marks.append("again")
+open(sys.argv[1] + ".tmp", "w").write(" ".join(marks))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+"""
+
+# A parent that starts the child from a thread which ends once the child is ready (Linux
+# then hands the child to another thread of this process), with more threads besides.
+THREADED_PARENT = """
+import subprocess, sys, threading, time
+from kagura_agent.apply.parentdeath import child_environment
+children = []
+def start():
+    child = subprocess.Popen(
+        [sys.executable, "-c", sys.argv[1], sys.argv[2]], env=child_environment(),
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert child.stdout.readline() == "ready\\n"
+    children.append(child)
+starter = threading.Thread(target=start)
+starter.start()
+starter.join()
+for _ in range(4):
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+print(children[0].pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_child_is_interrupted_once_and_only_when_the_parent_process_is_gone(
+    tmp_path: Path,
+) -> None:
+    mark = tmp_path / "mark"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", THREADED_PARENT, SLOW_CHILD, str(mark)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child_pid = int(parent.stdout.readline())
+    # The thread that started it has ended: a parent-death signal, the parent lives on.
+    time.sleep(1.0)
+    assert not mark.exists(), mark.read_text()
+    assert _alive(child_pid)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while not mark.exists():
+        assert time.monotonic() < deadline, "the child never heard its parent die"
+        time.sleep(0.1)
+    assert mark.read_text() == "interrupted"  # not "interrupted again": one clean-up, whole

@@ -1,9 +1,17 @@
 """A dispatched child stops when its parent run dies, even by ``kill -9``.
 
 The parent starts each child ``apply`` with ``KAGURA_AGENT_PARENT_PID`` set. The child asks
-Linux for a parent-death signal: SIGINT, apply's own clean-up path (agent stopped, leases
-revoked, containers removed). A parent that dies before the request is seen by its pid
-no longer being the child's parent, and the child interrupts itself. Elsewhere, and for an
+Linux for a parent-death signal and turns it into one SIGINT, apply's own clean-up path
+(agent stopped, leases revoked, containers removed). A parent that dies before the request
+is seen by its pid no longer being the child's parent, and the child interrupts itself.
+
+Not SIGINT itself: Linux sends the parent-death signal each time the child is reparented,
+and the child's parent is a *thread*. A parent killed with SIGKILL loses its threads one by
+one: the child may be handed to a sibling thread first, then to init — two signals, the
+second interrupting the first one's clean-up half way (a container and a volume left
+behind). The same happens, with the parent alive, when the thread that started the child
+ends. So the signal is SIGUSR2, and its handler sends SIGINT once, and only when the
+parent process is gone (``getppid`` no longer the parent's pid). Elsewhere, and for an
 ``apply`` nobody dispatched, this does nothing. Every apply first takes SIGINT back if it
 was started with it ignored (``take_back_sigint``): else none of this would stop it.
 """
@@ -15,9 +23,11 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
+from types import FrameType
 
 PARENT_ENV = "KAGURA_AGENT_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
+PARENT_DEATH_SIGNAL = signal.SIGUSR2
 
 
 def child_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -38,13 +48,23 @@ def take_back_sigint() -> bool:
 
 
 def stop_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
-    """Ask for SIGINT when the dispatching parent dies; whether it was asked."""
+    """Ask for one SIGINT when the dispatching parent dies; whether it was asked."""
     wanted = environ.get(PARENT_ENV, "")
     if not wanted.isdigit() or not sys.platform.startswith("linux"):
         return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGINT, 0, 0, 0) != 0:
-        return False
-    if os.getppid() != int(wanted):  # the parent was gone before the request
+    parent = int(wanted)
+    told: list[bool] = []
+
+    def parent_gone(signum: int = 0, frame: FrameType | None = None) -> None:
+        if told or os.getppid() == parent:  # handed to another thread of the live parent
+            return
+        told.append(True)
         os.kill(os.getpid(), signal.SIGINT)
+
+    signal.signal(PARENT_DEATH_SIGNAL, parent_gone)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL, 0, 0, 0) != 0:
+        signal.signal(PARENT_DEATH_SIGNAL, signal.SIG_DFL)
+        return False
+    parent_gone()  # the parent was gone before the request
     return True
