@@ -55,16 +55,21 @@ def test_a_child_is_interrupted_when_its_parent_is_killed(tmp_path: Path) -> Non
     assert parent.stdout is not None
     child_pid = int(parent.stdout.readline())
     assert parent.stdout.readline() == "ready\n"  # the child has asked for the signal
+    _kill_and_wait_for(parent, mark)
+    assert mark.read_text() == "interrupted"
+    deadline = time.monotonic() + 30
+    while _alive(child_pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def _kill_and_wait_for(parent: subprocess.Popen[str], mark: Path) -> None:
+    """SIGKILL the parent; wait until the child has left its mark."""
     parent.send_signal(signal.SIGKILL)
     parent.wait(timeout=30)
     deadline = time.monotonic() + 30
     while not mark.exists():
         assert time.monotonic() < deadline, "the child never heard its parent die"
-        time.sleep(0.1)
-    assert mark.read_text() == "interrupted"
-    deadline = time.monotonic() + 30
-    while _alive(child_pid):
-        assert time.monotonic() < deadline
         time.sleep(0.1)
 
 
@@ -136,10 +141,5 @@ def test_the_child_is_interrupted_once_and_only_when_the_parent_process_is_gone(
     time.sleep(1.0)
     assert not mark.exists(), mark.read_text()
     assert _alive(child_pid)
-    parent.send_signal(signal.SIGKILL)
-    parent.wait(timeout=30)
-    deadline = time.monotonic() + 30
-    while not mark.exists():
-        assert time.monotonic() < deadline, "the child never heard its parent die"
-        time.sleep(0.1)
+    _kill_and_wait_for(parent, mark)
     assert mark.read_text() == "interrupted"  # not "interrupted again": one clean-up, whole
