@@ -9,7 +9,7 @@ import pytest
 
 from kagura_agent.errors import RefusedError
 from kagura_agent.manifest.hosts import is_ip_literal, normalize_host
-from kagura_agent.membrane.egress import audit
+from kagura_agent.membrane.egress import audit, hostaddrs
 from kagura_agent.membrane.egress.policy import load_policy, subtract
 from kagura_agent.membrane.egress.squid import render_squid_conf
 from kagura_agent.state import StateStore
@@ -85,6 +85,42 @@ def test_forbidden_ranges_minus_explicit_allowances() -> None:
     assert "10.0.0.0/8" in b and "10.0.0.0/8" not in a
     assert "10.0.0.0/16" in a and "10.2.0.0/15" in a  # the rest of 10/8 stays forbidden
     assert {"169.254.0.0/16", "127.0.0.0/8", "fc00::/7", "fe80::/10"} <= a & b
+
+
+def test_the_docker_hosts_own_addresses_are_forbidden_like_a_range() -> None:
+    """A host address in no forbidden range (a public one) is refused for every entry but
+    one whose own allow_addresses covers it; one inside a range is not listed twice."""
+    host = [ipaddress.ip_network(a) for a in ("192.0.2.2/32", "172.17.0.1/32", "2001:db8::2/128")]
+    policy = load_policy(
+        {
+            "mode": "proxy",
+            "allow": [
+                {"host": "a.test"},
+                {"host": "lab.test", "allow_addresses": ["192.0.2.0/24"]},
+            ],
+        }
+    ).on_host(host)
+    a, lab = (set(map(str, policy.forbidden_for(e))) for e in policy.entries)
+    assert {"192.0.2.2/32", "2001:db8::2/128"} <= a and "172.17.0.1/32" not in a
+    assert "192.0.2.2/32" not in lab and "2001:db8::2/128" in lab
+    conf = render_squid_conf(policy, ["127.0.0.1/32"])
+    assert "192.0.2.2/32" in conf.split("acl e0_forbidden dst ")[1].splitlines()[0]
+
+
+def test_the_docker_hosts_addresses_are_read_from_its_interfaces(tmp_path: Path) -> None:
+    trie = tmp_path / "fib_trie"
+    trie.write_text(
+        "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 192.0.2.2\n        /32 host LOCAL\n"
+        "     |-- 192.0.2.255\n        /32 link BROADCAST\n     |-- 127.0.0.1\n"
+        "        /32 host LOCAL\n"
+    )
+    inet6 = tmp_path / "if_inet6"
+    inet6.write_text("20010db8000000000000000000000002 02 40 00 80     eth0\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hostaddrs, "_FIB_TRIE", trie)
+        patch.setattr(hostaddrs, "_IF_INET6", inet6)
+        found = hostaddrs.docker_host_addresses("unix:///var/run/docker.sock")
+    assert list(map(str, found)) == ["127.0.0.1/32", "192.0.2.2/32", "2001:db8::2/128"]
 
 
 def test_subtract_whole_and_partial() -> None:

@@ -670,3 +670,102 @@ def test_the_proxys_own_cache_manager_is_unreachable(world: World) -> None:
     world.session.close()
     decisions = [e for e in world.events if e["type"] == "egress.decision"]
     assert decisions and all(e["decision"] == "deny" for e in decisions), decisions
+
+
+def _host_ipv4_addresses() -> list[str]:
+    """Every IPv4 address of this host's interfaces but loopback (docker0, eth0, …)."""
+    with open("/proc/net/fib_trie") as trie:
+        lines = trie.read().splitlines()
+    local = {lines[i - 1].split()[-1] for i, line in enumerate(lines) if "/32 host LOCAL" in line}
+    return sorted(a for a in local if not a.startswith("127."))
+
+
+def test_a_listed_name_resolving_to_an_address_of_the_docker_host_is_refused(
+    docker_client: Any, egress_images: dict[str, str], state_dir: Any
+) -> None:
+    """DNS rebinding onto the host itself: a listed name that resolves to one of the
+    Docker host's own addresses — whatever range it lies in (a cloud VM's public
+    address, a TEST-NET address here) — must not reach the host's listeners through the
+    proxy. The private ranges alone do not cover a host whose address is public."""
+    import http.server
+    import threading
+
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"host service"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    run_id = f"test-hostself-{time.monotonic_ns()}"
+    plan = {
+        "egress": {
+            "mode": "proxy",
+            "allow": [{"host": "*.self.test", "port": port, "scheme": "http"}],
+        }
+    }
+    addresses = _host_ipv4_addresses()
+    names = {f"h{i}.self.test": address for i, address in enumerate(addresses)}
+    session = EgressSession.start(docker_client, plan, run_id, [].append, extra_hosts=names)
+    agent = None
+    try:
+        # The control: a container on the proxy's network reaches the host's listener on
+        # these addresses (other tests' bridges come and go: only those reached count).
+        probe = " ".join(
+            f"curl -s -o /dev/null -m 3 -w '{a} %{{http_code}}\\n' http://{a}:{port}/;"
+            for a in addresses
+        )
+        control = docker_client.containers.run(
+            egress_images["base"],
+            ["sh", "-c", probe],
+            labels=TEST_LABEL,
+            network=session.outbound_network,
+            detach=True,
+        )
+        try:
+            control.wait(timeout=60)
+            reached = {
+                line.split()[0]
+                for line in control.logs().decode().splitlines()
+                if line.endswith(" 200")
+            }
+        finally:
+            control.remove(force=True)
+        names = {n: a for n, a in names.items() if a in reached}
+        assert names, f"the host's listener is unreachable from a container at {addresses}"
+        net = session.agent_network_config()
+        agent = docker_client.containers.run(
+            egress_images["base"],
+            ["sleep", "600"],
+            detach=True,
+            labels=TEST_LABEL,
+            user="1000:1000",
+            cap_drop=["ALL"],
+            **net.docker_kwargs(),
+        )
+        start_forwarder(agent, net)
+        script = " ".join(
+            f"curl -s -o /dev/null -m 5 -w '{n} %{{http_code}}\\n' http://{n}:{port}/;"
+            for n in names
+        )
+        out = agent.exec_run(["sh", "-c", script]).output.decode()
+        assert sorted(out.split()) == sorted([*names, *["403"] * len(names)]), (addresses, out)
+        # Refused by the private-address rule, not by the final deny-all.
+        log = session.proxy.logs(stdout=True, stderr=False).decode(errors="replace")
+        reasons = {
+            raw["host"]: raw["reason"] for raw in map(audit.parse_line, log.splitlines()) if raw
+        }
+        assert {n: reasons.get(n) for n in names} == dict.fromkeys(names, "private-address")
+    finally:
+        if agent is not None:
+            agent.remove(force=True)
+        session.close()
+        server.shutdown()
+    assert _leftovers(docker_client, run_id) == []

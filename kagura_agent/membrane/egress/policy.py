@@ -12,9 +12,10 @@ Semantics (the squid configuration and the audit matcher both follow them):
   passes. ``scheme: http`` allows plain proxied HTTP (no CONNECT) to that port.
 - A name is refused when it resolves to a loopback, private, link-local, shared,
   reserved or cloud-metadata address, unless that entry's own ``allow_addresses`` covers
-  the range. An exception never spreads: it holds for its entry's host only. The
-  section's ``allow_addresses`` (the union the planner lists for reviewers) is not
-  enforcement input.
+  the range. The same holds for the Docker host's own addresses (``EgressPolicy.host``,
+  gathered at apply by hostaddrs.py): a public one lies in no range. An exception never
+  spreads: it holds for its entry's host only. The section's ``allow_addresses`` (the
+  union the planner lists for reviewers) is not enforcement input.
 - Host names go through the same normaliser as validate and plan
   (``kagura_agent.manifest.hosts``); a plan whose host is not already in its normal form
   (hand-edited, or from another version) is refused.
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kagura_agent.errors import RefusedError
@@ -105,6 +106,13 @@ class EgressPolicy:
 
     mode: str
     entries: tuple[AllowEntry, ...] = ()
+    # The Docker host's own addresses (hostaddrs.py), refused like a forbidden range: a
+    # public one is in no range, and the proxy runs on that host.
+    host: tuple[Network, ...] = ()
+
+    def on_host(self, addresses: Iterable[Network]) -> EgressPolicy:
+        """This policy, also refusing ``addresses`` (the host the proxy runs on)."""
+        return replace(self, host=tuple(addresses))
 
     def match(self, host: str, port: int, connect: bool) -> AllowEntry | None:
         """The first entry that allows this request, or None (default deny)."""
@@ -114,8 +122,15 @@ class EgressPolicy:
         return None
 
     def forbidden_for(self, entry: AllowEntry) -> list[Network]:
-        """Forbidden ranges minus what this entry (and only this entry) explicitly allows."""
-        return subtract([ipaddress.ip_network(r) for r in FORBIDDEN_RANGES], entry.allow_addresses)
+        """Forbidden ranges and the host's own addresses, minus what this entry (and only
+        this entry) explicitly allows."""
+        ranges = [ipaddress.ip_network(r) for r in FORBIDDEN_RANGES]
+        own = [a for a in self.host if not any(_within(a, r) for r in ranges)]
+        return subtract([*ranges, *own], entry.allow_addresses)
+
+
+def _within(net: Network, outer: Network) -> bool:
+    return net.version == outer.version and net.subnet_of(outer)  # type: ignore[arg-type]
 
 
 def subtract(ranges: Iterable[Network], allowed: Iterable[Network]) -> list[Network]:

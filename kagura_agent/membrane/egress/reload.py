@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kagura_agent.errors import SetupError
-from kagura_agent.membrane.egress.policy import EgressPolicy, load_policy
+from kagura_agent.membrane.egress.policy import EgressPolicy, Network, load_policy
 from kagura_agent.membrane.egress.squid import READY_MARKER, Injection, render_squid_conf
 from kagura_agent.membrane.runtime import docker_errors
 
@@ -113,14 +113,16 @@ def reload_allowlist(
     injection: Injection | None,
     *,
     user: str,
+    host: tuple[Network, ...],
     timeout: float = 30.0,
 ) -> EgressPolicy:
     """Put the allowlist of ``egress`` (a plan's egress section) in force in ``proxy``.
 
-    Returns the new policy (the audit classifies by it from now on). Raises SetupError
-    when the configuration is refused or squid does not come back in ``timeout``.
+    Returns the new policy (the audit classifies by it from now on); ``host`` is the
+    addresses of the host the proxy runs on, refused as before. Raises SetupError when the
+    configuration is refused or squid does not come back in ``timeout``.
     """
-    policy = load_policy(egress)
+    policy = load_policy(egress).on_host(host)
     conf = render_squid_conf(policy, ["127.0.0.1/32"], injection)
     start_reload(client, proxy.id, conf, user=user, timeout=timeout)()
     return policy

@@ -37,6 +37,7 @@ from kagura_agent.clock import Clock, SystemClock, iso
 from kagura_agent.errors import SetupError
 from kagura_agent.membrane import images
 from kagura_agent.membrane.egress import audit, forwarder, owner, pool
+from kagura_agent.membrane.egress.hostaddrs import docker_host_addresses
 from kagura_agent.membrane.egress.policy import EgressPolicy, load_policy
 from kagura_agent.membrane.egress.proxy import (
     AGENT_SOCKET_DIR,
@@ -239,7 +240,7 @@ class EgressSession:
         otherwise, or when the claimed one does not take the configuration, a cold start.
         A run with a credential injection or test networks always starts cold.
         """
-        policy = load_policy(plan.get("egress"))
+        policy = load_policy(plan.get("egress")).on_host(docker_host_addresses())
         if policy.mode != "proxy":
             raise SetupError("egress mode is 'none': the agent gets network_mode none, no proxy")
         store = audit.open_store(store or StateStore())
@@ -422,7 +423,9 @@ class EgressSession:
     def reload(self, egress: dict[str, Any]) -> None:
         """A mid-run grant: ``egress`` (the amended plan's section) in force, the proxy and
         its open connections kept (reload.py)."""
-        policy = reload_allowlist(self.client, self.proxy, egress, self.injection, user=PROXY_USER)
+        policy = reload_allowlist(
+            self.client, self.proxy, egress, self.injection, user=PROXY_USER, host=self.policy.host
+        )
         with self._lock:
             self.policy = policy
 
