@@ -6,6 +6,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -312,3 +313,28 @@ def test_egress_mounts_must_be_read_only_volumes(tmp_path: Path) -> None:
             hardening.container_kwargs(plan, "r", network="none", egress_mounts=[bad])
     with pytest.raises(RefusedError):
         hardening.container_kwargs(make_plan(tmp_path, digest=DIGEST), "r", egress_mounts=[volume])
+
+
+def test_bind_mounts_are_checked_from_inside_when_proc_cannot_be_read() -> None:
+    """Where /proc/PID/root is not ours to read (a non-root operator, a daemon in another
+    PID namespace), the container's own ``stat`` answers; a swapped mount is still found,
+    and a container that already exited has nothing left to check."""
+    from kagura_agent.membrane.binds import mismatches
+
+    expected = [("/workspace", 1, 2), ("/workspace/.git", 1, 3)]
+    gone = 2**22 + 7  # above pid_max: no /proc entry
+    asked: list[list[str]] = []
+
+    def inside(answer: list[str] | None) -> Callable[[list[str]], list[str] | None]:
+        def stat(targets: list[str]) -> list[str] | None:
+            asked.append(targets)
+            return answer
+
+        return stat
+
+    assert mismatches(expected, gone, inside(["1:2", "1:3"])) == []
+    assert asked == [["/workspace", "/workspace/.git"]]
+    [problem] = mismatches(expected, gone, inside(["1:2", "7:7"]))
+    assert problem.startswith("the mount at /workspace/.git is not what was checked")
+    assert mismatches(expected, gone, inside(None)) == []
+    assert len(mismatches(expected, gone, inside([]))) == 2  # no answer is no match

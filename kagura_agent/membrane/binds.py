@@ -35,27 +35,28 @@ def source_identities(plan: Plan) -> list[Identity]:
 
 
 def mismatches(
-    expected: list[Identity], pid: int, exec_stat: Callable[[list[str]], list[str]]
+    expected: list[Identity], pid: int, exec_stat: Callable[[list[str]], list[str] | None]
 ) -> list[str]:
     """Every mount of the container (its init is ``pid``) that is not what was checked.
 
     Read through ``/proc/PID/root`` (the container's own view, symlinks not followed);
-    where that is not allowed (a non-root operator and a non-dumpable init),
-    ``exec_stat(targets)`` answers ``DEV:INO`` per target from inside the container.
+    where that cannot be read (a non-root operator and a non-dumpable init, a daemon in
+    another PID namespace), ``exec_stat(targets)`` answers ``DEV:INO`` per target from
+    inside the container, or None when the container is no longer running.
     """
     if pid <= 0:
         return []  # exited already (apply's containers wait for the host: a crash)
-    seen: list[str | None] = []
+    targets = [target for target, _, _ in expected]
+    seen: list[str] | None
     try:
-        for target, _, _ in expected:
+        seen = []
+        for target in targets:
             info = os.stat(f"/proc/{pid}/root{target}", follow_symlinks=False)
             seen.append(f"{info.st_dev}:{info.st_ino}")
-    except PermissionError:
-        seen = list(exec_stat([target for target, _, _ in expected]))
     except OSError:
-        if not os.path.exists(f"/proc/{pid}"):
+        seen = exec_stat(targets)
+        if seen is None:
             return []  # exited between the start and the look: nothing of it runs
-        seen.append(None)
     problems = []
     for index, (target, dev, ino) in enumerate(expected):
         got = seen[index] if index < len(seen) else None

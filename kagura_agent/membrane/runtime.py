@@ -263,12 +263,18 @@ class DockerRuntime:
                 self.kill(container_id)
             raise RefusedError("; ".join(problems))
 
-    def _stat_inside(self, container_id: str, targets: list[str]) -> list[str]:
+    def _stat_inside(self, container_id: str, targets: list[str]) -> list[str] | None:
+        """``DEV:INO`` of each target, seen from inside; None when it runs no more."""
         api = self.client.api
         argv = ["stat", "-c", "%d:%i", "--", *targets]
-        with docker_errors(f"checking the mounts of container {container_id[:12]}"):
-            exec_id = api.exec_create(container_id, argv, stdout=True, stderr=False)["Id"]
-            output = api.exec_start(exec_id, demux=False) or b""
+        try:
+            with docker_errors(f"checking the mounts of container {container_id[:12]}"):
+                exec_id = api.exec_create(container_id, argv, stdout=True, stderr=False)["Id"]
+                output = api.exec_start(exec_id, demux=False) or b""
+        except ContainerError:
+            if self.inspect(container_id)["State"].get("Running"):
+                raise
+            return None
         return bytes(output).decode("ascii", "replace").split()
 
     def attach_socket(self, container_id: str) -> socket.socket:
