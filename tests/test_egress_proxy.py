@@ -739,6 +739,10 @@ def test_a_listed_name_resolving_to_an_address_of_the_docker_host_is_refused(
         finally:
             control.remove(force=True)
         names = {n: a for n, a in names.items() if a in reached}
+        # The run's own outbound network's gateway (made after the policy) is the host too.
+        outbound = docker_client.networks.get(session.outbound_network)
+        gateway = outbound.attrs["IPAM"]["Config"][0]["Gateway"]
+        assert gateway in {str(n.network_address) for n in session.policy.host}
         assert names, f"the host's listener is unreachable from a container at {addresses}"
         net = session.agent_network_config()
         agent = docker_client.containers.run(

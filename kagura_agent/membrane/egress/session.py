@@ -322,6 +322,9 @@ class EgressSession:
                 driver="bridge",
                 labels=self._labels_for(owner.COMPONENT_OUTBOUND),
             )
+        # The outbound network's gateway is a new address of the host (a daemon whose
+        # address pool is public puts it in no forbidden range): read them again.
+        self.policy = self.policy.on_host(docker_host_addresses())
         # socat connects from the proxy's own loopback: that is the only client squid takes.
         conf = render_squid_conf(self.policy, ["127.0.0.1/32"], self.injection)
         environment = {
