@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from apply_helpers import (
+    AGENT_UID,
     REPO,
     all_leases,
     cli_env,
@@ -444,3 +445,55 @@ def test_under_serve_a_child_is_approved_through_the_cockpits_question(
     assert ask["fingerprint"] == json.loads(plan_file.read_text())["intent"]
     assert (project / "fetcher" / "out.txt").read_text() == "fetched\n"
     assert leftovers(client, child["run"]) == []
+
+
+def test_a_parent_cannot_reach_through_a_child_what_it_may_not_write(
+    agent_test_image: tuple[Any, str], tmp_path: Path, state_dir: Path
+) -> None:
+    """From inside a real parent container: dispatch a child rooted at the parent's own
+    read-only ``.git`` (to plant a hook the operator's next git command runs), and one
+    whose workdir goes through a symlink the parent planted to a folder outside its root
+    (the host made and chowned folders wherever it pointed). Both are refused; the hooks
+    stay empty and nothing appears outside."""
+    _client, image_ref = agent_test_image
+    image = {
+        "kind": "Image",
+        "metadata": {"name": "agent-test"},
+        "spec": {"recipe": "images/agent", "tag": image_ref, "baseline": True},
+    }
+    manifests = manifest_set(tmp_path, image)
+    project = make_project(tmp_path)
+    (project / ".git" / "hooks").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if os.geteuid() == 0:
+        for path in (project / ".git", project / ".git" / "hooks"):
+            os.chown(path, AGENT_UID, AGENT_UID)
+    dispatch = "python3 -m kagura_agent.brain.memtool dispatch"
+    hook = "echo touch /tmp/owned > hooks/post-checkout"
+    task = write_task(
+        project,
+        "parent",
+        {
+            "image": "agent-test",
+            "brain": "script",
+            "steps": [
+                f"{dispatch} 'plant a hook' --name hook --workdir .git --step '{hook}'"
+                " > hook.json; true",
+                f"ln -s {outside} out && {dispatch} 'escape' --name away --workdir out/new"
+                " --step true > away.json; true",
+            ],
+        },
+    )
+    env = cli_env(state_dir)
+    done = kagura(["apply", "--yes", "--json", "--manifests", str(manifests), str(task)], env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    children = {c["task"]: c for c in last_json(done.stdout)["children"]}
+    assert {t: (c["outcome"], c["run"]) for t, c in children.items()} == {
+        "hook": ("refused", None),
+        "away": ("refused", None),
+    }
+    assert any("read-only in the parent" in r for r in children["hook"]["reasons"])
+    assert any("is not a folder of the project" in r for r in children["away"]["reasons"])
+    assert list((project / ".git" / "hooks").iterdir()) == []
+    assert list(outside.iterdir()) == []
