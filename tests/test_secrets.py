@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import keyring
@@ -148,3 +149,50 @@ def test_redactor_scrubs_every_known_value_and_line() -> None:
     assert "abc stays" in scrubbed  # too short to register: would shred ordinary text
     assert "(sensitive)" in scrubbed
     assert CANARY not in repr(redactor)
+
+
+# A service-account key as GCP issues it: JSON, its private key one line with \n escapes.
+_KEY_BODY = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7canaryKEYmaterial"
+SERVICE_ACCOUNT_KEY = (
+    "{\n"
+    '  "type": "service_account",\n'
+    '  "private_key_id": "0f1e2d3c4b5a69788796a5b4c3d2e1f0canary1",\n'
+    '  "private_key": "-----BEGIN PRIVATE KEY-----\\n'
+    + _KEY_BODY
+    + '\\n-----END PRIVATE KEY-----\\n",\n'
+    '  "client_email": "agent@canary-project.iam.gserviceaccount.com"\n'
+    "}\n"
+)
+QUOTED_PASSWORD = 'pa"ss\\word-canary-7731'
+
+
+@pytest.mark.parametrize(
+    "printed",
+    [
+        SERVICE_ACCOUNT_KEY,  # cat key.json
+        QUOTED_PASSWORD,  # echo "$DB_PASSWORD"
+        "-----BEGIN PRIVATE KEY-----\n" + _KEY_BODY + "\n-----END PRIVATE KEY-----\n",  # jq -r
+    ],
+    ids=["key-file", "quoted-password", "decoded-private-key"],
+)
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "text"])
+def test_a_secret_the_agent_prints_is_scrubbed_from_the_live_view(
+    printed: str, as_json: bool
+) -> None:
+    """``apply --json`` (what serve's chat, the team's event store and a CI job read) and
+    the terminal: the agent prints a leased secret; none of it may reach the output, in
+    any encoding. Before, the json view scrubbed its encoded line, where the key file's
+    quotes and a password's backslash are escaped: all three leaked whole."""
+    import io
+
+    from kagura_agent.apply.live import LiveView
+    from kagura_agent.brain.events import ToolResultEvent
+
+    redactor = Redactor()
+    redactor.add(SERVICE_ACCOUNT_KEY, QUOTED_PASSWORD)
+    out = io.StringIO()
+    LiveView(redactor, stream=out, as_json=as_json).brain(ToolResultEvent("t1", printed))
+    line = out.getvalue()
+    shown = json.loads(line)["output"] if as_json else line
+    for material in (_KEY_BODY, QUOTED_PASSWORD, "0f1e2d3c4b5a69788796a5b4c3d2e1f0canary1"):
+        assert material not in line and material not in shown, line

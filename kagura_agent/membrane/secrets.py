@@ -16,6 +16,7 @@ it was told about from text headed for logs, events or error messages.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -183,6 +184,12 @@ class Redactor:
     Thread-safe: the lease keeper adds renewed values while the event stream scrubs.
     Values shorter than 6 characters are not registered (they would shred ordinary text);
     no real secret or token is that short.
+
+    A value is registered in every form a tool's output or our own output may carry it
+    (see :func:`_forms`): each line; for a JSON document (a service-account key) every
+    string in it, decoded (``jq -r .private_key`` prints the PEM with real newlines); and
+    each of those as it reads inside a JSON string (``apply --json`` scrubs its encoded
+    line, where quotes, backslashes and newlines are escaped).
     """
 
     MIN_LENGTH = 6
@@ -196,8 +203,7 @@ class Redactor:
         """Register values to scrub (and, for multi-line values, each of their lines)."""
         with self._lock:
             for value in values:
-                for part in (value, *value.splitlines()):
-                    part = part.strip()
+                for part in _forms(value):
                     if len(part) >= self.MIN_LENGTH:
                         self._values.add(part)
             self._pattern = None
@@ -216,3 +222,32 @@ class Redactor:
 
     def __repr__(self) -> str:
         return f"Redactor({len(self._values)} values)"
+
+
+def _forms(value: str) -> set[str]:
+    """``value``, each of its lines and every string of it as a JSON document, each
+    stripped, also as it reads JSON-escaped (ASCII-only and not)."""
+    plain = [value, *value.splitlines()]
+    if value.lstrip()[:1] in ("{", "["):
+        try:
+            document = json.loads(value)
+        except ValueError:
+            document = None
+        for text in _strings(document):
+            plain += [text, *text.splitlines()]
+    forms = set()
+    for part in (p.strip() for p in plain):
+        forms.add(part)
+        forms.add(json.dumps(part, ensure_ascii=False)[1:-1])
+        forms.add(json.dumps(part)[1:-1])
+    return forms
+
+
+def _strings(document: object) -> list[str]:
+    if isinstance(document, str):
+        return [document]
+    if isinstance(document, dict):
+        return [t for v in document.values() for t in _strings(v)]  # keys are no secret
+    if isinstance(document, list):
+        return [t for item in document for t in _strings(item)]
+    return []
