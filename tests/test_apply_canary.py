@@ -8,6 +8,7 @@ inspect` of the agent container and every `/proc/*/cmdline` on the host.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -90,3 +91,51 @@ def test_canary_never_leaks(tmp_path: Path, state_dir: Path, docker_client: Any)
         if stored.is_file():
             assert CANARY.encode() not in stored.read_bytes(), stored
     assert CANARY not in (project / "task.yml").read_text()
+
+
+QUOTED_CANARY = 'CANARY-"root\\5d1e9a7f3b2c8e4a'  # a quote and a backslash: JSON escapes both
+
+
+def test_a_quoted_canary_printed_and_left_for_verify_never_leaks(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """``apply --json`` (what serve's chat and the team's event store read). The hijacked
+    agent prints its key, writes it where a failing verify prints it, and ends the run: the
+    key may not reach the JSON lines, the run's memory (failure summary) or any state."""
+    provider = {
+        "kind": "CredentialProvider",
+        "metadata": {"name": "canary"},
+        "spec": {
+            "type": "static",
+            "standing": True,
+            "secret": "env:CANARY_ROOT",
+            "static": {"env": "CANARY_KEY"},
+            "baseline_scopes": ["api"],
+            "scopes": {"api": {"description": "a canary"}},
+        },
+    }
+    manifests = manifest_set(tmp_path, provider)
+    project = make_project(tmp_path)
+    task = write_task(
+        project,
+        "quoted-canary",
+        {
+            "credentials": [{"provider": "canary", "scope": "api"}],
+            "steps": [
+                'echo "the key is $CANARY_KEY"; printf %s "$CANARY_KEY" > leak.txt',
+                "cat ~/.git-credentials; sleep 3",  # trips: an incident keeps the last events
+            ],
+            "verify": ["cat leak.txt; false"],
+        },
+    )
+    env = cli_env(state_dir, CANARY_ROOT=QUOTED_CANARY)
+    done = kagura(["apply", "--yes", "--json", "--manifests", str(manifests), str(task)], env)
+    assert done.returncode != 0 and (project / "leak.txt").read_text() == QUOTED_CANARY
+    assert "the key is (sensitive)" in done.stderr, done.stderr[-2000:]
+    assert '"kind": "incident"' in done.stderr, "the canary file tripped: an incident is kept"
+    escaped = json.dumps(QUOTED_CANARY)[1:-1]
+    for form in (QUOTED_CANARY, escaped, "5d1e9a7f3b2c8e4a"):
+        assert form not in done.stdout + done.stderr, form
+        for stored in state_dir.rglob("*"):
+            if stored.is_file():
+                assert form.encode() not in stored.read_bytes(), (form, stored)

@@ -56,7 +56,7 @@ class LiveView:
         self.started = time.monotonic()
         self._text = ""
         self._gone = False
-        # The run's last brain events, for an incident record.
+        # The run's last brain events (scrubbed), for an incident record.
         self.recent: deque[dict[str, Any]] = deque(maxlen=100)
         # Called with every brain event's JSON (the canary tripwire scans the output).
         self.watchers: list[Callable[[dict[str, Any]], None]] = []
@@ -128,9 +128,12 @@ class LiveView:
             self._write(f"{self._elapsed()} ? {question['request']}: approval needed", "yellow")
 
     def brain(self, event: BrainEvent) -> None:
-        self.recent.append(event_to_json(event))
-        for watch in self.watchers:
-            watch(self.recent[-1])
+        raw = event_to_json(event)
+        for watch in self.watchers:  # the canary tripwire looks for the (redacted) canary
+            watch(raw)
+        # Kept for an incident record, which is stored and shown later: scrubbed here, the
+        # only place that knows the run's secrets.
+        self.recent.append(self.redactor.scrub_data(raw))
         if self.as_json:
             self._json("brain", event_to_json(event))
             return

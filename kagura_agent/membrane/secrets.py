@@ -22,7 +22,7 @@ import re
 import stat
 import threading
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from kagura_agent.errors import SetupError
 from kagura_agent.hygiene import looks_like_secret as looks_like_secret  # re-exported
@@ -219,6 +219,16 @@ class Redactor:
                 self._pattern = re.compile("|".join(re.escape(v) for v in ordered))
             pattern = self._pattern
         return pattern.sub(REDACTED, text)
+
+    def scrub_data(self, value: Any) -> Any:
+        """``value`` (JSON-shaped data) with every string in it scrubbed, keys too."""
+        if isinstance(value, str):
+            return self.scrub(value)
+        if isinstance(value, dict):
+            return {self.scrub(str(k)): self.scrub_data(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.scrub_data(item) for item in value]
+        return value
 
     def __repr__(self) -> str:
         return f"Redactor({len(self._values)} values)"
