@@ -100,8 +100,9 @@ def test_a_quoted_canary_printed_and_left_for_verify_never_leaks(
     tmp_path: Path, state_dir: Path
 ) -> None:
     """``apply --json`` (what serve's chat and the team's event store read). The hijacked
-    agent prints its key, writes it where a failing verify prints it, and ends the run: the
-    key may not reach the JSON lines, the run's memory (failure summary) or any state."""
+    agent prints its key, writes it where a failing verify prints it, stores it in memory
+    and trips a tripwire: the key may not reach the JSON lines, the memory, the incident
+    record or any other state."""
     provider = {
         "kind": "CredentialProvider",
         "metadata": {"name": "canary"},
@@ -123,6 +124,9 @@ def test_a_quoted_canary_printed_and_left_for_verify_never_leaks(
             "credentials": [{"provider": "canary", "scope": "api"}],
             "steps": [
                 'echo "the key is $CANARY_KEY"; printf %s "$CANARY_KEY" > leak.txt',
+                # Stashed in memory, for a later run that holds no such key.
+                'python3 -m kagura_agent.brain.memtool remember "deploy key: $CANARY_KEY"'
+                " > memory-id.json",
                 "cat ~/.git-credentials; sleep 3",  # trips: an incident keeps the last events
             ],
             "verify": ["cat leak.txt; false"],
@@ -131,6 +135,7 @@ def test_a_quoted_canary_printed_and_left_for_verify_never_leaks(
     env = cli_env(state_dir, CANARY_ROOT=QUOTED_CANARY)
     done = kagura(["apply", "--yes", "--json", "--manifests", str(manifests), str(task)], env)
     assert done.returncode != 0 and (project / "leak.txt").read_text() == QUOTED_CANARY
+    assert (project / "memory-id.json").read_text().strip(), "the memory was written"
     assert "the key is (sensitive)" in done.stderr, done.stderr[-2000:]
     assert '"kind": "incident"' in done.stderr, "the canary file tripped: an incident is kept"
     escaped = json.dumps(QUOTED_CANARY)[1:-1]

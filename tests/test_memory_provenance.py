@@ -27,6 +27,7 @@ from golden import golden_plan
 from kagura_agent.apply.hostmem import HostMemory, open_host_memory
 from kagura_agent.brain.plan_turn import turn_from_plan
 from kagura_agent.clock import SystemClock
+from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.memory.model import Source
 from kagura_agent.memory.postgres import PgMemoryStore
 from kagura_agent.memory.sqlite import SqliteMemoryStore
@@ -79,7 +80,6 @@ def test_the_agents_error_text_is_stored_untrusted_and_shown_quoted(
     from kagura_agent.apply.context import BrainOutcome, RunContext, RunReport, assemble
     from kagura_agent.apply.live import LiveView
     from kagura_agent.apply.record import record_result
-    from kagura_agent.membrane.secrets import Redactor
     from kagura_agent.state import StateStore
 
     root, env = project
@@ -180,7 +180,7 @@ def test_open_host_memory_takes_the_tier_from_the_plan(tmp_path: Path, state_dir
     assert plan["task"]["context"]["include_untrusted"] is False
     store, trusted, _ = _store(tmp_path)
     store.close()
-    host = open_host_memory(plan, "run-1")
+    host = open_host_memory(plan, "run-1", Redactor())
     try:
         assert [m["id"] for m in asyncio.run(host.recall("deploy", 10))] == [trusted]
     finally:

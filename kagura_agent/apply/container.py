@@ -121,7 +121,7 @@ def run_in_container(
         runtime.start_forwarder(container_id, egress)
     cleanup.callback(traps.stop)
     _arm_traps(runtime, container_id, traps, bool(leases), live)
-    memory = open_host_memory(ctx.plan, ctx.run_id)
+    memory = open_host_memory(ctx.plan, ctx.run_id, ctx.live.redactor)
     children = ChildDispatcher(ctx, memory.store)
     cleanup.callback(children.close)  # a parent never leaves a child running
     drive = _drive(ctx, runtime, container_id, stream, inside, traps, memory, children)

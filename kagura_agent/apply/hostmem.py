@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from kagura_agent.brain.channel import MemoryRefused
+from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.memory.factory import open_memory
 from kagura_agent.memory.model import Memory, Source
 from kagura_agent.plan.model import Plan
@@ -30,11 +31,22 @@ BRAIN_EDGE_TYPES = ("related_to", "derived_from")
 
 
 class HostMemory:
-    def __init__(self, store: Any, run_id: str, task_kind: str, *, include_untrusted: bool) -> None:
+    def __init__(
+        self,
+        store: Any,
+        run_id: str,
+        task_kind: str,
+        *,
+        include_untrusted: bool,
+        redactor: Redactor | None = None,
+    ) -> None:
         self.store = store
         self.run_id = run_id
         self.task_kind = task_kind
         self.include_untrusted = include_untrusted
+        # The run's secrets: what the brain writes outlives its leases and is read by
+        # later runs that never held them, so none of it is stored.
+        self.redactor = redactor or Redactor()
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         # A SQLite connection may only be used by the thread that opened it (this loop's
@@ -55,6 +67,8 @@ class HostMemory:
         return [_public(m) for m in found if self.include_untrusted or not m.untrusted]
 
     async def remember(self, text: str, tags: list[str]) -> str:
+        text = self.redactor.scrub(text)
+        tags = [self.redactor.scrub(tag) for tag in tags]
         memory = await self._call(
             self.store.remember,
             type="note",
@@ -120,12 +134,13 @@ class HostMemory:
         return found
 
 
-def open_host_memory(plan: Plan, run_id: str) -> HostMemory:
-    """The memory server for ``plan``'s run, with the task's trust filter."""
+def open_host_memory(plan: Plan, run_id: str, redactor: Redactor) -> HostMemory:
+    """The memory server for ``plan``'s run, with the task's trust filter; what the brain
+    writes passes the run's ``redactor``."""
     store = open_memory(plan["memory"])
     include = plan["task"]["context"]["include_untrusted"]
     kind = plan["task"]["kind"]
-    return HostMemory(store, run_id, kind, include_untrusted=include)
+    return HostMemory(store, run_id, kind, include_untrusted=include, redactor=redactor)
 
 
 def _public(memory: Memory) -> dict[str, Any]:

@@ -48,7 +48,7 @@ async def _drive(ctx: RunContext, leases: Sequence[Lease], creds: str) -> BrainO
     stream = await start_local_entrypoint(env=env, cwd=ctx.plan["task"]["project_root"])
     channel = BrainChannel(
         stream,
-        memory=open_host_memory(ctx.plan, ctx.run_id),
+        memory=open_host_memory(ctx.plan, ctx.run_id, ctx.live.redactor),
         on_stop=stream.proc.terminate,
         on_kill=stream.proc.kill,
     )

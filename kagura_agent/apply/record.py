@@ -9,6 +9,7 @@ only; the state store keeps the plan as the last applied one for the next diff.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from kagura_agent.apply.context import RunContext, RunResult
@@ -28,6 +29,13 @@ from kagura_agent.plan.model import Plan
 def record_result(ctx: RunContext, result: RunResult) -> str | None:
     """Store ``result`` (its outcome already decided); the child output memory's id, if any."""
     store, plan, run_id, clock, live = ctx.store, ctx.plan, ctx.run_id, ctx.clock, ctx.live
+    # What the brain said (its answer, its error) is stored in memory, which outlives the
+    # run's leases: none of the run's secrets goes with it.
+    result = dataclasses.replace(
+        result,
+        answer=live.redactor.scrub(result.answer) if result.answer else result.answer,
+        brain_error=live.redactor.scrub(result.brain_error) if result.brain_error else None,
+    )
     success = result.success
     task_kind = plan["task"]["kind"]
     # Graduation evidence goes first, so no later failure (a memory backend down, say) can
