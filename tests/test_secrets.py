@@ -196,3 +196,16 @@ def test_a_secret_the_agent_prints_is_scrubbed_from_the_live_view(
     shown = json.loads(line)["output"] if as_json else line
     for material in (_KEY_BODY, QUOTED_PASSWORD, "0f1e2d3c4b5a69788796a5b4c3d2e1f0canary1"):
         assert material not in line and material not in shown, line
+
+
+def test_the_public_parts_of_a_json_secret_are_not_scrubbed() -> None:
+    """A service-account key's type, e-mail, URLs and PEM armour stay readable in output
+    (registered, they would shred every GCP command's output); its secrets do not."""
+    redactor = Redactor()
+    key = json.loads(SERVICE_ACCOUNT_KEY)
+    key |= {"universe_domain": "googleapis.com", "token_uri": "https://oauth2.googleapis.com/token"}
+    redactor.add(json.dumps(key, indent=2))
+    public = "gs://b storage.googleapis.com service_account https://oauth2.googleapis.com/token"
+    public += " agent@canary-project.iam.gserviceaccount.com -----BEGIN PRIVATE KEY-----"
+    assert redactor.scrub(public) == public
+    assert redactor.scrub(f"{_KEY_BODY} {key['private_key_id']}") == "(sensitive) (sensitive)"

@@ -244,13 +244,28 @@ def _forms(value: str) -> set[str]:
         except ValueError:
             document = None
         for text in _strings(document):
-            plain += [text, *text.splitlines()]
+            plain += [t for t in (text, *text.splitlines()) if _secretish(t.strip())]
     forms = set()
     for part in (p.strip() for p in plain):
         forms.add(part)
         forms.add(json.dumps(part, ensure_ascii=False)[1:-1])
         forms.add(json.dumps(part)[1:-1])
     return forms
+
+
+# What a JSON secret holds besides its secrets (a service-account key's type, e-mail, URLs,
+# universe domain, PEM armour): registered, they would shred ordinary output.
+_PUBLIC = re.compile(
+    r"[a-z_.-]+"  # a plain word or domain, no digit: service_account, googleapis.com
+    r"|[^@\s]+@[^@\s]+"  # an e-mail address
+    r"|[a-z][a-z0-9+.-]*://\S+"  # a URL
+    r"|-----(?:BEGIN|END) [A-Z0-9 ]+-----"  # PEM armour
+)
+
+
+def _secretish(text: str) -> bool:
+    """A string of a JSON secret worth scrubbing when printed on its own."""
+    return not _PUBLIC.fullmatch(text)
 
 
 def _strings(document: object) -> list[str]:
