@@ -6,7 +6,6 @@ discord.com URL left anywhere would fail here rather than reach the internet.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import subprocess
@@ -18,18 +17,15 @@ from typing import Any
 import pytest
 from chat_helpers import RunningTransport, loopback_guard
 
-from kagura_agent import approvals
 from kagura_agent.cockpit.discord import DiscordTransport
 from kagura_agent.cockpit.transport import Event
 from kagura_agent.errors import SetupError
-from kagura_agent.state import StateStore
 from testing.fake_discord import MESSAGE_CONTENT, FakeDiscord
 
 TOKEN = "MTEwMC5jYW5hcnk.discord-canary.7f3a9e"
 ALICE = "2000000000000000001"
 DM = "3000000000000000001"
 GUILD, GENERAL = "4000000000000000001", "4000000000000000002"
-OPS = "3000000000000000009"  # the operators' channel
 
 
 @pytest.fixture(autouse=True)
@@ -423,170 +419,3 @@ def test_without_the_discord_extra_the_module_imports_and_construction_says_what
         DiscordTransport(TOKEN)
     assert caught.value.message == "the discord transport needs the discord extra"
     assert caught.value.hint == "pip install 'kagura-agent[discord]'"
-
-
-@pytest.mark.docker
-def test_serve_on_discord_launch_approve_apply(
-    tmp_path: Any, state_dir: Any, docker_client: Any
-) -> None:
-    """`kagura-agent serve --transport discord` end to end, as with Slack: a DM launches,
-    the question carries buttons, a stranger's press is refused, the operator's runs apply
-    in a real container, and the outcome is a reply in the same thread."""
-    import os
-
-    from apply_helpers import REPO, leftovers, make_project, manifest_set, run_ids, write_task
-
-    project = make_project(tmp_path, "discorded")
-    task = write_task(
-        project, "discorded", {"steps": ["true"], "verify": ["true"], "egress": ["docs"]}
-    )
-    with FakeDiscord(TOKEN) as fake:
-        manifests = manifest_set(
-            tmp_path / "m",
-            {"kind": "EgressPolicy", "metadata": {"name": "docs"}, "spec": {"allow": [{"host": "docs.invalid"}]}},
-            {
-                "kind": "Transport",
-                "metadata": {"name": "dc"},
-                "spec": {
-                    "type": "discord",
-                    "token": "env:KAGURA_TEST_DISCORD",
-                    "operators": [ALICE],
-                    "base_url": fake.base_url,
-                },
-            },
-        )  # fmt: skip
-        env = {**os.environ, "NO_COLOR": "1", "KAGURA_TEST_DISCORD": TOKEN}
-        serve = subprocess.Popen(
-            [sys.executable, "-m", "kagura_agent", "serve", "--transport", "dc",
-             "--manifests", str(manifests)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
-        )  # fmt: skip
-        try:
-            fake.wait_for_connection(timeout=30)
-            asked = fake.send_message(ALICE, DM, f"launch {task}")
-            button = _wait_post(fake, lambda p: bool(p.payload.get("components")))
-            request = button.payload["components"][0]["components"][0]["custom_id"]
-            fake.press("2200000000000000666", button.id, request)
-            _wait_post(fake, lambda p: "only this cockpit's operators may approve" in _content(p))
-            fake.press(ALICE, button.id, request)
-            _wait_post(fake, lambda p: "(exit 0)" in _content(p), timeout=120)
-            said = "\n".join(_content(p) for p in fake.posts)
-            assert f"approved by discord:{ALICE}" in said
-            replies = {
-                str((p.payload.get("message_reference") or {}).get("message_id"))
-                for p in fake.posts
-            }
-            assert replies == {asked}  # every answer is a reply in the launch's thread
-        finally:
-            serve.terminate()
-            output = serve.communicate(timeout=60)[0]
-    assert serve.returncode == 0, output
-    assert TOKEN not in output and TOKEN not in said
-    (run_id,) = run_ids(state_dir)
-    assert leftovers(docker_client, run_id) == []
-
-
-def _content(post: Any) -> str:
-    return str(post.payload.get("content", ""))
-
-
-def _wait_post(fake: FakeDiscord, found: Any, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        for post in list(fake.posts):
-            if found(post):
-                return post
-        assert time.monotonic() < deadline, "\n---\n".join(_content(p) for p in fake.posts)
-        time.sleep(0.05)
-
-
-@pytest.mark.docker
-def test_a_scripted_session_on_discord_long_answer_whole_and_a_stop(
-    tmp_path: Any, state_dir: Any, docker_client: Any
-) -> None:
-    """As on Slack: the graduation proposal approved in the operators' channel; `run say: 400`'s answer arrives whole as an attachment of a reply in
-    the thread; a leased run's ❌ Stop button stops it and the thread says what was left."""
-    from apply_helpers import REPO, cli_env, leftovers, live_leases, run_ids
-    from chat_helpers import API_KEY, CANARY, long_answer_lines, session_world
-
-    with FakeDiscord(TOKEN) as fake:
-        transport = {
-            "kind": "Transport",
-            "metadata": {"name": "dc"},
-            "spec": {
-                "type": "discord",
-                "token": "env:KAGURA_TEST_DISCORD",
-                "operators": [ALICE],
-                "channel": OPS,
-                "base_url": fake.base_url,
-            },
-        }
-        argv, env, stoppable = session_world(tmp_path, docker_client, transport)
-        env.update(KAGURA_TEST_DISCORD=TOKEN)
-        serve = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
-        )
-        try:
-            fake.wait_for_connection(timeout=30)
-            # The standing graduation proposal, in the operators' channel, approved there.
-            proposal = _wait_post(fake, lambda p: p.channel == OPS, 60)
-            assert "egress:docs has earned it: 2 verified successes" in _content(proposal)
-            approve = proposal.payload["components"][0]["components"][0]["custom_id"]
-            fake.press(ALICE, proposal.id, approve)
-            _wait_post(fake, lambda p: f"egress:docs graduated by discord:{ALICE}" in _content(p))
-            asked = fake.send_message(ALICE, DM, "run say: 400")
-            attached = _wait_post(fake, lambda p: bool(p.files), timeout=180)
-            _wait_post(fake, lambda p: "(exit 0)" in _content(p), timeout=120)
-            # Steering: a reply to the running session's answer reaches its brain.
-            steered = fake.send_message(ALICE, DM, "run run: sleep 6")
-            running_post = _wait_post(fake, lambda p: "▸ Bash: sleep 6" in _content(p), 120)
-            fake.send_message(ALICE, DM, "and also list the README", reply_to=running_post.id)
-            _wait_post(fake, lambda p: "Heard mid-run: and also list the README" in _content(p))
-            stopping = fake.send_message(ALICE, DM, f"launch {stoppable}")
-            stop = _wait_post(
-                fake,
-                lambda p: (
-                    "kagura_kill:" in json.dumps(p.payload)
-                    and str(p.payload["message_reference"]["message_id"]) == stopping
-                ),
-                120,
-            )
-            _wait_post(fake, lambda p: "▸ bash: sleep 600" in _content(p), timeout=120)
-            custom_id = stop.payload["components"][0]["components"][0]["custom_id"]
-            fake.press(ALICE, stop.id, custom_id)
-            _wait_post(fake, lambda p: "none left" in _content(p), timeout=120)
-            said = "\n".join(_content(p) for p in fake.posts)
-        finally:
-            serve.terminate()
-            output = serve.communicate(timeout=60)[0]
-    assert serve.returncode == 0, output
-    with StateStore() as store:
-        (decision,) = [d for d in approvals.history(store) if d.kind == "graduation"]
-    assert (decision.category, decision.outcome) == ("egress:docs", "approved")
-    assert (decision.who, decision.via) == (f"discord:{ALICE}", "discord")
-    (name, data), *_ = attached.files
-    content = data.decode()
-    assert name.endswith("-text-1.md")
-    assert attached.payload["message_reference"]["message_id"] == int(asked)
-    assert all(line in content for line in long_answer_lines())
-    assert content.rstrip().endswith("END OF THE LONG ANSWER")
-    assert "✓ final answer: the text above" in said
-    in_thread = "\n".join(
-        _content(p) for p in fake.posts
-        if str((p.payload.get("message_reference") or {}).get("message_id")) == steered
-    )  # fmt: skip
-    assert "↳ message 1 reached the brain as its next user message" in in_thread
-    assert "💬 Heard mid-run: and also list the README" in in_thread
-    session = custom_id.partition(":")[2]
-    assert f"session {session}: stopping (asked by discord:{ALICE})" in said
-    assert "leases: 1 revoked, none open; containers, networks and volumes: none left" in said
-    stopped = [
-        p for p in fake.posts
-        if str((p.payload.get("message_reference") or {}).get("message_id")) == stopping
-    ]  # fmt: skip
-    assert any("killed" in _content(p) and "(exit 130)" in _content(p) for p in stopped)
-    for run_id in run_ids(state_dir):
-        assert leftovers(docker_client, run_id) == []
-    assert live_leases(cli_env(state_dir)) == []
-    for canary in (TOKEN, CANARY, API_KEY):
-        assert canary not in output and canary not in said and canary not in content

@@ -13,9 +13,16 @@ The same script on each, in one serve:
    reason, nobody asked) and a credential (approved: the lease is pushed in);
 4. the reply asked for a long answer: the final answer arrives whole, as a file (Slack),
    an attachment (Discord) or printed between rulers (terminal);
-5. a second session, holding a lease, runs short of its wall budget: the extension is
-   approved in its thread; then it is stopped (❌ Stop / `kill`) and the thread says
-   what was revoked and removed.
+5. a session whose brain runs out of turns, then of dollars: both extended in its thread;
+6. `run TEXT` typed in chat: a one-off task with the LLM brain; `say SESSION TEXT` typed
+   as a new message reaches that session's brain;
+7. a session holding a lease needs approval at launch: a stranger's press is refused, the
+   operator's starts it; it runs short of its wall budget: the extension is approved in
+   its thread; then it is stopped (❌ Stop / `kill`) and the thread says what was revoked
+   and removed.
+
+Every post is in the operators' channel or in the thread of the message that asked for
+it (Slack and Discord).
 
 Everything is asserted from the outside: what the chat fake received, what the upstream
 server saw (from whom), the run records and amendments, the approval log, the lease
@@ -74,6 +81,7 @@ DISCORD_ALICE, DISCORD_DM = "2000000000000000001", "3000000000000000001"
 DISCORD_OPS = "3000000000000000009"
 MIDTOKEN = "kagura-script-midrun-token-" + "s" * 20
 STEER = "please also say: 400 lines of it"
+SAID = "and also list the README"  # `say SESSION TEXT`, to the `run` session
 WALL = 45  # seconds; asked a third ahead (15 s), doubled to 90
 
 # The upstream both hosts resolve to: it says which Host was asked, and logs who asked.
@@ -135,6 +143,7 @@ class Said:
 
     text: str
     thread: str  # the launch it answers ("" for the operators' channel / the terminal)
+    channel: str = ""  # where it was posted (the terminal: "")
     key: Any = None  # what a press needs (a post), or None
     requests: tuple[str, ...] = ()  # request ids its buttons (or commands) answer
     file: tuple[str, str] | None = None  # (name, content) of a file / attachment
@@ -145,6 +154,8 @@ class Chat:
 
     kind = ""
     who = ""  # TRANSPORT:USER of the operator
+    ops = ""  # the operators' channel
+    stranger: str | None = None  # a user who is no operator (the terminal has none)
 
     def transport(self) -> dict[str, Any] | None:
         return None
@@ -178,13 +189,15 @@ class Chat:
     def posts(self) -> list[Said]:
         raise NotImplementedError
 
-    def launch(self, text: str) -> str:
+    def send(self, text: str) -> str:
+        """A new message to the cockpit; the thread its answers go to."""
         raise NotImplementedError
 
     def reply(self, thread: str, text: str) -> None:
         raise NotImplementedError
 
-    def press(self, said: Said, answer: str) -> None:
+    def press(self, said: Said, answer: str, by: str | None = None) -> None:
+        """Press ``answer`` on ``said`` as the operator (or as ``by``)."""
         raise NotImplementedError
 
     def in_thread(self, said: Said, thread: str | None) -> bool:
@@ -215,7 +228,8 @@ class Terminal(Chat):
 
     kind = "terminal"
     _HEADERS = re.compile(
-        r"^(session \S+ asks \(m-|graduation proposal g-|session \S+ is running: ❌)"
+        r"^(session \S+ (asks \(m-|needs approval for plan)|graduation proposal g-"
+        r"|session \S+ is running: ❌)"
     )
 
     def __init__(self) -> None:
@@ -248,7 +262,7 @@ class Terminal(Chat):
                     break  # still printing
                 comment = found.pop().text if found else ""
                 found.append(
-                    Said(comment, str(i), i, file=(name, "\n".join(lines[i + 1 : end]) + "\n"))
+                    Said(comment, str(i), key=i, file=(name, "\n".join(lines[i + 1 : end]) + "\n"))
                 )
                 i = end + 1
                 continue
@@ -267,10 +281,12 @@ class Terminal(Chat):
                 request = (
                     lines[end].split()[2] if "answer:" in lines[end] else lines[end].split()[-1]
                 )
-                found.append(Said("\n".join(lines[i : end + 1]), str(i), i, (request,)))
+                found.append(
+                    Said("\n".join(lines[i : end + 1]), str(i), key=i, requests=(request,))
+                )
                 i = end + 1
                 continue
-            found.append(Said(line, str(i), i))
+            found.append(Said(line, str(i), key=i))
             i += 1
         return found
 
@@ -278,7 +294,7 @@ class Terminal(Chat):
         self.serve.stdin.write(text + "\n")  # type: ignore[union-attr]
         self.serve.stdin.flush()  # type: ignore[union-attr]
 
-    def launch(self, text: str) -> str:
+    def send(self, text: str) -> str:
         mark = str(len(self.output))
         self.type_in(text)
         return mark
@@ -286,7 +302,8 @@ class Terminal(Chat):
     def reply(self, thread: str, text: str) -> None:
         self.type_in(text)  # a line that is no command: for the running session
 
-    def press(self, said: Said, answer: str) -> None:
+    def press(self, said: Said, answer: str, by: str | None = None) -> None:
+        assert by is None, "the terminal has one user"
         (request,) = said.requests
         self.type_in(f"{answer} {request}")
 
@@ -297,6 +314,8 @@ class Terminal(Chat):
 class Slack(Chat):
     kind = "slack"
     who = f"slack:{SLACK_ALICE}"
+    ops = SLACK_OPS
+    stranger = "U0MALLORY"
     _ACTIONS = {"approve": "kagura_approve", "deny": "kagura_deny", "kill": "kagura_kill"}
 
     def __init__(self, fake: Any) -> None:
@@ -330,13 +349,16 @@ class Slack(Chat):
                 e["value"] for b in blocks for e in b.get("elements", []) if e.get("value")
             )
             thread = post.payload.get("thread_ts") or ""
-            found.append(Said(str(post.payload.get("text", "")), thread, post, values[:1]))
+            channel = str(post.payload.get("channel", ""))
+            text = str(post.payload.get("text", ""))
+            found.append(Said(text, thread, channel, post, values[:1]))
         for upload in list(self.fake.uploads):
             file = (upload.filename, upload.content.decode())
-            found.append(Said(upload.initial_comment, upload.thread_ts or "", file=file))
+            thread = upload.thread_ts or ""
+            found.append(Said(upload.initial_comment, thread, upload.channel, file=file))
         return found
 
-    def launch(self, text: str) -> str:
+    def send(self, text: str) -> str:
         self._ts += 100
         ts = f"{self._ts}.000100"
         self.fake.send_message(SLACK_ALICE, SLACK_DM, text, ts=ts)
@@ -345,16 +367,18 @@ class Slack(Chat):
     def reply(self, thread: str, text: str) -> None:
         self.fake.send_message(SLACK_ALICE, SLACK_DM, text, thread_ts=thread)
 
-    def press(self, said: Said, answer: str) -> None:
+    def press(self, said: Said, answer: str, by: str | None = None) -> None:
         (request,) = said.requests
         post = said.key
         channel = post.payload.get("channel") or SLACK_DM
-        self.fake.press(SLACK_ALICE, channel, post.ts, self._ACTIONS[answer], request)
+        self.fake.press(by or SLACK_ALICE, channel, post.ts, self._ACTIONS[answer], request)
 
 
 class Discord(Chat):
     kind = "discord"
     who = f"discord:{DISCORD_ALICE}"
+    ops = DISCORD_OPS
+    stranger = "2200000000000000666"
     _BUTTONS = {"approve": "kagura_approve", "deny": "kagura_deny", "kill": "kagura_kill"}
 
     def __init__(self, fake: Any) -> None:
@@ -389,10 +413,11 @@ class Discord(Chat):
             reference = post.payload.get("message_reference") or {}
             thread = str(reference.get("message_id") or "")
             file = (post.files[0][0], post.files[0][1].decode()) if post.files else None
-            found.append(Said(str(post.payload.get("content", "")), thread, post, requests, file))
+            text = str(post.payload.get("content", ""))
+            found.append(Said(text, thread, post.channel, post, requests, file))
         return found
 
-    def launch(self, text: str) -> str:
+    def send(self, text: str) -> str:
         return str(self.fake.send_message(DISCORD_ALICE, DISCORD_DM, text))
 
     def reply(self, thread: str, text: str) -> None:
@@ -400,9 +425,10 @@ class Discord(Chat):
         answer = [s.key for s in self.posts() if s.thread == thread][-1]
         self.fake.send_message(DISCORD_ALICE, DISCORD_DM, text, reply_to=answer.id)
 
-    def press(self, said: Said, answer: str) -> None:
+    def press(self, said: Said, answer: str, by: str | None = None) -> None:
         (request,) = said.requests
-        self.fake.press(DISCORD_ALICE, said.key.id, f"{self._BUTTONS[answer]}:{request}")
+        custom_id = f"{self._BUTTONS[answer]}:{request}"
+        self.fake.press(by or DISCORD_ALICE, said.key.id, custom_id)
 
 
 @pytest.fixture(params=["terminal", "slack", "discord"])
@@ -442,7 +468,13 @@ def test_a_scripted_session_per_transport(
 ) -> None:
     argv, env, _ = session_world(tmp_path, docker_client, chat.transport())
     manifests = Path(argv[argv.index("--manifests") + 1])
-    extra = [policy("second", "second.test"), policy("third", "third.test"), FILE_TOKEN]
+    project = Path(argv[argv.index("--project-root") + 1])  # where `run TEXT` works
+    extra = [
+        policy("second", "second.test"),
+        policy("third", "third.test"),
+        policy("fourth", "fourth.test"),  # asked for at launch: approved in the thread
+        FILE_TOKEN,
+    ]
     (manifests / "zz-script.yml").write_text(
         yaml.safe_dump_all([{"apiVersion": "kagura.dev/v1", **d} for d in extra])
     )
@@ -477,6 +509,7 @@ def test_a_scripted_session_per_transport(
         {
             "steps": ['test -n "$TEST_TOKEN"', "sleep 600"],
             **LEASED_SPEC,
+            "egress": [*LEASED_SPEC["egress"], "fourth"],
             "budget": {"wall_time": f"{WALL}s"},
         },
     )
@@ -485,10 +518,11 @@ def test_a_scripted_session_per_transport(
     try:
         # 1. The standing graduation proposal, in the operators' channel, approved there.
         proposal = _question(chat, "egress:docs has earned it: 2 verified successes", "", 120)
+        assert proposal.channel == chat.ops, proposal
         chat.press(proposal, "approve")
         chat.wait(f"egress:docs graduated by {chat.who}")
         # 2. Launch; a reply in the thread while the first command waits reaches the brain.
-        thread = chat.launch(f"launch {grants}")
+        thread = chat.send(f"launch {grants}")
         chat.wait("▸ Bash: for i in $(seq 600)", thread)
         chat.reply(thread, STEER)
         chat.wait(f"message from {chat.who} sent to its brain", thread)
@@ -509,7 +543,7 @@ def test_a_scripted_session_per_transport(
         done = chat.wait("(exit 0)", thread)
         # 5. A session whose brain runs out of turns, then of dollars: both extended, and
         # the same brain session finishes.
-        third = chat.launch(f"launch {turns}")
+        third = chat.send(f"launch {turns}")
         more = _question(chat, "~ budget turns 2 → 4", third)
         chat.press(more, "approve")
         chat.wait(f"turn budget extended to 4 turns (approved by {chat.who}", third)
@@ -517,9 +551,27 @@ def test_a_scripted_session_per_transport(
         chat.press(dollars, "approve")
         chat.wait(f"budget extended to $0.05 (approved by {chat.who}", third)
         chat.wait("(exit 0)", third)
-        # 6. A leased session short of its wall budget: extended, then stopped.
-        second = chat.launch(f"launch {extended}")
+        # 6. `run TEXT` typed in chat; while its command waits, `say SESSION TEXT` typed as
+        # a new message reaches its brain.
+        ran = chat.send("run run: until test -e .go; do sleep 0.1; done")
+        (session,) = _question(chat, "❌ Stop (or `kill s-", ran, 120).requests
+        chat.wait("▸ Bash: until test -e .go", ran)
+        chat.send(f"say {session} {SAID}")
+        chat.wait(f"session {session}: message from {chat.who} sent to its brain", ran)
+        chat.wait("↳ message 1 reached the brain as its next user message", ran)
+        (project / ".go").write_text("")
+        chat.wait("(exit 0)", ran)
+        # 7. A leased session that needs approval at launch: a stranger's press is refused,
+        # the operator's starts it; short of its wall budget: extended, then stopped.
+        second = chat.send(f"launch {extended}")
+        launch = _question(chat, "needs approval for plan", second, 120)
+        if chat.stranger is not None:
+            chat.press(launch, "approve", by=chat.stranger)
+            chat.wait("only this cockpit's operators may approve; ignored", second)
+        chat.press(launch, "approve")
+        chat.wait(f"approved by {chat.who}; applying", second)
         stop = _question(chat, "❌ Stop (or `kill s-", second, 120)
+        chat.wait("▸ bash: sleep 600", second)
         wall = _question(chat, f"~ budget wall_seconds {WALL} → {2 * WALL}", second, 180)
         chat.press(wall, "approve")
         chat.wait(f"wall budget extended to {_duration(2 * WALL)}", second)
@@ -539,6 +591,7 @@ def test_a_scripted_session_per_transport(
         for s in chat.posts()
         if s.file and f"Heard mid-run: {STEER}" in s.file[1] and chat.in_thread(s, thread)
     ]
+    assert comment.startswith(f"💬 Heard mid-run: {STEER} … ("), comment
     assert f"chars, {LONG_LINES + 2} lines, whole in {name})" in comment, comment
     assert name.endswith("-text-2.md"), name
     assert content == "\n".join([f"Heard mid-run: {STEER}", *long_answer_lines(),
@@ -567,17 +620,30 @@ def test_a_scripted_session_per_transport(
     assert {source for _, _, source in asked} <= proxies, (asked, proxies)
     # The turn extension: the same brain session finished its task.
     assert "Finished all 3 turns (resumed " in chat.transcript(third), chat.transcript(third)
-    # The wall extension and the stop.
+    # `run TEXT`: a one-off task with the LLM brain in the project root; `say` reached it.
+    ran_text = chat.transcript(ran)
+    assert f"session {session}: run-run-until-test--e-go-do-sleep" in ran_text, ran_text
+    assert f"writes       {project} -> /workspace" in ran_text, ran_text
+    assert "brain        claude (sdk" in ran_text, ran_text
+    assert "💬 Ran the command." in ran_text, ran_text
+    assert f"💬 Heard mid-run: {SAID}" in ran_text, ran_text
+    # The launch approval, the wall extension and the stop.
     stop_text = chat.transcript(second)
+    (stopped_session,) = stop.requests
+    assert f"session {stopped_session} approved by {chat.who}; applying" in stop_text
     assert f"budget:wall_seconds approved by {chat.who}" in stop_text, stop_text
-    assert f"stopping (asked by {chat.who})" in stop_text, stop_text
+    assert f"session {stopped_session}: stopping (asked by {chat.who})" in stop_text, stop_text
     assert "leases: 1 revoked, none open; containers, networks and volumes: none left" in (
         stopped.text
     )
     assert re.search(r"run \S+ killed in [\d.]+s.*\(exit 130\)", stop_text), stop_text
+    if chat.ops:  # a chat: every post in the operators' channel or in its asker's thread
+        threads = {thread, third, ran, second}
+        posts = chat.posts()
+        assert [s for s in posts if s.channel != chat.ops and s.thread not in threads] == []
     # The records: runs, their amendments, the approval log, the ledger, Docker.
     ids = run_ids(state_dir)
-    assert len(ids) == 3, ids
+    assert len(ids) == 4, ids
     with StateStore() as store:
         rows = [amendments(store, run_id) for run_id in ids]
         log = history(store)
@@ -588,7 +654,8 @@ def test_a_scripted_session_per_transport(
     assert runs == {
         ids[0]: ("success", 0),
         ids[1]: ("success", 0),
-        ids[2]: ("interrupted", 130),
+        ids[2]: ("success", 0),
+        ids[3]: ("interrupted", 130),
     }, runs
     assert [(r["category"], r["outcome"]) for r in rows[0]] == [
         ("egress:second", "granted"),
@@ -600,19 +667,22 @@ def test_a_scripted_session_per_transport(
         ("budget:turns", "granted"),
         ("budget:cost_usd", "granted"),
     ], rows[1]
-    assert [(r["category"], r["outcome"]) for r in rows[2]] == [
+    assert rows[2] == [], rows[2]
+    assert [(r["category"], r["outcome"]) for r in rows[3]] == [
         ("budget:wall_seconds", "granted")
-    ], rows[2]
-    mine = [d for d in log if d.who == chat.who]
-    assert all(d.via == chat.kind for d in mine), mine
-    graduation = [(d.category, d.outcome) for d in mine if d.kind == "graduation"]
+    ], rows[3]
+    # Every decision is the operator's, via this chat (the stranger's press decided nothing).
+    assert {(d.who, d.via) for d in log} == {(chat.who, chat.kind)}, log
+    graduation = [(d.category, d.outcome) for d in log if d.kind == "graduation"]
     assert graduation == [("egress:docs", "approved")]
-    decided = {(d.category, d.fingerprint): d.outcome for d in mine if d.kind == "capability"}
-    for row in [*rows[0], *rows[1], *rows[2]]:
+    decided = {(d.category, d.fingerprint): d.outcome for d in log if d.kind == "capability"}
+    for row in [*rows[0], *rows[1], *rows[3]]:
         if row["outcome"] in ("granted", "denied"):
             want = "approved" if row["outcome"] == "granted" else "denied"
             assert decided[(row["category"], row["fingerprint"])] == want, row
-    assert len(decided) == 6, decided
+    launched = [(d.category, d.outcome, d.reason) for d in log if d.category == "egress:fourth"]
+    assert launched == [("egress:fourth", "approved", "answered in chat")], launched
+    assert len(decided) == 7, decided
     for run_id in ids:
         assert leftovers(docker_client, run_id) == []
     assert live_leases(cli_env(state_dir)) == []

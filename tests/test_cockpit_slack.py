@@ -6,9 +6,7 @@ slack.com URL left anywhere would fail here rather than reach the internet.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import queue
 import subprocess
 import sys
@@ -19,11 +17,9 @@ from typing import Any
 import pytest
 from chat_helpers import RunningTransport, loopback_guard
 
-from kagura_agent import approvals
 from kagura_agent.cockpit.slack import SlackTransport
 from kagura_agent.cockpit.transport import Event
 from kagura_agent.errors import SetupError
-from kagura_agent.state import StateStore
 from testing.fake_slack import FakeSlack
 
 BOT_TOKEN = "xoxb-canary-bot-5e1d0c"
@@ -372,180 +368,3 @@ def test_without_the_slack_extra_the_module_imports_and_construction_says_what_t
         SlackTransport(BOT_TOKEN, APP_TOKEN)
     assert caught.value.message == "the slack transport needs the slack extra"
     assert caught.value.hint == "pip install 'kagura-agent[slack]'"
-
-
-@pytest.mark.docker
-def test_serve_on_slack_launch_approve_apply(
-    tmp_path: Any, state_dir: Any, docker_client: Any
-) -> None:
-    """`kagura-agent serve --transport slack` end to end: a DM launches a task, the plan and
-    an Approve button land in its thread, a non-operator's press is refused, the operator's
-    press runs apply in a real container, and the thread gets the outcome."""
-    from apply_helpers import REPO, leftovers, make_project, manifest_set, run_ids, write_task
-
-    project = make_project(tmp_path, "slacked")
-    task = write_task(
-        project, "slacked", {"steps": ["true"], "verify": ["true"], "egress": ["docs"]}
-    )
-    with FakeSlack(BOT_TOKEN, APP_TOKEN) as slack:
-        manifests = manifest_set(
-            tmp_path / "m",
-            {
-                "kind": "EgressPolicy",
-                "metadata": {"name": "docs"},
-                "spec": {"allow": [{"host": "docs.invalid"}]},
-            },
-            {
-                "kind": "Transport",
-                "metadata": {"name": "chat"},
-                "spec": {
-                    "type": "slack",
-                    "token": "env:KAGURA_TEST_SLACK_BOT",
-                    "app_token": "env:KAGURA_TEST_SLACK_APP",
-                    "operators": [ALICE],
-                    "base_url": slack.base_url,
-                },
-            },
-        )
-        env = {
-            **os.environ,
-            "NO_COLOR": "1",
-            "KAGURA_TEST_SLACK_BOT": BOT_TOKEN,
-            "KAGURA_TEST_SLACK_APP": APP_TOKEN,
-        }
-        serve = subprocess.Popen(
-            [sys.executable, "-m", "kagura_agent", "serve", "--transport", "chat",
-             "--manifests", str(manifests)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
-        )  # fmt: skip
-        try:
-            slack.wait_for_connection(timeout=30)
-            asked = "1700000000.000100"
-            slack.send_message(ALICE, DM, f"launch {task}", ts=asked)
-            posts = _wait_posts(slack, lambda p: "blocks" in p.payload)
-            button = next(p for p in posts if "blocks" in p.payload)
-            assert button.payload["thread_ts"] == asked
-            request = button.payload["blocks"][-1]["elements"][0]["value"]
-            slack.press("U0MALLORY", DM, button.ts, "kagura_approve", request)
-            _wait_posts(slack, lambda p: "only this cockpit's operators may approve" in _text(p))
-            slack.press(ALICE, DM, button.ts, "kagura_approve", request)
-            done = _wait_posts(slack, lambda p: "(exit 0)" in _text(p), timeout=120)
-            said = "\n".join(_text(p) for p in done)
-            assert f"approved by slack:{ALICE}" in said
-            assert all(p.payload.get("thread_ts") == asked for p in done)
-        finally:
-            serve.terminate()
-            output = serve.communicate(timeout=60)[0]
-    assert serve.returncode == 0, output
-    for canary in (BOT_TOKEN, APP_TOKEN):
-        assert canary not in output and canary not in said
-    (run_id,) = run_ids(state_dir)
-    assert leftovers(docker_client, run_id) == []
-
-
-def _text(post: Any) -> str:
-    return str(post.payload.get("text", ""))
-
-
-def _wait_posts(slack: FakeSlack, found: Any, timeout: float = 60) -> list[Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        posts = list(slack.posts)
-        if any(found(p) for p in posts):
-            return posts
-        assert time.monotonic() < deadline, "\n---\n".join(_text(p) for p in posts)
-        time.sleep(0.05)
-
-
-@pytest.mark.docker
-def test_a_scripted_session_on_slack_long_answer_whole_and_a_stop(
-    tmp_path: Any, state_dir: Any, docker_client: Any
-) -> None:
-    """serve on Slack, driven through the fake: the standing graduation proposal is posted
-    to the operators' channel and approved there; `run say: 400` streams the assistant's text
-    and its 400-line answer arrives whole as a file in the thread (nothing cut); a second
-    session is launched, holds a lease, and its ❌ Stop button stops it: the thread says the
-    lease was revoked and nothing of the run is left, and that is so."""
-    from apply_helpers import REPO, cli_env, leftovers, live_leases, run_ids
-    from chat_helpers import API_KEY, CANARY, long_answer_lines, session_world
-
-    with FakeSlack(BOT_TOKEN, APP_TOKEN) as slack:
-        transport = {
-            "kind": "Transport",
-            "metadata": {"name": "chat"},
-            "spec": {
-                "type": "slack",
-                "token": "env:KAGURA_TEST_SLACK_BOT",
-                "app_token": "env:KAGURA_TEST_SLACK_APP",
-                "operators": [ALICE],
-                "channel": "C0OPS",
-                "base_url": slack.base_url,
-            },
-        }
-        argv, env, stoppable = session_world(tmp_path, docker_client, transport)
-        env.update(KAGURA_TEST_SLACK_BOT=BOT_TOKEN, KAGURA_TEST_SLACK_APP=APP_TOKEN)
-        serve = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
-        )
-        try:
-            slack.wait_for_connection(timeout=30)
-            # The standing graduation proposal, in the operators' channel, approved there.
-            proposal = _wait_posts(slack, lambda p: p.payload.get("channel") == "C0OPS", 60)[0]
-            assert "egress:docs has earned it: 2 verified successes" in _text(proposal)
-            request = proposal.payload["blocks"][-1]["elements"][0]["value"]
-            slack.press(ALICE, "C0OPS", proposal.ts, "kagura_approve", request)
-            _wait_posts(slack, lambda p: f"egress:docs graduated by slack:{ALICE}" in _text(p))
-            asked = "1700000000.000100"
-            slack.send_message(ALICE, DM, "run say: 400", ts=asked)
-            (upload,) = slack.wait_for_uploads(1, timeout=180)
-            _wait_posts(slack, lambda p: "(exit 0)" in _text(p), timeout=120)
-            # Steering: a reply in a running session's thread reaches its brain.
-            steered = "1700000000.000150"
-            slack.send_message(ALICE, DM, "run run: sleep 6", ts=steered)
-            _wait_posts(slack, lambda p: "▸ Bash: sleep 6" in _text(p), timeout=120)
-            slack.send_message(ALICE, DM, "and also list the README", thread_ts=steered)
-            _wait_posts(slack, lambda p: "Heard mid-run: and also list the README" in _text(p))
-            stopping = "1700000000.000200"
-            slack.send_message(ALICE, DM, f"launch {stoppable}", ts=stopping)
-
-            def is_stop(post: Any) -> bool:
-                return post.payload.get("thread_ts") == stopping and "kagura_stop" in json.dumps(
-                    post.payload
-                )
-
-            stop = next(p for p in _wait_posts(slack, is_stop, 120) if is_stop(p))
-            _wait_posts(slack, lambda p: "▸ bash: sleep 600" in _text(p), timeout=120)
-            session = stop.payload["blocks"][-1]["elements"][0]["value"]
-            slack.press(ALICE, DM, stop.ts, "kagura_kill", session)
-            _wait_posts(slack, lambda p: "none left" in _text(p), timeout=120)
-            said = "\n".join(_text(p) for p in slack.posts)
-        finally:
-            serve.terminate()
-            output = serve.communicate(timeout=60)[0]
-    assert serve.returncode == 0, output
-    # The graduation: logged as the CLI logs it, by the operator, via slack.
-    with StateStore() as store:
-        (decision,) = [d for d in approvals.history(store) if d.kind == "graduation"]
-    assert (decision.category, decision.outcome) == ("egress:docs", "approved")
-    assert (decision.who, decision.via) == (f"slack:{ALICE}", "slack")
-    # The long answer: a file in the run's thread, whole.
-    assert upload.thread_ts == asked and upload.filename.endswith("-text-1.md")
-    content = upload.content.decode()
-    assert all(line in content for line in long_answer_lines())
-    assert content.rstrip().endswith("END OF THE LONG ANSWER")
-    assert "(" in upload.initial_comment and "whole in" in upload.initial_comment
-    assert "✓ final answer: the text above" in said
-    # The steering: the message reached the brain, in that session's thread.
-    in_thread = "\n".join(_text(p) for p in slack.posts if p.payload.get("thread_ts") == steered)
-    assert "↳ message 1 reached the brain as its next user message" in in_thread
-    assert "💬 Heard mid-run: and also list the README" in in_thread
-    # The stop.
-    assert f"session {session}: stopping (asked by slack:{ALICE})" in said
-    assert "leases: 1 revoked, none open; containers, networks and volumes: none left" in said
-    stopped = [p for p in slack.posts if p.payload.get("thread_ts") == stopping]
-    assert any("killed" in _text(p) and "(exit 130)" in _text(p) for p in stopped)
-    for run_id in run_ids(state_dir):
-        assert leftovers(docker_client, run_id) == []
-    assert live_leases(cli_env(state_dir)) == []
-    for canary in (BOT_TOKEN, APP_TOKEN, CANARY, API_KEY):
-        assert canary not in output and canary not in said and canary not in content
