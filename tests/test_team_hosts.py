@@ -94,21 +94,28 @@ class ListingRuntime:
 
 
 def test_a_run_of_another_host_is_left_to_that_host(
-    state_target: Path | str, monkeypatch: pytest.MonkeyPatch
+    state_target: Path | str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """Its containers and its project root (setuid bits the dead run left) alike."""
     clock = FixedClock(datetime.now(UTC).replace(microsecond=0))
-    plan: Any = {"task": {"name": "t", "session": None}, "fingerprint": "sha256:" + "0" * 64}
+    task = {"name": "t", "session": None, "project_root": str(tmp_path)}
+    plan: Any = {"task": task, "fingerprint": "sha256:" + "0" * 64}
     monkeypatch.setenv("KAGURA_AGENT_HOST_ID", "host-a")
     with StateStore() as store:
         open_run(store, Plan(plan), "run-a", clock)
         with store.transaction() as conn:
             conn.execute("UPDATE runs SET pid_start = 'not-a-process-here'")
+    planted = tmp_path / "planted"
+    planted.write_bytes(b"")
+    planted.chmod(0o4755)
     runtime = ListingRuntime()
     monkeypatch.setenv("KAGURA_AGENT_HOST_ID", "host-b")
     with StateStore() as store:
         assert sweep_dead_runs(store, runtime, clock) == []  # type: ignore[arg-type]
     assert runtime.removed == []
+    assert planted.stat().st_mode & 0o7777 == 0o4755
     monkeypatch.setenv("KAGURA_AGENT_HOST_ID", "host-a")
     with StateStore() as store:
         assert sweep_dead_runs(store, runtime, clock) == ["run-a"]  # type: ignore[arg-type]
     assert runtime.removed == ["c-run-a"]
+    assert planted.stat().st_mode & 0o7777 == 0o755

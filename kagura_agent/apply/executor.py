@@ -42,6 +42,7 @@ from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.midrun import MidRun, announce
 from kagura_agent.apply.record import record_result
 from kagura_agent.apply.runs import apply_lock, close_run, new_run_id, open_run, sweep_dead_runs
+from kagura_agent.apply.setid import SetidReport, clear_setid
 from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_prompt
 from kagura_agent.approvals.midrun import Asker, ChatAsker, NobodyAsker, TtyAsker
 from kagura_agent.clock import Clock
@@ -132,7 +133,7 @@ def _locked(ctx: RunContext) -> RunResult:
     with apply_lock(ctx.plan), _sigterm_as_exception():
         _refuse_foreign_session(store, ctx.plan)
         _sweep(store, ctx.runtime, clock, ctx.live)
-        open_run(store, ctx.plan, ctx.run_id, clock)
+        since = open_run(store, ctx.plan, ctx.run_id, clock)
         denials: Denials = []  # filled when the egress proxy is removed, on every path
         try:
             result = _sequence(ctx, denials)
@@ -142,10 +143,24 @@ def _locked(ctx: RunContext) -> RunResult:
             result = _ended_early(ctx, "terminated", 143, denials)
         except KaguraError as exc:
             outcome = "refused" if exc.exit_code == ExitCode.REFUSED else "failed"
+            _clear_setid(ctx, since)
             close_run(store, ctx.run_id, outcome, int(exc.exit_code), clock)
             raise
+        _clear_setid(ctx, since)
         close_run(store, ctx.run_id, result.outcome, result.exit_code, clock)
     return result
+
+
+def _clear_setid(ctx: RunContext, since: int) -> None:
+    """The run's last container (agent, verify) is gone: clear the setuid/setgid bits it
+    left in the project root, before the row closes (a kill -9 here leaves it to the
+    next apply's sweep)."""
+    _show_setid(ctx.live, clear_setid(ctx.plan["task"]["project_root"], since))
+
+
+def _show_setid(live: LiveView, report: SetidReport) -> None:
+    for line in report.summary():
+        live.note(line, "yellow")
 
 
 def _refuse_foreign_session(store: StateStore, plan: Plan) -> None:
@@ -219,7 +234,7 @@ def _sweep(store: StateStore, runtime: ApplyRuntime | None, clock: Clock, live: 
         live.note(f"lease sweep: {report.summary()}")
     if runtime is None:
         return
-    swept = sweep_dead_runs(store, runtime, clock)
+    swept = sweep_dead_runs(store, runtime, clock, lambda report: _show_setid(live, report))
     removed = runtime.sweep_egress(store)
     if swept or removed:
         live.note(

@@ -13,11 +13,12 @@ import fcntl
 import hashlib
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from kagura_agent.apply.context import ApplyRuntime
+from kagura_agent.apply.setid import SetidReport, clear_setid, ctime_floor
 from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import RefusedError
 from kagura_agent.membrane.hardening import LABEL_RUN
@@ -45,6 +46,12 @@ MIGRATIONS = [
     # The applying process's host (processes.this_host): a shared state store holds the runs
     # of many hosts, and only the host that ran one can remove its containers.
     "ALTER TABLE runs ADD COLUMN host TEXT",
+    # The project root and the ctime bound of its setuid/setgid check (setid.py): a run
+    # killed before its check gets it from the next apply's sweep.
+    """
+    ALTER TABLE runs ADD COLUMN project_root TEXT;
+    ALTER TABLE runs ADD COLUMN setid_since BIGINT;
+    """,
 ]
 
 
@@ -52,12 +59,14 @@ def new_run_id() -> str:
     return "run-" + secrets.token_hex(6)
 
 
-def open_run(store: StateStore, plan: Plan, run_id: str, clock: Clock) -> None:
+def open_run(store: StateStore, plan: Plan, run_id: str, clock: Clock) -> int:
+    """Record the run as open; returns the ctime bound of its setuid/setgid check."""
     store.migrate("runs", MIGRATIONS)
+    since = ctime_floor()
     with store.transaction() as conn:
         conn.execute(
             "INSERT INTO runs(run_id, task, session, fingerprint, pid, pid_start, started_at,"
-            " host) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            " host, project_root, setid_since) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 run_id,
                 plan["task"]["name"],
@@ -67,8 +76,11 @@ def open_run(store: StateStore, plan: Plan, run_id: str, clock: Clock) -> None:
                 process_start(os.getpid()),
                 iso(clock.now()),
                 this_host(),
+                os.path.realpath(plan["task"]["project_root"]),
+                since,
             ),
         )
+    return since
 
 
 def close_run(store: StateStore, run_id: str, outcome: str, exit_code: int, clock: Clock) -> None:
@@ -79,19 +91,32 @@ def close_run(store: StateStore, run_id: str, outcome: str, exit_code: int, cloc
         )
 
 
-def sweep_dead_runs(store: StateStore, runtime: ApplyRuntime, clock: Clock) -> list[str]:
-    """Remove the containers of runs whose applying process died; close their rows.
-    Runs of another host are left to that host (its containers are on its daemon)."""
+def sweep_dead_runs(
+    store: StateStore,
+    runtime: ApplyRuntime,
+    clock: Clock,
+    on_setid: Callable[[SetidReport], None] | None = None,
+) -> list[str]:
+    """Remove the containers of runs whose applying process died, then clear what setuid
+    and setgid bits they left in their project roots (``on_setid`` gets each report);
+    close their rows. Runs of another host are left to that host (its containers are on
+    its daemon, its roots on its disks)."""
     store.migrate("runs", MIGRATIONS)
     swept = []
     rows = store.conn.execute(
-        "SELECT run_id, pid, pid_start, host FROM runs WHERE ended_at IS NULL"
+        "SELECT run_id, pid, pid_start, host, project_root, setid_since FROM runs"
+        " WHERE ended_at IS NULL"
     ).fetchall()
     for row in rows:
         if owner_alive(row["pid"], row["pid_start"], row["host"]):
             continue
         for container_id in runtime.list({LABEL_RUN: row["run_id"]}):
             runtime.remove(container_id, force=True)
+        # Only once its containers are gone: nothing can set a bit again behind the walk.
+        if row["project_root"] is not None and row["setid_since"] is not None:
+            report = clear_setid(row["project_root"], row["setid_since"])
+            if on_setid is not None:
+                on_setid(report)
         close_run(store, row["run_id"], "crashed", -1, clock)
         swept.append(row["run_id"])
     return swept
