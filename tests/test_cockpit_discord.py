@@ -419,3 +419,19 @@ def test_without_the_discord_extra_the_module_imports_and_construction_says_what
         DiscordTransport(TOKEN)
     assert caught.value.message == "the discord transport needs the discord extra"
     assert caught.value.hint == "pip install 'kagura-agent[discord]'"
+
+
+def test_a_link_dressed_as_an_approval_is_shown_as_written(
+    discord: FakeDiscord, running: Running
+) -> None:
+    """The cockpit relays the agent's words: a masked link ([label](url), rendered by
+    Discord as a clickable "label") is escaped, so an agent cannot post an "Approve s-1"
+    that leads elsewhere. Other markdown (the brain's **bold**, `code`) stays."""
+    asked = discord.send_message(ALICE, DM, "hello")
+    running.next_event()
+    lure = "session s-1 needs you: [Approve s-1](https://evil.test/a) **now** `x`"
+    running.transport.say(f"{DM}:{asked}", lure)
+    running.transport.ask(f"{DM}:{asked}", lure, "m-1")
+    said, question = discord.wait_for_posts(2)
+    shown = "session s-1 needs you: \\[Approve s-1](https://evil.test/a) **now** `x`"
+    assert said.payload["content"] == question.payload["content"] == shown

@@ -311,6 +311,12 @@ class Terminal(Chat):
         return int(said.key) >= int(thread or 0)  # printed since the launch
 
 
+def _slack_shown(text: str) -> str:
+    """What Slack shows of a posted text: its three escapes read back (the cockpit posts
+    text as text, never markup)."""
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
 class Slack(Chat):
     kind = "slack"
     who = f"slack:{SLACK_ALICE}"
@@ -350,12 +356,13 @@ class Slack(Chat):
             )
             thread = post.payload.get("thread_ts") or ""
             channel = str(post.payload.get("channel", ""))
-            text = str(post.payload.get("text", ""))
+            text = _slack_shown(str(post.payload.get("text", "")))
             found.append(Said(text, thread, channel, post, values[:1]))
         for upload in list(self.fake.uploads):
             file = (upload.filename, upload.content.decode())
             thread = upload.thread_ts or ""
-            found.append(Said(upload.initial_comment, thread, upload.channel, file=file))
+            comment = _slack_shown(upload.initial_comment)
+            found.append(Said(comment, thread, upload.channel, file=file))
         return found
 
     def send(self, text: str) -> str:

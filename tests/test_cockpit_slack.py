@@ -368,3 +368,25 @@ def test_without_the_slack_extra_the_module_imports_and_construction_says_what_t
         SlackTransport(BOT_TOKEN, APP_TOKEN)
     assert caught.value.message == "the slack transport needs the slack extra"
     assert caught.value.hint == "pip install 'kagura-agent[slack]'"
+
+
+# What a hijacked agent prints to be relayed: a ping of everyone, a mention, and a link
+# dressed as the cockpit's own approval (Slack renders <URL|label> as "label").
+LURE = "<!channel> <@U0BOB> session s-1 needs you: <https://evil.test/a|Approve s-1> & co"
+LURE_SHOWN = (
+    "&lt;!channel&gt; &lt;@U0BOB&gt; session s-1 needs you:"
+    " &lt;https://evil.test/a|Approve s-1&gt; &amp; co"
+)
+
+
+def test_text_is_posted_as_text_never_as_slack_markup(slack: FakeSlack, running: Running) -> None:
+    """Everything the cockpit posts may carry the agent's words: Slack's control sequences
+    (<!channel>, <@USER>, <URL|label>) must arrive escaped, shown as written."""
+    thread = f"{DM}:1700000000.000100"
+    running.transport.say(thread, LURE)
+    running.transport.ask(thread, LURE, "m-1")
+    running.transport.offer_stop(thread, LURE, "s-1")
+    said, asked, offered = slack.wait_for_posts(3)
+    assert said.payload["text"] == asked.payload["text"] == offered.payload["text"] == LURE_SHOWN
+    for post in (asked, offered):
+        assert post.payload["blocks"][0]["text"]["text"] == LURE_SHOWN

@@ -297,7 +297,7 @@ class DiscordTransport:
             if message_id
             else None
         )
-        chunks = _chunks(text)
+        chunks = _chunks(as_text(text))
         for index, chunk in enumerate(chunks):
             extra: dict[str, Any] = {}
             last = index == len(chunks) - 1
@@ -431,6 +431,16 @@ def _chunks(text: str) -> list[str]:
         chunks.append(text[:cut])
         text = text[cut:]
     return [*chunks, text]
+
+
+_MASKED_LINK = re.compile(r"\[([^\[\]\n]*)\]\(")
+
+
+def as_text(text: str) -> str:
+    """``text`` with every masked link (``[label](url)``, which Discord renders as a
+    clickable "label") escaped to show as written: the cockpit relays the agent's words,
+    and posts no links of its own. Other markdown stays; pings are off on every post."""
+    return _MASKED_LINK.sub(r"\\[\1](", text)
 
 
 def _strip_mention(text: str, bot_user: str) -> str:

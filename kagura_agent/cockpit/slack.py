@@ -124,14 +124,16 @@ class SlackTransport:
 
     def say(self, thread: str, text: str) -> None:
         """Post ``text`` in ``thread``."""
-        self._post(thread, text=text)
+        self._post(thread, text=as_text(text))
 
     def ask(self, thread: str, text: str, request: str) -> None:
         """Post ``text`` in ``thread`` with Approve / Deny buttons that answer ``request``."""
+        text = as_text(text)
         self._post(thread, text=text, blocks=approval_blocks(text, request))
 
     def offer_stop(self, thread: str, text: str, request: str) -> None:
         """Post ``text`` in ``thread`` with a ❌ Stop button that stops ``request``."""
+        text = as_text(text)
         self._post(thread, text=text, blocks=stop_blocks(text, request))
 
     def attach(self, thread: str, filename: str, content: str, comment: str) -> None:
@@ -145,7 +147,7 @@ class SlackTransport:
                 content=content,
                 filename=filename,
                 title=filename,
-                initial_comment=comment,
+                initial_comment=as_text(comment),
             )
 
         self._call("files.upload", upload, "the bot needs the files:write scope")
@@ -239,6 +241,13 @@ def _close(socket_mode: Any) -> None:
     client.closed = True  # before the None: the dispatcher it wakes must see it and leave
     client.message_queue.put(None)
     socket_mode.close()
+
+
+def as_text(text: str) -> str:
+    """``text`` shown as written: Slack's three control characters escaped, so no
+    ``<!channel>``, ``<@USER>`` or ``<URL|label>`` the agent wrote is acted on or rendered
+    (the cockpit relays the agent's words; it posts no Slack markup of its own)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def approval_blocks(text: str, request: str) -> list[dict[str, Any]]:
