@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -314,14 +315,27 @@ def _child_leases_closed(env: dict[str, str], run_id: str) -> bool:
 
 
 def _remove_run_objects(client: Any, run_id: str) -> None:
-    """What a killed parent left: its containers, then its networks and volumes."""
+    """What a killed parent left: its containers, then its networks and volumes. Another
+    test's apply may sweep them at the same moment (the parent is dead: they are orphans):
+    gone already, or being removed, is fine."""
+    import docker.errors
+
+    def remove(call: Callable[..., object], **kwargs: bool) -> None:
+        try:
+            call(**kwargs)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: another sweep is removing it
+                raise
+
     label = {"label": f"dev.kagura.run={run_id}"}
     for container in client.containers.list(all=True, filters=label):
-        container.remove(force=True)
+        remove(container.remove, force=True)
     for network in client.networks.list(filters=label):
-        network.remove()
+        remove(network.remove)
     for volume in client.volumes.list(filters=label):
-        volume.remove(force=True)
+        remove(volume.remove, force=True)
 
 
 def test_a_script_step_dispatches_through_memtool(
