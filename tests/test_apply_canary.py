@@ -38,20 +38,23 @@ def _cmdlines() -> str:
     return "\n".join(found)
 
 
+# A standing static token: the canary, delivered to the agent as $CANARY_KEY.
+CANARY_PROVIDER = {
+    "kind": "CredentialProvider",
+    "metadata": {"name": "canary"},
+    "spec": {
+        "type": "static",
+        "standing": True,
+        "secret": "env:CANARY_ROOT",
+        "static": {"env": "CANARY_KEY"},
+        "baseline_scopes": ["api"],
+        "scopes": {"api": {"description": "a canary"}},
+    },
+}
+
+
 def test_canary_never_leaks(tmp_path: Path, state_dir: Path, docker_client: Any) -> None:
-    provider = {
-        "kind": "CredentialProvider",
-        "metadata": {"name": "canary"},
-        "spec": {
-            "type": "static",
-            "standing": True,
-            "secret": "env:CANARY_ROOT",
-            "static": {"env": "CANARY_KEY"},
-            "baseline_scopes": ["api"],
-            "scopes": {"api": {"description": "a canary"}},
-        },
-    }
-    manifests = manifest_set(tmp_path, provider)
+    manifests = manifest_set(tmp_path, CANARY_PROVIDER)
     project = make_project(tmp_path)
     task = write_task(
         project,
@@ -103,19 +106,7 @@ def test_a_quoted_canary_printed_and_left_for_verify_never_leaks(
     agent prints its key, writes it where a failing verify prints it, stores it in memory
     and trips a tripwire: the key may not reach the JSON lines, the memory, the incident
     record or any other state."""
-    provider = {
-        "kind": "CredentialProvider",
-        "metadata": {"name": "canary"},
-        "spec": {
-            "type": "static",
-            "standing": True,
-            "secret": "env:CANARY_ROOT",
-            "static": {"env": "CANARY_KEY"},
-            "baseline_scopes": ["api"],
-            "scopes": {"api": {"description": "a canary"}},
-        },
-    }
-    manifests = manifest_set(tmp_path, provider)
+    manifests = manifest_set(tmp_path, CANARY_PROVIDER)
     project = make_project(tmp_path)
     task = write_task(
         project,

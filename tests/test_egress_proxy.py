@@ -436,17 +436,7 @@ def forbidden_world(
     session = EgressSession.start(docker_client, plan, run_id, events.append, extra_hosts=hosts)
     agent = None
     try:
-        net = session.agent_network_config()
-        agent = docker_client.containers.run(
-            egress_images["base"],
-            ["sleep", "600"],
-            detach=True,
-            labels=TEST_LABEL,
-            user="1000:1000",
-            cap_drop=["ALL"],
-            **net.docker_kwargs(),
-        )
-        start_forwarder(agent, net)
+        agent = _agent_behind(docker_client, egress_images["base"], session)
         yield World(docker_client, session, agent, agent, events)
     finally:
         if agent is not None:
@@ -744,17 +734,7 @@ def test_a_listed_name_resolving_to_an_address_of_the_docker_host_is_refused(
         gateway = outbound.attrs["IPAM"]["Config"][0]["Gateway"]
         assert gateway in {str(n.network_address) for n in session.policy.host}
         assert names, f"the host's listener is unreachable from a container at {addresses}"
-        net = session.agent_network_config()
-        agent = docker_client.containers.run(
-            egress_images["base"],
-            ["sleep", "600"],
-            detach=True,
-            labels=TEST_LABEL,
-            user="1000:1000",
-            cap_drop=["ALL"],
-            **net.docker_kwargs(),
-        )
-        start_forwarder(agent, net)
+        agent = _agent_behind(docker_client, egress_images["base"], session)
         script = " ".join(
             f"curl -s -o /dev/null -m 5 -w '{n} %{{http_code}}\\n' http://{n}:{port}/;"
             for n in names
@@ -773,3 +753,19 @@ def test_a_listed_name_resolving_to_an_address_of_the_docker_host_is_refused(
         session.close()
         server.shutdown()
     assert _leftovers(docker_client, run_id) == []
+
+
+def _agent_behind(client: Any, image: str, session: EgressSession) -> Any:
+    """An unprivileged agent container whose only way out is ``session``'s proxy."""
+    net = session.agent_network_config()
+    agent = client.containers.run(
+        image,
+        ["sleep", "600"],
+        detach=True,
+        labels=TEST_LABEL,
+        user="1000:1000",
+        cap_drop=["ALL"],
+        **net.docker_kwargs(),
+    )
+    start_forwarder(agent, net)
+    return agent
