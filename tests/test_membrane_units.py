@@ -338,3 +338,26 @@ def test_bind_mounts_are_checked_from_inside_when_proc_cannot_be_read() -> None:
     assert problem.startswith("the mount at /workspace/.git is not what was checked")
     assert mismatches(expected, gone, inside(None)) == []
     assert len(mismatches(expected, gone, inside([]))) == 2  # no answer is no match
+
+
+def test_a_mount_mismatch_counts_only_for_a_process_still_running() -> None:
+    """A container whose process is exiting loses its mounts first: what is seen of a
+    process that ended during the look is no swap. One that runs on is refused."""
+    import subprocess
+
+    from kagura_agent.membrane.binds import mismatches
+
+    wrong = [("/nonexistent-target", 1, 2)]  # not in the process's root: asked inside
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        assert len(mismatches(wrong, proc.pid, lambda targets: ["7:7"])) == 1
+
+        def ends_while_looked_at(targets: list[str]) -> list[str]:
+            proc.kill()
+            proc.wait()
+            return ["7:7"]
+
+        assert mismatches(wrong, proc.pid, ends_while_looked_at) == []
+    finally:
+        proc.kill()
+        proc.wait()

@@ -14,9 +14,12 @@ the container and refuses the run.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 from kagura_agent.plan.model import Plan
+from kagura_agent.processes import process_start
 
 Identity = tuple[str, int, int]  # (target in the container, st_dev, st_ino)
 
@@ -46,17 +49,36 @@ def mismatches(
     """
     if pid <= 0:
         return []  # exited already (apply's containers wait for the host: a crash)
+    started = process_start(pid)
+    problems = _compare(expected, _look(expected, pid, exec_stat))
+    if problems and _running(pid, started):
+        # A container whose process is exiting loses its mounts first: look once more,
+        # and believe a mismatch only of a process that ran before and after both looks.
+        time.sleep(RELOOK_SECONDS)
+        problems = _compare(expected, _look(expected, pid, exec_stat))
+    return problems if problems and _running(pid, started) else []
+
+
+RELOOK_SECONDS = 0.1
+
+
+def _look(
+    expected: list[Identity], pid: int, exec_stat: Callable[[list[str]], list[str] | None]
+) -> list[str] | None:
     targets = [target for target, _, _ in expected]
-    seen: list[str] | None
     try:
         seen = []
         for target in targets:
             info = os.stat(f"/proc/{pid}/root{target}", follow_symlinks=False)
             seen.append(f"{info.st_dev}:{info.st_ino}")
+        return seen
     except OSError:
-        seen = exec_stat(targets)
-        if seen is None:
-            return []  # exited between the start and the look: nothing of it runs
+        return exec_stat(targets)
+
+
+def _compare(expected: list[Identity], seen: list[str] | None) -> list[str]:
+    if seen is None:
+        return []  # exited between the start and the look: nothing of it runs
     problems = []
     for index, (target, dev, ino) in enumerate(expected):
         got = seen[index] if index < len(seen) else None
@@ -66,3 +88,17 @@ def mismatches(
                 " between the check and the container's start)"
             )
     return problems
+
+
+def _running(pid: int, started: str | None) -> bool:
+    """The container's process is the one looked at, and has not ended (nor is ending:
+    a zombie). Where /proc cannot tell (no start time), it is taken to run."""
+    if started is None:
+        return True
+    if process_start(pid) != started:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
