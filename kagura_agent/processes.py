@@ -57,8 +57,14 @@ def owner_alive(pid: int | None, start: str | None, host: str | None = None) -> 
     if current is not None and current != start:
         return False  # the pid was reused by another process
     # A zombie (killed but not yet reaped) holds nothing: treat as dead.
+    return not ended(pid, unknown=False)
+
+
+def ended(pid: int, *, unknown: bool) -> bool:
+    """Whether ``pid`` has ended (gone, or a zombie: killed but not yet reaped);
+    ``unknown`` where /proc cannot tell."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
+        return unknown
+    return state in ("Z", "X")

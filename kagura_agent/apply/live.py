@@ -135,7 +135,7 @@ class LiveView:
         # only place that knows the run's secrets.
         self.recent.append(self.redactor.scrub_data(raw))
         if self.as_json:
-            self._json("brain", event_to_json(event))
+            self._json("brain", raw)
             return
         if isinstance(event, TextEvent):
             self._text += event.text

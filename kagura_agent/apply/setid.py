@@ -203,9 +203,9 @@ class _Walk:
         try:
             os.fchmod(fd, mode)
         except OSError as exc:
-            if (
-                exc.errno != errno.EBADF
-            ):  # EBADF: an O_PATH fd; its magic link names this inode only
+            # EBADF: an O_PATH fd (_open_path), changed through its magic link, which
+            # names this inode only.
+            if exc.errno != errno.EBADF:
                 self.problems.append(f"{rel} ({exc.strerror})")
                 return
             try:

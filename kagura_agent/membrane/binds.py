@@ -16,10 +16,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from kagura_agent.plan.model import Plan
-from kagura_agent.processes import process_start
+from kagura_agent.processes import ended, process_start
 
 Identity = tuple[str, int, int]  # (target in the container, st_dev, st_ino)
 
@@ -95,10 +94,4 @@ def _running(pid: int, started: str | None) -> bool:
     a zombie). Where /proc cannot tell (no start time), it is taken to run."""
     if started is None:
         return True
-    if process_start(pid) != started:
-        return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+    return process_start(pid) == started and not ended(pid, unknown=True)
