@@ -51,6 +51,25 @@ def test_the_watch_fires_once_past_the_budget(tmp_path: Path) -> None:
     assert tree_bytes(tmp_path) >= 12 * 1024**2
 
 
+def test_empty_files_count_against_the_budget(tmp_path: Path) -> None:
+    """Zero bytes each, an inode each: 2,000 empty files are past a 1 MiB budget (a host's
+    inodes run out long before its bytes; each entry is charged a block)."""
+    fired: list[str] = []
+    watch = DiskWatch(tmp_path, 1024**2, fired.append, poll_seconds=0.01, scan_seconds=0.01)
+    watch.start()
+    try:
+        (tmp_path / "many").mkdir()
+        for i in range(2000):
+            (tmp_path / "many" / str(i)).touch()
+        deadline = time.monotonic() + 10
+        while not fired and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        watch.stop()
+    [reason] = fired
+    assert "past its disk budget of 1 MiB" in reason
+
+
 def _stopped_at_the_budget(
     docker_client: Any, tmp_path: Path, state_dir: Path, name: str, spec: dict[str, Any]
 ) -> None:
@@ -86,3 +105,28 @@ def test_a_3_gib_write_from_verify_is_stopped_at_the_budget(
     """Verify runs what the agent left (here a script); its writes count against the budget."""
     spec = {"steps": ["echo 'head -c 3G /dev/zero > big' > check.sh"], "verify": ["bash check.sh"]}
     _stopped_at_the_budget(docker_client, tmp_path, state_dir, "verify-hog", spec)
+
+
+@pytest.mark.docker
+def test_creating_empty_files_without_end_is_stopped_at_the_budget(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    """An agent exhausting the host's inodes with empty files (no data block at all): with
+    a 64 MiB budget it is stopped after some tens of thousands, not 1,000,000."""
+    make = "import os\nos.mkdir('many')\nfor i in range(1000000): os.close(os.open(f'many/{i}', os.O_CREAT | os.O_WRONLY))"
+    manifests = manifest_set(tmp_path)
+    project = make_project(tmp_path)
+    spec = {
+        "budget": {"disk": "64m", "wall_time": "10m"},
+        "steps": [f'python3 -c "{make}"', "true"],
+        "verify": ["true"],
+    }
+    task = write_task(project, "inode-hog", spec)
+    done = kagura(["apply", "--yes", "--manifests", str(manifests), str(task)], cli_env(state_dir))
+    created = len(os.listdir(project / "many"))
+    print(f"stopped after {created} empty files")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "past its disk budget of 64 MiB" in done.stderr, done.stderr[-3000:]
+    assert 16_384 <= created < 400_000, created
+    [run_id] = run_ids(state_dir)
+    assert leftovers(docker_client, run_id) == []

@@ -9,6 +9,12 @@ allocated blocks that stays on the root's device and never follows symlinks, at 
 once a second while others fill the disk. When the root has grown past the budget the
 run's container is killed and the reason recorded. docs/membrane.md says why this and
 not a size-limited volume.
+
+Every entry is charged at least one block of the file system (``f_frsize``), in the
+tree's measure and in the file system's (its used inodes count as blocks): an empty file
+allocates no data block but takes an inode, and a host's inodes run out long before its
+bytes do (ext4 makes one per 16 KiB), so a run creating millions of empty files would
+otherwise exhaust the host's file system while staying at zero bytes.
 """
 
 from __future__ import annotations
@@ -27,9 +33,11 @@ MAX_SCAN_ENTRIES = 2_000_000
 
 
 def tree_bytes(root: str | Path) -> int:
-    """Bytes allocated under ``root`` (st_blocks), on its device only, symlinks not
-    followed; stops counting after MAX_SCAN_ENTRIES entries."""
+    """Bytes allocated under ``root`` (st_blocks, at least one block of the file system
+    per entry: an inode is spent however small the file), on its device only, symlinks
+    not followed; stops counting after MAX_SCAN_ENTRIES entries."""
     top = os.lstat(root)
+    block = _block_size(root)
     total, seen, stack = 0, 0, [str(root)]
     while stack and seen < MAX_SCAN_ENTRIES:
         try:
@@ -42,15 +50,22 @@ def tree_bytes(root: str | Path) -> int:
                 info = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            total += info.st_blocks * 512
+            total += max(info.st_blocks * 512, block)
             if entry.is_dir(follow_symlinks=False) and info.st_dev == top.st_dev:
                 stack.append(entry.path)
     return total
 
 
+def _block_size(root: str | Path) -> int:
+    return os.statvfs(root).f_frsize or 4096
+
+
 def _fs_used(root: str | Path) -> int:
+    """Bytes in use on ``root``'s file system, each used inode counted as one block too
+    (a file system without inode counts, btrfs, reports 0 of them)."""
     stats = os.statvfs(root)
-    return (stats.f_blocks - stats.f_bfree) * stats.f_frsize
+    inodes = stats.f_files - stats.f_ffree
+    return (stats.f_blocks - stats.f_bfree + inodes) * stats.f_frsize
 
 
 class DiskWatch:
