@@ -17,7 +17,7 @@ from kagura_agent.apply.live import LiveView
 from kagura_agent.clock import iso
 from kagura_agent.graduation.ledger import record_outcome as graduation_evidence
 from kagura_agent.memory.factory import open_memory
-from kagura_agent.memory.model import MemoryStore
+from kagura_agent.memory.model import MemoryStore, Trust
 from kagura_agent.patterns.checkpoint import clear_checkpoint
 from kagura_agent.patterns.cost_history import RunCost, record_run
 from kagura_agent.patterns.dispatch import record_output
@@ -38,6 +38,11 @@ def record_result(ctx: RunContext, result: RunResult) -> str | None:
     )
     success = result.success
     task_kind = plan["task"]["kind"]
+    # A dispatched child's task — its name, prompt, steps and verify commands — is its
+    # parent agent's writing: whatever its run records stays the agent's (untrusted), and
+    # its success proves nothing (``verify: [true]`` passes), so it earns no evidence.
+    agents = bool(plan["task"].get("parent"))
+    trust: Trust = "untrusted" if agents else "trusted"
     # Graduation evidence goes first, so no later failure (a memory backend down, say) can
     # skip it. It comes only from the host-side verify exit codes; a brain error counts
     # against the run (fail closed), a brain's claim of success counts for nothing.
@@ -48,7 +53,9 @@ def record_result(ctx: RunContext, result: RunResult) -> str | None:
     elif result.brain_error is not None:
         evidence.append(("brain finished without error", 1))
     categories = [a["category"] for a in plan["approvals"] if a["class"] != "baseline"]
-    if categories:
+    if categories and agents and success:
+        live.note("graduation: a sub-agent's own verify commands earn no evidence")
+    elif categories:
         recorded = graduation_evidence(
             store, categories, run_id, plan["task"]["name"], plan["intent"], evidence, clock
         )
@@ -75,6 +82,7 @@ def record_result(ctx: RunContext, result: RunResult) -> str | None:
                 input_tokens=result.input_tokens,
                 output_tokens=result.output_tokens,
             ),
+            trust=trust,
         )
         _note_overruns(plan, result, live)
         if success:
@@ -85,6 +93,7 @@ def record_result(ctx: RunContext, result: RunResult) -> str | None:
                 summary=f"{plan['task']['name']} succeeded",
                 details={"verify": [c for c, _, _ in result.verify]},
                 run=_run_shape(plan),
+                trust=trust,
             )
             if fixed.fix is not None:
                 live.note(
@@ -98,14 +107,15 @@ def record_result(ctx: RunContext, result: RunResult) -> str | None:
                 )
         else:
             # The brain's error text is the agent's own words: untrusted. A verify failure
-            # is the task's command and the host's exit code: trusted.
+            # is the task's command and the host's exit code: trusted, unless the agent
+            # wrote the task.
             record_failure(
                 memory,
                 run_id=run_id,
                 task_kind=task_kind,
                 summary=_failure_summary(result),
                 details={"verify": [[c, code] for c, code, _ in result.verify]},
-                trust="untrusted" if result.brain_error else "trusted",
+                trust="untrusted" if result.brain_error else trust,
                 run=_run_shape(plan),
             )
         if plan["task"].get("parent"):

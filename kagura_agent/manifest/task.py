@@ -121,7 +121,7 @@ def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None,
     return (
         ResolvedTask(
             manifest=task,
-            kind=spec.get("kind", task.name),
+            kind=task_kind(spec, task.name),
             brain=brain,
             image=image,
             memory=memory,
@@ -142,6 +142,18 @@ def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None,
         ),
         [],
     )
+
+
+def task_kind(spec: dict[str, Any], name: str) -> str:
+    """What memory files the task's runs under (failures, fixes, costs, sessions).
+
+    A dispatched child's task (``spec.parent``) is written by its parent's agent, name
+    and kind included: its kind lives under the parent task's, so no name the agent picks
+    is a kind the operator's own tasks learn from.
+    """
+    kind = str(spec.get("kind", name))
+    parent = spec.get("parent")
+    return f"{parent['task']}/sub-agent/{kind}" if parent is not None else kind
 
 
 def _parent(spec: dict[str, Any]) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kagura_agent.memory.model import Memory, MemoryStore, Source
+from kagura_agent.memory.model import Memory, MemoryStore, Source, Trust
 
 
 def median(values: Sequence[float]) -> float:
@@ -79,8 +79,9 @@ class RunCost:
     output_tokens: int | None = None
 
 
-def record_run(store: MemoryStore, cost: RunCost) -> Memory:
-    """Remember one run's cost under its task kind."""
+def record_run(store: MemoryStore, cost: RunCost, *, trust: Trust = "trusted") -> Memory:
+    """Remember one run's cost under its task kind; an ``untrusted`` one (a run whose task
+    the agent wrote) never reaches ``history``, so it teaches no budget."""
     tokens = _tokens(asdict(cost))
     return store.remember(
         type=RUN_COST,
@@ -91,6 +92,7 @@ def record_run(store: MemoryStore, cost: RunCost) -> Memory:
         source=Source("run", cost.run_id),
         details=asdict(cost),
         task_kind=cost.task_kind,
+        trust=trust,
     )
 
 

@@ -118,9 +118,11 @@ def record_success(
     summary: str,
     details: Mapping[str, Any] | None = None,
     run: Mapping[str, Any] | None = None,
+    trust: Trust = "trusted",
 ) -> FixResult:
     """After a successful run (``run``: its ``run_shape``): link it as the fix of each
-    open failure it differs from in a recorded way, keeping the difference on the edge."""
+    open failure it differs from in a recorded way, keeping the difference on the edge.
+    An ``untrusted`` fix (a run whose task the agent wrote) is never shown as a fix."""
     linkable: list[tuple[Memory, list[dict[str, str]]]] = []
     unchanged: list[str] = []
     for failure in open_failures(store, task_kind):
@@ -143,6 +145,7 @@ def record_success(
             "changes": {f.id: changes for f, changes in linkable},
         },
         task_kind=task_kind,
+        trust=trust,
     )
     edges = [
         store.create_edge(fix.id, f.id, "prevents", {"run": run_id, "changes": changes})
