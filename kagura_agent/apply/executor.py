@@ -37,6 +37,7 @@ from kagura_agent.apply.context import (
     assemble,
 )
 from kagura_agent.apply.docker import DockerApplyRuntime
+from kagura_agent.apply.gitlinks import Snapshot, check_gitlinks, snapshot
 from kagura_agent.apply.hostrun import run_on_host
 from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.midrun import MidRun, announce
@@ -134,6 +135,7 @@ def _locked(ctx: RunContext) -> RunResult:
         _refuse_foreign_session(store, ctx.plan)
         _sweep(store, ctx.runtime, clock, ctx.live)
         since = open_run(store, ctx.plan, ctx.run_id, clock)
+        gitlinks = snapshot(ctx.plan["task"]["project_root"])
         denials: Denials = []  # filled when the egress proxy is removed, on every path
         try:
             result = _sequence(ctx, denials)
@@ -143,19 +145,23 @@ def _locked(ctx: RunContext) -> RunResult:
             result = _ended_early(ctx, "terminated", 143, denials)
         except KaguraError as exc:
             outcome = "refused" if exc.exit_code == ExitCode.REFUSED else "failed"
-            _clear_setid(ctx, since)
+            _clear_setid(ctx, since, gitlinks)
             close_run(store, ctx.run_id, outcome, int(exc.exit_code), clock)
             raise
-        _clear_setid(ctx, since)
+        _clear_setid(ctx, since, gitlinks)
         close_run(store, ctx.run_id, result.outcome, result.exit_code, clock)
     return result
 
 
-def _clear_setid(ctx: RunContext, since: int) -> None:
+def _clear_setid(ctx: RunContext, since: int, gitlinks: Snapshot) -> None:
     """The run's last container (agent, verify) is gone: clear the setuid/setgid bits it
     left in the project root, before the row closes (a kill -9 here leaves it to the
-    next apply's sweep)."""
-    _show_setid(ctx.live, clear_setid(ctx.plan["task"]["project_root"], since))
+    next apply's sweep). Then move aside any submodule repository it planted or changed
+    (apply/gitlinks.py): the operator's next ``git status`` would run its configuration."""
+    root = ctx.plan["task"]["project_root"]
+    _show_setid(ctx.live, clear_setid(root, since))
+    for line in check_gitlinks(root, since, gitlinks).summary():
+        ctx.live.note(line, "yellow")
 
 
 def _show_setid(live: LiveView, report: SetidReport) -> None:

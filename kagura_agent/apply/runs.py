@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from kagura_agent.apply.context import ApplyRuntime
+from kagura_agent.apply.gitlinks import check_gitlinks
 from kagura_agent.apply.setid import SetidReport, clear_setid, ctime_floor
 from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import RefusedError
@@ -117,6 +118,7 @@ def sweep_dead_runs(
             report = clear_setid(row["project_root"], row["setid_since"])
             if on_setid is not None:
                 on_setid(report)
+            check_gitlinks(row["project_root"], row["setid_since"])
         close_run(store, row["run_id"], "crashed", -1, clock)
         swept.append(row["run_id"])
     return swept
