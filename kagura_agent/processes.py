@@ -68,3 +68,53 @@ def ended(pid: int, *, unknown: bool) -> bool:
     except (OSError, IndexError):
         return unknown
     return state in ("Z", "X")
+
+
+def namespace_processes(init: int) -> dict[int, tuple[str, bool]] | None:
+    """Every process in the PID namespace whose init is host pid ``init`` (a container's):
+    ``{pid: (start time, undumpable)}``; None where this process cannot tell (a process
+    in some nested namespace whose namespace it may not read).
+
+    Undumpable: /proc/PID/stat is owned by root while the process runs as another user,
+    which the kernel does exactly when the process is not dumpable (the /proc/PID folder
+    itself keeps the process's owner) (no ptrace, no /proc/PID/mem
+    or fd for anyone without CAP_SYS_PTRACE)."""
+    own = _status(init)
+    if own is None or len(own.get("NSpid", "").split()) < 2:
+        return None  # gone, or not in a namespace of its own
+    try:
+        namespace = os.readlink(f"/proc/{init}/ns/pid")
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except (OSError, ValueError):
+        return None
+    found: dict[int, tuple[str, bool]] = {}
+    for pid in pids:
+        status = _status(pid)
+        if status is None or len(status.get("NSpid", "").split()) < 2:
+            continue  # ended while we looked, or in this process's own namespace
+        try:
+            if os.readlink(f"/proc/{pid}/ns/pid") != namespace:
+                continue
+            owner = int(status["Uid"].split()[0])
+            undumpable = os.stat(f"/proc/{pid}/stat").st_uid == 0 and owner != 0
+        except FileNotFoundError:
+            continue
+        except (OSError, KeyError, ValueError, IndexError):
+            return None  # not ours to read: it may be in the namespace
+        start = process_start(pid)
+        if start is not None:
+            found[pid] = (start, undumpable)
+    return found
+
+
+def _status(pid: int) -> dict[str, str] | None:
+    """/proc/PID/status as ``{field: value}`` (world-readable, unlike /proc/PID/ns)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        fields[name] = value.strip()
+    return fields

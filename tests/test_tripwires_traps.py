@@ -162,6 +162,34 @@ def test_reaching_for_wiped_credentials_trips(
     assert reason.startswith("/run/kagura/creds/github/token was touched after the"), reason
 
 
+# A lingerer that makes itself undumpable, as the entrypoint's own processes are, so it
+# would pass for one of them if only undumpability were asked.
+UNDUMPABLE_LINGERER = (
+    "setsid python3 -c 'import ctypes, os, time\n"
+    "ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n"
+    'token = "/run/kagura/creds/github/token"\n'
+    "while True:\n"
+    "    os.path.exists(token) and open(token).read()\n"
+    "    time.sleep(0.02)'"
+    " </dev/null >/dev/null 2>&1 &"
+)
+
+
+def test_a_lingerer_that_hides_as_the_entrypoint_still_trips(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    """The decoy watch is skipped only when every process left was there, undumpable,
+    before the turn: one started by a step is watched whatever it made of itself."""
+    incident = _hijacked(
+        tmp_path,
+        state_dir,
+        [UNDUMPABLE_LINGERER, "sleep 0.3", "test -s /run/kagura/creds/github/token"],
+        docker_client,
+    )
+    reason = incident["reason"]
+    assert reason.startswith("/run/kagura/creds/github/token was touched after the"), reason
+
+
 def test_creds_in_a_run_given_none_trips(
     docker_client: Any, tmp_path: Path, state_dir: Path
 ) -> None:
@@ -190,6 +218,8 @@ def test_an_honest_run_trips_nothing(docker_client: Any, tmp_path: Path, state_d
     done = kagura(["apply", "--yes", "--json", "--manifests", str(manifests), str(task)], env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "hijack tripwire" not in done.stderr
+    # Its steps were over when the credentials were wiped: no decoy watch held the exit.
+    assert "no process of the agent's is left to watch" in done.stderr
     status = kagura(["graduation", "status", "--json", "--manifests", str(manifests)], env)
     assert json.loads(status.stdout)["categories"][category]["state"] != "locked"
     assert live_leases(env) == []

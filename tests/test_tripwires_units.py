@@ -152,3 +152,39 @@ def test_the_cockpit_posts_the_incident_line() -> None:
     line = chat_line(json.dumps({"kind": "incident", "id": "inc-0123", "reason": reason}))
     assert line == f"⚠ incident inc-0123: {reason} (kagura-agent incidents)"
     assert f"⚠ incident inc-…: {reason}" in " ".join(page.split())
+
+
+def test_the_decoy_watch_is_skipped_only_for_the_entrypoints_own_processes(
+    monkeypatch: Any,
+) -> None:
+    """Every process left after the wipe must have been there before the turn, with the
+    same start, and be undumpable then and now; anything else keeps the watch."""
+    import kagura_agent.apply.tripwire as tripwire_module
+
+    looks: list[dict[int, tuple[str, bool]] | None] = []
+    monkeypatch.setattr(tripwire_module, "namespace_processes", lambda pid: looks.pop(0))
+    entrypoint = {10: ("100", True), 11: ("101", True), 12: ("102", False)}
+
+    def skipped(after: dict[int, tuple[str, bool]] | None) -> bool:
+        traps = ContainerTraps(Tripwire({}, lambda reason: None), KNOBS, "1000:1000")
+        traps.pid = 10
+        looks[:] = [entrypoint, after]
+        traps.before_turn()
+        return traps.only_entrypoint_left()
+
+    assert skipped({10: ("100", True), 11: ("101", True)})
+    assert not skipped({10: ("100", True), 11: ("101", True), 13: ("300", True)})  # new, hidden
+    assert not skipped({10: ("100", True), 12: ("102", False)})  # dumpable before the turn
+    assert not skipped({10: ("100", True), 11: ("101", False)})  # ran a program since
+    assert not skipped({10: ("100", True), 11: ("250", True)})  # the pid went to another
+    assert not skipped(None)  # the host cannot see the container's processes
+    traps = ContainerTraps(Tripwire({}, lambda reason: None), KNOBS, "1000:1000")
+    assert not traps.only_entrypoint_left()  # never armed: nothing noted before the turn
+
+
+def test_namespace_processes_sees_a_namespace_only_when_it_can_read_it() -> None:
+    from kagura_agent.processes import namespace_processes
+
+    # This process is in the host's own namespace: not a container's init.
+    assert namespace_processes(os.getpid()) is None
+    assert namespace_processes(2**22 + 7) is None  # no such process

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kagura_agent.apply.inotify import InotifyError, Watcher, describe
+from kagura_agent.processes import namespace_processes
 
 MAX_LOG = 200
 CREDS_DIR = "/run/kagura/creds"
@@ -123,6 +124,8 @@ class ContainerTraps:
         self.decoys: list[str] = []
         self.watcher: Any = None
         self.wiped = False
+        self.pid = 0
+        self.entrypoint: dict[int, str] | None = None  # pid -> start, before the turn
 
     @property
     def wanted(self) -> bool:
@@ -134,6 +137,7 @@ class ContainerTraps:
         if not self.wanted:
             return []
         self.root = f"/proc/{pid}/root"
+        self.pid = pid
         try:
             self.watcher = Watcher(self._touched)
         except InotifyError as exc:
@@ -162,6 +166,32 @@ class ContainerTraps:
             return []
         self.wiped = True
         return self._plant_decoys(names or ["token"])
+
+    def before_turn(self) -> None:
+        """Note the container's processes as the turn starts: the entrypoint's own, as no
+        tool has run yet. Only undumpable ones count (a tool could ptrace the others)."""
+        if self.pid > 0:
+            found = namespace_processes(self.pid)
+            if found is not None:
+                self.entrypoint = {
+                    p: start for p, (start, undumpable) in found.items() if undumpable
+                }
+
+    def only_entrypoint_left(self) -> bool:
+        """Whether every process now in the container is one noted before the turn (same
+        pid, same start) and still undumpable: none ran a program since (an exec makes a
+        process dumpable again) nor could be ptraced, so none is the agent's. A tool
+        process still running, or one that made itself undumpable, is not among them; a
+        host that cannot see the container's processes answers False."""
+        if self.entrypoint is None or self.pid <= 0:
+            return False
+        now = namespace_processes(self.pid)
+        if not now:
+            return False
+        return all(
+            undumpable and self.entrypoint.get(pid) == start
+            for pid, (start, undumpable) in now.items()
+        )
 
     def stop(self) -> None:
         if self.watcher is not None:

@@ -62,7 +62,7 @@ async def drive_brain(
         ctx.midrun.channel = channel
         leases = ctx.midrun.leases
     try:
-        return await _Turn(ctx, channel, leases).run()
+        return await _Turn(ctx, channel, leases, traps).run()
     finally:
         # Wipe and release the credentials, then end the entrypoint (it wipes on its way
         # out too); verify runs elsewhere, after the brain is gone.
@@ -87,8 +87,14 @@ async def _watch_after_wipe(traps: ContainerTraps, names: list[str], live: LiveV
     """Decoys take the wiped credentials' names, watched a moment before the stop."""
     for problem in traps.after_wipe(names):
         live.note(problem, "yellow")
-    if traps.wiped:
-        await asyncio.sleep(CREDS_WATCH_SECONDS)
+    if not traps.wiped:
+        return
+    if traps.only_entrypoint_left():
+        # Nobody is left to look: every process in the container is one of the
+        # entrypoint's own, there before the turn and out of the tools' reach since.
+        live.note("credential decoys planted; no process of the agent's is left to watch")
+        return
+    await asyncio.sleep(CREDS_WATCH_SECONDS)
 
 
 @dataclass
@@ -120,8 +126,15 @@ def _read_lines(loop: asyncio.AbstractEventLoop, into: asyncio.Queue[str | None]
 
 
 class _Turn:
-    def __init__(self, ctx: RunContext, channel: BrainChannel, leases: Sequence[Lease]) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        channel: BrainChannel,
+        leases: Sequence[Lease],
+        traps: ContainerTraps | None = None,
+    ) -> None:
         self.ctx = ctx
+        self.traps = traps
         self.plan = ctx.plan
         self.channel = channel
         self.leases = leases
@@ -171,6 +184,8 @@ class _Turn:
         turn = turn_from_plan(self.plan, session_id=session_id, completed_steps=completed)
         for lease in self.leases:
             await deliver(self.channel, lease)
+        if self.traps is not None:
+            self.traps.before_turn()  # the entrypoint's processes, before any tool's
         renewer = asyncio.create_task(self._keep_fresh())
         steering = asyncio.create_task(self._steer()) if self.ctx.steer_stdin else None
         midrun = self.ctx.midrun

@@ -328,6 +328,15 @@ def _serve_all(servers: list[tuple[socket.socket, str]]) -> None:
         asyncio.run(run())
 
 
+def _undumpable() -> None:
+    """Out of the tools' reach, like the entrypoint: no ptrace of this process and no
+    /proc/PID/{mem,fd} for the agent's tools (same uid, no CAP_SYS_PTRACE)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == [SERVE_FDS] and len(argv) == 2:
         servers = []
@@ -350,4 +359,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _undumpable()
     raise SystemExit(main(sys.argv[1:]))
