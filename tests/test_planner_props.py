@@ -232,14 +232,17 @@ def test_canary_secrets_never_appear(
     project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Plant values behind every secret reference; no output may contain them."""
-    secret_file = project / "cloudflare-root-token"
+    # Beside the project, never in it: a project root holding a secret folder is refused.
+    secrets = project.parent / "secrets"
+    secrets.mkdir()
+    secret_file = secrets / "cloudflare-root-token"
     secret_file.write_text(f"{CANARY}-file\n")
     creds = Path("manifests/credentials.yml")
     creds.write_text(creds.read_text().replace("env:CLOUDFLARE_ROOT_TOKEN", f"file:{secret_file}"))
     # file: secrets only come from a directory a Policy declares.
     Path("manifests/secret-dirs.yml").write_text(
         "apiVersion: kagura.dev/v1\nkind: Policy\nmetadata: {name: test-secrets}\n"
-        f"spec:\n  secret_dirs: [{project}]\n"
+        f"spec:\n  secret_dirs: [{secrets}]\n"
     )
     for name in ("ANTHROPIC_API_KEY", "KAGURA_AWS_ROOT_KEY", "CLOUDFLARE_ROOT_TOKEN"):
         monkeypatch.setenv(name, f"{CANARY}-{name}")

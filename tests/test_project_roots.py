@@ -251,3 +251,32 @@ def test_another_users_home_is_refused(
         assert main(["validate", str(task)]) == 2
         err = capsys.readouterr().err
         assert "the home directory of user bob" in err, err
+
+
+@pytest.mark.parametrize("where", ["parent", "itself", "inside"])
+def test_a_declared_secret_dir_is_no_project_root(
+    where: str, tmp_path: Path, env: dict[str, str]
+) -> None:
+    """The operator's root secrets (a Policy's ``secret_dirs``, ``/srv/kagura/secrets`` in
+    docs/authority.md) are read by the host to mint leases: a task rooted at, inside or
+    above that folder had the agent read them (no lease, no scope, no expiry) and rewrite
+    them for the host's next read."""
+    secrets = tmp_path / "kagura" / "secrets"
+    (secrets / "sub").mkdir(parents=True)
+    (secrets / "cloudflare-root").write_text("root-token\n")
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    policy = {
+        "apiVersion": "kagura.dev/v1",
+        "kind": "Policy",
+        "metadata": {"name": "house-secrets"},
+        "spec": {"secret_dirs": [str(secrets)]},
+    }
+    (manifests / "policy.yml").write_text(yaml.safe_dump(policy))
+    root = {"parent": secrets.parent, "itself": secrets, "inside": secrets / "sub"}[where]
+    task = _task(tmp_path / "t", root)
+    for command in ("validate", "plan"):
+        done = _cli(command, task, env, "--manifests", str(manifests))
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        assert "$.spec.project_root" in done.stderr, done.stderr
+        assert "secret folder of Policy 'house-secrets'" in done.stderr, done.stderr

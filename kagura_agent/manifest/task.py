@@ -301,7 +301,7 @@ def _paths(
     problem = check_project_root(
         os.path.normpath(base / os.path.expanduser(written)),
         allowed=workspace_roots(catalog),
-        extra=_memory_files(catalog),
+        extra=_memory_files(catalog) + _secret_folders(catalog),
     ) or check_mount(root, root, writable=True)
     if problem:
         problems.append(task.diag(("spec", "project_root"), problem))
@@ -437,6 +437,17 @@ def _memory_files(catalog: Catalog) -> list[tuple[str, str]]:
             path = str(sqlite_path({"location": manifest.spec.get("path", "state-dir")}))
             found.append((path, f"the memory store of Memory {manifest.name!r}"))
     return found
+
+
+def _secret_folders(catalog: Catalog) -> list[tuple[str, str]]:
+    """Every Policy's ``secret_dirs``: the root secrets the host reads to mint leases. A
+    root at, inside or above one would hand them to the agent whole (no lease, scope or
+    expiry) and let it rewrite what the host reads next."""
+    return [
+        (os.path.expanduser(entry), f"the secret folder of Policy {policy.name!r}")
+        for policy in catalog.of("Policy")
+        for entry in policy.spec.get("secret_dirs", [])
+    ]
 
 
 def _names(catalog: Catalog, kind: str) -> str:
