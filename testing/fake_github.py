@@ -38,6 +38,11 @@ class FakeGithub(FakeServer):
         self.owner = owner
         self.apps: dict[int, App] = {}
         self.tokens: dict[str, dict[str, Any]] = {}
+        # A misbehaving GitHub, for tests: what a mint grants beyond what was asked
+        # (permissions merged in; extra repositories; repository_selection "all").
+        self.overgrant_permissions: dict[str, str] = {}
+        self.overgrant_repositories: list[str] = []
+        self.overgrant_all = False
         self._state_lock = threading.Lock()
         self.route("POST", r"/app/installations/(?P<inst>\d+)/access_tokens", self._create)
         self.route("DELETE", r"/installation/token", self._revoke)
@@ -83,6 +88,8 @@ class FakeGithub(FakeServer):
             return 422, {
                 "message": "The permissions requested are not granted to this installation."
             }
+        asked = {**asked, **self.overgrant_permissions}
+        repos = [*repos, *(r for r in self.overgrant_repositories if r not in repos)]
         token = "ghs_" + secrets.token_hex(18)
         expires = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
         expires_at = expires.isoformat().replace("+00:00", "Z")
@@ -103,7 +110,7 @@ class FakeGithub(FakeServer):
             "token": token,
             "expires_at": expires_at,
             "permissions": asked,
-            "repository_selection": "selected",
+            "repository_selection": "all" if self.overgrant_all else "selected",
             "repositories": [{"name": r, "full_name": f"{self.owner}/{r}"} for r in repos],
         }
 

@@ -63,6 +63,40 @@ def test_token_is_limited_to_listed_repositories_and_permissions(github: FakeGit
     assert gone.status_code == 401
 
 
+@pytest.mark.parametrize(
+    "overgrant",
+    [
+        {"overgrant_permissions": {"contents": "write"}},  # a higher level of an asked one
+        {"overgrant_permissions": {"contents": "admin"}},
+        {"overgrant_permissions": {"issues": "read"}},  # one never asked for
+        {"overgrant_repositories": ["infra"]},  # a repository never asked for
+        {"overgrant_all": True},  # every repository of the installation
+    ],
+)
+def test_a_token_wider_than_asked_is_revoked_and_refused(
+    github: FakeGithub, overgrant: dict[str, object]
+) -> None:
+    """Whatever GitHub answers, no token wider than the scope leaves the provider: a
+    grant above the asked level or outside the asked repositories is revoked at once."""
+    for key, value in overgrant.items():
+        setattr(github, key, value)
+    provider = build_provider("github-app", settings(github), rsa_pair("github")[0])
+    with pytest.raises(ProviderError, match="wider than asked") as caught:
+        provider.mint({"repositories": ["site"], "permissions": {"contents": "read"}}, 900, "g-1")
+    assert not caught.value.transient
+    assert len(github.ops("mint")) == 1 and len(github.ops("revoke")) == 1
+    assert github.tokens == {}  # the one minted no longer works
+
+
+def test_a_token_exactly_as_asked_is_kept(github: FakeGithub) -> None:
+    github.overgrant_permissions = {"metadata": "read"}  # GitHub always adds it
+    provider = build_provider("github-app", settings(github), rsa_pair("github")[0])
+    minted = provider.mint(
+        {"repositories": ["site"], "permissions": {"contents": "write"}}, 900, "g-1"
+    )
+    assert github.ops("revoke") == [] and minted.bundle.files["github/token"] in github.tokens
+
+
 def test_a_wrong_key_is_refused(github: FakeGithub) -> None:
     provider = build_provider("github-app", settings(github), rsa_pair("other")[0])
     with pytest.raises(ProviderError) as caught:

@@ -80,13 +80,14 @@ class GithubAppProvider:
         token = str(data["token"])
         minted_id = f"github:{self.installation_id}:{lease_id}"
         self._tokens[minted_id] = token
-        granted = dict(data.get("permissions") or {})
-        # GitHub always adds metadata:read; anything else unasked-for is a wider grant.
-        wider = sorted(k for k in granted if k not in asked and k != "metadata") if asked else []
+        wider = _wider(asked, body.get("repositories") or [], data)
         if wider:
             # Never hand out more than was approved: revoke and fail.
             self.revoke(minted_id)
-            raise ProviderError(f"token granted unrequested permissions {wider}", transient=False)
+            raise ProviderError(
+                f"the token GitHub granted is wider than asked ({', '.join(wider)}); revoked",
+                transient=False,
+            )
         expires_at = datetime.fromisoformat(str(data["expires_at"]).replace("Z", "+00:00"))
         return Minted(
             id=minted_id,
@@ -121,6 +122,37 @@ class GithubAppProvider:
             return self._client.request(method, path, headers=headers, json=body)
         except self._httpx.HTTPError as exc:
             raise ProviderError(f"{method} {path}: {type(exc).__name__}", transient=True) from None
+
+
+# GitHub's access levels, narrowest first.
+_LEVELS = {"read": 1, "write": 2, "admin": 3}
+
+
+def _wider(asked: Mapping[str, str], repositories: list[str], data: Mapping[str, Any]) -> list[str]:
+    """What a token GitHub answered with holds beyond what was asked (empty: nothing).
+
+    A permission unasked for (GitHub always adds metadata:read) or at a higher level than
+    asked, a repository not listed, or every repository when some were listed. Without
+    asked permissions (or repositories) the scope takes the installation's, as GitHub
+    grants them; nothing to compare.
+    """
+    wider: list[str] = []
+    if asked:
+        for name, level in sorted(dict(data.get("permissions") or {}).items()):
+            if name == "metadata" and level == "read":
+                continue
+            want = _LEVELS.get(str(asked.get(name)), 0)
+            if _LEVELS.get(str(level), len(_LEVELS) + 1) > want:
+                wider.append(f"{name}:{level}")
+    if repositories:
+        listed = {r.casefold() for r in repositories}  # GitHub's names ignore case
+        if data.get("repository_selection") == "all":
+            wider.append("all repositories")
+        for repo in data.get("repositories") or []:
+            name = str(repo.get("name") if isinstance(repo, Mapping) else repo)
+            if name.casefold() not in listed:
+                wider.append(f"repository {name}")
+    return wider
 
 
 def create(settings: Mapping[str, Any], root_secret: str, clock: Clock) -> GithubAppProvider:
