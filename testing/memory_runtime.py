@@ -128,6 +128,9 @@ class MemoryEgress:
                 counts[key] = counts.get(key, 0) + 1
         return [{"host": h, "port": p, "count": n} for (h, p), n in counts.items()]
 
+    def drain(self) -> None:
+        """Nothing lags here: ``decide`` reports each decision as it is made."""
+
     def reload(self, egress: dict[str, Any]) -> None:
         """A mid-run grant: the allowlist in force from now on (kept for tests to read)."""
         self.runtime._point("egress_reload")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 from collections.abc import Callable, Coroutine, Sequence
@@ -28,6 +29,7 @@ from kagura_agent.apply.dispatch import ChildDispatcher
 from kagura_agent.apply.hostmem import HostMemory, open_host_memory
 from kagura_agent.apply.incidents import record_incident
 from kagura_agent.apply.live import LiveView
+from kagura_agent.apply.modelcalls import ModelCalls, mismatch
 from kagura_agent.apply.tripwire import ContainerTraps, Tripwire
 from kagura_agent.apply.turn import drive_brain
 from kagura_agent.apply.verify import stop_agent, verify_in_fresh_container
@@ -70,17 +72,22 @@ def run_in_container(
     live.watchers.append(lambda event: tripwire.scan("the brain's output", event))
     live.redactor.add(tripwire.canary)  # fake, but shown like the secret it pretends to be
 
-    def on_egress(event: dict[str, object]) -> None:
-        live.egress(event)
-        tripwire.egress(event)
-
     # The brain's API key stays with the host and the proxy: never delivered inside.
     provider = injected_provider(plan)
     injected = [lease for lease in leases if provider and lease.request.provider == provider]
     inside = [lease for lease in leases if lease not in injected]
     secret = injected[0].minted.secrets[0] if injected and injected[0].minted else None
     environment: dict[str, str] = {"ANTHROPIC_API_KEY": PLACEHOLDER} if provider else {}
-    egress = None
+    # Every model call with the injected key passes the proxy: the host counts them there.
+    calls = ModelCalls() if secret and plan["egress"]["mode"] == "proxy" else None
+
+    def on_egress(event: dict[str, object]) -> None:
+        live.egress(event)
+        tripwire.egress(event)
+        if calls is not None:
+            calls.feed(event)
+
+    egress, started = None, None
     if plan["egress"]["mode"] == "proxy":
         live.phase(f"starting this run's egress proxy ({len(plan['egress']['allow'])} allowed)")
         started = runtime.start_egress(
@@ -97,6 +104,7 @@ def run_in_container(
             live.phase(f"egress proxy ready: warm session {getattr(started, 'pooled_name', '')}")
         if ctx.midrun is not None:  # a mid-run egress grant reloads this proxy
             ctx.midrun.egress = started
+            ctx.midrun.calls = calls
         egress = started.agent_network_config()
         environment = {**environment, **egress.environment}
     live.phase(f"starting container from {plan['image']['ref']}")
@@ -132,6 +140,10 @@ def run_in_container(
     traps.stop()
     if problem:
         live.note(problem, "red")
+    if calls is not None and started is not None:
+        # The agent is stopped: whatever it called is in the proxy's log now.
+        started.drain()
+        brain = _held_to_count(ctx, brain, calls.count)
     if tripwire.reason:
         problem = "not run: the run tripped a hijack tripwire"
         _record_incident(ctx, leases, tripwire)
@@ -142,7 +154,34 @@ def run_in_container(
     host_stop = f"disk: {watch.exceeded}" if watch.exceeded else None
     if tripwire.reason:
         host_stop = f"tripwire: {tripwire.reason}"
-    return RunReport(brain, verify, host_stop, tuple(c.to_json() for c in children.children))
+    return RunReport(
+        brain,
+        verify,
+        host_stop,
+        tuple(c.to_json() for c in children.children),
+        model_calls=None if calls is None else calls.count,
+    )
+
+
+def _held_to_count(ctx: RunContext, brain: BrainOutcome, counted: int) -> BrainOutcome:
+    """The brain's turn held to the model calls counted at the proxy: both figures shown,
+    a large gap called out, and a run whose calls passed its turn budget is a budget stop
+    even when its engine reported nothing of the kind."""
+    live = ctx.live
+    live.note(
+        f"model calls counted at the proxy: {counted}; turns the brain reported: {brain.turns}"
+    )
+    if mismatch(counted, brain.turns):
+        live.note(
+            f"the proxy counted {counted} model calls, the brain reported {brain.turns} turns:"
+            " its engine under-reports (a sign it was tampered with)",
+            "red",
+        )
+    why = ctx.midrun.past_counted() if ctx.midrun is not None else None
+    if why is None or (brain.error or "").startswith("budget:"):
+        return brain
+    live.note(f"the brain went on past its budget ({why})")
+    return dataclasses.replace(brain, error=f"budget: {why}, not extended")
 
 
 def _verify(

@@ -72,6 +72,10 @@ class EgressRun(Protocol):
 
     def denial_summary(self) -> list[dict[str, object]]: ...
 
+    def drain(self) -> None:
+        """Emit every decision the proxy logged so far that was not emitted yet."""
+        ...
+
     def reload(self, egress: dict[str, Any]) -> None:
         """Put an amended plan's egress section in force, keeping the proxy running."""
         ...
@@ -195,6 +199,7 @@ class RunReport:
     verify: tuple[VerifyResult, ...] = ()
     host_stop: str | None = None  # "tripwire: …" or "disk: …"
     children: tuple[dict[str, object], ...] = ()  # sub-agents the brain dispatched
+    model_calls: int | None = None  # counted at the proxy (None: not counted)
 
     @property
     def error(self) -> str | None:
@@ -221,6 +226,9 @@ class RunResult:
     output_memory: str | None = None  # a dispatched child's output, for its parent to recall
     answer: str | None = None  # the brain's final answer (kept in a child's output memory)
     children: tuple[dict[str, object], ...] = ()  # sub-agents dispatched: run, outcome, output
+    # Model calls the host counted at the proxy (apply/modelcalls.py), next to the turns
+    # the brain reported; None when the run's model calls do not pass an injecting proxy.
+    model_calls: int | None = None
 
     @property
     def success(self) -> bool:
@@ -265,4 +273,5 @@ def assemble(
         brain_session_id=brain.session_id,
         answer=brain.answer,
         children=report.children,
+        model_calls=report.model_calls,
     )

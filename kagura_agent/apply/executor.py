@@ -149,7 +149,15 @@ def _locked(ctx: RunContext) -> RunResult:
             close_run(store, ctx.run_id, outcome, int(exc.exit_code), clock)
             raise
         _clear_setid(ctx, since, gitlinks)
-        close_run(store, ctx.run_id, result.outcome, result.exit_code, clock)
+        close_run(
+            store,
+            ctx.run_id,
+            result.outcome,
+            result.exit_code,
+            clock,
+            turns=result.turns,
+            model_calls=result.model_calls,
+        )
     return result
 
 

@@ -27,6 +27,7 @@ from typing import Any, Literal, Protocol
 
 from kagura_agent.apply.amend import Amender, Amendment, Refused
 from kagura_agent.apply.live import LiveView
+from kagura_agent.apply.modelcalls import ModelCalls
 from kagura_agent.approvals.midrun import Answer, Asker, Question
 from kagura_agent.brain.protocol import BRAIN_BUDGETS
 from kagura_agent.clock import Clock, iso
@@ -136,6 +137,9 @@ class MidRun:
         # The brain's turns and dollars as the host counted them from its events.
         self.spent_turns = 0
         self.spent_usd = 0.0
+        # Model calls counted from the proxy's log (apply sets it when the proxy injects
+        # the brain's key): the turn budget holds on the larger count.
+        self.calls: ModelCalls | None = None
 
     def counted(self, turns: int | None, usd: float | None) -> None:
         """What the run's cost events say was spent so far (the host's own count)."""
@@ -144,14 +148,29 @@ class MidRun:
         if usd is not None:
             self.spent_usd = max(self.spent_usd, usd)
 
+    @property
+    def model_calls(self) -> int | None:
+        """Model calls counted at the proxy so far (None: this run's are not counted)."""
+        return None if self.calls is None else self.calls.count
+
     def past_budget(self) -> str | None:
-        """Why the brain may not go on: a turn or dollar budget in force is spent."""
+        """Why the brain may not go on: a turn or dollar budget in force is spent (turns:
+        the larger of the reported turns and the model calls counted at the proxy)."""
         budget = self.plan["budget"]
+        calls = self.model_calls or 0
+        if budget["turns"] and calls > self.spent_turns and calls >= budget["turns"]:
+            return _counted(calls, budget["turns"])
         if budget["turns"] and self.spent_turns >= budget["turns"]:
             return f"{self.spent_turns} turns spent of a {budget['turns']}-turn budget"
         if budget["cost_usd"] and self.spent_usd >= budget["cost_usd"]:
             return f"${self.spent_usd:.4f} spent of a ${budget['cost_usd']:g} budget"
         return None
+
+    def past_counted(self) -> str | None:
+        """Why the brain must stop whatever its engine says: more model calls went through
+        the proxy than the turn budget in force allows."""
+        limit, calls = self.plan["budget"]["turns"], self.model_calls or 0
+        return _counted(calls, limit) if limit and calls > limit else None
 
     @property
     def plan(self) -> Any:
@@ -283,7 +302,7 @@ class MidRun:
         request = self._request_id()
         # What is left is reckoned from the larger count (the events may still be on
         # their way); past_budget keeps to the events as they are seen, in order.
-        used = (max(self.spent_turns, turns), max(self.spent_usd, cost_usd))
+        used = (max(self.spent_turns, turns, self.model_calls or 0), max(self.spent_usd, cost_usd))
         reason = neutralise(reason, newlines=False)
         name, what = limit, BRAIN_BUDGETS.get(limit, limit)
         self.live.note(
@@ -457,6 +476,10 @@ def _left(budget: Mapping[str, Any], turns: int, usd: float) -> dict[str, Any]:
         "turns": None if not limit_turns else limit_turns - turns,
         "cost_usd": None if not limit_usd else round(limit_usd - usd, 6),
     }
+
+
+def _counted(calls: int, limit: int) -> str:
+    return f"{calls} model calls counted at the proxy of a {limit}-turn budget"
 
 
 def _budget_shown(limit: str, value: float) -> str:

@@ -53,6 +53,12 @@ MIGRATIONS = [
     ALTER TABLE runs ADD COLUMN project_root TEXT;
     ALTER TABLE runs ADD COLUMN setid_since BIGINT;
     """,
+    # The turns the brain reported and the model calls the host counted at the proxy
+    # (apply/modelcalls.py; NULL when not counted): an operator sees where they differ.
+    """
+    ALTER TABLE runs ADD COLUMN turns INTEGER;
+    ALTER TABLE runs ADD COLUMN model_calls INTEGER;
+    """,
 ]
 
 
@@ -84,11 +90,21 @@ def open_run(store: StateStore, plan: Plan, run_id: str, clock: Clock) -> int:
     return since
 
 
-def close_run(store: StateStore, run_id: str, outcome: str, exit_code: int, clock: Clock) -> None:
+def close_run(
+    store: StateStore,
+    run_id: str,
+    outcome: str,
+    exit_code: int,
+    clock: Clock,
+    *,
+    turns: int | None = None,
+    model_calls: int | None = None,
+) -> None:
     with store.transaction() as conn:
         conn.execute(
-            "UPDATE runs SET ended_at = ?, outcome = ?, exit_code = ? WHERE run_id = ?",
-            (iso(clock.now()), outcome, exit_code, run_id),
+            "UPDATE runs SET ended_at = ?, outcome = ?, exit_code = ?, turns = ?,"
+            " model_calls = ? WHERE run_id = ?",
+            (iso(clock.now()), outcome, exit_code, turns, model_calls, run_id),
         )
 
 

@@ -39,6 +39,8 @@ from kagura_agent.membrane.leases import Lease, deliver, keep_fresh, withdraw
 from kagura_agent.patterns.checkpoint import Checkpoint, resume, save_checkpoint, session_owner
 
 RENEW_CHECK_SECONDS = 5.0
+# How often the model calls counted at the proxy are held against the turn budget.
+CALLS_CHECK_SECONDS = 0.25
 ANSWER_CHARS = 4000  # of the final answer, kept for a dispatched child's parent
 
 
@@ -191,6 +193,7 @@ class _Turn:
         midrun = self.ctx.midrun
         wall = asyncio.create_task(midrun.watch_wall()) if midrun is not None else None
         budgets = asyncio.create_task(midrun.watch_leases()) if midrun is not None else None
+        counted = asyncio.create_task(self._watch_calls()) if midrun is not None else None
         try:
             async for event in self.channel.run_turn(turn):
                 self.ctx.live.brain(event)
@@ -199,12 +202,10 @@ class _Turn:
                 # on past a spent one (no extension granted) is stopped here.
                 why = midrun.past_budget() if isinstance(event, ToolCallEvent) and midrun else None
                 if why is not None:
-                    self.ctx.live.note(f"the brain went on past its budget ({why}); stopping")
-                    self.tally.error = f"budget: {why}, not extended"
-                    await self.channel.stop()
+                    await self._stop_past_budget(why)
                     break
         finally:
-            for task in (renewer, steering, wall, budgets):
+            for task in (renewer, steering, wall, budgets, counted):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -262,6 +263,24 @@ class _Turn:
             ),
             clock=self.ctx.clock,
         )
+
+    async def _watch_calls(self) -> None:
+        """Stop the brain once more model calls went through the proxy than its turn
+        budget allows, whatever its engine reports (or whether it reports at all)."""
+        midrun = self.ctx.midrun
+        if midrun is None or midrun.calls is None:
+            return
+        while (why := midrun.past_counted()) is None:
+            await asyncio.sleep(CALLS_CHECK_SECONDS)
+        await self._stop_past_budget(why)
+
+    async def _stop_past_budget(self, why: str) -> None:
+        """Today's budget stop, once (the turn's events and the proxy count both see it)."""
+        if self.tally.error is not None and self.tally.error.startswith("budget:"):
+            return
+        self.ctx.live.note(f"the brain went on past its budget ({why}); stopping")
+        self.tally.error = f"budget: {why}, not extended"
+        await self.channel.stop()
 
     async def _keep_fresh(self) -> None:
         """Renew leases inside their budget; exhaustion (already wiped) stops the run."""

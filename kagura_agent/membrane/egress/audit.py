@@ -20,7 +20,7 @@ from urllib.parse import unquote
 
 from kagura_agent.manifest.hosts import is_ip_literal
 from kagura_agent.membrane.egress.policy import EgressPolicy
-from kagura_agent.membrane.egress.squid import LOG_TAG
+from kagura_agent.membrane.egress.squid import INJECT_PORT, LOG_TAG
 from kagura_agent.state import StateStore
 from kagura_agent.state_sql import Migration, with_rowid
 
@@ -59,6 +59,12 @@ MIGRATIONS: tuple[Migration, ...] = (
     """,
         "egress_runs",
     ),
+    # The proxy port a request came in on (3128, or 3129: the credential-injecting one)
+    # and its URL path without the query: model calls are counted from these.
+    """
+    ALTER TABLE egress_events ADD COLUMN inport INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE egress_events ADD COLUMN path TEXT NOT NULL DEFAULT '';
+    """,
 )
 
 
@@ -82,6 +88,8 @@ class EgressEvent:
     decision: str
     reason: str
     entry: str | None
+    inport: int = 0  # the proxy port the request came in on (0: not logged)
+    path: str = ""  # the URL path, without its query (a query may carry a token)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,17 +108,21 @@ def _time(text: str) -> str:
 
 
 def parse_line(line: str) -> dict[str, str] | None:
-    """The raw fields of one KAGURA1 access-log line, or None for any other line."""
+    """The raw fields of one KAGURA1 access-log line, or None for any other line.
+
+    A line of a proxy configured before the port and path were logged (13 fields, a
+    crash sweep may read one) gets empty ones."""
     parts = line.strip().split(" ")
-    if len(parts) != 13 or parts[0] != LOG_TAG:
+    if len(parts) not in (13, 15) or parts[0] != LOG_TAG:
         return None
     keys = (
         *("time", "client", "method", "scheme", "host", "port", "status", "squid_status"),
-        *("bytes_in", "bytes_out", "server", "reason"),
+        *("bytes_in", "bytes_out", "server", "reason", "inport", "path"),
     )
-    raw = dict(zip(keys, parts[1:], strict=True))
-    for key in ("method", "scheme", "host", "reason"):
+    raw = dict(zip(keys, [*parts[1:], "-", "-"][: len(keys)], strict=True))
+    for key in ("method", "scheme", "host", "reason", "path"):
         raw[key] = unquote(raw[key])
+    raw["path"] = raw["path"].partition("?")[0]
     fields = {k: "" if v == "-" else v for k, v in raw.items()}
     if not fields["method"] and not fields["host"] and not fields["reason"]:
         return None  # a connection closed before any request: nothing was asked or decided
@@ -133,6 +145,8 @@ def classify(raw: dict[str, str], policy: EgressPolicy, run_id: str, seq: int) -
             reason = "port-not-listed"
         else:
             reason = "scheme-not-allowed"
+    elif not denied and _int(raw["inport"]) == INJECT_PORT:
+        reason = "injected"  # to the injection's upstream, the one place that port reaches
     elif not denied:
         # squid allowed it, so an entry must match; if none does, say so loudly.
         reason = "allowed" if entry else "allowed-without-matching-entry"
@@ -153,6 +167,8 @@ def classify(raw: dict[str, str], policy: EgressPolicy, run_id: str, seq: int) -
         decision="deny" if denied else "allow",
         reason=reason,
         entry=entry.label() if entry else None,
+        inport=_int(raw["inport"]),
+        path=raw["path"],
     )
 
 

@@ -466,6 +466,17 @@ class EgressSession:
             except Exception:  # the stream ends when the proxy goes; teardown re-reads the log
                 pass
 
+    def drain(self) -> None:
+        """Take in every decision the proxy has logged so far (the live collector may lag
+        behind): read its whole log once; a decision already seen is not emitted again."""
+        if self.proxy is None:
+            return
+        with docker_errors(f"reading the egress proxy log of run {self.run_id}"):
+            text = self.proxy.logs(stdout=True, stderr=False).decode(errors="replace")
+        with self._lock:
+            policy = self.policy
+        self._accept(audit.events_from_log(text, policy, self.run_id), self.store)
+
     def denial_summary(self) -> list[dict[str, Any]]:
         """What the agent tried to reach and was refused, grouped, most frequent first."""
         with self._lock:

@@ -27,8 +27,11 @@ LOG_TAG = "KAGURA1"
 READY_MARKER = "Accepting HTTP Socket connections"
 
 # Fields are separated by single spaces; the ones a client controls are URL-encoded (%#).
+# The last two (the proxy port the request came in on, the URL path) tell the model calls
+# through the injecting port apart (apply/modelcalls.py); lines without them still parse.
 LOG_FORMAT = (
     f"{LOG_TAG} %ts.%03tu %>a %#>rm %#>rs %#>rd %>rP %>Hs %Ss %>st %<st %<a %#{{kagura_reason}}note"
+    " %>lp %#>rp"
 )
 
 _IP_LITERAL_RES = (

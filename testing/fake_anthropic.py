@@ -1,0 +1,121 @@
+"""A fake Anthropic API in a container, for the proxy's credential injection.
+
+The run's proxy reaches it as a reverse proxy (membrane/egress/squid.Injection) over plain
+HTTP on a test network the proxy joins before squid starts (squid resolves and probes its
+peer at start). It answers every POST with a small JSON message and prints one line per
+request: ``KEYS <the x-api-key values as JSON> <path>``, so a test sees which key arrived.
+
+``FakeAnthropicRuntime`` is apply's Docker runtime with the run's injection pointed here
+instead of api.anthropic.com (nothing else changes): tests pass it to ``apply_plan``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from kagura_agent.apply.context import EgressSink
+from kagura_agent.apply.docker import DockerApplyRuntime
+from kagura_agent.clock import Clock
+from kagura_agent.membrane.egress.session import EgressSession
+from kagura_agent.membrane.egress.squid import Injection
+from kagura_agent.plan.model import Plan
+from kagura_agent.state import StateStore
+
+HOST = "api.anthropic.test"
+PORT = 8080
+SCRIPT = """
+import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        keys = self.headers.get_all("x-api-key") or []
+        print("KEYS", json.dumps(keys), self.path, flush=True)
+        out = json.dumps({"type": "message", "seen": len(body)}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(out)))
+        self.end_headers(); self.wfile.write(out)
+    def log_message(self, *args): pass
+print("ready", flush=True)
+http.server.ThreadingHTTPServer(("", 8080), H).serve_forever()
+"""
+
+
+@dataclass(frozen=True)
+class FakeAnthropic:
+    container: Any
+    network: str
+    address: str
+
+    def requests(self) -> list[str]:
+        """The ``KEYS ...`` line of every request it received, in order."""
+        text = self.container.logs().decode(errors="replace")
+        return [line for line in text.splitlines() if line.startswith("KEYS ")]
+
+
+@contextlib.contextmanager
+def fake_anthropic(client: Any, image: str, labels: dict[str, str]) -> Iterator[FakeAnthropic]:
+    """The fake API on its own network, ready; removed with its network on exit."""
+    network = client.networks.create(f"kagura-test-anthropic-{time.monotonic_ns()}", labels=labels)
+    container = None
+    try:
+        container = client.containers.run(
+            image, ["python3", "-c", SCRIPT], detach=True, labels=labels, network=network.name
+        )
+        container.reload()
+        address = container.attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
+        deadline = time.monotonic() + 15
+        while "ready" not in container.logs().decode():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the fake Anthropic API never printed ready")
+            time.sleep(0.05)
+        yield FakeAnthropic(container, network.name, address)
+    finally:
+        if container is not None:
+            container.remove(force=True)
+        network.remove()
+
+
+class FakeAnthropicRuntime(DockerApplyRuntime):
+    """apply's Docker runtime; a run's injection goes to ``fake`` (plain HTTP)."""
+
+    def __init__(self, fake: FakeAnthropic) -> None:
+        super().__init__()
+        self.fake = fake
+
+    def start_egress(
+        self,
+        plan: Plan,
+        run_id: str,
+        on_event: EgressSink,
+        *,
+        store: StateStore,
+        clock: Clock,
+        injection: Injection | None,
+        injection_secret: str | None,
+    ) -> EgressSession:
+        if injection is None:
+            return super().start_egress(
+                plan,
+                run_id,
+                on_event,
+                store=store,
+                clock=clock,
+                injection=None,
+                injection_secret=injection_secret,
+            )
+        return EgressSession.start(
+            self.client,
+            plan,
+            run_id,
+            on_event,
+            store=store,
+            clock=clock,
+            injection=Injection(host=HOST, port=PORT, tls=False, header=injection.header),
+            injection_secret=injection_secret,
+            extra_hosts={HOST: self.fake.address},
+            extra_networks=(self.fake.network,),
+            sweep=False,
+        )
