@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from apply_helpers import (
     cli_env,
     kagura,
@@ -16,6 +18,10 @@ from apply_helpers import (
     wait_for_run,
     write_task,
 )
+
+from kagura_agent.apply.parentdeath import PARENT_ENV, PARENT_ROOT_ENV
+from kagura_agent.apply.runs import root_locks
+from kagura_agent.errors import RefusedError
 
 
 def test_a_project_root_is_not_applied_twice_at_once(
@@ -58,4 +64,60 @@ def test_the_root_lock_holds_across_state_directories_and_paths(
     assert run_ids(other_state) == []  # the refused apply started nothing
     out, _ = first.communicate(timeout=120)
     assert first.returncode == 0, out
+    assert leftovers(docker_client, run_id) == []
+
+
+def test_a_root_inside_a_live_runs_root_is_refused_both_ways(tmp_path: Path) -> None:
+    """Nested roots exclude each other whichever starts first; siblings do not."""
+    outer = tmp_path / "outer"
+    (outer / "inner").mkdir(parents=True)
+    (outer / "sibling").mkdir()
+    held = root_locks(str(outer / "inner"), {})
+    try:
+        with pytest.raises(RefusedError, match="holds the project root of a run in progress"):
+            root_locks(str(outer), {})
+        for fd in root_locks(str(outer / "sibling"), {}):  # beside it: fine
+            os.close(fd)
+    finally:
+        for fd in held:
+            os.close(fd)
+    held = root_locks(str(outer), {})
+    try:
+        with pytest.raises(RefusedError, match=f"is inside {outer}, which another process"):
+            root_locks(str(outer / "inner"), {})
+        # A child its parent dispatched into its own root: the parent names that root.
+        child_env = {PARENT_ENV: "1", PARENT_ROOT_ENV: str(outer)}
+        for fd in root_locks(str(outer / "inner"), child_env):
+            os.close(fd)
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+def test_an_outer_run_cannot_forge_an_inner_runs_verify_evidence(
+    tmp_path: Path, state_dir: Path, docker_client: Any
+) -> None:
+    """Two operators' applies, one root inside the other. The inner run's step writes
+    "fail" where its verify looks; the outer agent overwrites it with "pass" while the
+    inner run is live. The outer run is refused: the inner verify reads its own result."""
+    outer = make_project(tmp_path, "outer")
+    inner = make_project(outer, "inner")
+    inner_task = write_task(
+        inner,
+        "inner",
+        {"steps": ["echo fail > result", "sleep 6"], "verify": ["grep -q pass result"]},
+    )
+    forge = "for i in $(seq 100); do [ -f inner/result ] && break; sleep 0.1; done; echo pass > inner/result"
+    outer_task = outer / "outer-task.yml"
+    write_task(outer, "outer", {"steps": [forge], "verify": ["true"]}).rename(outer_task)
+    first = spawn(["apply", "--yes", str(inner_task)], cli_env(state_dir))
+    run_id = wait_for_run(state_dir)
+    wait_for_container(docker_client, run_id)
+    other_state = tmp_path / "other-state"
+    second = kagura(["apply", "--yes", str(outer_task)], cli_env(other_state))
+    out, _ = first.communicate(timeout=120)
+    assert (inner / "result").read_text() == "fail\n", "the outer agent forged the evidence"
+    assert second.returncode == 6, second.stderr[-2000:]
+    assert "holds the project root of a run in progress" in second.stderr
+    assert first.returncode == 1, out  # its own evidence: verify fails
     assert leftovers(docker_client, run_id) == []

@@ -1023,3 +1023,40 @@ def test_a_reply_in_a_running_sessions_thread_reaches_its_brain_mid_run(
     (session,) = cockpit.sessions()
     assert session.state == "succeeded"
     assert leftovers(docker_client, session.run_id or "") == []
+
+
+@pytest.mark.docker
+def test_a_session_whose_root_is_inside_a_running_ones_is_queued(
+    cockpit_world: Any, docker_client: Any, state_dir: Path
+) -> None:
+    """apply refuses a root inside a live run's root (the outer agent could write in it);
+    the cockpit queues such a launch, as it does one on the same root, and both succeed."""
+    import yaml
+
+    transport, start, base, _ = cockpit_world
+    outer = make_project(base, "outer")
+    inner = make_project(outer, "inner")
+    tasks = []
+    for name, root in (("outer", outer), ("inner", inner)):
+        task = base / "tasks" / f"{name}.yml"
+        task.parent.mkdir(exist_ok=True)
+        document = {
+            "apiVersion": "kagura.dev/v1",
+            "kind": "Task",
+            "metadata": {"name": f"nested-{name}"},
+            "spec": {"project_root": str(root), "steps": ["sleep 2"], "verify": ["true"]},
+        }
+        task.write_text(yaml.safe_dump(document, sort_keys=False))
+        tasks.append(task)
+    cockpit = start()
+    for task in tasks:
+        transport.send(f"launch {task}")
+    transport.wait_for("(a project root inside the other's)")
+    deadline = time.monotonic() + 240
+    while True:
+        sessions = list(cockpit.registry.listing(closed=20))
+        if len(sessions) == 2 and all(s.state not in ("queued", "running") for s in sessions):
+            break
+        assert time.monotonic() < deadline, transport.text()
+        time.sleep(0.5)
+    assert sorted(s.state for s in sessions) == ["succeeded"] * 2, transport.text()

@@ -281,12 +281,14 @@ class ChildDispatcher:
         argv = [sys.executable, "-m", "kagura_agent", "apply", "--yes", "--json"]
         argv += ["--approvals-since", since, str(plan_path)]
         out, err = plan_path.with_suffix(".out"), plan_path.with_suffix(".err")
+        # The child's root lies inside ours: our lock on it is held for the child.
+        env = child_environment(parent_root=self.ctx.plan["task"]["project_root"])
         with out.open("wb") as stdout, err.open("wb") as stderr:
             # Its own session: the terminal's Ctrl-C reaches the parent, which stops it.
             # It stops with this process even when this one is killed with SIGKILL.
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                start_new_session=True, env=child_environment(),
+                start_new_session=True, env=env,
             )  # fmt: skip
         self._procs[record.number] = (proc, record, out)
         relay = _Relay(err, record, self.ctx.live.note)

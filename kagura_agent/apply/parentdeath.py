@@ -26,13 +26,19 @@ from collections.abc import Mapping
 from types import FrameType
 
 PARENT_ENV = "KAGURA_AGENT_PARENT_PID"
+# The parent's project root: the child's root lies inside it on purpose (apply/runs.py
+# root_locks leaves that one folder to the parent's lock).
+PARENT_ROOT_ENV = "KAGURA_AGENT_PARENT_ROOT"
 _PR_SET_PDEATHSIG = 1
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
 
 
-def child_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The environment for a child apply: this process is the parent to follow."""
-    return {**environ, PARENT_ENV: str(os.getpid())}
+def child_environment(
+    environ: Mapping[str, str] = os.environ, *, parent_root: str = ""
+) -> dict[str, str]:
+    """The environment for a child apply: this process is the parent to follow, and
+    ``parent_root`` (when given) the project root it holds locked for the child."""
+    return {**environ, PARENT_ENV: str(os.getpid()), PARENT_ROOT_ENV: parent_root}
 
 
 def take_back_sigint() -> bool:

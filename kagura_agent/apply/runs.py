@@ -13,12 +13,13 @@ import fcntl
 import hashlib
 import os
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from kagura_agent.apply.context import ApplyRuntime
 from kagura_agent.apply.gitlinks import check_gitlinks
+from kagura_agent.apply.parentdeath import PARENT_ENV, PARENT_ROOT_ENV
 from kagura_agent.apply.setid import SetidReport, clear_setid, ctime_floor
 from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import RefusedError
@@ -152,7 +153,7 @@ def apply_lock(plan: Plan) -> Iterator[None]:
     root = os.path.realpath(plan["task"]["project_root"])
     handles: list[Any] = []
     try:
-        handles.append(_lock_root(root))
+        handles += root_locks(root)
         session = plan["task"]["session"]
         if session:
             handles.append(_lock_file("session", session))
@@ -165,6 +166,55 @@ def apply_lock(plan: Plan) -> Iterator[None]:
                 handle.close()
 
 
+def root_locks(root: str, environ: Mapping[str, str] = os.environ) -> list[int]:
+    """Lock ``root`` exclusively and every folder above it shared; the descriptors held.
+
+    One run's agent writes anything under its root, so a run whose root lies inside a
+    live run's root is no run of its own: the outer agent could rewrite its files while
+    it works, forge the evidence its verify reads, or plant what its host checks trust.
+    The shared locks make the nesting exclusive both ways (an outer root's exclusive lock
+    and an inner run's shared lock on it conflict) while siblings under one folder, which
+    only share locks, run side by side. A folder that cannot be opened is not locked.
+    A dispatched child is the exception its parent names (``PARENT_ROOT_ENV``): its root
+    lies inside the parent's on purpose, and the parent waits for it.
+    """
+    held = [_lock_root(root)]
+    parent = environ.get(PARENT_ROOT_ENV, "") if environ.get(PARENT_ENV) else ""
+    parent_root = os.path.realpath(parent) if parent else None
+    try:
+        folder = os.path.dirname(root)
+        while True:
+            if folder != parent_root:
+                fd = _lock_ancestor(folder, root)
+                if fd is not None:
+                    held.append(fd)
+            if folder == os.path.dirname(folder):
+                break
+            folder = os.path.dirname(folder)
+    except BaseException:
+        for fd in held:
+            os.close(fd)
+        raise
+    return held
+
+
+def _lock_ancestor(folder: str, root: str) -> int | None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        os.close(fd)
+        raise RefusedError(
+            f"project root {root} is inside {folder}, which another process is applying to:"
+            " that run's agent can write anywhere in it, this run's files too",
+            hint="wait for that run to finish, or give this task a root outside it",
+        ) from exc
+    return fd
+
+
 def _lock_root(root: str) -> int:
     try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -175,8 +225,9 @@ def _lock_root(root: str) -> int:
     except BlockingIOError as exc:
         os.close(fd)
         raise RefusedError(
-            f"project root {root} is already being applied by another process"
-            " (the lock is on the directory itself: any state directory, any user)",
+            f"project root {root} is already being applied by another process, or holds"
+            " the project root of a run in progress (the lock is on the directory itself:"
+            " any state directory, any user)",
             hint="wait for that run to finish, or stop it",
         ) from exc
     return fd

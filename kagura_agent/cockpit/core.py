@@ -56,7 +56,7 @@ from kagura_agent.manifest.adhoc import write_adhoc_task
 from kagura_agent.manifest.workspace import load_workspace
 from kagura_agent.membrane.hardening import LABEL_RUN
 from kagura_agent.membrane.runtime import connect
-from kagura_agent.paths import state_dir
+from kagura_agent.paths import state_dir, under
 from kagura_agent.plan import planfile
 from kagura_agent.plan.build import plan_tasks
 from kagura_agent.plan.model import Plan
@@ -579,10 +579,15 @@ class Cockpit:
             self._run(session)
             return
         self.registry.update(session.id, state="queued")
-        same = "project root" if blocker.root == session.root else "brain session"
+        if blocker.root == session.root:
+            same = "the same project root"
+        elif blocker.brain_session and blocker.brain_session == session.brain_session:
+            same = "the same brain session"
+        else:
+            same = "a project root inside the other's"
         self._say(
             session.thread,
-            f"session {session.id}: queued behind {blocker.id} (the same {same}); it starts"
+            f"session {session.id}: queued behind {blocker.id} ({same}); it starts"
             f" when that one ends (`kill {session.id}` drops it)",
         )
 
@@ -945,10 +950,10 @@ def _channel(thread: str) -> str:
 
 
 def _conflict(a: Session, b: Session) -> bool:
-    """Whether two sessions' applies would fight over apply's locks."""
-    return bool(
-        (a.root and a.root == b.root) or (a.brain_session and a.brain_session == b.brain_session)
-    )
+    """Whether two sessions' applies would fight over apply's locks: the same brain
+    session, or project roots one inside the other (apply/runs.py ``root_locks``)."""
+    nested = bool(a.root and b.root and (under(a.root, b.root) or under(b.root, a.root)))
+    return nested or bool(a.brain_session and a.brain_session == b.brain_session)
 
 
 def _with_keys(session: Session) -> Session:
