@@ -7,6 +7,9 @@ From inside a real container the step writes 3 GiB into the project root; with a
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -70,6 +73,54 @@ def test_empty_files_count_against_the_budget(tmp_path: Path) -> None:
     assert "past its disk budget of 1 MiB" in reason
 
 
+def test_a_deleted_file_held_open_counts_against_the_budget(tmp_path: Path) -> None:
+    """Written after its name is gone, a file is in no folder the scan walks, yet its blocks
+    stay taken while a process of the run holds it."""
+    fired: list[str] = []
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_DELETED, str(tmp_path / "gone"), str(8 * 1024**2)],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
+        watch = DiskWatch(
+            tmp_path,
+            1024**2,
+            fired.append,
+            poll_seconds=0.01,
+            scan_seconds=0.01,
+            holders=lambda: [holder.pid],
+        )
+        watch.start()
+        try:
+            os.kill(holder.pid, signal.SIGUSR1)  # now write
+            deadline = time.monotonic() + 10
+            while not fired and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            watch.stop()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (tmp_path / "gone").exists()
+    [reason] = fired
+    assert "past its disk budget of 1 MiB" in reason
+
+
+# Opens PATH, deletes it, says ready; on SIGUSR1 writes SIZE bytes to it and holds it.
+HOLD_DELETED = """
+import os, signal, sys, time
+path, size = sys.argv[1], int(sys.argv[2])
+f = open(path, "wb"); os.unlink(path)
+go = []
+signal.signal(signal.SIGUSR1, lambda *a: go.append(1))
+print("ready", flush=True)
+while not go: time.sleep(0.01)
+f.write(os.urandom(size)); f.flush(); os.fsync(f.fileno())
+time.sleep(60)
+"""
+
+
 def _stopped_at_the_budget(
     docker_client: Any, tmp_path: Path, state_dir: Path, name: str, spec: dict[str, Any]
 ) -> None:
@@ -128,5 +179,33 @@ def test_creating_empty_files_without_end_is_stopped_at_the_budget(
     assert done.returncode == 1, done.stderr[-3000:]
     assert "past its disk budget of 64 MiB" in done.stderr, done.stderr[-3000:]
     assert 16_384 <= created < 400_000, created
+    [run_id] = run_ids(state_dir)
+    assert leftovers(docker_client, run_id) == []
+
+
+@pytest.mark.docker
+def test_writing_to_a_deleted_file_is_stopped_at_the_budget(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    """The step deletes its file, then writes 3 GiB to it and holds it open: the tree stays
+    empty while the host's disk fills. It is stopped near the budget all the same."""
+    write = (
+        "import os, time\nf = open('big', 'wb')\nos.unlink('big')\nblock = bytes(1 << 20)\n"
+        "for _ in range(3072): f.write(block)\nf.flush()\nos.fsync(f.fileno())\ntime.sleep(30)"
+    )
+    manifests = manifest_set(tmp_path)
+    project = make_project(tmp_path)
+    spec = {
+        "budget": {"disk": "64m", "wall_time": "5m"},
+        "steps": [f'python3 -c "{write}"', "true"],
+        "verify": ["true"],
+    }
+    task = write_task(project, "deleted-hog", spec)
+    started = time.monotonic()
+    done = kagura(["apply", "--yes", "--manifests", str(manifests), str(task)], cli_env(state_dir))
+    print(f"ended in {time.monotonic() - started:.1f}s")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "past its disk budget of 64 MiB" in done.stderr, done.stderr[-3000:]
+    assert time.monotonic() - started < 25, "stopped near the budget, not at the step's end"
     [run_id] = run_ids(state_dir)
     assert leftovers(docker_client, run_id) == []

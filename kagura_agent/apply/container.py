@@ -42,6 +42,7 @@ from kagura_agent.membrane.hardening import LABEL_ROLE, LABEL_RUN
 from kagura_agent.membrane.leases import Lease
 from kagura_agent.membrane.placeholders import held_absent
 from kagura_agent.plan.injection import PLACEHOLDER, injected_provider
+from kagura_agent.processes import namespace_processes
 
 Denials = list[dict[str, object]]
 T = TypeVar("T")
@@ -330,8 +331,19 @@ def _watch_disk(ctx: RunContext, runtime: ApplyRuntime, containers: list[str]) -
     def over(reason: str) -> None:
         _stop_now(runtime, list(containers), ctx.live, reason)
 
+    def holders() -> list[int]:
+        """Every process of the run's containers (a deleted file they hold counts)."""
+        pids: list[int] = []
+        for container_id in list(containers):
+            try:
+                init = runtime.state(container_id).pid
+            except KaguraError:
+                continue
+            pids += list(namespace_processes(init) or {}) if init else []
+        return pids
+
     budget = ctx.plan["budget"]["disk_bytes"]
-    return DiskWatch(ctx.plan["task"]["project_root"], budget, over).start()
+    return DiskWatch(ctx.plan["task"]["project_root"], budget, over, holders=holders).start()
 
 
 def _close_egress(egress: EgressRun, denials: Denials, live: LiveView) -> None:

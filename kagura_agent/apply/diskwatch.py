@@ -15,14 +15,24 @@ tree's measure and in the file system's (its used inodes count as blocks): an em
 allocates no data block but takes an inode, and a host's inodes run out long before its
 bytes do (ext4 makes one per 16 KiB), so a run creating millions of empty files would
 otherwise exhaust the host's file system while staying at zero bytes.
+
+A file the run deleted while a process of its containers still holds it open (or mapped)
+keeps its blocks, but is in no folder the scan walks: written that way, a run could fill
+the host's disk for as long as it lives while the tree stays empty. So the measure also
+counts the deleted files on the root's device that the containers' processes hold (their
+``/proc/PID/fd`` and ``/proc/PID/map_files``, which the host can read as root or as the
+agent's user; each inode once). A descriptor parked in flight on a Unix socket (sent with
+SCM_RIGHTS and never received) belongs to no process and is not seen: see
+docs/membrane.md.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from kagura_agent.units import format_size
@@ -56,6 +66,33 @@ def tree_bytes(root: str | Path) -> int:
     return total
 
 
+def held_deleted_bytes(pids: Iterable[int], device: int, block: int = 4096) -> int:
+    """Bytes of deleted regular files on ``device`` that processes ``pids`` hold open or
+    mapped (at least one block each, each inode once)."""
+    seen: set[int] = set()
+    total = 0
+    for pid in pids:
+        for folder in (f"/proc/{pid}/fd", f"/proc/{pid}/map_files"):
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue  # ended, or not ours to read
+            for name in names:
+                try:
+                    info = os.stat(f"{folder}/{name}")
+                except OSError:
+                    continue
+                if (
+                    info.st_nlink == 0
+                    and info.st_dev == device
+                    and stat.S_ISREG(info.st_mode)
+                    and info.st_ino not in seen
+                ):
+                    seen.add(info.st_ino)
+                    total += max(info.st_blocks * 512, block)
+    return total
+
+
 def _block_size(root: str | Path) -> int:
     return os.statvfs(root).f_frsize or 4096
 
@@ -79,8 +116,12 @@ class DiskWatch:
         *,
         poll_seconds: float = POLL_SECONDS,
         scan_seconds: float = SCAN_SECONDS,
+        holders: Callable[[], Iterable[int]] = tuple,
     ) -> None:
+        """``holders``: the host pids of every process in the run's containers now (read
+        only when the file system has grown past the budget)."""
         self.root = str(root)
+        self.holders = holders
         self.budget = budget
         self.on_over = on_over
         self.poll_seconds = poll_seconds
@@ -104,6 +145,13 @@ class DiskWatch:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
+    def _held(self) -> int:
+        try:
+            device, block = os.lstat(self.root).st_dev, _block_size(self.root)
+            return held_deleted_bytes(self.holders(), device, block)
+        except OSError:
+            return 0
+
     def _loop(self) -> None:
         last_scan = 0.0
         while not self._stop.is_set():
@@ -114,7 +162,7 @@ class DiskWatch:
             now = time.monotonic()
             if grown_fs > self.budget and now - last_scan >= self.scan_seconds:
                 last_scan = now
-                grown = tree_bytes(self.root) - self._root_start
+                grown = tree_bytes(self.root) - self._root_start + self._held()
                 self.peak = max(self.peak, grown)
                 if grown > self.budget:
                     self.exceeded = (
