@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import os
 import secrets
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -60,6 +61,12 @@ MIGRATIONS = [
     ALTER TABLE runs ADD COLUMN turns INTEGER;
     ALTER TABLE runs ADD COLUMN model_calls INTEGER;
     """,
+    # When the run could start writing its root, and when it could no longer (ns, host
+    # clock): what it may have written is judged by ctime against them (written.py).
+    """
+    ALTER TABLE runs ADD COLUMN opened_ns BIGINT;
+    ALTER TABLE runs ADD COLUMN closed_ns BIGINT;
+    """,
 ]
 
 
@@ -74,7 +81,8 @@ def open_run(store: StateStore, plan: Plan, run_id: str, clock: Clock) -> int:
     with store.transaction() as conn:
         conn.execute(
             "INSERT INTO runs(run_id, task, session, fingerprint, pid, pid_start, started_at,"
-            " host, project_root, setid_since) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " host, project_root, setid_since, opened_ns)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 run_id,
                 plan["task"]["name"],
@@ -86,6 +94,7 @@ def open_run(store: StateStore, plan: Plan, run_id: str, clock: Clock) -> int:
                 this_host(),
                 os.path.realpath(plan["task"]["project_root"]),
                 since,
+                time.time_ns(),
             ),
         )
     return since
@@ -104,8 +113,8 @@ def close_run(
     with store.transaction() as conn:
         conn.execute(
             "UPDATE runs SET ended_at = ?, outcome = ?, exit_code = ?, turns = ?,"
-            " model_calls = ? WHERE run_id = ?",
-            (iso(clock.now()), outcome, exit_code, turns, model_calls, run_id),
+            " model_calls = ?, closed_ns = ? WHERE run_id = ?",
+            (iso(clock.now()), outcome, exit_code, turns, model_calls, time.time_ns(), run_id),
         )
 
 

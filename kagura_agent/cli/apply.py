@@ -98,7 +98,7 @@ def add_apply_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kagura_agent.apply.freshness import localize
+    from kagura_agent.apply.freshness import localize, refuse_agent_written
     from kagura_agent.apply.parentdeath import stop_with_parent, take_back_sigint
     from kagura_agent.plan import planfile
 
@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         return queue(args, target)
     if target.suffix == ".json":
         local = localize(planfile.load(target), log=_say)
+        refuse_agent_written(target, local)
         for change in local.changes:
             _say(f"differs on this host (no capability changes): {change.render()}")
         options = apply_options(args, accept_since=args.approvals_since)
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
 def queue(args: argparse.Namespace, target: Path) -> int:
     """``apply --queue PLAN.json``: check the saved plan is fresh, then queue it."""
-    from kagura_agent.apply.freshness import check_saved_plan_fresh
+    from kagura_agent.apply.freshness import check_saved_plan_fresh, refuse_agent_written
     from kagura_agent.approvals.asking import operator_name
     from kagura_agent.cli.common import print_json
     from kagura_agent.errors import UsageError
@@ -145,7 +146,7 @@ def queue(args: argparse.Namespace, target: Path) -> int:
             hint=f"kagura-agent plan {target} -o plan.json, then apply --queue plan.json",
         )
     plan = planfile.load(target)
-    check_saved_plan_fresh(plan)
+    refuse_agent_written(target, check_saved_plan_fresh(plan))
     queued = enqueue_plan(
         queue_url(args.queue_url),
         plan,

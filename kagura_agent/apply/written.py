@@ -1,0 +1,102 @@
+"""Was a file the host is about to trust written while an agent could write it?
+
+A saved plan names what it is re-planned from — its manifest folder and task file — so
+whoever wrote the plan file chose the authority ``apply PLAN.json`` runs under. An agent
+writes anything under its project root, for as long as its run lasts; after that nothing
+of it survives (its containers are gone). The kernel's ctime of a file is set on every
+change and cannot be set back by an unprivileged writer, so a file whose ctime falls
+inside a run's window, under that run's project root, may be the agent's work:
+
+    window = [the run's opening, its closing)       (still open: until now)
+
+Both are the host clock when the runs row was opened and closed; the agent's container
+starts well after the one and is gone before the other. (A row from before they were
+recorded: whole seconds, from its ``setid_since`` floor to ``ended_at`` + 1 s.)
+
+An input the run held read-only (its task file, ``.git``, the manifest folder) keeps its
+ctime, so the operator's own layout passes; a change the operator makes after the run
+ended is theirs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kagura_agent.apply.runs import MIGRATIONS
+from kagura_agent.apply.setid import CTIME_SLACK
+from kagura_agent.clock import parse_iso
+from kagura_agent.paths import under
+from kagura_agent.state import StateStore
+
+
+@dataclass(frozen=True)
+class Written:
+    """``path`` changed while run ``run_id`` had it under its writable ``project_root``."""
+
+    path: str
+    run_id: str
+    project_root: str
+
+    def render(self) -> str:
+        return f"{self.path} (changed while run {self.run_id} could write {self.project_root})"
+
+
+def written_during_runs(store: StateStore, paths: Iterable[str]) -> list[Written]:
+    """Each of ``paths`` (and where a symlink among them leads) that changed during a run
+    recorded in ``store`` whose project root holds it; missing paths are skipped."""
+    store.migrate("runs", MIGRATIONS)
+    runs = [
+        (row["run_id"], row["project_root"], *_window(row))
+        for row in store.conn.execute(
+            "SELECT run_id, project_root, setid_since, ended_at, opened_ns, closed_ns FROM runs"
+            " WHERE project_root IS NOT NULL AND setid_since IS NOT NULL"
+        )
+    ]
+    found: list[Written] = []
+    for path in dict.fromkeys(paths):
+        for where, ctime in _ctimes(path):
+            hit = next(
+                (
+                    Written(path, run_id, root)
+                    for run_id, root, start, end in runs
+                    if under(where, root) and start <= ctime < end
+                ),
+                None,
+            )
+            if hit is not None:
+                found.append(hit)
+                break
+    return found
+
+
+def _window(row: Any) -> tuple[float, float]:
+    """[start, end) of the time the run's agent could write its root, in seconds."""
+    if row["opened_ns"] is not None:
+        start = row["opened_ns"] / 1e9
+    else:
+        start = float(row["setid_since"] + CTIME_SLACK)  # int(time.time()) at opening
+    if row["closed_ns"] is not None:
+        end = row["closed_ns"] / 1e9
+    elif row["ended_at"] is not None:
+        # ended_at is whole seconds (clock.iso): the run really ended within the next one.
+        end = parse_iso(row["ended_at"]).timestamp() + 1
+    else:
+        end = math.inf
+    return start, end
+
+
+def _ctimes(path: str) -> list[tuple[str, float]]:
+    """(absolute path, ctime) of ``path`` itself (a symlink is a change too) and of the
+    file it resolves to."""
+    found = []
+    for where, follow in ((os.path.abspath(path), False), (os.path.realpath(path), True)):
+        try:
+            info = os.stat(where) if follow else os.lstat(where)
+        except OSError:
+            continue
+        found.append((where, info.st_ctime))
+    return found
