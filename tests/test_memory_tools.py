@@ -227,3 +227,48 @@ def test_the_sdk_brain_explores_and_links_in_a_real_run(
         assert store.get(tip.id).untrusted  # type: ignore[union-attr]
     finally:
         store.close()
+
+
+# A step that stores 600 notes of 16 KiB (9.4 MiB) through the memory socket, as fast as
+# the host answers; it writes how many the host took and the last refusal.
+FLOOD_MEMORY = """
+import json, os, socket
+taken, refusal = 0, ''
+for i in range(600):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(os.environ['KAGURA_MEMORY_SOCKET'])
+        s.sendall((json.dumps({'op': 'remember', 'text': f'{i} ' + 'x' * 16384}) + '\\n').encode())
+        data = b''
+        while chunk := s.recv(65536):
+            data += chunk
+    reply = json.loads(data)
+    if reply.get('ok'):
+        taken += 1
+    else:
+        refusal = reply.get('error', '')
+open('taken.json', 'w').write(json.dumps({'taken': taken, 'refusal': refusal}))
+"""
+
+
+def test_a_run_cannot_flood_the_hosts_memory_store(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    """Every note lands in the operator's memory store on the host and stays after the run,
+    outside any disk budget: a run may store 4 MiB (500 writes) in all, then is refused."""
+    manifests = manifest_set(tmp_path)
+    project = make_project(tmp_path)
+    (project / "flood.py").write_text(FLOOD_MEMORY)
+    task = write_task(project, "flood", {"steps": ["python3 flood.py"], "verify": ["true"]})
+    done = kagura(["apply", "--yes", "--manifests", str(manifests), str(task)], cli_env(state_dir))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((project / "taken.json").read_text())
+    assert result["taken"] <= 256, result["taken"]  # 4 MiB of 16 KiB notes
+    assert "this run has stored what it may in memory" in result["refusal"]
+    store = SqliteMemoryStore(state_dir / "memory.db")
+    try:
+        stored = store.count()
+    finally:
+        store.close()
+    assert stored <= 256, stored
+    [run_id] = run_ids(state_dir)
+    assert leftovers(docker_client, run_id) == []

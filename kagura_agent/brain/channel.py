@@ -89,6 +89,11 @@ class ChannelLimits:
     ack_timeout_seconds: float = 10.0
     max_memory_requests: int = 4
     max_memory_text: int = 64 * 1024
+    # What one run may store in the host's memory (remember and link), in all: each write
+    # lands in the operator's memory store on the host and stays there after the run, in
+    # no disk budget of the run's.
+    max_memory_writes: int = 500
+    max_memory_write_bytes: int = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,8 @@ class BrainChannel:
         self._acks: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
         self._write_lock = asyncio.Lock()
         self._memory_slots = asyncio.Semaphore(self.limits.max_memory_requests)
+        self._memory_writes = 0
+        self._memory_write_bytes = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._reader: asyncio.Task[None] | None = None
         self._eof = asyncio.Event()
@@ -488,7 +495,9 @@ class BrainChannel:
                 raise _Refused(f"remember needs text of 1..{cap} characters")
             if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
                 raise _Refused("remember tags must be a list of strings")
-            return await self.memory.remember(text, tags[:16])
+            tags = tags[:16]
+            self._count_write(len(text.encode()) + sum(len(t.encode()) for t in tags))
+            return await self.memory.remember(text, tags)
         if op == "get":
             memory_id = req.get("id")
             if not isinstance(memory_id, str) or not memory_id or len(memory_id) > 256:
@@ -508,8 +517,23 @@ class BrainChannel:
                     raise _Refused("link needs a source and a target memory id")
             if not isinstance(kind, str) or len(kind) > 64:
                 raise _Refused("link needs an edge type")
+            self._count_write(len(str(source)) + len(str(target)) + len(kind))
             return await self.memory.link(str(source), str(target), kind)
         raise _Refused(f"unknown memory op {op!r}")
+
+    def _count_write(self, size: int) -> None:
+        """Count one memory write against the run's limits, or refuse it."""
+        limits = self.limits
+        if (
+            self._memory_writes + 1 > limits.max_memory_writes
+            or self._memory_write_bytes + size > limits.max_memory_write_bytes
+        ):
+            raise _Refused(
+                f"this run has stored what it may in memory ({limits.max_memory_writes}"
+                f" writes, {limits.max_memory_write_bytes // 1024} KiB)"
+            )
+        self._memory_writes += 1
+        self._memory_write_bytes += size
 
 
 class _Refused(Exception):
