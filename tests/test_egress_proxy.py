@@ -20,6 +20,7 @@ from kagura_agent.membrane.egress.owner import LABEL_COMPONENT
 from kagura_agent.membrane.egress.session import EgressSession
 from kagura_agent.state import StateStore
 from testing.egress_images import ensure_egress_images, start_forwarder
+from testing.fake_anthropic import SCRIPT as FAKE_ANTHROPIC_SCRIPT
 
 pytestmark = pytest.mark.docker
 
@@ -522,21 +523,6 @@ def test_no_route_but_the_proxy_host_listeners_are_unreachable(world: World) -> 
     assert code == 0 and _status(out) == "200", out
 
 
-# A fake Anthropic API: records every request's x-api-key and answers with JSON.
-FAKE_ANTHROPIC = """
-import http.server, json, sys
-class H(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        keys = self.headers.get_all("x-api-key") or []
-        print("KEYS", json.dumps(keys), self.path, flush=True)
-        out = json.dumps({"type": "message", "seen": len(body)}).encode()
-        self.send_response(200); self.send_header("Content-Length", str(len(out)))
-        self.end_headers(); self.wfile.write(out)
-    def log_message(self, *args): pass
-print("ready", flush=True)
-http.server.ThreadingHTTPServer(("", 8080), H).serve_forever()
-"""
 CANARY_KEY = "sk-ant-canary-" + "Q7" * 20
 
 
@@ -556,7 +542,7 @@ def test_the_anthropic_key_is_injected_at_the_proxy_and_never_in_the_agent(
     try:
         upstream = docker_client.containers.run(
             egress_images["base"],
-            ["python3", "-c", FAKE_ANTHROPIC],
+            ["python3", "-c", FAKE_ANTHROPIC_SCRIPT],
             detach=True,
             labels=TEST_LABEL,
             network=side.name,
@@ -604,6 +590,31 @@ def test_the_anthropic_key_is_injected_at_the_proxy_and_never_in_the_agent(
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert f'KEYS ["{CANARY_KEY}"] /v1/messages' in upstream.logs().decode()
+        # The key goes with the Messages API's two calls only: no other path, no other
+        # method (a batch is many calls in one; files and batches are the organisation's).
+        for method, path, passes in (
+            ("POST", "/v1/messages?beta=true", True),
+            ("POST", "/v1/messages/count_tokens", True),
+            ("GET", "/v1/messages", False),
+            ("GET", "/v1/models", False),
+            ("POST", "/v1/messages/batches", False),
+            ("POST", "/v1/files", False),
+            ("POST", "/v1/messages/../files", False),
+            ("POST", "/api/event_logging/batch", False),
+        ):
+            before = upstream.logs().decode().count("KEYS")
+            body = ' -d "{}"' if method == "POST" else ""
+            probe = (
+                f"curl -sS --path-as-is --max-time 10 -X {method}{body}"
+                f' -o /dev/null -w "%{{http_code}}" "$ANTHROPIC_BASE_URL{path}"'
+            )
+            code = agent.exec_run(["sh", "-c", probe]).output.decode()
+            if passes:
+                _wait_log(upstream, f"KEYS {json.dumps([CANARY_KEY])} {path}")
+            else:
+                time.sleep(0.2)
+            reached = upstream.logs().decode().count("KEYS") - before
+            assert (code, reached) == (("200", 1) if passes else ("403", 0)), (method, path)
         # The injecting port is no way elsewhere: a CONNECT through it, or an absolute URI
         # naming another host, never opens a tunnel or reaches another host with the key.
         seen_before = upstream.logs().decode().count("KEYS")

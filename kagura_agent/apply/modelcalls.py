@@ -15,10 +15,11 @@ One model call is one log line that is all of:
 - squid connected to the upstream for it (the upstream's address is logged): a request
   squid refused or could not deliver reached no model and cost nothing;
 - not ``/v1/messages/count_tokens`` (free of charge), the path compared exactly after
-  the query is dropped: any other path counts, whatever it names.
+  the query is dropped: any other path counts, whatever it names (squid passes no other
+  path on that port: squid.MODEL_CALL_PATH; this holds should one pass).
 
 A line is written when the request ends, so a long streamed answer is counted when it is
-complete. A request that carries many model calls in one (a message batch) counts once.
+complete.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 What trips (the plan's ``tripwires``, knobs in the operator's Graduation manifest):
 
-- a burst of denied egress: ``denied_egress`` denials within ``window_seconds``;
+- a burst of denied egress: ``denied_egress`` denials within ``window_seconds`` (the
+  injecting port's refusals of what is not a model call do not count: QUIET_DENIALS);
 - the canary (``canary_file``): a decoy credentials file apply plants in the agent's home
   with a per-run value; opening or reading it, or the value showing up in the egress log
   or the brain's output, trips;
@@ -42,6 +43,9 @@ CREDS_DIR = "/run/kagura/creds"
 # How long the decoys are watched after the wipe, before the agent's container stops.
 CREDS_WATCH_SECONDS = 0.5
 _ALPHABET = string.ascii_letters + string.digits
+# Denials that are no sign of a hijack: the injecting port refusing what is not a model
+# call (the Claude CLI sends its own telemetry to its API base URL).
+QUIET_DENIALS = frozenset({"not-model-call"})
 
 
 class Tripwire:
@@ -91,6 +95,8 @@ class Tripwire:
         self.scan("the egress log", event)
         with self._lock:
             if event.get("decision") != "deny" or self.reason is not None:
+                return
+            if event.get("reason") in QUIET_DENIALS:
                 return
             now = self.clock()
             self._denials.append(now)

@@ -42,7 +42,11 @@ _IP_LITERAL_RES = (
 _CONTROL = re.compile(r"[^\x20-\x7e\n\t]")
 _TOKEN = re.compile(r"[A-Za-z0-9._~+/=:-]{1,4096}")
 _HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")
-_REASONS = ("client", "ip-literal", "private-address", "not-allowed")
+_REASONS = ("client", "ip-literal", "private-address", "not-allowed", "not-model-call")
+# What the injecting port passes: the Messages API's two calls, as Claude Code needs of a
+# gateway (a query allowed). Nothing else gets the key: not a batch (many calls in one
+# request, counted once), not the organisation's files or batches, not telemetry.
+MODEL_CALL_PATH = r"^/v1/messages(/count_tokens)?(\?.*)?$"
 
 _HEADER = """\
 # Rendered by kagura-agent from the launch plan's egress section; do not edit.
@@ -126,6 +130,10 @@ def _injection_lines(injection: Injection) -> list[str]:
         "never_direct allow via_inject",
         f"request_header_access {injection.header} deny via_inject",
         f"include {INJECT_INCLUDE}",
+        f"acl model_call_path urlpath_regex {MODEL_CALL_PATH}",
+        "acl model_call_method method POST",
+        "http_access deny via_inject !model_call_method why_not_model_call",
+        "http_access deny via_inject !model_call_path why_not_model_call",
         "http_access allow agents via_inject",
     ]
 
