@@ -92,3 +92,25 @@ def test_after_kill_9_the_next_apply_clears_the_dead_runs_root(
     assert _left(first) == []
     assert "cleared setuid/setgid on 4 file(s): " in done.stderr
     assert run_row(state_dir, dead)["outcome"] == "crashed"
+
+
+def test_write_for_others_the_agent_sets_is_cleared_on_the_host(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    """``chmod -R 777`` from inside the container: on the host any local user could then
+    rewrite the script the operator runs next. Write for others is cleared, group kept."""
+    manifests = manifest_set(tmp_path)
+    project = make_project(tmp_path)
+    step = "printf 'echo hi' > run.sh && mkdir -p lib && touch lib/a && (chmod -R 777 . || true)"
+    task = write_task(project, "world-write", {"steps": [step], "verify": ["true"]})
+    done = kagura(["apply", "--yes", "--manifests", str(manifests), str(task)], cli_env(state_dir))
+    assert done.returncode == 0, done.stderr
+    assert (project / "run.sh").exists()  # the step ran
+    writable = [
+        str(p.relative_to(project))
+        for p in [project, *project.rglob("*")]
+        if p.lstat().st_mode & stat.S_IWOTH and not p.is_symlink()
+    ]
+    assert writable == []
+    assert stat.S_IMODE((project / "run.sh").stat().st_mode) == 0o775
+    assert "cleared write for others on " in done.stderr

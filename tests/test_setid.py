@@ -39,6 +39,27 @@ def _dir(path: Path, mode: int) -> Path:
     return path
 
 
+def test_clears_write_for_others_keeps_group_write(tmp_path: Path) -> None:
+    """``chmod -R 777`` by the agent would let any local user rewrite what the operator
+    runs next; write for others comes off what the run changed, group write stays."""
+    root = _dir(tmp_path / "root", 0o755)
+    since = ctime_floor()
+    root.chmod(0o777)
+    _file(root / "run.sh", 0o777)
+    _dir(root / "shared", 0o1777)
+    _file(root / "shared" / "team", 0o664)
+    # Changed before the run started (a bound in the future): left as it is.
+    assert clear_setid(str(root), since + 3600).world_writable == ()
+    assert _mode(root / "run.sh") == 0o777
+    report = clear_setid(str(root), since)
+    assert sorted(report.world_writable) == [".", "run.sh", "shared"]
+    assert _mode(root) == 0o775 and _mode(root / "run.sh") == 0o775
+    assert _mode(root / "shared") == 0o1775 and _mode(root / "shared" / "team") == 0o664
+    assert report.cleared == ()
+    [line] = report.summary()
+    assert line.startswith("cleared write for others on 3 entries: ")
+
+
 def test_clears_setuid_setgid_files_and_setuid_dirs_keeps_setgid_dirs(tmp_path: Path) -> None:
     root = _dir(tmp_path / "root", 0o755)
     since = ctime_floor()

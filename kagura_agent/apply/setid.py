@@ -12,6 +12,12 @@ A setgid directory is left alone: executing it grants nothing, it only makes new
 inherit its group, and ``mkdir`` copies it from the parent, so every directory the agent
 makes in a shared-group folder of the operator carries it legitimately.
 
+The same walk takes the write bit for others (``o+w``) off every regular file and
+directory the run changed: ``chmod -R 777`` from the agent would otherwise let any local
+user of the host rewrite the operator's project — a script, a Makefile, a hook — that the
+operator then runs. Group write is left alone (the group is the operator's own, and a
+shared-group folder means it).
+
 The walk holds a directory fd per level and never follows a symlink: each entry is
 ``lstat``-ed through its directory's fd, opened ``O_NOFOLLOW`` relative to that fd, and
 changed with ``fchmod`` only when the open file is the inode that was ``lstat``-ed (same
@@ -40,6 +46,8 @@ SHOWN = 5
 
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _SET_ID = stat.S_ISUID | stat.S_ISGID
+_FILE_BITS = _SET_ID | stat.S_IWOTH  # cleared on a regular file the run changed
+_DIR_BITS = stat.S_ISUID | stat.S_IWOTH  # on a directory (setgid kept: see above)
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,7 @@ class SetidReport:
     problems: tuple[str, ...] = ()
     scanned: int = 0
     truncated: bool = False
+    world_writable: tuple[str, ...] = ()  # entries whose write bit for others was cleared
 
     def summary(self) -> list[str]:
         """Lines for the live view (empty when there is nothing to say)."""
@@ -57,6 +66,12 @@ class SetidReport:
         if self.cleared:
             lines.append(
                 f"cleared setuid/setgid on {len(self.cleared)} file(s): {_names(self.cleared)}"
+            )
+        if self.world_writable:
+            lines.append(
+                f"cleared write for others on {len(self.world_writable)} entr"
+                f"{'y' if len(self.world_writable) == 1 else 'ies'}:"
+                f" {_names(self.world_writable)}"
             )
         if self.problems:
             lines.append(
@@ -95,7 +110,13 @@ def clear_setid(
         walk.run(root_fd)
     finally:
         os.close(root_fd)
-    return SetidReport(tuple(walk.cleared), tuple(walk.problems), walk.scanned, walk.truncated)
+    return SetidReport(
+        tuple(walk.cleared),
+        tuple(walk.problems),
+        walk.scanned,
+        walk.truncated,
+        tuple(walk.world_writable),
+    )
 
 
 class _Walk:
@@ -107,6 +128,7 @@ class _Walk:
         self.max_entries = max_entries
         self.monotonic = monotonic
         self.cleared: list[str] = []
+        self.world_writable: list[str] = []
         self.problems: list[str] = []
         self.scanned = 0
         self.truncated = False
@@ -159,7 +181,7 @@ class _Walk:
                 os.close(fd)
 
     def _suspect(self, st: os.stat_result) -> bool:
-        bits = stat.S_ISUID if stat.S_ISDIR(st.st_mode) else _SET_ID
+        bits = _DIR_BITS if stat.S_ISDIR(st.st_mode) else _FILE_BITS
         return bool(st.st_mode & bits) and st.st_ctime >= self.since
 
     def _open(
@@ -198,8 +220,8 @@ class _Walk:
         st = os.fstat(fd)
         if not self._suspect(st):
             return
-        keep = ~stat.S_ISUID if stat.S_ISDIR(st.st_mode) else ~_SET_ID
-        mode = stat.S_IMODE(st.st_mode) & keep
+        bits = _DIR_BITS if stat.S_ISDIR(st.st_mode) else _FILE_BITS
+        mode = stat.S_IMODE(st.st_mode) & ~bits
         try:
             os.fchmod(fd, mode)
         except OSError as exc:
@@ -213,7 +235,10 @@ class _Walk:
             except OSError as again:
                 self.problems.append(f"{rel} ({again.strerror})")
                 return
-        self.cleared.append(rel)
+        if st.st_mode & bits & ~stat.S_IWOTH:
+            self.cleared.append(rel)
+        if st.st_mode & stat.S_IWOTH:
+            self.world_writable.append(rel)
 
 
 def _same(a: os.stat_result, b: os.stat_result) -> bool:
