@@ -100,11 +100,16 @@ def test_egress_log_cli(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> 
         "KAGURA1 1767225600.000 172.18.0.3 CONNECT - api.github.com 443 200 TCP_TUNNEL 1 2 - -\n"
         "KAGURA1 1767225601.000 172.18.0.3 CONNECT - evil.test 443 403 TCP_DENIED 1 2 - "
         "not-allowed\n"
+        "KAGURA1 1767225602.000 127.0.0.1 POST http api.anthropic.com 80 200 TCP_MISS 1 2"
+        " 10.0.0.2 - 3129 /v1/messages%3Fbeta=true\n"
     )
     audit.record_events(store, audit.events_from_log(log, load_policy(allow), "run-a"))
     assert main(["egress", "log"]) == 0
     text = capsys.readouterr().out
     assert "ALLOW CONNECT api.github.com:443" in text and "api.github.com:443/https" in text
+    # A model call through the injecting port: its path (no query) and where it went.
+    assert "ALLOW POST    api.anthropic.com:80/v1/messages 200" in text
+    assert text.rstrip().splitlines()[3].endswith("injected"), text
     assert "1x CONNECT evil.test:443 (host-not-listed)" in text
     assert main(["egress", "log", "run-a", "--json", "--denied"]) == 0
     body = json.loads(capsys.readouterr().out)

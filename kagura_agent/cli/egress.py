@@ -62,9 +62,11 @@ def _log(args: argparse.Namespace) -> int:
             return 0
         print(f"egress decisions of run {run_id}: {len(events)}")
         for e in events:
-            why = e.entry if e.decision == "allow" else e.reason
+            # An allowed request names its entry; one on the injecting port has none.
+            why = (e.entry or e.reason) if e.decision == "allow" else e.reason
+            where = f"{e.host}:{e.port}{e.path}"
             print(
-                f"{e.time}  {e.decision.upper():<5} {e.method:<7} {e.host}:{e.port:<6}"
+                f"{e.time}  {e.decision.upper():<5} {e.method:<7} {where:<22}"
                 f" {e.status:>3}  in={e.bytes_in} out={e.bytes_out}  {why}"
             )
         if summary:
