@@ -443,6 +443,7 @@ def test_under_serve_a_child_is_approved_through_the_cockpits_question(
                     via="test",
                     clock=SystemClock(),
                     reason="answered by the test, as the cockpit does",
+                    request=item["request"],
                 )
             parent.stdin.write(json.dumps({"answered": item["request"]}) + "\n")
             parent.stdin.flush()

@@ -182,6 +182,7 @@ class Operator:
                 via="test",
                 clock=SystemClock(),
                 reason="answered by the test",
+                request=ask["request"],
             )
         self.nudge(ask["request"])
 

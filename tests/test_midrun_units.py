@@ -19,11 +19,12 @@ from kagura_agent.apply.midrun import MidRun, amendments
 from kagura_agent.approvals import history, record_decision
 from kagura_agent.approvals.midrun import Answer, ChatAsker, NobodyAsker, Question
 from kagura_agent.clock import FixedClock, SystemClock
+from kagura_agent.cockpit.midrun import MidRunDesk
 from kagura_agent.errors import RefusedError
 from kagura_agent.membrane.leases import Broker, LeaseRequest
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.plan.build import Compiled, compile_tasks
-from kagura_agent.state import StateStore
+from kagura_agent.state import StateStore, state_location
 
 FP = "sha256:" + "a" * 64
 OTHER = "sha256:" + "b" * 64
@@ -33,7 +34,9 @@ def question(timeout: float = 5.0) -> Question:
     return Question("m-run-1", "egress:second", FP, "grant it?", timeout)
 
 
-def decide(store: StateStore, fingerprint: str, outcome: Any = "approved") -> None:
+def decide(
+    store: StateStore, fingerprint: str, outcome: Any = "approved", request: str = "m-run-1"
+) -> None:
     record_decision(
         store,
         category="egress:second",
@@ -42,6 +45,7 @@ def decide(store: StateStore, fingerprint: str, outcome: Any = "approved") -> No
         who="slack:U1",
         via="slack",
         clock=SystemClock(),
+        request=request,
     )
 
 
@@ -109,6 +113,45 @@ def test_a_deny_denies_and_a_cockpit_that_goes_away_denies_at_once(state_dir: Pa
     assert (denied.approved, denied.outcome, denied.who) == (False, "denied", "slack:U1")
     assert gone.outcome == "timeout" and "went away" in gone.reason
     assert later.outcome == "timeout" and "no cockpit" in later.reason
+
+
+def test_an_answer_to_another_runs_question_on_the_same_plan_does_not_count(
+    state_target: Path | str,
+) -> None:
+    """Two runs of one task ask for the same thing: the same amended plan and category. An
+    operator's approval of run A's question is not run B's, even when B reads the log just
+    after it (B's own deny, then A's approval, then B's nudge)."""
+
+    async def scenario(store: StateStore) -> Any:
+        asker = ChatAsker(lambda q: None)
+        mine = Question("m-runb-1", "egress:second", FP, "grant it?", 5.0)
+        task = asyncio.create_task(asker.ask(store, mine, SystemClock()))
+        await asyncio.sleep(0.05)
+        decide(store, FP, "approved", request="m-runa-1")  # run A's answer alone
+        asker.nudged("m-runb-1")
+        await asyncio.sleep(0.05)
+        assert not task.done()
+        decide(store, FP, "denied", request="m-runb-1")  # B's own answer: a deny...
+        decide(store, FP, "approved", request="m-runa-1")  # ...then A's lands first
+        asker.nudged("m-runb-1")
+        return await task
+
+    with StateStore() as store:
+        answer = asyncio.run(scenario(store))
+        log = history(store)
+    assert (answer.approved, answer.outcome) == (False, "denied")
+    assert [d.request for d in log] == ["m-runa-1", "m-runb-1", "m-runa-1"]
+
+
+def test_the_cockpit_records_an_answer_for_its_question(state_dir: Path) -> None:
+    desk = MidRunDesk(state_location(), SystemClock())
+    item = {"request": "m-run-1", "category": "egress:second", "fingerprint": FP, "timeout": 5}
+    assert desk.asked("s-1", "C1:1", item) is not None
+    said = desk.answer("m-run-1", approved=True, who="slack:U1", via="slack", nudge=lambda r: None)
+    assert said == "m-run-1 egress:second approved by slack:U1"
+    with StateStore() as store:
+        [decision] = history(store)
+    assert (decision.request, decision.fingerprint, decision.approved) == ("m-run-1", FP, True)
 
 
 def test_without_a_terminal_or_a_cockpit_nobody_is_asked_and_it_is_denied(

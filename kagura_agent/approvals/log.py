@@ -65,6 +65,9 @@ MIGRATIONS: list[Migration] = [
             CHECK (kind IN ('capability', 'graduation', 'memory-trust'));
         """,
     ),
+    # The mid-run question (m-…) a decision answers: two runs asking for the same amended
+    # plan share its fingerprint and category, and one's answer must not be the other's.
+    "ALTER TABLE approval_decisions ADD COLUMN request TEXT",
 ]
 
 
@@ -81,6 +84,7 @@ class Decision:
     fingerprint: str | None
     outcome: Outcome
     reason: str = ""
+    request: str | None = None  # the mid-run question answered (m-…), if one
 
     @property
     def approved(self) -> bool:
@@ -97,6 +101,7 @@ class Decision:
             "fingerprint": self.fingerprint,
             "outcome": self.outcome,
             "reason": self.reason,
+            "request": self.request,
         }
 
 
@@ -116,6 +121,7 @@ def _decision(row: Row) -> Decision:
         fingerprint=row["fingerprint"],
         outcome=row["outcome"],
         reason=str(row["reason"]),
+        request=row["request"],
     )
 
 
@@ -130,8 +136,10 @@ def record_decision(
     clock: Clock,
     kind: Kind = "capability",
     reason: str = "",
+    request: str | None = None,
 ) -> Decision:
-    """Append one decision to the approval log and return it."""
+    """Append one decision to the approval log and return it (``request``: the mid-run
+    question it answers)."""
     if kind == "capability" and not fingerprint:
         raise UsageError(f"an approval of {category} must name the plan fingerprint")
     migrate(store)
@@ -146,6 +154,7 @@ def record_decision(
             at=clock.now(),
             kind=kind,
             reason=reason,
+            request=request,
         )
 
 
@@ -160,6 +169,7 @@ def insert_decision(
     at: datetime,
     kind: Kind = "capability",
     reason: str = "",
+    request: str | None = None,
 ) -> Decision:
     """Insert a decision inside the caller's transaction (after ``migrate(store)``).
 
@@ -168,9 +178,9 @@ def insert_decision(
     """
     row = conn.execute(
         "INSERT INTO approval_decisions"
-        " (decided_at, who, via, kind, category, fingerprint, outcome, reason)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
-        (iso(at), who, via, kind, category, fingerprint, outcome, reason),
+        " (decided_at, who, via, kind, category, fingerprint, outcome, reason, request)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
+        (iso(at), who, via, kind, category, fingerprint, outcome, reason, request),
     ).fetchone()
     assert row is not None  # RETURNING gives the inserted row
     return _decision(row)
@@ -192,11 +202,18 @@ def approval_for(
 
 
 def latest_decision(
-    store: StateStore, fingerprint: str, category: str, *, since: datetime
+    store: StateStore, fingerprint: str, category: str, *, since: datetime, request: str
 ) -> Decision | None:
-    """The latest decision of any outcome on ``category`` for exactly this plan, made at or
-    after ``since`` (a mid-run question: its answer, approve or deny), or None."""
-    decision = _latest_capability_decision(store, fingerprint, category)
+    """The latest decision of any outcome answering mid-run question ``request``, on
+    ``category`` for exactly this plan, made at or after ``since``, or None. A decision
+    for another question (another run's, asking for the same plan) never counts."""
+    migrate(store)
+    row = store.conn.execute(
+        "SELECT * FROM approval_decisions WHERE kind = 'capability' AND fingerprint = ?"
+        " AND category = ? AND request = ? ORDER BY id DESC LIMIT 1",
+        (fingerprint, category, request),
+    ).fetchone()
+    decision = _decision(row) if row is not None else None
     return decision if decision is not None and decision.decided_at >= since else None
 
 

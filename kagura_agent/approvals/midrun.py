@@ -9,8 +9,8 @@ answer depends on how apply runs:
 - under ``serve`` (:class:`ChatAsker`): apply prints the question as a live ``ask``
   event; the cockpit posts it with Approve / Deny, records the operator's decision in the
   approval log and then only *nudges* apply with the request id on stdin. apply believes
-  the log, never the nudge: it takes the latest decision for exactly (fingerprint,
-  category) made since it asked. A nudge with no such decision (a forged or replayed
+  the log, never the nudge: it takes the latest decision for exactly its question
+  (request id, fingerprint, category) made since it asked. A nudge with no such decision (a forged or replayed
   answer, one for another plan) changes nothing. When the cockpit goes away (apply's
   stdin ends) nobody can answer: denied at once.
 - on a terminal (:class:`TtyAsker`): the question is asked there, ``tty_prompt``'s way.
@@ -84,6 +84,7 @@ def _timeout(store: StateStore, question: Question, clock: Clock, via: str, why:
         via=via,
         clock=clock,
         reason=why,
+        request=question.request,
     )
     return Answer.of(decision)
 
@@ -142,7 +143,9 @@ class ChatAsker:
 
 
 def _decided(store: StateStore, question: Question, since: datetime) -> Decision | None:
-    return latest_decision(store, question.fingerprint, question.category, since=since)
+    return latest_decision(
+        store, question.fingerprint, question.category, since=since, request=question.request
+    )
 
 
 class TtyAsker:
@@ -166,6 +169,7 @@ class TtyAsker:
             via="cli",
             clock=clock,
             reason="answered at the terminal mid-run",
+            request=question.request,
         )
         return Answer.of(decision)
 
@@ -183,5 +187,6 @@ class NobodyAsker:
             via="cli",
             clock=clock,
             reason="nobody can be asked: apply has no terminal and runs outside serve",
+            request=question.request,
         )
         return Answer.of(decision)

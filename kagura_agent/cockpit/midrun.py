@@ -101,6 +101,7 @@ class MidRunDesk:
                 via=via,
                 clock=self._clock,
                 reason="answered in chat mid-run",
+                request=pending.request,
             )
         word = "approved" if approved else "denied"
         problem = nudge(request)
