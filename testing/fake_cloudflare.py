@@ -14,7 +14,7 @@ from __future__ import annotations
 import secrets
 import sys
 import threading
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from testing.fake_http import FakeServer, Request, serve_main
@@ -39,6 +39,12 @@ class FakeCloudflare(FakeServer):
         super().__init__(port=port)
         self.root_token = root_token
         self.tokens: dict[str, dict[str, Any]] = {}
+        # A misbehaving API, for tests: policies added to every minted token, and an
+        # expiry it ignores (None: the token never expires) or moves later by seconds.
+        self.overgrant_policies: list[dict[str, Any]] = []
+        self.ignore_expiry = False
+        self.later_expiry_seconds = 0
+        self.drop_deny_policies = False  # a token without the deny policies it was asked
         self._tokens_lock = threading.Lock()
         self.route("POST", rf"{PREFIX}/user/tokens", self._create)
         self.route("GET", rf"{PREFIX}/user/tokens", self._list)
@@ -61,14 +67,23 @@ class FakeCloudflare(FakeServer):
         token_id = secrets.token_hex(16)
         value = secrets.token_urlsafe(30)[:40]
         now = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+        expires_on = None if self.ignore_expiry else body.get("expires_on")
+        if expires_on and self.later_expiry_seconds:
+            later = datetime.fromisoformat(expires_on.replace("Z", "+00:00")) + timedelta(
+                seconds=self.later_expiry_seconds
+            )
+            expires_on = later.isoformat().replace("+00:00", "Z")
+        granted = [*body["policies"], *self.overgrant_policies]
+        if self.drop_deny_policies:
+            granted = [policy for policy in granted if policy.get("effect") != "deny"]
         token = {
             "id": token_id,
             "name": body["name"],
             "status": "active",
             "issued_on": now,
             "modified_on": now,
-            "expires_on": body.get("expires_on"),
-            "policies": [{"id": secrets.token_hex(16), **policy} for policy in body["policies"]],
+            "expires_on": expires_on,
+            "policies": [{"id": secrets.token_hex(16), **policy} for policy in granted],
         }
         with self._tokens_lock:
             self.tokens[token_id] = {**token, "value": value}

@@ -44,6 +44,57 @@ def test_mint_with_exact_policies_then_revoke(cloudflare: FakeCloudflare) -> Non
     assert caught.value.gone
 
 
+DENY = {
+    "effect": "deny",
+    "permission_groups": [{"id": "82e64a83756745bbbb1c9c2701bf816b"}],
+    "resources": {"com.cloudflare.api.account.zone.0123456789abcdef": "*"},
+}
+
+
+@pytest.mark.parametrize(
+    "misbehaviour",
+    [
+        {"overgrant_policies": [{**POLICY, "resources": {"com.cloudflare.api.account.*": "*"}}]},
+        {
+            "overgrant_policies": [
+                {**POLICY, "permission_groups": [{"id": "e086da7e2179491d91ee5f35b3ca210a"}]}
+            ]
+        },
+        {"ignore_expiry": True},  # a token that never expires
+        {"later_expiry_seconds": 3600},
+    ],
+)
+def test_a_token_wider_or_longer_than_asked_is_revoked_and_refused(
+    cloudflare: FakeCloudflare, misbehaviour: dict[str, object]
+) -> None:
+    """Whatever the API answers, no token with more policies than the scope's, or living
+    past the lease, leaves the provider: it is deleted at once."""
+    for key, value in misbehaviour.items():
+        setattr(cloudflare, key, value)
+    provider = build_provider("cloudflare", settings(cloudflare), ROOT_TOKEN)
+    with pytest.raises(ProviderError, match="wider than asked") as caught:
+        provider.mint({"policies": [POLICY]}, 900, "g-1")
+    assert not caught.value.transient
+    assert len(cloudflare.ops("mint")) == 1 and len(cloudflare.ops("revoke")) == 1
+    assert cloudflare.live_tokens() == []
+
+
+def test_a_token_missing_an_asked_deny_is_revoked_and_refused(
+    cloudflare: FakeCloudflare,
+) -> None:
+    cloudflare.drop_deny_policies = True
+    provider = build_provider("cloudflare", settings(cloudflare), ROOT_TOKEN)
+    with pytest.raises(ProviderError, match="wider than asked"):
+        provider.mint({"policies": [POLICY, DENY]}, 900, "g-1")
+    assert cloudflare.live_tokens() == []
+
+
+def test_a_token_exactly_as_asked_is_kept(cloudflare: FakeCloudflare) -> None:
+    provider = build_provider("cloudflare", settings(cloudflare), ROOT_TOKEN)
+    minted = provider.mint({"policies": [DENY, POLICY]}, 900, "g-1")
+    assert [t["id"] for t in cloudflare.live_tokens()] == [minted.id]
+
+
 @pytest.mark.parametrize(("status", "transient"), [(429, True), (500, True), (403, False)])
 def test_failures_are_classified(cloudflare: FakeCloudflare, status: int, transient: bool) -> None:
     provider = build_provider("cloudflare", settings(cloudflare), ROOT_TOKEN)

@@ -11,8 +11,9 @@ named ``kagura-<lease id>`` so a crash between minting and recording it is still
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kagura_agent.clock import Clock
@@ -76,11 +77,21 @@ class CloudflareProvider:
             ),
         )
         if token is None or not token.id or not token.value:
+            if token is not None and token.id:
+                self.revoke(str(token.id))  # minted, but nothing to hand out: never left live
             raise ProviderError("create token: response without id or value", transient=False)
+        wider = _wider(policies_of(scope_spec), expires_at, token)
+        if wider:
+            # Never hand out more than was approved: delete it and fail.
+            self.revoke(str(token.id))
+            raise ProviderError(
+                f"the token Cloudflare created is wider than asked ({', '.join(wider)}); deleted",
+                transient=False,
+            )
         value = str(token.value)
         return Minted(
             id=str(token.id),
-            expires_at=(token.expires_on or expires_at).astimezone(UTC),
+            expires_at=token.expires_on.astimezone(UTC),
             bundle=Bundle(
                 files={"cloudflare/token": value},
                 env={
@@ -110,6 +121,40 @@ class CloudflareProvider:
             raise ProviderError(f"{what}: {type(exc).__name__}", transient=True) from None
         except errors.APIError as exc:
             raise ProviderError(f"{what}: {type(exc).__name__}", transient=False) from None
+
+
+def _policy_key(policy: Mapping[str, Any]) -> str:
+    """A policy's power, comparable: its effect, permission group ids and resources."""
+    groups = sorted(
+        str(group.get("id") if isinstance(group, Mapping) else group)
+        for group in policy.get("permission_groups") or []
+    )
+    return json.dumps(
+        [str(policy.get("effect")), groups, policy.get("resources") or {}], sort_keys=True
+    )
+
+
+def _wider(asked: list[dict[str, Any]], expires_at: datetime, token: Any) -> list[str]:
+    """What the token Cloudflare answered with holds beyond what was asked (empty: nothing):
+    an allow policy not asked for, an asked deny policy missing, no expiry or a later one."""
+    wider: list[str] = []
+    granted = [
+        policy.model_dump() if hasattr(policy, "model_dump") else dict(policy)
+        for policy in token.policies or []
+    ]
+    asked_keys = {_policy_key(policy) for policy in asked}
+    granted_keys = {_policy_key(policy) for policy in granted}
+    for policy in granted:
+        if policy.get("effect") != "deny" and _policy_key(policy) not in asked_keys:
+            wider.append(f"an {policy.get('effect')} policy not asked for")
+    for policy in asked:
+        if policy.get("effect") == "deny" and _policy_key(policy) not in granted_keys:
+            wider.append("an asked deny policy missing")
+    if token.expires_on is None:
+        wider.append("no expiry")
+    elif token.expires_on.astimezone(UTC) > expires_at + timedelta(seconds=1):
+        wider.append(f"expires {token.expires_on.astimezone(UTC).isoformat()}, past the lease")
+    return wider
 
 
 def create(settings: Mapping[str, Any], root_secret: str, clock: Clock) -> CloudflareProvider:
