@@ -209,6 +209,34 @@ def test_amendments_come_from_the_manifests_only(tmp_path: Path, state_dir: Path
         amender.capability("egress", "second.example.com")
 
 
+def test_a_host_asked_for_is_granted_through_the_narrowest_policy_allowing_it(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """The brain names a host: the grant is the policy that allows it by name and the
+    fewest other hosts, not whichever allowing policy the catalog lists first."""
+    broad = {
+        "kind": "EgressPolicy",
+        "metadata": {"name": "a-broad"},
+        "spec": {
+            "allow": [
+                {"host": "*.example.com"},
+                {"host": "payments.other.test"},
+                {"host": "secrets.other.test"},
+            ]
+        },
+    }
+    c = compiled(
+        tmp_path,
+        broad,
+        egress_policy("b-wild", "*.example.com"),
+        egress_policy("second", "second.example.com"),
+    )
+    amender = Amender(c, c.plan)
+    assert amender.capability("egress", "second.example.com").category == "egress:second"
+    # No exact one: the wildcard policy allowing least.
+    assert amender.capability("egress", "api.example.com").category == "egress:b-wild"
+
+
 def test_a_policy_denial_is_a_refusal_not_a_question(tmp_path: Path, state_dir: Path) -> None:
     deny = {
         "kind": "Policy",

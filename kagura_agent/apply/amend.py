@@ -123,7 +123,9 @@ class Amender:
                 f"no EgressPolicy in the operator's manifests allows {host}; an operator must"
                 " add one (in git) before any run can reach it"
             )
-        return allowing[0]
+        # The narrowest grant that gives the host: a policy naming it before a wildcard
+        # one, then the one allowing fewest entries (then by name, for a stable answer).
+        return min(allowing, key=lambda policy: _breadth(policy, host))
 
     def _credential(self, name: str) -> CredentialRequest:
         provider_name, _, scope_name = name.partition("/")
@@ -221,6 +223,12 @@ class Amender:
             raise Refused(f"{category} is denied: {denied[0]['reason']}")
         changes = tuple(diff_plans(self.plan, plan))
         return Amendment(category, plan, changes, task)
+
+
+def _breadth(policy: Manifest, host: str) -> tuple[bool, int, str]:
+    entries = policy.spec.get("allow", [])
+    exact = any(normalize_host(entry["host"])[0] == host for entry in entries)
+    return (not exact, len(entries), policy.name)
 
 
 def _host_allows(pattern: str, host: str) -> bool:
