@@ -269,3 +269,42 @@ def test_a_placeholder_that_cannot_be_made_refuses_the_run(
             mount["source"] = str(tmp_path / "missing" / "deeper")
     with pytest.raises(RefusedError, match="cannot hold"):
         create_missing(moved)
+
+
+def test_a_hooks_folder_in_the_work_tree_is_read_only_too(
+    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str], docker_client: Any
+) -> None:
+    """husky and its kin point ``core.hooksPath`` at a folder of the work tree (``.husky``):
+    the hooks there run on the operator's next commit exactly as ``.git/hooks`` would. From
+    inside a real container the agent cannot add or change one."""
+    project = make_project(tmp_path)
+    git = ["git", "-c", "safe.directory=*", "-C", str(project)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "config", "core.hooksPath", ".husky"], check=True)
+    (project / ".husky").mkdir()
+    (project / ".husky" / "pre-commit").write_text("#!/bin/sh\nexit 0\n")
+    if os.geteuid() == 0:
+        for path in [*project.rglob("*")]:
+            os.chown(path, AGENT_UID, AGENT_UID)
+    attempts = {
+        "hook-edit": "echo 'touch /tmp/owned' >> .husky/pre-commit",
+        "hook-add": "printf '#!/bin/sh\\ntouch /tmp/owned\\n' > .husky/post-checkout",
+        "hook-swap": "mv .husky .husky.old && mkdir .husky",
+    }
+    steps = [
+        f"if {cmd}; then echo {name}=W$((0)); else echo {name}=R$((0)); fi"
+        for name, cmd in attempts.items()
+    ]
+    task = write_task(project, "husky", {"steps": steps})
+    root = os.path.realpath(project)
+    done = kagura(["apply", "--yes", str(task)], cli_env(state_dir))
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = done.stdout + done.stderr
+    for name in attempts:
+        assert f"{name}=R0" in shown and f"{name}=W0" not in shown, (name, shown[-3000:])
+    plan = _plan(project, capsys, str(task))
+    protected = {m["target"]: m["protects"] for m in plan["mounts"] if m["kind"] == "protected"}
+    assert "core.hooksPath" in protected.get("/workspace/.husky", ""), protected
+    assert sorted(p.name for p in (project / ".husky").iterdir()) == ["pre-commit"]
+    assert (project / ".husky" / "pre-commit").read_text() == "#!/bin/sh\nexit 0\n"
+    assert not (Path(root) / ".husky.old").exists()
