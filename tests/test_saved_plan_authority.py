@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from kagura_agent.apply.runs import close_run, open_run
 from kagura_agent.clock import SystemClock
 from kagura_agent.paths import repo_root
@@ -59,7 +61,9 @@ def _apply(plan: Path, env: dict[str, str], cwd: Path) -> subprocess.CompletedPr
     )
 
 
-def test_a_plan_written_where_a_run_could_write_is_refused(tmp_path: Path, state_dir: Path) -> None:
+def test_a_plan_written_where_a_run_could_write_is_refused(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     project = tmp_path / "proj"
     task = _task(project / "task.yml", "  project_root: .\n")
     env = {**os.environ, "KAGURA_AGENT_STATE_DIR": str(state_dir), "PYTHONPATH": str(REPO)}
@@ -76,7 +80,9 @@ def test_a_plan_written_where_a_run_could_write_is_refused(tmp_path: Path, state
         forged_manifests.mkdir(parents=True)
         (forged_manifests / "egress.yml").write_text(EVIL_EGRESS, encoding="utf-8")
         _task(project / ".cache" / "t.yml", "  project_root: ../\n  egress: [drop]\n")
-        with contextlib.chdir(tmp_path):  # where the operator applies from, below
+        # The agent's planner has a state directory of its own (none of the host's).
+        with contextlib.chdir(tmp_path), monkeypatch.context() as agents:
+            agents.setenv("KAGURA_AGENT_STATE_DIR", str(tmp_path / "agents-state"))
             [forged] = plan_tasks("proj/.cache/m", ["proj/.cache/t.yml"])
         planfile.save(forged, project / "plan.json")
         close_run(store, "run-agent1", "success", 0, clock)
@@ -100,7 +106,7 @@ def test_a_plan_written_where_a_run_could_write_is_refused(tmp_path: Path, state
     done = _apply(outside, env, tmp_path)
     assert done.returncode == 6, done.stderr
     [error] = json.loads(done.stdout)["errors"]
-    assert "run-agent1" in error["message"] and ".cache" in error["message"], error
+    assert "run-agent1" in error["message"] and ".cache/" in error["message"], error
 
     # The operator's own plan, saved after the run ended, passes this check (and is
     # refused for what it is: a host-runtime plan without --allow-host-runtime).
@@ -110,3 +116,35 @@ def test_a_plan_written_where_a_run_could_write_is_refused(tmp_path: Path, state
     done = _apply(project / "plan.json", env, tmp_path)
     [error] = json.loads(done.stdout)["errors"]
     assert "run-agent1" not in error["message"] and "host" in error["message"], error["message"]
+
+
+def test_a_manifest_folder_a_run_could_write_is_no_operator_folder(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """``./manifests`` is the operator's folder wherever the operator stands: below a
+    run's root (a subfolder, a nested checkout) the run's agent could make one, which
+    the placeholder at the root's top does not cover; ``--manifests DIR`` into a folder
+    a run could write is the same. Planning from it is refused."""
+    project = tmp_path / "proj"
+    task = _task(project / "task.yml", "  project_root: .\n")
+    [operators] = plan_tasks(None, [str(task)])
+    time.sleep(0.05)
+    with StateStore() as store:
+        open_run(store, operators, "run-agent2", SystemClock())
+        (project / "sub" / "manifests").mkdir(parents=True)
+        (project / "sub" / "manifests" / "egress.yml").write_text(EVIL_EGRESS, encoding="utf-8")
+        close_run(store, "run-agent2", "success", 0, SystemClock())
+    mine = _task(tmp_path / "later" / "task.yml", "  project_root: .\n  egress: [drop]\n")
+    env = {**os.environ, "KAGURA_AGENT_STATE_DIR": str(state_dir), "PYTHONPATH": str(REPO)}
+    env.pop("KAGURA_AGENT_MANIFESTS", None)
+    for argv in (["plan", str(mine)], ["plan", "--manifests", "manifests", str(mine)]):
+        done = subprocess.run(
+            [sys.executable, "-m", "kagura_agent", *argv],
+            env=env,
+            cwd=project / "sub",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 6, (argv, done.stdout, done.stderr)
+        assert "run-agent2" in done.stderr and "egress.yml" in done.stderr, done.stderr

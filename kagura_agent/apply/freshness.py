@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kagura_agent.apply.written import written_during_runs
+from kagura_agent.apply.written import refuse_written
 from kagura_agent.errors import RefusedError
 from kagura_agent.facts import ImagePin
 from kagura_agent.membrane.registry import pull_pinned
@@ -24,7 +24,6 @@ from kagura_agent.plan.build import Compiled, compile_tasks
 from kagura_agent.plan.diff import diff_plans
 from kagura_agent.plan.intent import FactChange, fact_changes, intent_fingerprint, intent_view
 from kagura_agent.plan.model import Inputs, Plan, TaskSection
-from kagura_agent.state import StateStore
 
 
 @dataclass(frozen=True)
@@ -81,22 +80,11 @@ def check_saved_plan_fresh(plan: Plan) -> Localized:
     return Localized(current[0].plan, tuple(changes), current[0])
 
 
-def refuse_agent_written(plan_file: Path, local: Localized) -> None:
-    """RefusedError (exit 6) when the saved plan's file, its task file or a manifest file
-    it was re-planned from changed while a run could write it (apply/written.py): the plan
-    names its own authority, and an agent may have written all three."""
-    paths = [str(plan_file), str(local.plan["task"].get("path") or "")]
-    for info in local.compiled.catalog.layers:
-        paths += [str(info["path"]), *info["reads"]]
-    with StateStore() as store:
-        found = written_during_runs(store, [p for p in paths if p])
-    if found:
-        raise RefusedError(
-            "this saved plan may be an agent's, not the operator's: "
-            + "; ".join(w.render() for w in found[:3]),
-            hint="plan again from the operator's manifests and review it; a file you changed"
-            " yourself is yours again once you save it after the run",
-        )
+def refuse_agent_written(plan_file: Path, plan: Plan) -> None:
+    """RefusedError (exit 6) when the saved plan's file or its task file changed while a
+    run could write it (apply/written.py): a saved plan names its own authority. (The
+    manifest files it is re-planned from are checked by every compile.)"""
+    refuse_written("this saved plan", [str(plan_file), str(plan["task"].get("path") or "")])
 
 
 def _pin(plan: Plan) -> ImagePin | None:

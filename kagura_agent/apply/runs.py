@@ -21,6 +21,7 @@ from typing import Any
 from kagura_agent.apply.context import ApplyRuntime
 from kagura_agent.apply.gitlinks import check_gitlinks
 from kagura_agent.apply.parentdeath import PARENT_ENV, PARENT_ROOT_ENV
+from kagura_agent.apply.runtable import MIGRATIONS
 from kagura_agent.apply.setid import SetidReport, clear_setid, ctime_floor
 from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import RefusedError
@@ -29,45 +30,6 @@ from kagura_agent.paths import state_dir
 from kagura_agent.plan.model import Plan
 from kagura_agent.processes import owner_alive, process_start, this_host
 from kagura_agent.state import StateStore
-
-MIGRATIONS = [
-    """
-    CREATE TABLE runs (
-        run_id TEXT PRIMARY KEY,
-        task TEXT NOT NULL,
-        session TEXT,
-        fingerprint TEXT NOT NULL,
-        pid INTEGER NOT NULL,
-        pid_start TEXT,
-        started_at TEXT NOT NULL,
-        ended_at TEXT,
-        outcome TEXT,
-        exit_code INTEGER
-    );
-    CREATE INDEX runs_open ON runs(ended_at);
-    """,
-    # The applying process's host (processes.this_host): a shared state store holds the runs
-    # of many hosts, and only the host that ran one can remove its containers.
-    "ALTER TABLE runs ADD COLUMN host TEXT",
-    # The project root and the ctime bound of its setuid/setgid check (setid.py): a run
-    # killed before its check gets it from the next apply's sweep.
-    """
-    ALTER TABLE runs ADD COLUMN project_root TEXT;
-    ALTER TABLE runs ADD COLUMN setid_since BIGINT;
-    """,
-    # The turns the brain reported and the model calls the host counted at the proxy
-    # (apply/modelcalls.py; NULL when not counted): an operator sees where they differ.
-    """
-    ALTER TABLE runs ADD COLUMN turns INTEGER;
-    ALTER TABLE runs ADD COLUMN model_calls INTEGER;
-    """,
-    # When the run could start writing its root, and when it could no longer (ns, host
-    # clock): what it may have written is judged by ctime against them (written.py).
-    """
-    ALTER TABLE runs ADD COLUMN opened_ns BIGINT;
-    ALTER TABLE runs ADD COLUMN closed_ns BIGINT;
-    """,
-]
 
 
 def new_run_id() -> str:

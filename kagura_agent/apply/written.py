@@ -26,9 +26,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kagura_agent.apply.runs import MIGRATIONS
+from kagura_agent.apply.runtable import MIGRATIONS
 from kagura_agent.apply.setid import CTIME_SLACK
 from kagura_agent.clock import parse_iso
+from kagura_agent.errors import RefusedError
+from kagura_agent.manifest.catalog import Catalog
 from kagura_agent.paths import under
 from kagura_agent.state import StateStore
 
@@ -100,3 +102,29 @@ def _ctimes(path: str) -> list[tuple[str, float]]:
             continue
         found.append((where, info.st_ctime))
     return found
+
+
+HINT = (
+    "plan again from the operator's manifests and review it; a file you changed"
+    " yourself is yours again once you save it after the run"
+)
+
+
+def refuse_written(what: str, paths: Iterable[str]) -> None:
+    """RefusedError (exit 6) naming the first of ``paths`` a run could have written."""
+    with StateStore() as store:
+        found = written_during_runs(store, [p for p in paths if p])
+    if found:
+        raise RefusedError(
+            f"{what} may be an agent's, not the operator's: "
+            + "; ".join(w.render() for w in found[:3]),
+            hint=HINT,
+        )
+
+
+def layer_paths(catalog: Catalog) -> list[str]:
+    """Every manifest folder of ``catalog`` and every file read as part of one."""
+    paths: list[str] = []
+    for info in catalog.layers:
+        paths += [str(info["path"]), *info["reads"]]
+    return paths

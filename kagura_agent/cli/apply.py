@@ -108,8 +108,9 @@ def run(args: argparse.Namespace) -> int:
     if args.queue:
         return queue(args, target)
     if target.suffix == ".json":
-        local = localize(planfile.load(target), log=_say)
-        refuse_agent_written(target, local)
+        saved = planfile.load(target)
+        refuse_agent_written(target, saved)
+        local = localize(saved, log=_say)
         for change in local.changes:
             _say(f"differs on this host (no capability changes): {change.render()}")
         options = apply_options(args, accept_since=args.approvals_since)
@@ -146,7 +147,8 @@ def queue(args: argparse.Namespace, target: Path) -> int:
             hint=f"kagura-agent plan {target} -o plan.json, then apply --queue plan.json",
         )
     plan = planfile.load(target)
-    refuse_agent_written(target, check_saved_plan_fresh(plan))
+    refuse_agent_written(target, plan)
+    check_saved_plan_fresh(plan)
     queued = enqueue_plan(
         queue_url(args.queue_url),
         plan,

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kagura_agent.apply.written import layer_paths, refuse_written
 from kagura_agent.errors import UsageError
 from kagura_agent.facts import Facts, ImagePin, gather_facts
 from kagura_agent.manifest.cache import PassCache, key
@@ -60,6 +61,10 @@ def compile_tasks(
     fixed = None
     if facts_file is not None:
         fixed = Facts.load(facts_file)
+    elif base_rev is None:
+        # The manifests are the authority: none of them may be what a run's agent wrote
+        # (./manifests below a run's root, say). At a git revision, git holds them.
+        refuse_written("the manifest set", layer_paths(workspace.catalog))
     plans = []
     checker = CachedRuleChecker()
     for task in workspace.tasks:
