@@ -308,3 +308,64 @@ def test_a_hooks_folder_in_the_work_tree_is_read_only_too(
     assert sorted(p.name for p in (project / ".husky").iterdir()) == ["pre-commit"]
     assert (project / ".husky" / "pre-commit").read_text() == "#!/bin/sh\nexit 0\n"
     assert not (Path(root) / ".husky.old").exists()
+
+
+LOCAL_HOOK = """repos:
+  - repo: local
+    hooks:
+      - id: owned
+        name: owned
+        entry: touch {marker}
+        language: system
+        always_run: true
+        pass_filenames: false
+"""
+
+
+@pytest.mark.skipif(shutil.which("pre-commit") is None, reason="pre-commit is not installed")
+def test_the_config_an_installed_pre_commit_hook_reads_is_read_only(
+    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str], docker_client: Any
+) -> None:
+    """``pre-commit install`` puts a hook in .git/hooks that runs whatever
+    ``.pre-commit-config.yaml`` in the work tree says (a ``repo: local`` hook is any
+    command) on the operator's next commit. From a real container the agent cannot change
+    or replace that file."""
+    project = make_project(tmp_path)
+    marker = tmp_path / "owned"
+    # The operator's git (and pre-commit's) in a root the agent's uid owns.
+    env = {**os.environ, "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory"}
+    env["GIT_CONFIG_VALUE_0"] = "*"
+    git = ["git", "-C", str(project)]
+    subprocess.run([*git, "init", "-q"], check=True, env=env)
+    (project / ".pre-commit-config.yaml").write_text("repos: []\n")
+    subprocess.run(["pre-commit", "install"], cwd=project, check=True, env=env)
+    if os.geteuid() == 0:
+        for path in [*project.rglob("*")]:
+            os.chown(path, AGENT_UID, AGENT_UID)
+    (project / "hook.yaml").write_text(LOCAL_HOOK.format(marker=marker))
+    attempts = {
+        "config-edit": "cat hook.yaml > .pre-commit-config.yaml",
+        "config-swap": "mv .pre-commit-config.yaml old.yaml && cp hook.yaml .pre-commit-config.yaml",
+    }
+    steps = [
+        f"if {cmd}; then echo {name}=W$((0)); else echo {name}=R$((0)); fi"
+        for name, cmd in attempts.items()
+    ]
+    task = write_task(project, "pre-commit", {"steps": steps})
+    done = kagura(["apply", "--yes", str(task)], cli_env(state_dir))
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = done.stdout + done.stderr
+    for name in attempts:
+        assert f"{name}=R0" in shown and f"{name}=W0" not in shown, (name, shown[-3000:])
+    assert (project / ".pre-commit-config.yaml").read_text() == "repos: []\n"
+    # The operator's next commit runs nothing of the agent's.
+    subprocess.run([*git, "add", "hook.yaml"], check=True, env=env)
+    subprocess.run(
+        [*git, "-c", "user.name=o", "-c", "user.email=o@o", "commit", "-qm", "x"],
+        capture_output=True,
+        env=env,
+    )
+    assert not marker.exists()
+    plan = _plan(project, capsys, str(task))
+    protected = {m["target"]: m["protects"] for m in plan["mounts"] if m["kind"] == "protected"}
+    assert "pre-commit" in protected.get("/workspace/.pre-commit-config.yaml", ""), protected

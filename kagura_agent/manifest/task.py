@@ -7,14 +7,13 @@ and mounts); the result is a plain value the pure planner compiles.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kagura_agent.errors import Diagnostic
 from kagura_agent.manifest.catalog import Catalog, Manifest
+from kagura_agent.manifest.gitinputs import git_metadata
 from kagura_agent.manifest.template import TemplateLimit, render_prompt
 from kagura_agent.manifest.toolservers import resolve_tool_servers
 from kagura_agent.membrane.mounts import check_mount
@@ -23,8 +22,6 @@ from kagura_agent.memory.factory import sqlite_path
 from kagura_agent.paths import under
 from kagura_agent.plan.model import BrainRuntime
 from kagura_agent.units import parse_duration
-
-GIT_TIMEOUT = 10.0
 
 MIN_TTL = 15 * 60
 MAX_TTL = 60 * 60
@@ -348,54 +345,6 @@ def host_inputs(task: Manifest, catalog: Catalog) -> list[tuple[str, str]]:
         found.append((str(info["path"]), what))
         found += [(real, f"a file of {what}") for real in info["reads"]]
     return found
-
-
-def git_metadata(root: str, catalog: Catalog) -> list[tuple[str, str]]:
-    """The root's own .git: its hooks and config run on the operator's next git command.
-
-    Read-only unless a Policy of the operator's folder sets ``writable_git: true`` — also
-    when there is none yet: a ``.git`` the agent creates (a root inside a larger checkout,
-    a folder the operator will ``git status`` in) would be the operator's next git
-    command's configuration (``core.fsmonitor``, hooks).
-    """
-    git = os.path.join(root, ".git")
-    writable = any(
-        p.spec.get("writable_git") is True for p in catalog.of("Policy") if p.layer == "operator"
-    )
-    if writable:
-        return []
-    found = [(git, "git metadata (hooks and config run on the operator's next git command)")]
-    hooks = git_hooks_dir(root)
-    if hooks is not None and not under(hooks, os.path.realpath(git)):
-        what = "the git hooks folder core.hooksPath names (they run on the operator's next commit)"
-        found.append((hooks, what))
-    return found
-
-
-def git_hooks_dir(root: str) -> str | None:
-    """The folder git runs hooks from for a command in ``root`` (``core.hooksPath`` when set,
-    as husky and similar tools set it to a folder of the work tree), resolved; None without
-    git or a repository. Only configuration is read: no hook, no fsmonitor runs."""
-    git = shutil.which("git")
-    if git is None:
-        return None
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    options = ["-c", f"safe.directory={root}", "-c", "core.fsmonitor=false"]
-    try:
-        done = subprocess.run(
-            [git, *options, "rev-parse", "--git-path", "hooks"],
-            cwd=root,
-            env=env,
-            capture_output=True,
-            timeout=GIT_TIMEOUT,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    path = os.fsdecode(done.stdout).strip()
-    if done.returncode != 0 or not path:
-        return None
-    return os.path.realpath(os.path.join(root, path))
 
 
 def implicit_manifests(root: str, catalog: Catalog) -> list[tuple[str, str]]:
