@@ -148,3 +148,44 @@ def test_a_manifest_folder_a_run_could_write_is_no_operator_folder(
         )
         assert done.returncode == 6, (argv, done.stdout, done.stderr)
         assert "run-agent2" in done.stderr and "egress.yml" in done.stderr, done.stderr
+
+
+def test_a_task_file_a_run_could_write_is_no_operators_request(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """Only the run's own task file is held read-only; another task file in its root
+    (tasks/deploy.yml while build.yml at the top ran) is the agent's to rewrite
+    during the run: its prompt, its verify commands (``true``: graduation evidence), its
+    requests for every baseline grant. The operator's next plan of it is refused."""
+    project = tmp_path / "proj"
+    build = _task(project / "build.yml", "  project_root: .\n")
+    deploy = _task(project / "tasks" / "deploy.yml", "  project_root: ..\n")
+    [operators] = plan_tasks(None, [str(build)])
+    time.sleep(0.05)
+    with StateStore() as store:
+        open_run(store, operators, "run-agent3", SystemClock())
+        _task(deploy, "  project_root: ..\n  verify: ['true']\n")
+        close_run(store, "run-agent3", "success", 0, SystemClock())
+    env = {**os.environ, "KAGURA_AGENT_STATE_DIR": str(state_dir), "PYTHONPATH": str(REPO)}
+    env.pop("KAGURA_AGENT_MANIFESTS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "kagura_agent", "plan", str(deploy)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 6, done.stdout
+    assert "run-agent3" in done.stderr and "deploy.yml" in done.stderr, done.stderr
+    # Saved again by the operator after the run (reviewed): theirs again.
+    deploy.write_text(deploy.read_text(encoding="utf-8"), encoding="utf-8")
+    again = subprocess.run(
+        [sys.executable, "-m", "kagura_agent", "plan", str(deploy)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr

@@ -62,9 +62,13 @@ def compile_tasks(
     if facts_file is not None:
         fixed = Facts.load(facts_file)
     elif base_rev is None:
-        # The manifests are the authority: none of them may be what a run's agent wrote
-        # (./manifests below a run's root, say). At a git revision, git holds them.
-        refuse_written("the manifest set", layer_paths(workspace.catalog))
+        # The manifests grant and the task files request as the operator: none of them
+        # may be what a run's agent wrote (./manifests below a run's root, a task file
+        # beside the run's own). At a git revision, git holds them.
+        refuse_written(
+            "the manifest set or task file",
+            layer_paths(workspace.catalog) + [task.path for task in workspace.tasks],
+        )
     plans = []
     checker = CachedRuleChecker()
     for task in workspace.tasks:
