@@ -151,6 +151,16 @@ def test_redactor_scrubs_every_known_value_and_line() -> None:
     assert CANARY not in repr(redactor)
 
 
+def test_scrub_any_case_finds_a_value_whose_case_was_folded() -> None:
+    redactor = Redactor()
+    redactor.add("Tok3n-MixedCase-9f8e7d")
+    folded = "tok3n-mixedcase-9f8e7d.evil.test"  # as a proxy logs a host name
+    assert redactor.scrub(folded) == folded  # the exact match misses it
+    assert redactor.scrub_any_case(folded) == "(sensitive).evil.test"
+    redactor.add("Another-Value-0a1b2c")  # a later value is matched too
+    assert redactor.scrub_any_case("ANOTHER-VALUE-0A1B2C") == "(sensitive)"
+
+
 # A service-account key as GCP issues it: JSON, its private key one line with \n escapes.
 _KEY_BODY = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7canaryKEYmaterial"
 SERVICE_ACCOUNT_KEY = (

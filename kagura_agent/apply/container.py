@@ -99,6 +99,8 @@ def run_in_container(
             clock=ctx.clock,
             injection=ANTHROPIC_API if secret else None,
             injection_secret=secret,
+            # The agent chooses a request's host and path: its credentials may be there.
+            scrub=live.redactor.scrub_any_case,
         )
         cleanup.callback(_close_egress, started, denials, live)
         if getattr(started, "warm", False):

@@ -138,8 +138,10 @@ class ApplyRuntime(Protocol):
         clock: Clock,
         injection: Injection | None,
         injection_secret: str | None,
+        scrub: Callable[[str], str] | None = None,
     ) -> EgressRun:
-        """Start the run's egress proxy and its networks; ready when this returns."""
+        """Start the run's egress proxy and its networks; ready when this returns.
+        ``scrub`` (the run's redactor) cleans each decision before it is stored."""
         ...
 
     def start_forwarder(self, container_id: str, config: AgentNetworkConfig) -> None:

@@ -8,7 +8,7 @@ attached socket, container state, exec (verify), and the run's egress proxy.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from kagura_agent.apply.context import ContainerState, EgressSink
 from kagura_agent.brain.streams import DockerAttachStream, DuplexStream
@@ -64,6 +64,7 @@ class DockerApplyRuntime(DockerRuntime):
         clock: Clock,
         injection: Injection | None,
         injection_secret: str | None,
+        scrub: Callable[[str], str] | None = None,
     ) -> EgressSession:
         return EgressSession.start(
             self.client,
@@ -74,6 +75,7 @@ class DockerApplyRuntime(DockerRuntime):
             clock=clock,
             injection=injection,
             injection_secret=injection_secret,
+            scrub=scrub,
             # apply's _sweep() ran sweep_egress at the start of this run: not again here
             # (3-4 daemon list calls per run, many at once when runs start together).
             sweep=False,

@@ -198,6 +198,7 @@ class Redactor:
         self._values: set[str] = set()
         self._lock = threading.Lock()
         self._pattern: re.Pattern[str] | None = None
+        self._folded: re.Pattern[str] | None = None
 
     def add(self, *values: str) -> None:
         """Register values to scrub (and, for multi-line values, each of their lines)."""
@@ -206,7 +207,7 @@ class Redactor:
                 for part in _forms(value):
                     if len(part) >= self.MIN_LENGTH:
                         self._values.add(part)
-            self._pattern = None
+            self._pattern = self._folded = None
 
     def scrub(self, text: str) -> str:
         """Return ``text`` with every known value replaced by ``(sensitive)``."""
@@ -218,6 +219,18 @@ class Redactor:
                 ordered = sorted(self._values, key=len, reverse=True)
                 self._pattern = re.compile("|".join(re.escape(v) for v in ordered))
             pattern = self._pattern
+        return pattern.sub(REDACTED, text)
+
+    def scrub_any_case(self, text: str) -> str:
+        """``scrub``, matching each known value in any case: for text that passed through
+        something that folds case (a host name a proxy logged)."""
+        with self._lock:
+            if not self._values:
+                return text
+            if self._folded is None:
+                ordered = sorted(self._values, key=len, reverse=True)
+                self._folded = re.compile("|".join(re.escape(v) for v in ordered), re.IGNORECASE)
+            pattern = self._folded
         return pattern.sub(REDACTED, text)
 
     def scrub_data(self, value: Any) -> Any:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
@@ -93,6 +93,20 @@ class EgressEvent:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def scrubbed(event: EgressEvent, scrub: Callable[[str], str]) -> EgressEvent:
+    """``event`` with ``scrub`` applied to every text the request chose (a host name or a
+    path may carry a credential the agent holds)."""
+    return replace(
+        event,
+        client=scrub(event.client),
+        method=scrub(event.method),
+        scheme=scrub(event.scheme),
+        host=scrub(event.host),
+        server=scrub(event.server),
+        path=scrub(event.path),
+    )
 
 
 def _int(text: str) -> int:

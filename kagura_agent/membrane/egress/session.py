@@ -208,6 +208,7 @@ class EgressSession:
         self.pooled_name = ""
         self._claimed_path: Path | None = None
         self._wait_pooled: Callable[[], None] | None = None
+        self.scrub: Callable[[str], str] | None = None  # the run's redactor (see start)
 
     @classmethod
     def start(
@@ -227,6 +228,7 @@ class EgressSession:
         extra_networks: tuple[str, ...] = (),
         sweep: bool = True,
         from_pool: bool = False,
+        scrub: Callable[[str], str] | None = None,
     ) -> EgressSession:
         """Sweep orphans, create the networks and the proxy, and wait until it listens.
 
@@ -239,6 +241,9 @@ class EgressSession:
         gets this run's configuration and is this run's alone (``warm`` is then True);
         otherwise, or when the claimed one does not take the configuration, a cold start.
         A run with a credential injection or test networks always starts cold.
+        ``scrub`` (the run's redactor) is applied to every decision before it is stored
+        or emitted: the agent chooses a request's host and path, and may put its
+        credentials there.
         """
         policy = load_policy(plan.get("egress")).on_host(docker_host_addresses())
         if policy.mode != "proxy":
@@ -248,6 +253,7 @@ class EgressSession:
             with docker_errors("sweeping egress orphans"):
                 sweep_orphans(client, store)
         session = cls(client, policy, run_id, store, on_event or (lambda _event: None))
+        session.scrub = scrub
         if injection is not None:
             if not injection_secret:
                 raise SetupError("a credential injection needs its secret")
@@ -435,6 +441,8 @@ class EgressSession:
     # --- audit -------------------------------------------------------------------------
 
     def _accept(self, events: list[audit.EgressEvent], store: StateStore) -> None:
+        if self.scrub is not None:
+            events = [audit.scrubbed(event, self.scrub) for event in events]
         with self._lock:
             fresh = audit.record_events(store, events)
             self.events.extend(fresh)
