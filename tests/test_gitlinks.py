@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from apply_helpers import AGENT_UID, cli_env, kagura, leftovers, manifest_set, run_ids, write_task
 
-from kagura_agent.apply.gitlinks import check_gitlinks, snapshot
+from kagura_agent.apply.gitlinks import check_gitlinks, check_root_repository, snapshot
 from kagura_agent.apply.setid import ctime_floor
 
 pytestmark = pytest.mark.skipif(
@@ -196,6 +196,63 @@ def test_an_agent_planting_a_submodule_repository_is_stopped(
     assert done.returncode == 0, done.stderr[-3000:]
     _status_runs_nothing(root, marker)
     assert (root / "lib" / ".git.kagura-refused-1" / "config").exists(), "the step ran"
-    assert "moved aside a submodule repository" in done.stderr + done.stdout
+    assert "moved aside a git repository the run planted" in done.stderr + done.stdout
+    [run_id] = run_ids(state_dir)
+    assert leftovers(docker_client, run_id) == []
+
+
+def _plant_bare(root: Path, marker: Path) -> None:
+    """HEAD, objects/, refs/ and a config at the top of ``root``: git takes it for a
+    repository whose work tree is ``root`` and whose fsmonitor is a command."""
+    (root / "objects").mkdir()
+    (root / "refs").mkdir()
+    (root / "HEAD").write_text("ref: refs/heads/main\n")
+    (root / "config").write_text(
+        f"[core]\n\tbare = false\n\tworktree = {root}\n\tfsmonitor = touch {marker}; false\n"
+    )
+
+
+def test_a_root_planted_as_a_repository_is_no_repository_after_the_run(tmp_path: Path) -> None:
+    """A root with no .git: git looking for a repository from it (or below) takes the root
+    itself for one. Its HEAD is moved aside; a root with a .git keeps a HEAD file."""
+    root = tmp_path / "plain"
+    root.mkdir()
+    marker = tmp_path / "PWNED"
+    before = snapshot(str(root))
+    since = ctime_floor()
+    _plant_bare(root, marker)
+    (root / "src").mkdir()
+    lines = check_root_repository(str(root), since, before).summary()
+    for folder in (root, root / "src"):
+        _status_runs_nothing(folder, marker)
+    assert any("HEAD -> HEAD.kagura-refused-1" in line for line in lines), lines
+    repo = _superproject(tmp_path, "repo")
+    (repo / "HEAD").write_text("a file of the project\n")
+    assert check_root_repository(str(repo), since).summary() == []
+    assert (repo / "HEAD").exists()
+
+
+@pytest.mark.docker
+def test_an_agent_planting_its_root_as_a_repository_is_stopped(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    """From inside a real container (the root's host path is in /proc/self/mountinfo; the
+    test names it): the operator's next git status in the root runs nothing of it."""
+    manifests = manifest_set(tmp_path)
+    root = tmp_path / "plain"
+    root.mkdir()
+    os.chown(root, AGENT_UID, AGENT_UID)
+    marker = tmp_path / "PWNED"
+    plant = (
+        "mkdir objects refs && echo 'ref: refs/heads/main' > HEAD && printf '[core]\\n"
+        f"\\tbare = false\\n\\tworktree = {root}\\n\\tfsmonitor = touch {marker}; false\\n'"
+        " > config"
+    )
+    task = write_task(root, "plant-root", {"steps": [plant], "verify": ["true"]})
+    done = kagura(["apply", "--yes", "--manifests", str(manifests), str(task)], cli_env(state_dir))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (root / "config").exists(), "the step ran"
+    _status_runs_nothing(root, marker)
+    assert "moved aside a git repository the run planted: HEAD" in done.stderr + done.stdout
     [run_id] = run_ids(state_dir)
     assert leftovers(docker_client, run_id) == []

@@ -37,7 +37,12 @@ from kagura_agent.apply.context import (
     assemble,
 )
 from kagura_agent.apply.docker import DockerApplyRuntime
-from kagura_agent.apply.gitlinks import Snapshot, check_gitlinks, snapshot
+from kagura_agent.apply.gitlinks import (
+    Snapshot,
+    check_gitlinks,
+    check_root_repository,
+    snapshot,
+)
 from kagura_agent.apply.hostrun import run_on_host
 from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.midrun import MidRun, announce
@@ -168,8 +173,12 @@ def _clear_setid(ctx: RunContext, since: int, gitlinks: Snapshot) -> None:
     (apply/gitlinks.py): the operator's next ``git status`` would run its configuration."""
     root = ctx.plan["task"]["project_root"]
     _show_setid(ctx.live, clear_setid(root, since))
-    for line in check_gitlinks(root, since, gitlinks).summary():
-        ctx.live.note(line, "yellow")
+    for report in (
+        check_gitlinks(root, since, gitlinks),
+        check_root_repository(root, since, gitlinks),
+    ):
+        for line in report.summary():
+            ctx.live.note(line, "yellow")
 
 
 def _show_setid(live: LiveView, report: SetidReport) -> None:

@@ -51,7 +51,7 @@ class GitlinkReport:
 
     def summary(self) -> list[str]:
         lines = [
-            f"moved aside a submodule repository the run changed: {neutralise(rel, newlines=False)}"
+            f"moved aside a git repository the run planted: {neutralise(rel, newlines=False)}"
             f" -> {neutralise(to, newlines=False)} (git would have run its configuration)"
             for rel, to in self.moved
         ]
@@ -161,6 +161,58 @@ def check_gitlinks(root: str, since: float, before: Snapshot | None = None) -> G
     finally:
         os.close(root_fd)
     return GitlinkReport(tuple(moved), tuple(problems))
+
+
+def check_root_repository(root: str, since: float, before: Snapshot | None = None) -> GitlinkReport:
+    """Move aside a ``HEAD`` the run wrote at the top of a root that has no ``.git``.
+
+    git looking for a repository from the root, or any folder below it, first tries
+    ``.git``, then takes the folder itself for a repository when it holds a ``HEAD``
+    file, ``objects/`` and ``refs/``: with the agent's ``config`` beside them
+    (``core.worktree``, ``core.fsmonitor``) the operator's next ``git status`` there would
+    run the agent's command. Without its ``HEAD`` the folder is no repository. (A root
+    with a ``.git`` of its own is found by it first; ``.git`` is read-only for the run.)
+    Never raises OSError."""
+    real = os.path.realpath(root)
+    if before is not None:
+        since = max(since, before.taken - TICK)
+    try:
+        fd = os.open(real, _DIR)
+    except OSError as exc:
+        return GitlinkReport(problems=(f"{root} ({exc.strerror})",))
+    try:
+        if _has_git(fd):
+            return GitlinkReport()
+        try:
+            st = os.lstat("HEAD", dir_fd=fd)
+        except FileNotFoundError:
+            return GitlinkReport()
+        if st.st_ctime < since or stat.S_ISDIR(st.st_mode):
+            return GitlinkReport()
+        return GitlinkReport(moved=(_move_aside(fd, "HEAD", "HEAD"),))
+    except OSError as exc:
+        return GitlinkReport(problems=(f"HEAD ({exc.strerror})",))
+    finally:
+        os.close(fd)
+
+
+def _has_git(root_fd: int) -> bool:
+    """Whether the root has a ``.git`` git would use (not absent, not the empty folder apply
+    holds in its place during a run)."""
+    try:
+        st = os.lstat(".git", dir_fd=root_fd)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return True
+    try:
+        fd = os.open(".git", _DIR, dir_fd=root_fd)
+    except OSError:
+        return True
+    try:
+        return bool(os.listdir(fd))
+    finally:
+        os.close(fd)
 
 
 def _parts(rel: str) -> list[str]:

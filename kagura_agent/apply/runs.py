@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from kagura_agent.apply.context import ApplyRuntime
-from kagura_agent.apply.gitlinks import check_gitlinks
+from kagura_agent.apply.gitlinks import check_gitlinks, check_root_repository
 from kagura_agent.apply.parentdeath import PARENT_ENV, PARENT_ROOT_ENV
 from kagura_agent.apply.runtable import MIGRATIONS
 from kagura_agent.apply.setid import SetidReport, clear_setid, ctime_floor
@@ -107,6 +107,7 @@ def sweep_dead_runs(
             if on_setid is not None:
                 on_setid(report)
             check_gitlinks(row["project_root"], row["setid_since"])
+            check_root_repository(row["project_root"], row["setid_since"])
         close_run(store, row["run_id"], "crashed", -1, clock)
         swept.append(row["run_id"])
     return swept
