@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -396,4 +397,41 @@ def test_an_unanswered_lease_budget_lets_the_lease_run_out(
         lease.tick()
     [row] = amendments(store, "run-units")
     assert row["outcome"] == "timeout"
+    store.close()
+
+
+class NoProxy:
+    def reload(self, egress: dict[str, Any]) -> None:
+        raise AssertionError("a denied request reloaded the proxy")
+
+
+def test_what_the_brain_writes_into_a_request_is_stored_scrubbed(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """The brain holds a credential and puts it in a request's name and reason: the run's
+    record of mid-run requests (and the question an operator reads) never keeps it."""
+    secret = "Held-Token-4e5f6a7b8c9d"
+    c = compiled(tmp_path, egress_policy("second", "second.example.com"))
+    redactor = Redactor()
+    redactor.add(secret)
+    store = StateStore()
+    asker = StubAsker("denied")
+    midrun = MidRun(
+        store=store,
+        run_id="run-scrub",
+        live=LiveView(redactor, stream=io.StringIO(), as_json=True),
+        clock=FixedClock(datetime.now(UTC)),
+        asker=asker,
+        amender=Amender(c, c.plan),
+        timeout=30,
+    )
+    midrun.egress = NoProxy()  # the run has a proxy (a denied request never reloads it)
+    asked = asyncio.run(midrun.request("egress", "second", f"the key is {secret}"))
+    refused = asyncio.run(midrun.request("egress", f"{secret.lower()}.evil.test", "exfil"))
+    assert not asked[0] and not refused[0]
+    rows = amendments(store, "run-scrub")
+    assert [r["outcome"] for r in rows] == ["denied", "refused"]
+    stored = json.dumps(rows) + json.dumps([q.text for q in asker.asked])
+    assert secret.lower() not in stored.lower(), stored
+    assert "(sensitive)" in rows[0]["reason"] and "(sensitive)" in rows[1]["name"]
     store.close()

@@ -183,7 +183,14 @@ class MidRun:
 
     async def request(self, kind: str, name: str, reason: str) -> tuple[bool, str]:
         request = self._request_id()
-        name, reason = neutralise(name, newlines=False), neutralise(reason, newlines=False)
+        # The brain wrote both, and may have written a credential it holds: scrubbed before
+        # anyone is shown them (a terminal's prompt prints the question as is) or they are
+        # stored.
+        scrub = self.live.redactor.scrub_any_case
+        name, reason = (
+            scrub(neutralise(name, newlines=False)),
+            scrub(neutralise(reason, newlines=False)),
+        )
         self.live.note(f"mid-run request {request}: {kind} {name!r} ({reason})")
         async with self._one_at_a_time:
             try:
@@ -303,7 +310,7 @@ class MidRun:
         # What is left is reckoned from the larger count (the events may still be on
         # their way); past_budget keeps to the events as they are seen, in order.
         used = (max(self.spent_turns, turns, self.model_calls or 0), max(self.spent_usd, cost_usd))
-        reason = neutralise(reason, newlines=False)
+        reason = self.live.redactor.scrub_any_case(neutralise(reason, newlines=False))
         name, what = limit, BRAIN_BUDGETS.get(limit, limit)
         self.live.note(
             f"budget request {request}: the brain ran out of its {what} budget ({reason})"
@@ -447,6 +454,9 @@ class MidRun:
         if amendment is not None:
             category, fp = amendment.category, amendment.plan["fingerprint"]
             detail = f"{detail}\n{amendment.diff_text()}"
+        # What the brain chose (a name, a reason) may carry a credential it holds.
+        scrub = self.live.redactor.scrub_any_case
+        name, reason, detail = scrub(name), scrub(reason), scrub(detail)
         self.store.migrate("amendments", MIGRATIONS)
         with self.store.transaction() as conn:
             conn.execute(
