@@ -19,7 +19,7 @@ from apply_helpers import (
     write_task,
 )
 
-from kagura_agent.apply.parentdeath import PARENT_ENV, PARENT_ROOT_ENV
+from kagura_agent.apply.parentdeath import PARENT_ENV, PARENT_ROOT_ENV, child_environment
 from kagura_agent.apply.runs import root_locks
 from kagura_agent.errors import RefusedError
 
@@ -87,8 +87,18 @@ def test_a_root_inside_a_live_runs_root_is_refused_both_ways(tmp_path: Path) -> 
             root_locks(str(outer / "inner"), {})
         # A child its parent dispatched into its own root: the parent names that root.
         child_env = {PARENT_ENV: "1", PARENT_ROOT_ENV: str(outer)}
-        for fd in root_locks(str(outer / "inner"), child_env):
-            os.close(fd)
+        child_held = root_locks(str(outer / "inner"), child_env)
+        try:
+            # And its own child, inside both: the environment a child apply gives it.
+            grandchild_env = child_environment(child_env, parent_root=str(outer / "inner"))
+            (outer / "inner" / "deeper").mkdir()
+            for fd in root_locks(str(outer / "inner" / "deeper"), grandchild_env):
+                os.close(fd)
+            with pytest.raises(RefusedError):  # not named: still refused
+                root_locks(str(outer / "inner" / "deeper"), child_env)
+        finally:
+            for fd in child_held:
+                os.close(fd)
     finally:
         for fd in held:
             os.close(fd)

@@ -26,8 +26,9 @@ from collections.abc import Mapping
 from types import FrameType
 
 PARENT_ENV = "KAGURA_AGENT_PARENT_PID"
-# The parent's project root: the child's root lies inside it on purpose (apply/runs.py
-# root_locks leaves that one folder to the parent's lock).
+# The project roots of the dispatching parent and its own dispatching ancestors
+# (os.pathsep-separated): the child's root lies inside them on purpose (apply/runs.py
+# root_locks leaves those folders to their runs' locks).
 PARENT_ROOT_ENV = "KAGURA_AGENT_PARENT_ROOT"
 _PR_SET_PDEATHSIG = 1
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
@@ -37,8 +38,12 @@ def child_environment(
     environ: Mapping[str, str] = os.environ, *, parent_root: str = ""
 ) -> dict[str, str]:
     """The environment for a child apply: this process is the parent to follow, and
-    ``parent_root`` (when given) the project root it holds locked for the child."""
-    return {**environ, PARENT_ENV: str(os.getpid()), PARENT_ROOT_ENV: parent_root}
+    ``parent_root`` (when given) the project root it holds locked for the child, after the
+    roots its own dispatching ancestors hold (a child's child lies inside them all)."""
+    held = [r for r in environ.get(PARENT_ROOT_ENV, "").split(os.pathsep) if r]
+    if parent_root:
+        held.append(parent_root)
+    return {**environ, PARENT_ENV: str(os.getpid()), PARENT_ROOT_ENV: os.pathsep.join(held)}
 
 
 def take_back_sigint() -> bool:

@@ -147,16 +147,17 @@ def root_locks(root: str, environ: Mapping[str, str] = os.environ) -> list[int]:
     The shared locks make the nesting exclusive both ways (an outer root's exclusive lock
     and an inner run's shared lock on it conflict) while siblings under one folder, which
     only share locks, run side by side. A folder that cannot be opened is not locked.
-    A dispatched child is the exception its parent names (``PARENT_ROOT_ENV``): its root
-    lies inside the parent's on purpose, and the parent waits for it.
+    A dispatched child is the exception its parent names (``PARENT_ROOT_ENV``, with the
+    roots of the parent's own dispatching ancestors): its root lies inside theirs on
+    purpose, and they wait for it.
     """
     held = [_lock_root(root)]
-    parent = environ.get(PARENT_ROOT_ENV, "") if environ.get(PARENT_ENV) else ""
-    parent_root = os.path.realpath(parent) if parent else None
+    named = environ.get(PARENT_ROOT_ENV, "") if environ.get(PARENT_ENV) else ""
+    parents = {os.path.realpath(r) for r in named.split(os.pathsep) if r}
     try:
         folder = os.path.dirname(root)
         while True:
-            if folder != parent_root:
+            if folder not in parents:
                 fd = _lock_ancestor(folder, root)
                 if fd is not None:
                     held.append(fd)
