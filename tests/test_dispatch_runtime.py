@@ -512,3 +512,74 @@ def test_a_parent_cannot_reach_through_a_child_what_it_may_not_write(
     assert any("is not a folder of the project" in r for r in children["away"]["reasons"])
     assert list((project / ".git" / "hooks").iterdir()) == []
     assert list(outside.iterdir()) == []
+
+
+DISPATCH_CANARY = "Canary-Dispatch-3b8e1f9a2c7d"
+
+
+def test_a_child_request_carrying_the_parents_credential_is_refused(
+    agent_test_image: tuple[Any, str], tmp_path: Path, state_dir: Path
+) -> None:
+    """A credential travels to a sub-agent only as a lease of the child's own plan: the
+    parent's agent writing the key it holds into a child's prompt, steps or verify is
+    refused before the child's task is written (it would sit in the state directory and
+    reach the child outside any lease)."""
+    client, image_ref = agent_test_image
+    image = {
+        "kind": "Image",
+        "metadata": {"name": "agent-test"},
+        "spec": {"recipe": "images/agent", "tag": image_ref, "baseline": True},
+    }
+    canary = {
+        "kind": "CredentialProvider",
+        "metadata": {"name": "canary"},
+        "spec": {
+            "type": "static",
+            "standing": True,
+            "secret": "env:CANARY_ROOT",
+            "static": {"env": "CANARY_KEY"},
+            "baseline_scopes": ["api"],
+            "scopes": {"api": {"description": "a canary"}},
+        },
+    }
+    manifests = manifest_set(tmp_path, image, canary)
+    project = make_project(tmp_path)
+    dispatch = "python3 -m kagura_agent.brain.memtool dispatch"
+    task = write_task(
+        project,
+        "parent",
+        {
+            "image": "agent-test",
+            "brain": "script",
+            "credentials": [{"provider": "canary", "scope": "api"}],
+            "steps": [
+                f'{dispatch} "use the key $CANARY_KEY" --name prompted --step true'
+                " > prompted.json; true",
+                f'{dispatch} "save it" --name stepped --step "echo $CANARY_KEY > got.txt"'
+                " > stepped.json; true",
+                f'{dispatch} "check it" --name verified --step true'
+                ' --verify "test $(echo $CANARY_KEY | tr a-z A-Z) != x" > verified.json; true',
+                f'{dispatch} "an honest child" --name honest --step true > honest.json; true',
+            ],
+        },
+    )
+    env = cli_env(state_dir, CANARY_ROOT=DISPATCH_CANARY)
+    done = kagura(["apply", "--yes", "--json", "--manifests", str(manifests), str(task)], env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    children = {c["task"]: c for c in last_json(done.stdout)["children"]}
+    assert {t: c["outcome"] for t, c in children.items()} == {
+        "prompted": "refused",
+        "stepped": "refused",
+        "verified": "refused",
+        "honest": "success",
+    }
+    assert any("carries a credential" in r for r in children["stepped"]["reasons"])
+    assert not (project / "stepped" / "got.txt").exists()
+    for form in (DISPATCH_CANARY, DISPATCH_CANARY.upper(), "3b8e1f9a2c7d"):
+        assert form not in done.stdout + done.stderr, form
+        for stored in state_dir.rglob("*"):
+            if stored.is_file():
+                assert form.encode() not in stored.read_bytes(), (form, stored)
+    for child in children.values():
+        if child["run"]:
+            assert leftovers(client, child["run"]) == []

@@ -41,6 +41,7 @@ from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_p
 from kagura_agent.approvals.midrun import Asker, Question, ask_operator
 from kagura_agent.clock import iso
 from kagura_agent.errors import KaguraError, ValidationError
+from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.memory.model import MemoryStore
 from kagura_agent.paths import state_dir
 from kagura_agent.patterns.dispatch import child_outputs, handoff, load_context
@@ -122,6 +123,7 @@ class ChildDispatcher:
         try:
             child = ChildRequest.parse(request, record.task)
             record.task = child.name
+            _refuse_carried_credentials(child, self.ctx.live.redactor)
             limit = plan["budget"]["children"]
             if limit < 1:
                 raise Refused(["this run may not dispatch sub-agents (Policy ceilings.children)"])
@@ -479,3 +481,26 @@ def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None
         future.set_exception(error)
     else:
         future.set_result(value)
+
+
+def _refuse_carried_credentials(child: ChildRequest, redactor: Redactor) -> None:
+    """A credential reaches a sub-agent only as a lease of the child's own plan: a request
+    whose text carries one this run holds (in any case) is refused before its task is
+    written (the state directory would keep it, and the child would hold it unleased)."""
+    texts = [
+        child.prompt,
+        child.workdir,
+        *(child.steps or ()),
+        *child.verify,
+        *child.notes,
+        *child.context,
+        *(child.egress or ()),
+        *(value for grant in child.credentials for value in grant.values()),
+    ]
+    if any(redactor.scrub_any_case(text) != text for text in texts):
+        raise Refused(
+            [
+                "the request carries a credential this run holds; a sub-agent gets its own"
+                " through its plan (credentials: [{provider, scope}])"
+            ]
+        )
