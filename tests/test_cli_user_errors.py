@@ -176,3 +176,57 @@ def test_run_with_an_unknown_name_points_at_the_flag(
 def test_plan_facts_file_of_the_wrong_shape(project: Path, text: str, fragment: str) -> None:
     (project / "facts.json").write_text(text, encoding="latin-1")
     refused(cli(project, *plan_argv(), "task.yml"), fragment)
+
+
+@pytest.mark.parametrize(
+    ("where", "text", "line", "col", "path"),
+    [
+        (
+            "task",
+            HELLO.replace("project_root: .", 'project_root: "a\\0b"'),
+            5,
+            17,
+            "$.spec.project_root",
+        ),
+        (
+            "task",
+            HELLO + '  mounts: [{source: "/tmp\\0x", target: /x}]\n',
+            7,
+            21,
+            "$.spec.mounts[0].source",
+        ),
+        ("task", HELLO + '  vars: {"k\\0": 1}\n', 7, 10, "$.spec.vars"),
+        ("policy", 'spec:\n  secret_dirs: ["/tmp\\0x"]\n', 5, 17, "$.spec.secret_dirs[0]"),
+    ],
+    ids=["project-root", "mount-source", "key", "policy-secret-dir"],
+)
+@pytest.mark.parametrize("command", ["validate", "plan"])
+def test_a_nul_character_anywhere_is_a_located_error(
+    project: Path, command: str, where: str, text: str, line: int, col: int, path: str
+) -> None:
+    # A "\0" escape used to reach os.path.realpath (project_root): ValueError, a traceback.
+    manifests = project / "manifests"
+    shutil.copytree(REPO / "manifests", manifests)
+    file = "task.yml"
+    if where == "policy":
+        file = "manifests/extra.yml"
+        text = "apiVersion: kagura.dev/v1\nkind: Policy\nmetadata: {name: extra}\n" + text
+    (project / file).write_text(text, encoding="utf-8")
+    argv = [command, "--manifests", "manifests", "task.yml"]
+    if command == "plan":
+        argv[1:1] = ["--facts", "facts.json"]
+    for extra in ([], ["--json"]):
+        proc = cli(project, *argv, *extra)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stdout + proc.stderr
+        if extra:
+            (error,) = json.loads(proc.stdout)["errors"]
+            assert (error["file"], error["line"], error["col"], error["path"]) == (
+                file,
+                line,
+                col,
+                path,
+            )
+            assert "NUL character" in error["message"]
+        else:
+            assert proc.stderr.startswith(f"{file}:{line}:{col}  {path}  text contains a NUL")

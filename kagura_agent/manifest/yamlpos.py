@@ -11,7 +11,9 @@ deeper than ``MAX_DEPTH`` is refused from the event stream before anything is co
 (libyaml's composer recurses in C), and aliases are expanded against one budget per
 file -- ``MAX_NODES`` values and ``MAX_CHARS`` characters of scalars -- so an alias
 bomb stops at the budget instead of expanding exponentially. An alias that refers to
-a node containing it is a located error, not a RecursionError.
+a node containing it is a located error, not a RecursionError. A NUL character (the
+``"\\0"`` escape) in any key or value is a located error too: no manifest text needs
+one, and every path, name and command would carry it to an OS call that refuses it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ _SCALAR = yaml.constructor.SafeConstructor()
 MAX_DEPTH = 64
 MAX_NODES = 100_000
 MAX_CHARS = 4 * 1024 * 1024
+
+
+_NUL = "text contains a NUL character (\\0); no key or value may hold one"
 
 
 class _TooBig(Exception):
@@ -188,6 +193,8 @@ def _build(
         raise _refuse(node, path, doc, f"YAML nesting is deeper than {MAX_DEPTH} levels")
     doc.positions[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
     if isinstance(node, yaml.ScalarNode):
+        if "\0" in node.value:
+            raise _refuse(node, path, doc, _NUL)
         budget.chars -= len(node.value)
         if budget.chars < 0:
             raise _refuse(
@@ -215,6 +222,8 @@ def _collection(
         for key_node, value_node in node.value:
             key = _scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else None
             line, col = key_node.start_mark.line + 1, key_node.start_mark.column + 1
+            if isinstance(key, str) and "\0" in key:
+                raise _refuse(key_node, path, doc, _NUL)
             if key_node.tag == "tag:yaml.org,2002:merge":
                 problems.append(
                     Diagnostic(
