@@ -12,6 +12,7 @@ import pytest
 from kagura_agent.clock import FixedClock
 from kagura_agent.errors import ExitCode, RefusedError, SetupError
 from kagura_agent.membrane.leases import Broker, Budget, LeaseRequest, Ledger
+from kagura_agent.membrane.providers import Bundle, Minted
 from kagura_agent.state import StateStore
 from testing.fake_cloudflare import ROOT_TOKEN, FakeCloudflare
 
@@ -277,3 +278,61 @@ def test_exhaustion_stays_a_refusal_when_the_revoke_fails(
         lease.renew()
     [row] = Ledger(store, FixedClock(datetime.now(UTC))).open_rows()
     assert row.state == "live" and row.attempts == 1
+
+
+class LongLived:
+    """A provider whose credentials outlive what was asked (an API ignoring the duration),
+    revocable or not."""
+
+    kind = "long-lived"
+    min_ttl = 60
+    max_ttl = 3600
+
+    def __init__(self, clock: FixedClock, *, revocable: bool, lives: timedelta) -> None:
+        self.clock, self.revocable, self.lives = clock, revocable, lives
+        self.minted: list[str] = []
+        self.revoked: list[str] = []
+
+    def mint(self, scope_spec: Any, ttl_seconds: int, lease_id: str) -> Minted:
+        self.minted.append(f"ll-{lease_id}")
+        return Minted(
+            id=f"ll-{lease_id}",
+            expires_at=self.clock.now() + self.lives,
+            bundle=Bundle(files={"ll/token": "long-lived-token-0123456789"}),
+        )
+
+    def revoke(self, minted_id: str) -> bool:
+        if not self.revocable:
+            return False
+        self.revoked.append(minted_id)
+        return True
+
+    def find(self, lease_id: str) -> list[str]:
+        return []
+
+
+@pytest.mark.parametrize("revocable", [True, False])
+def test_a_credential_outliving_its_lease_budget_is_never_handed_out(
+    store: StateStore, clock: FixedClock, cloudflare: FakeCloudflare, revocable: bool
+) -> None:
+    """Whatever the provider answers, a credential that would outlive the lease's budget
+    is not delivered: revoked where the provider can, else left to lapse, and recorded."""
+    provider = LongLived(clock, revocable=revocable, lives=timedelta(hours=12))
+    broker = Broker(
+        store,
+        run_id="run-test",
+        clock=clock,
+        provider_factory=lambda kind, spec, secret: provider,
+        resolver=lambda ref: "root-secret-value-000",
+    )
+    with pytest.raises(SetupError, match="would outlive its lease budget"):
+        broker.acquire(LeaseRequest.from_plan(entry(cloudflare, budget_seconds=3600)))
+    assert broker.leases == []
+    assert provider.revoked == (provider.minted if revocable else [])
+    [row] = Ledger(store, FixedClock(datetime.now(UTC))).rows()
+    assert row.closed_at is not None and row.state == "failed"
+    assert "outlive" in (row.note or "") and ("lapses at" in (row.note or "")) is not revocable
+    # Inside the budget (a little clock skew allowed): handed out as before.
+    provider.lives = timedelta(seconds=900 + 30)
+    lease = broker.acquire(LeaseRequest.from_plan(entry(cloudflare, budget_seconds=900)))
+    assert lease.bundle.files == {"ll/token": "long-lived-token-0123456789"}

@@ -38,6 +38,8 @@ from kagura_agent.state import StateStore
 LEASE_MIN_SECONDS = 15 * 60
 LEASE_MAX_SECONDS = 60 * 60
 RENEW_MARGIN = timedelta(minutes=5)
+# How far past the budget's end a provider's expiry may lie (its clock against ours).
+OUTLIVE_TOLERANCE = timedelta(minutes=1)
 MINTABLE_CLASSES = ("baseline", "graduated", "approved")
 
 ProviderFactory = Callable[[str, Mapping[str, Any], str], CredentialProvider]
@@ -297,9 +299,28 @@ class Lease:
             raise SetupError(f"could not mint credential {self.name}: {message}") from None
         broker.redactor.add(*minted.sensitive_values())
         broker.ledger.record_minted(grant, minted.id, minted.expires_at)
+        outlives = minted.expires_at - (self.budget_ends_at + OUTLIVE_TOLERANCE)
+        if outlives > timedelta(0):
+            # The provider's credential would still work after the lease's budget (an API
+            # that ignored the duration asked): never handed out. Revoked where the
+            # provider can; otherwise it lapses at its expiry, which the ledger keeps.
+            why = (
+                f"the provider's credential would outlive its lease budget (it expires"
+                f" {iso(minted.expires_at)}, the budget ends {iso(self.budget_ends_at)})"
+            )
+            self._revoke(grant, minted, note=why, strict=False, state="failed")
+            raise SetupError(f"could not mint credential {self.name}: {why}")
         self.grant, self.minted = grant, minted
 
-    def _revoke(self, grant: str, minted: Minted | None, *, note: str, strict: bool) -> None:
+    def _revoke(
+        self,
+        grant: str,
+        minted: Minted | None,
+        *,
+        note: str,
+        strict: bool,
+        state: str = "released",
+    ) -> None:
         broker = self.broker
         if minted is None:
             return
@@ -322,7 +343,7 @@ class Lease:
             revoked = True
         if not revoked:
             note = f"{note}; not revocable, lapses at {iso(minted.expires_at)}"
-        broker.ledger.close(grant, "released", note=note)
+        broker.ledger.close(grant, state, note=note)
 
     def _exhaust(self, why: str) -> NoReturn:
         try:
