@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from chat_helpers import RunningTransport, loopback_guard
 
-from kagura_agent.cockpit.slack import SlackTransport
+from kagura_agent.cockpit.slack import SlackTransport, as_text
 from kagura_agent.cockpit.transport import Event
 from kagura_agent.errors import SetupError
 from testing.fake_slack import FakeSlack
@@ -137,6 +137,26 @@ def test_ask_posts_approve_and_deny_buttons_carrying_the_request(
         ("kagura_approve", "primary", "req-42", "Approve"),
         ("kagura_deny", "danger", "req-42", "Deny"),
     ]
+
+
+def test_a_long_question_keeps_what_would_change_next_to_the_buttons(
+    slack: FakeSlack, running: Running
+) -> None:
+    """A question longer than a Slack section: the brain padded its reason so the plan
+    diff, which comes last, would be cut off and the operator would approve unseen. The
+    end of the question (what would change) stays next to the buttons, and so does its
+    beginning (who asks for what)."""
+    diff = "plan sha256:0123… would change:\n+ egress payments.example.com:443 (policy pay)"
+    padding = "\\u2028" * 512  # the longest reason (512 line separators), neutralised
+    question = f"The brain asks for egress:pay mid-run: {padding}\n{diff}\n(denied…)"
+    running.transport.ask(f"{DM}:1700000000.000100", question, "m-1")
+
+    (post,) = slack.wait_for_posts(1)
+    section, _actions = post.payload["blocks"]
+    shown = section["text"]["text"]
+    assert len(shown) <= 3000
+    assert shown.startswith("The brain asks for egress:pay mid-run")
+    assert shown.endswith(f"{as_text(diff)}\n(denied…)")
 
 
 @pytest.mark.parametrize(

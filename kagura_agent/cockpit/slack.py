@@ -252,8 +252,7 @@ def as_text(text: str) -> str:
 
 def approval_blocks(text: str, request: str) -> list[dict[str, Any]]:
     """Block Kit for an approval: the text, then Approve / Deny buttons carrying ``request``."""
-    if len(text) > _SECTION_LIMIT:
-        text = text[: _SECTION_LIMIT - 1] + "…"
+    text = _fit(text)
     return [
         {"type": "section", "text": {"type": "mrkdwn", "text": text}},
         {
@@ -269,8 +268,7 @@ def approval_blocks(text: str, request: str) -> list[dict[str, Any]]:
 
 def stop_blocks(text: str, request: str) -> list[dict[str, Any]]:
     """Block Kit for a running session: the text, then one ❌ Stop button carrying ``request``."""
-    if len(text) > _SECTION_LIMIT:
-        text = text[: _SECTION_LIMIT - 1] + "…"
+    text = _fit(text)
     return [
         {"type": "section", "text": {"type": "mrkdwn", "text": text}},
         {
@@ -279,6 +277,17 @@ def stop_blocks(text: str, request: str) -> list[dict[str, Any]]:
             "elements": [_button("❌ Stop", KILL, "danger", request)],
         },
     ]
+
+
+def _fit(text: str) -> str:
+    """``text`` within one section. A question ends with what the operator decides on (the
+    plan diff) and begins with who asks for what; what is cut is the middle, where the
+    agent's words are (a padded reason must not push the diff out of sight)."""
+    if len(text) <= _SECTION_LIMIT:
+        return text
+    cut = "\n…(cut)…\n"
+    head = _SECTION_LIMIT // 4
+    return text[:head] + cut + text[-(_SECTION_LIMIT - head - len(cut)) :]
 
 
 def _button(label: str, action_id: str, style: str, value: str) -> dict[str, Any]:
