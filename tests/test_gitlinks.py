@@ -256,3 +256,30 @@ def test_an_agent_planting_its_root_as_a_repository_is_stopped(
     assert "moved aside a git repository the run planted: HEAD" in done.stderr + done.stdout
     [run_id] = run_ids(state_dir)
     assert leftovers(docker_client, run_id) == []
+
+
+@pytest.mark.docker
+def test_a_planted_root_repository_cannot_hold_the_run_open(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    """Its config includes a FIFO: a git command that took the root for a repository would
+    block on it. apply moves the planted HEAD aside before it asks git for the gitlinks,
+    so the run ends at once."""
+    manifests = manifest_set(tmp_path)
+    root = tmp_path / "plain"
+    root.mkdir()
+    os.chown(root, AGENT_UID, AGENT_UID)
+    plant = (
+        "mkdir objects refs && mkfifo fifo && echo 'ref: refs/heads/main' > HEAD && printf"
+        f" '[core]\\n\\tbare = false\\n\\tworktree = {root}\\n[include]\\n\\tpath = {root}/fifo\\n'"
+        " > config"
+    )
+    task = write_task(root, "plant-fifo", {"steps": [plant], "verify": ["true"]})
+    started = time.monotonic()
+    done = kagura(["apply", "--yes", "--manifests", str(manifests), str(task)], cli_env(state_dir))
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (root / "fifo").exists(), "the step ran"
+    assert took < 29, f"the run's end waited {took:.0f}s on git (its timeout is 30 s)"
+    [run_id] = run_ids(state_dir)
+    assert leftovers(docker_client, run_id) == []

@@ -173,11 +173,9 @@ def _clear_setid(ctx: RunContext, since: int, gitlinks: Snapshot) -> None:
     (apply/gitlinks.py): the operator's next ``git status`` would run its configuration."""
     root = ctx.plan["task"]["project_root"]
     _show_setid(ctx.live, clear_setid(root, since))
-    for report in (
-        check_gitlinks(root, since, gitlinks),
-        check_root_repository(root, since, gitlinks),
-    ):
-        for line in report.summary():
+    # The root first: git looking for the gitlinks would find a repository planted there.
+    for check in (check_root_repository, check_gitlinks):
+        for line in check(root, since, gitlinks).summary():
             ctx.live.note(line, "yellow")
 
 

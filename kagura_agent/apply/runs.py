@@ -106,8 +106,8 @@ def sweep_dead_runs(
             report = clear_setid(row["project_root"], row["setid_since"])
             if on_setid is not None:
                 on_setid(report)
+            check_root_repository(row["project_root"], row["setid_since"])  # first: see executor
             check_gitlinks(row["project_root"], row["setid_since"])
-            check_root_repository(row["project_root"], row["setid_since"])
         close_run(store, row["run_id"], "crashed", -1, clock)
         swept.append(row["run_id"])
     return swept
