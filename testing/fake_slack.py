@@ -184,9 +184,17 @@ class FakeSlack(FakeServer):
         return self._deliver("events_api", payload, retry_attempt=0, retry_reason="")
 
     def press(
-        self, user: str, channel: str, message_ts: str, action_id: str, value: str
+        self,
+        user: str,
+        channel: str,
+        message_ts: str,
+        action_id: str,
+        value: str,
+        *,
+        team: str | None = None,
     ) -> dict[str, Any]:
-        """Press a button on a message; deliver the block_actions payload, return the ack."""
+        """Press a button on a message; deliver the block_actions payload, return the ack.
+        ``team``: the presser's workspace when not this one (a Slack Connect channel)."""
         with self._cond:
             message = self._messages.get(
                 (channel, message_ts), {"type": "message", "ts": message_ts}
@@ -201,7 +209,7 @@ class FakeSlack(FakeServer):
             container["thread_ts"] = message["thread_ts"]
         payload = {
             "type": "block_actions",
-            "user": {"id": user, "name": user.lower(), "team_id": self.team_id},
+            "user": {"id": user, "name": user.lower(), "team_id": team or self.team_id},
             "api_app_id": self.app_id,
             "token": "fake-verification-token",
             "container": container,

@@ -96,6 +96,23 @@ def test_bot_messages_edits_and_its_own_posts_are_ignored(
     assert running.events.empty()
 
 
+def test_a_user_of_another_workspace_is_not_this_workspaces_user(
+    slack: FakeSlack, running: Running
+) -> None:
+    """Operators are this workspace's user ids. Someone of another workspace (in a Slack
+    Connect channel) whose id reads the same is another identity: their press and their
+    message carry their workspace, and match no operator."""
+    running.transport.ask(f"{DM}:1700000000.000100", "push to main?", "req-42")
+    (post,) = slack.wait_for_posts(1)
+    slack.press(ALICE, DM, post.ts, "kagura_approve", "req-42", team="T0OTHER")
+    slack.send_message(ALICE, DM, "approve s-1", user_team="T0OTHER")
+    slack.send_message(ALICE, DM, "approve s-2")  # this workspace's Alice
+
+    assert running.next_event().user == f"T0OTHER:{ALICE}"
+    assert running.next_event().user == f"T0OTHER:{ALICE}"
+    assert running.next_event().user == ALICE
+
+
 def test_a_mention_and_its_message_twin_make_one_event(slack: FakeSlack, running: Running) -> None:
     text = f"<@{slack.bot_user_id}> status?"
     slack.send_message(ALICE, "C0GENERAL", text, ts="1700000001.000200")

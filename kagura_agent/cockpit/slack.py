@@ -80,6 +80,7 @@ class SlackTransport:
             token=bot_token, base_url=url if url.endswith("/") else url + "/", logger=_log
         )
         self._bot_user = ""
+        self._team = ""  # this workspace (auth.test): its user ids are the operators'
         self._inbox: queue.Queue[Event | None] = queue.Queue()
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._seen_lock = threading.Lock()
@@ -95,6 +96,7 @@ class SlackTransport:
 
         whoami = self._call("auth.test", self._client.auth_test, _BOT_TOKEN_HINT)
         self._bot_user = str(whoami["user_id"])
+        self._team = str(whoami.get("team_id") or "")
         app = App(
             client=self._client,
             logger=_log,
@@ -164,7 +166,8 @@ class SlackTransport:
         if not self._first_sighting(f"{channel}:{ts}"):
             return
         text = _strip_mention(event.get("text") or "", self._bot_user)
-        self._inbox.put(Event(self.name, user, f"{channel}:{event.get('thread_ts') or ts}", text))
+        who = self._identity(str(user), event.get("user_team") or event.get("team"))
+        self._inbox.put(Event(self.name, who, f"{channel}:{event.get('thread_ts') or ts}", text))
 
     def _on_press(
         self, ack: Callable[[], None], body: dict[str, Any], action: dict[str, Any]
@@ -178,11 +181,24 @@ class SlackTransport:
         message = body.get("message") or {}
         channel = (body.get("channel") or {}).get("id") or container.get("channel_id", "")
         ts = message.get("thread_ts") or message.get("ts") or container.get("message_ts", "")
+        team = (body.get("user") or {}).get("team_id") or (body.get("team") or {}).get("id")
         self._inbox.put(
             Event(
-                self.name, user, f"{channel}:{ts}", action=answer, request=action.get("value", "")
+                self.name,
+                self._identity(str(user), team),
+                f"{channel}:{ts}",
+                action=answer,
+                request=action.get("value", ""),
             )
         )
+
+    def _identity(self, user: str, team: Any) -> str:
+        """``user`` as the cockpit knows them: a user id of this workspace as is; someone
+        of another workspace (a Slack Connect channel) as TEAM:USER, which no operator id
+        (this workspace's) matches, whatever their id reads."""
+        if team and self._team and str(team) != self._team:
+            return f"{team}:{user}"
+        return user
 
     def _first_sighting(self, key: str) -> bool:
         with self._seen_lock:
