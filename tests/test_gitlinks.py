@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,10 @@ import pytest
 from apply_helpers import AGENT_UID, cli_env, kagura, leftovers, manifest_set, run_ids, write_task
 
 from kagura_agent.apply.gitlinks import check_gitlinks, check_root_repository, snapshot
+from kagura_agent.apply.runs import open_run, sweep_dead_runs
 from kagura_agent.apply.setid import ctime_floor
+from kagura_agent.clock import FixedClock
+from kagura_agent.state import StateStore
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["which", "git"], capture_output=True).returncode != 0, reason="no git"
@@ -283,3 +287,37 @@ def test_a_planted_root_repository_cannot_hold_the_run_open(
     assert took < 29, f"the run's end waited {took:.0f}s on git (its timeout is 30 s)"
     [run_id] = run_ids(state_dir)
     assert leftovers(docker_client, run_id) == []
+
+
+class _NoContainers:
+    """The two calls sweep_dead_runs makes of a runtime: the dead run has none left."""
+
+    def list(self, labels: dict[str, str]) -> list[str]:
+        return []
+
+    def remove(self, container_id: str, *, force: bool = False) -> None:
+        raise AssertionError("nothing to remove")
+
+
+def test_after_kill_9_the_next_applys_sweep_moves_it_aside_and_says_so(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """The run's apply died before its own check: the next apply's sweep of dead runs does
+    it by ctime, and says what it moved in its live view."""
+    root = _superproject(tmp_path)
+    marker = tmp_path / "PWNED"
+    clock = FixedClock(datetime.now(UTC).replace(microsecond=0))
+    row: Any = {"task": {"name": "t", "session": None, "project_root": str(root)}}
+    row["fingerprint"] = "sha256:" + "0" * 64
+    with StateStore() as store:
+        open_run(store, row, "run-dead", clock)
+        with store.transaction() as conn:
+            conn.execute("UPDATE runs SET pid_start = 'not-a-process-here'")
+    (root / "lib" / ".git").unlink()
+    _plant_repo(root / "lib" / ".git", marker)
+    said: list[str] = []
+    with StateStore() as store:
+        swept = sweep_dead_runs(store, _NoContainers(), clock, said.append)  # type: ignore[arg-type]
+    assert swept == ["run-dead"]
+    _status_runs_nothing(root, marker)
+    assert any("moved aside a git repository the run planted: lib/.git" in s for s in said), said

@@ -255,7 +255,7 @@ def _sweep(store: StateStore, runtime: ApplyRuntime | None, clock: Clock, live: 
         live.note(f"lease sweep: {report.summary()}")
     if runtime is None:
         return
-    swept = sweep_dead_runs(store, runtime, clock, lambda report: _show_setid(live, report))
+    swept = sweep_dead_runs(store, runtime, clock, lambda line: live.note(line, "yellow"))
     removed = runtime.sweep_egress(store)
     if swept or removed:
         live.note(

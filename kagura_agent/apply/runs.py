@@ -22,7 +22,7 @@ from kagura_agent.apply.context import ApplyRuntime
 from kagura_agent.apply.gitlinks import check_gitlinks, check_root_repository
 from kagura_agent.apply.parentdeath import PARENT_ENV, PARENT_ROOT_ENV
 from kagura_agent.apply.runtable import MIGRATIONS
-from kagura_agent.apply.setid import SetidReport, clear_setid, ctime_floor
+from kagura_agent.apply.setid import clear_setid, ctime_floor
 from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import RefusedError
 from kagura_agent.membrane.hardening import LABEL_RUN
@@ -84,11 +84,12 @@ def sweep_dead_runs(
     store: StateStore,
     runtime: ApplyRuntime,
     clock: Clock,
-    on_setid: Callable[[SetidReport], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Remove the containers of runs whose applying process died, then clear what setuid
-    and setgid bits they left in their project roots (``on_setid`` gets each report);
-    close their rows. Runs of another host are left to that host (its containers are on
+    and setgid bits and world-write they left in their project roots, and move aside the
+    git repositories they planted there (``on_note`` gets each line worth saying); close
+    their rows. Runs of another host are left to that host (its containers are on
     its daemon, its roots on its disks)."""
     store.migrate("runs", MIGRATIONS)
     swept = []
@@ -103,11 +104,16 @@ def sweep_dead_runs(
             runtime.remove(container_id, force=True)
         # Only once its containers are gone: nothing can set a bit again behind the walk.
         if row["project_root"] is not None and row["setid_since"] is not None:
-            report = clear_setid(row["project_root"], row["setid_since"])
-            if on_setid is not None:
-                on_setid(report)
-            check_root_repository(row["project_root"], row["setid_since"])  # first: see executor
-            check_gitlinks(row["project_root"], row["setid_since"])
+            root, since = row["project_root"], row["setid_since"]
+            # The root repository first: see executor._clear_setid.
+            for report in (
+                clear_setid(root, since),
+                check_root_repository(root, since),
+                check_gitlinks(root, since),
+            ):
+                for line in report.summary():
+                    if on_note is not None:
+                        on_note(line)
         close_run(store, row["run_id"], "crashed", -1, clock)
         swept.append(row["run_id"])
     return swept
