@@ -131,3 +131,30 @@ def test_an_outer_run_cannot_forge_an_inner_runs_verify_evidence(
     assert "holds the project root of a run in progress" in second.stderr
     assert first.returncode == 1, out  # its own evidence: verify fails
     assert leftovers(docker_client, run_id) == []
+
+
+def test_a_folder_above_that_cannot_be_locked_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file system above the root without flock (ENOLCK on some network mounts) is no
+    reason to refuse the run: that folder is simply not locked."""
+    import errno
+    import fcntl
+
+    root = tmp_path / "root"
+    root.mkdir()
+    real_flock = fcntl.flock
+    root_ino = root.stat().st_ino
+
+    def flaky(fd: int, op: int) -> None:
+        if os.fstat(fd).st_ino != root_ino:
+            raise OSError(errno.ENOLCK, "No locks available")
+        real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flaky)
+    held = root_locks(str(root), {})
+    try:
+        assert len(held) == 1  # the root itself, exclusively
+    finally:
+        for fd in held:
+            os.close(fd)

@@ -191,6 +191,9 @@ def _lock_ancestor(folder: str, root: str) -> int | None:
             " that run's agent can write anywhere in it, this run's files too",
             hint="wait for that run to finish, or give this task a root outside it",
         ) from exc
+    except OSError:  # a file system without flock (ENOLCK): that folder is not locked
+        os.close(fd)
+        return None
     return fd
 
 
