@@ -21,7 +21,7 @@ from kagura_agent.approvals import history, record_decision
 from kagura_agent.approvals.midrun import Answer, ChatAsker, NobodyAsker, Question
 from kagura_agent.clock import FixedClock, SystemClock
 from kagura_agent.cockpit.midrun import MidRunDesk
-from kagura_agent.errors import RefusedError
+from kagura_agent.errors import RefusedError, ValidationError
 from kagura_agent.membrane.leases import Broker, LeaseRequest
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.plan.build import Compiled, compile_tasks
@@ -435,3 +435,16 @@ def test_what_the_brain_writes_into_a_request_is_stored_scrubbed(
     assert secret.lower() not in stored.lower(), stored
     assert "(sensitive)" in rows[0]["reason"] and "(sensitive)" in rows[1]["name"]
     store.close()
+
+
+@pytest.mark.parametrize("scope", ["Read", "read ", " read", "re ad", "read\u200b"])
+def test_a_scope_name_differing_only_in_case_or_whitespace_is_refused(
+    tmp_path: Path, state_dir: Path, scope: str
+) -> None:
+    """Two scopes a person reads as one ("read" and "Read ") cannot both exist: a scope
+    name is a lowercase DNS label, so an approval of one is never shown as the other."""
+    provider = token_provider()
+    provider["spec"]["scopes"] = {"read": {"description": "narrow"}, scope: {"description": "x"}}
+    with pytest.raises(ValidationError) as caught:
+        compiled(tmp_path, provider, credentials=[{"provider": "token", "scope": "read"}])
+    assert any("scopes" in str(d) for d in caught.value.diagnostics), caught.value.diagnostics
