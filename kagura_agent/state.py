@@ -99,8 +99,25 @@ def _manifest_choice() -> statebackend.StateChoice | None:
     """The State manifest's choice (read once per folder and process)."""
     folder = str(statebackend.folder().resolve())
     if folder not in _choices:
-        _choices[folder] = statebackend.choose(Path(folder))
+        chosen = statebackend.choose(Path(folder))
+        if chosen is not None:
+            _refuse_written_choice(chosen)
+        _choices[folder] = chosen
     return _choices[folder]
+
+
+def _refuse_written_choice(chosen: statebackend.StateChoice) -> None:
+    """A State manifest a run's agent could have written chooses no store.
+
+    The store holds the authority (graduation, approvals, the lease ledger), and the run
+    history that says which files an agent could have written is in a store: the one
+    this choice would open knows nothing of it (the agent's own database, say). So the
+    choice is checked against this host's own store in the state directory, where every
+    run that did not choose another store is recorded."""
+    from kagura_agent.apply.written import refuse_written
+
+    if state_path().is_file():
+        refuse_written(f"the state store choice of {chosen.origin()}", chosen.reads, state_path())
 
 
 def _checked_url(url: str) -> str:

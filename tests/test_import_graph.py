@@ -148,6 +148,8 @@ LAZY_ALLOWED = {
     ("kagura_agent.memory.factory", "kagura_agent.memory.cloud"),
     ("kagura_agent.memory.gate", "kagura_agent.memory.cloud"),
     ("kagura_agent.cockpit.runner", "kagura_agent.team.queue"),
+    # Only when a State manifest chooses the store; written reads run history from a store.
+    ("kagura_agent.state", "kagura_agent.apply.written"),
 }
 
 

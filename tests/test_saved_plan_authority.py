@@ -189,3 +189,46 @@ def test_a_task_file_a_run_could_write_is_no_operators_request(
         timeout=120,
     )
     assert again.returncode == 0, again.stderr
+
+
+def test_a_state_choice_a_run_could_write_chooses_no_store(tmp_path: Path, state_dir: Path) -> None:
+    """The State manifest is read before anything else, from ``./manifests`` wherever the
+    operator stands, and names the store that holds graduation, approvals and the lease
+    ledger. Its URL is a secret reference (an agent cannot write one that resolves to a
+    database of its own: ``file:`` stays in the secret folders), but an agent's
+    ``sub/manifests/state.yml`` can still point the operator's next command from ``sub``
+    at another store the operator's environment names, whose run history knows nothing
+    of the agent. The choice is checked against this host's own store, and refused."""
+    project = tmp_path / "proj"
+    task = _task(project / "task.yml", "  project_root: .\n")
+    [operators] = plan_tasks(None, [str(task)])
+    time.sleep(0.05)
+    sub = project / "sub"
+    with StateStore() as store:
+        open_run(store, operators, "run-agent4", SystemClock())
+        (sub / "manifests").mkdir(parents=True)
+        (sub / "manifests" / "state.yml").write_text(
+            "apiVersion: kagura.dev/v1\nkind: State\nmetadata: {name: other}\n"
+            "spec: {backend: postgres, url: 'env:KAGURA_TEST_OTHER_URL'}\n",
+            encoding="utf-8",
+        )
+        close_run(store, "run-agent4", "success", 0, SystemClock())
+    env = {**os.environ, "KAGURA_AGENT_STATE_DIR": str(state_dir), "PYTHONPATH": str(REPO)}
+    for name in (
+        "KAGURA_AGENT_MANIFESTS",
+        "KAGURA_AGENT_STATE_MANIFESTS",
+        "KAGURA_AGENT_STATE_URL",
+    ):
+        env.pop(name, None)
+    env["KAGURA_TEST_OTHER_URL"] = "postgresql://agent@127.0.0.1:9/other"
+    for argv in (["graduation", "status", "--json"], ["leases", "list", "--json"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "kagura_agent", *argv],
+            env=env,
+            cwd=sub,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 6, (argv, done.stdout, done.stderr)
+        assert "run-agent4" in done.stdout and "state.yml" in done.stdout, done.stdout

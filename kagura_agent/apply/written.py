@@ -32,7 +32,7 @@ from kagura_agent.clock import parse_iso
 from kagura_agent.errors import RefusedError
 from kagura_agent.manifest.catalog import Catalog
 from kagura_agent.paths import under
-from kagura_agent.state import StateStore
+from kagura_agent.state import Location, StateStore
 
 
 @dataclass(frozen=True)
@@ -110,9 +110,10 @@ HINT = (
 )
 
 
-def refuse_written(what: str, paths: Iterable[str]) -> None:
-    """RefusedError (exit 6) naming the first of ``paths`` a run could have written."""
-    with StateStore() as store:
+def refuse_written(what: str, paths: Iterable[str], where: Location | None = None) -> None:
+    """RefusedError (exit 6) naming the first of ``paths`` a run could have written, by
+    the run history of the store at ``where`` (the configured one by default)."""
+    with StateStore(where) as store:
         found = written_during_runs(store, [p for p in paths if p])
     if found:
         raise RefusedError(

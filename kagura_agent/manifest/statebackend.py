@@ -54,6 +54,8 @@ class StateChoice:
     url: str
     name: str
     where: str  # FILE:LINE of the manifest
+    # What the choice was read from: the folder, the manifest file and a file: reference.
+    reads: tuple[str, ...] = ()
 
     def origin(self) -> str:
         return f"State {self.name} ({self.where})"
@@ -67,7 +69,11 @@ def folder() -> Path:
 
 def state_documents(directory: Path) -> list[YamlDoc]:
     """The State documents of ``directory`` (files that do not mention one are not parsed)."""
-    found: list[YamlDoc] = []
+    return [doc for _file, doc in _state_documents(directory)]
+
+
+def _state_documents(directory: Path) -> list[tuple[Path, YamlDoc]]:
+    found: list[tuple[Path, YamlDoc]] = []
     for file in yaml_files(directory):
         try:
             text = file.read_text(encoding="utf-8")
@@ -77,7 +83,7 @@ def state_documents(directory: Path) -> list[YamlDoc]:
             continue
         sources = read_text_source(text, display_path(file))
         found.extend(
-            doc
+            (file, doc)
             for doc in sources.docs
             if isinstance(doc.value, dict) and doc.value.get("kind") == "State"
         )
@@ -87,7 +93,8 @@ def state_documents(directory: Path) -> list[YamlDoc]:
 def choose(directory: Path) -> StateChoice | None:
     """The store ``directory``'s State manifest names (None: it has none); every problem
     with it, located, as a ValidationError."""
-    docs = state_documents(directory)
+    located = _state_documents(directory)
+    docs = [doc for _file, doc in located]
     if not docs:
         return None
     problems: list[Diagnostic] = []
@@ -121,4 +128,7 @@ def choose(directory: Path) -> StateChoice | None:
         raise url_problem(f"State {name}: {spec['url']} does not resolve: {exc}") from None
     if urlsplit(url).scheme not in ("postgresql", "postgres"):
         raise url_problem(f"State {name}: {spec['url']} holds no postgresql:// URL")
-    return StateChoice(url, name, f"{first.file}:{first.where(('kind',))[0]}")
+    reads = [str(directory), str(located[0][0])]
+    if str(spec["url"]).startswith("file:"):
+        reads.append(str(spec["url"]).removeprefix("file:"))
+    return StateChoice(url, name, f"{first.file}:{first.where(('kind',))[0]}", tuple(reads))
