@@ -19,6 +19,7 @@ from kagura_agent.errors import UsageError
 from kagura_agent.graduation.knobs import Knobs, knobs_from_spec
 from kagura_agent.graduation.ledger import snapshot
 from kagura_agent.graduation.model import GraduationSnapshot
+from kagura_agent.inputfile import Unreadable, read_bytes
 from kagura_agent.manifest.catalog import Catalog
 from kagura_agent.manifest.proxyimage import proxy_image
 from kagura_agent.manifest.task import ResolvedTask
@@ -92,12 +93,16 @@ class Facts:
     def load(cls, path: str) -> Facts:
         """Facts fixed in a JSON file (``plan --facts``), instead of gathered."""
         try:
-            with Path(path).open("rb") as stream:
-                raw = stream.read(MAX_FACTS_BYTES + 1)
-            if len(raw) > MAX_FACTS_BYTES:
-                raise UsageError(f"facts file {path} is larger than {MAX_FACTS_BYTES // 2**20} MiB")
+            raw = read_bytes(path, MAX_FACTS_BYTES)
+        except Unreadable as exc:
+            if exc.too_big:
+                raise UsageError(
+                    f"facts file {path} is larger than {MAX_FACTS_BYTES // 2**20} MiB"
+                ) from None
+            raise UsageError(f"cannot read facts file {path}: {exc.reason}") from None
+        try:
             data = json.loads(raw.decode("utf-8"))
-        except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError too
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError too
             raise UsageError(f"cannot read facts file {path}: {exc}") from exc
         except RecursionError:
             raise UsageError(f"facts file {path} is nested too deeply") from None

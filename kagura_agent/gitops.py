@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from kagura_agent.errors import UsageError
+from kagura_agent.inputfile import Unreadable, read_text
 from kagura_agent.manifest.loader import yaml_files
 from kagura_agent.plan.diff import Change
 from kagura_agent.plan.model import Plan
@@ -51,10 +52,8 @@ def _git(cwd: Path, *args: str) -> str:
 def is_task_file(path: Path) -> bool:
     """A YAML file whose documents are Tasks (our task files hold nothing else)."""
     try:
-        if path.stat().st_size > _MAX_TASK_BYTES:
-            return False
-        docs = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        docs = list(yaml.safe_load_all(read_text(path, _MAX_TASK_BYTES)))
+    except (Unreadable, yaml.YAMLError):
         return False
     return bool(docs) and all(isinstance(d, dict) and d.get("kind") == "Task" for d in docs if d)
 

@@ -15,6 +15,8 @@ from typing import Any
 from kagura_agent.cli.apply import add_apply_options, apply_options, execute
 from kagura_agent.cli.common import add_manifest_option
 from kagura_agent.errors import UsageError
+from kagura_agent.inputfile import decode, read_text
+from kagura_agent.manifest.loader import MAX_FILE_BYTES
 
 
 def register(subparsers: Any) -> None:
@@ -60,12 +62,14 @@ def task_text(args: argparse.Namespace) -> str:
     if args.prompt_file and args.text:
         raise UsageError("give the task inline or with --prompt-file, not both")
     if args.prompt_file:
-        try:
-            text = Path(args.prompt_file).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"cannot read {args.prompt_file}: {exc.strerror}") from exc
+        text = read_text(args.prompt_file, MAX_FILE_BYTES)
     elif args.text == "-":
-        text = sys.stdin.read()
+        data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise UsageError(
+                f"the task on standard input is more than {MAX_FILE_BYTES // 1024} KiB"
+            )
+        text = decode(data, "standard input")
     elif args.text:
         text = args.text
     else:

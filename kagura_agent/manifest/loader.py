@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kagura_agent.errors import Diagnostic, UsageError
+from kagura_agent.inputfile import Unreadable, read_text
 from kagura_agent.manifest.yamlpos import YamlDoc, load_documents
 from kagura_agent.paths import resource_dir
 
@@ -160,19 +161,16 @@ def read_paths(
             sources.real_paths.add(real)
             name = packaged_display(file) if layer == "packaged" else display_path(file)
             try:
-                size = file.stat().st_size
-                if size > MAX_FILE_BYTES:
-                    sources.problems.append(_too_big(name, size))
-                    continue
-                with file.open("rb") as stream:
-                    # Read one byte past the cap: the file may grow after stat.
-                    data = stream.read(MAX_FILE_BYTES + 1)
-                if len(data) > MAX_FILE_BYTES:
-                    sources.problems.append(_too_big(name, len(data)))
-                    continue
-                text = data.decode("utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                sources.problems.append(Diagnostic(name, 1, 1, "$", f"cannot read file: {exc}"))
+                text = read_text(file, MAX_FILE_BYTES)
+            except Unreadable as exc:
+                # A symlink is shown by its target: name the link the folder holds too.
+                link = f" ({file})" if real != os.path.abspath(file) else ""
+                problem = (
+                    _too_big(name, exc.too_big)
+                    if exc.too_big
+                    else Diagnostic(name, 1, 1, "$", f"cannot read file: {exc.reason}{link}")
+                )
+                sources.problems.append(problem)
                 continue
             sources.extend(read_text_source(text, name, layer))
     return sources

@@ -33,7 +33,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from kagura_agent.errors import Diagnostic, KaguraError, ValidationError
+from kagura_agent.inputfile import Unreadable, read_text
 from kagura_agent.manifest.loader import (
+    MAX_FILE_BYTES,
     display_path,
     manifests_dir,
     read_text_source,
@@ -76,8 +78,8 @@ def _state_documents(directory: Path) -> list[tuple[Path, YamlDoc]]:
     found: list[tuple[Path, YamlDoc]] = []
     for file in yaml_files(directory):
         try:
-            text = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+            text = read_text(file, MAX_FILE_BYTES)
+        except Unreadable:
             continue  # validate reports it; here it cannot hold the State manifest
         if not _MENTIONS.search(text):
             continue

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from kagura_agent.errors import RefusedError, UsageError
+from kagura_agent.inputfile import Unreadable, read_bytes
 from kagura_agent.plan.intent import intent_fingerprint
 from kagura_agent.plan.model import Plan, ShapeError, check_shape
 from kagura_agent.plan.planner import FORMAT_VERSION, fingerprint
@@ -70,12 +71,13 @@ def load(path: Path) -> Plan:
     place it differs from docs/plan-format.md, rather than failing later on a missing key.
     """
     try:
-        with path.open("rb") as stream:
-            raw = stream.read(MAX_PLAN_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"cannot read plan {path}: {exc.strerror}") from exc
-    if len(raw) > MAX_PLAN_BYTES:
-        raise UsageError(f"{path} is larger than {MAX_PLAN_BYTES // 2**20} MiB: not a plan file")
+        raw = read_bytes(path, MAX_PLAN_BYTES)
+    except Unreadable as exc:
+        if exc.too_big:
+            raise UsageError(
+                f"{path} is larger than {MAX_PLAN_BYTES // 2**20} MiB: not a plan file"
+            ) from None
+        raise UsageError(f"cannot read plan {path}: {exc.reason}") from None
     try:
         data = json.loads(raw.decode("utf-8"))
     except json.JSONDecodeError as exc:
