@@ -230,3 +230,40 @@ def test_a_nul_character_anywhere_is_a_located_error(
             assert "NUL character" in error["message"]
         else:
             assert proc.stderr.startswith(f"{file}:{line}:{col}  {path}  text contains a NUL")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["memory", "show", "\udcffa"],
+        ["memory", "forget", "\udcffa", "--who", "alice"],
+        ["egress", "log", "\udcffa"],
+        ["plan", "--manifests", str(REPO / "manifests"), "\udcffa.yml"],
+    ],
+    ids=["memory-show", "memory-forget", "egress-log", "plan"],
+)
+def test_an_argument_that_is_not_utf8_is_a_usage_error(project: Path, argv: list[str]) -> None:
+    # Python carries the bytes of a non-UTF-8 argument as lone surrogates: memory show
+    # and egress log passed them to SQLite (UnicodeEncodeError, a traceback).
+    index = next(i for i, word in enumerate(argv, start=1) if "\udcff" in word)
+    for extra in ([], ["--json"]):
+        proc = cli(project, *argv, *extra)
+        refused(proc, f"error: argument {index} is not UTF-8 text: \\xffa")
+        if extra:
+            assert json.loads(proc.stdout)["ok"] is False
+
+
+def test_a_project_folder_whose_name_is_not_utf8_makes_no_plan(project: Path) -> None:
+    # From a folder named with a byte that is not UTF-8, `plan -o` was a traceback
+    # (UnicodeEncodeError writing the plan) and `plan --json` printed invalid UTF-8.
+    odd = Path(os.fsdecode(bytes(project) + b"-\xff"))
+    odd.mkdir()
+    shutil.copy(project / "task.yml", odd / "task.yml")
+    shutil.copy(project / "facts.json", odd / "facts.json")
+    for extra in (["-o", "plan.json"], ["--json"]):
+        proc = cli(odd, *plan_argv(), *extra, "task.yml")
+        refused(proc, "error: the plan's $.task.path is not UTF-8 text: ")
+        assert proc.stderr.splitlines()[0].endswith("project-\\xff/task.yml"), proc.stderr
+        assert not (odd / "plan.json").exists()
+        if "--json" in extra:
+            assert json.loads(proc.stdout)["ok"] is False

@@ -74,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     json_mode = wants_json(None, words)
     parser = build_parser(json_errors=json_mode)
     try:
+        _utf8_words(words)
         args = parser.parse_args(words)
     except KaguraError as exc:  # only under --json (_JsonParser)
         return _fail(exc, json_mode)
@@ -97,6 +98,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 143
     except BrokenPipeError:
         return int(ExitCode.OK)
+
+
+def _utf8_words(words: Sequence[str]) -> None:
+    """Refuse an argument that is not UTF-8 (Python carries its bytes as lone surrogates):
+    a file name or text that cannot be stored, shown or written into a plan as text."""
+    for index, word in enumerate(words, start=1):
+        try:
+            word.encode("utf-8")
+        except UnicodeEncodeError:
+            from kagura_agent.errors import UsageError
+
+            shown = word.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
+            raise UsageError(
+                f"argument {index} is not UTF-8 text: {shown}",
+                hint="kagura-agent reads file and folder names and text as UTF-8; rename it",
+            ) from None
 
 
 @contextlib.contextmanager
@@ -141,7 +158,8 @@ def _fail(exc: KaguraError, json_mode: bool) -> int:
     if json_mode:
         from kagura_agent.cli.common import error_envelope, print_json
 
-        print_json(error_envelope(exc))
+        with contextlib.suppress(BrokenPipeError):  # `--json | head`: the code still counts
+            print_json(error_envelope(exc))
     return int(exc.exit_code)
 
 

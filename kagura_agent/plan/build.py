@@ -76,9 +76,33 @@ def compile_tasks(
             fixed if fixed is not None else gather_facts(workspace.catalog, task, pin, proxy_pin)
         )
         plan = compile_plan(workspace.catalog, task, facts, check_rule=checker)
+        _refuse_undecodable(plan)
         plans.append(Compiled(workspace.catalog, task, facts, plan))
     checker.passed.save()
     return plans
+
+
+def _refuse_undecodable(value: Any, path: str = "$") -> None:
+    """A plan is UTF-8 JSON, stored and shown as text: a name that is not UTF-8 (a project
+    folder or file whose name has other bytes; Python carries them as lone surrogates)
+    cannot be in one. Refused here, once for every field, instead of failing where the
+    plan is written, stored or printed."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = value.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
+            raise UsageError(
+                f"the plan's {path} is not UTF-8 text: {shown}",
+                hint="kagura-agent reads file and folder names as UTF-8; rename it",
+            ) from None
+    elif isinstance(value, Mapping):
+        for name, item in value.items():
+            _refuse_undecodable(name, path)
+            _refuse_undecodable(item, f"{path}.{name}")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _refuse_undecodable(item, f"{path}[{index}]")
 
 
 # Top-level schema keywords that constrain nothing outside ``properties`` (for an object).
