@@ -5,16 +5,35 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kagura_agent.errors import SetupError
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def state_dir() -> Path:
     """The state directory: $KAGURA_AGENT_STATE_DIR, else $XDG_STATE_HOME/kagura-agent."""
-    explicit = os.environ.get("KAGURA_AGENT_STATE_DIR")
+    return home_dir("KAGURA_AGENT_STATE_DIR", "XDG_STATE_HOME", ".local/state")
+
+
+def home_dir(explicit_env: str, xdg_env: str, default: str) -> Path:
+    """``$explicit_env``, else ``$xdg_env/kagura-agent``, else ``~/default/kagura-agent``.
+
+    A relative ``$explicit_env`` is refused: the ledger, graduation and cache would then
+    be a different folder in every working directory (and one inside the project root
+    the agent writes). A relative ``$xdg_env`` is ignored, as the XDG spec says.
+    """
+    explicit = os.environ.get(explicit_env)
     if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(xdg) / "kagura-agent"
+        chosen = Path(explicit).expanduser()
+        if not chosen.is_absolute():
+            raise SetupError(
+                f"{explicit_env} must be an absolute path, not {explicit!r}",
+                hint=f"export {explicit_env}=$PWD/{explicit} if that folder is meant",
+            )
+        return chosen
+    xdg = os.environ.get(xdg_env, "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / default
+    return base / "kagura-agent"
 
 
 def resource_dir(name: str) -> Path:

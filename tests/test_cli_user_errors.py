@@ -267,3 +267,42 @@ def test_a_project_folder_whose_name_is_not_utf8_makes_no_plan(project: Path) ->
         assert not (odd / "plan.json").exists()
         if "--json" in extra:
             assert json.loads(proc.stdout)["ok"] is False
+
+
+@pytest.mark.parametrize(
+    ("variable", "argv"),
+    [
+        ("KAGURA_AGENT_STATE_DIR", ["leases", "list"]),
+        ("KAGURA_AGENT_STATE_DIR", ["graduation", "status"]),
+        ("KAGURA_AGENT_CACHE_DIR", ["validate", "--manifests", str(REPO / "manifests")]),
+    ],
+    ids=["state-leases", "state-graduation", "cache-validate"],
+)
+def test_a_relative_state_or_cache_dir_is_refused(
+    project: Path, variable: str, argv: list[str]
+) -> None:
+    # A relative state directory was a different ledger and graduation store in every
+    # working directory: leases list from the project made ./rel/state.db there.
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "KAGURA_AGENT_STATE_DIR": str(project.parent / "state"),
+        "KAGURA_AGENT_CACHE_DIR": str(project.parent / "cache"),
+        variable: "rel",
+    }
+    env.pop("KAGURA_AGENT_MANIFESTS", None)
+    for extra in ([], ["--json"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "kagura_agent", *argv, *extra],
+            cwd=project,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert proc.returncode == 3, proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stdout + proc.stderr
+        assert f"error: {variable} must be an absolute path, not 'rel'" in proc.stderr
+        assert not (project / "rel").exists()
+        if extra:
+            assert json.loads(proc.stdout)["exit_code"] == 3

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from kagura_agent import __version__
+from kagura_agent.paths import home_dir
 
 # Entries not written for this long are pruned (a pass is then simply checked again).
 _MAX_AGE_SECONDS = 30 * 86400
@@ -25,11 +26,8 @@ _PRUNE_EVERY = 200  # adds
 
 
 def cache_dir() -> Path:
-    explicit = os.environ.get("KAGURA_AGENT_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "kagura-agent"
+    """$KAGURA_AGENT_CACHE_DIR (absolute), else $XDG_CACHE_HOME/kagura-agent."""
+    return home_dir("KAGURA_AGENT_CACHE_DIR", "XDG_CACHE_HOME", ".cache")
 
 
 def key(*parts: str) -> str:
