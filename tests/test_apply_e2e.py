@@ -160,7 +160,22 @@ def test_script_brain_with_egress_and_sts_lease(
                     "endpoint_addresses": [endpoint.split("//")[1].rsplit(":", 1)[0] + "/32"],
                     "bundle_endpoint": f"http://sts.test:{RELAY_PORT}",
                 },
-                "scopes": {"tester": {"description": "apply test", "role_arn": role_arn}},
+                "scopes": {
+                    "tester": {
+                        "description": "apply test",
+                        "role_arn": role_arn,
+                        "session_policy": {
+                            "Version": "2012-10-17",
+                            "Statement": [
+                                {
+                                    "Effect": "Allow",
+                                    "Action": "sts:GetCallerIdentity",
+                                    "Resource": "*",
+                                }
+                            ],
+                        },
+                    }
+                },
             },
         },
         {

@@ -100,6 +100,10 @@ def test_leased_aws_credential_inside_a_container(
                     "scope": "deployer",
                     "scope_spec": {
                         "role_arn": role["Role"]["Arn"],
+                        "session_policy": {
+                            "Version": "2012-10-17",
+                            "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
+                        },
                         "endpoint": endpoint,
                         "endpoint_addresses": [endpoint.split("//")[1].rsplit(":", 1)[0] + "/32"],
                         "bundle_endpoint": endpoint,

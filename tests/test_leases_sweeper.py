@@ -185,6 +185,7 @@ def test_non_revocable_orphans_lapse_then_close_as_expired(
             "scope": "deployer",
             "scope_spec": {
                 "service_account": "deployer@p.iam.gserviceaccount.com",
+                "scopes": ["https://www.googleapis.com/auth/devstorage.read_only"],
                 "endpoint": gcp.url,
                 **LOCAL,
             },

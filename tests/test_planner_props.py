@@ -188,6 +188,41 @@ def test_detailed_exitcode(project: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "- egress sts.amazonaws.com:443 (policy aws-sts)" in out
 
 
+def test_full_access_is_loud_in_the_plan_its_diff_and_its_approval(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The golden case's aws/deployer says full_access: true (and is listed in
+    baseline_scopes): the text, markdown and approval reason say FULL ACCESS, and a
+    scope narrowed later (or widened again) shows in the diff against the saved plan."""
+    code, out, _ = cli(capsys, *PLAN, "-o", "saved.json")
+    assert code == 0
+    line = next(ln for ln in out.splitlines() if "aws/deployer (" in ln)
+    assert "FULL ACCESS" in line
+    assert "+ credential aws:deployer (ttl 30m, renewals 2, budget 90m, access FULL)" in out
+    assert "FULL ACCESS" not in "".join(ln for ln in out.splitlines() if "cloudflare/" in ln)
+    _, markdown, _ = cli(capsys, *PLAN, "--format", "markdown")
+    assert "| credential | aws/deployer" in markdown and "FULL ACCESS" in markdown
+    plan = planfile.load(Path("saved.json"))
+    [approval] = [a for a in plan["approvals"] if a["category"] == "credential:aws/deployer"]
+    assert "FULL ACCESS" in approval["reason"]
+    creds = Path("manifests/credentials.yml")
+    text = creds.read_text()
+    narrowed = text.replace(
+        "      full_access: true\n",
+        "      session_policy:\n"
+        '        Version: "2012-10-17"\n'
+        "        Statement: [{Effect: Allow, Action: s3:GetObject, Resource: '*'}]\n",
+    )
+    assert narrowed != text
+    creds.write_text(narrowed)
+    code, out, _ = cli(capsys, *PLAN, "--against", "saved.json", "-o", "narrow.json")
+    assert code == 0 and "~ credential aws:deployer access FULL → narrowed" in out
+    assert "FULL ACCESS" not in out
+    creds.write_text(text)
+    code, out, _ = cli(capsys, *PLAN, "--against", "narrow.json")
+    assert code == 0 and "~ credential aws:deployer access narrowed → FULL" in out
+
+
 def _git(*args: str) -> None:
     subprocess.run(
         ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],

@@ -13,7 +13,7 @@ import boto3
 import pytest
 
 from kagura_agent.clock import FixedClock
-from kagura_agent.errors import UsageError
+from kagura_agent.errors import RefusedError, UsageError
 from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger
 from kagura_agent.membrane.providers import ProviderError, build_provider
 from kagura_agent.state import StateStore
@@ -102,6 +102,7 @@ def test_broker_renews_aws_before_expiry(
         "scope": "deployer",
         "scope_spec": {
             "role_arn": role_arn,
+            "session_policy": SESSION_POLICY,
             "endpoint": moto,
             "endpoint_addresses": ["127.0.0.1/32"],
         },
@@ -131,7 +132,27 @@ def test_sts_failure_is_translated(moto: str) -> None:
     provider = build_provider("aws-sts", {"endpoint": "http://127.0.0.1:9", "max_retries": 0}, ROOT)
 
     with pytest.raises(ProviderError) as caught:
-        provider.mint({"role_arn": "arn:aws:iam::123456789012:role/x"}, 900, "g-1")
+        provider.mint(
+            {"role_arn": "arn:aws:iam::123456789012:role/x", "session_policy": SESSION_POLICY},
+            900,
+            "g-1",
+        )
     assert caught.value.transient
     with pytest.raises(UsageError):
         provider.mint({}, 900, "g-1")
+
+
+@pytest.mark.parametrize("policy", [None, {}, {"Version": "2012-10-17", "Statement": []}])
+def test_a_scope_without_a_session_policy_is_not_minted(
+    moto: str, role_arn: str, policy: dict[str, Any] | None
+) -> None:
+    """Whatever way a scope_spec reaches the provider (a saved plan, the ledger), one that
+    narrows nothing never becomes a lease with the role's whole power; full_access does."""
+    provider = build_provider("aws-sts", {"endpoint": moto}, ROOT)
+    spec: dict[str, Any] = {"role_arn": role_arn}
+    if policy is not None:
+        spec["session_policy"] = policy
+    with pytest.raises(RefusedError, match="narrows nothing without session_policy"):
+        provider.mint(spec, 900, "g-wide")
+    minted = provider.mint({"role_arn": role_arn, "full_access": True}, 900, "g-full")
+    assert minted.id.endswith("assumed-role/deployer/kagura-g-full")

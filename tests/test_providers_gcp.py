@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from kagura_agent.clock import FixedClock
+from kagura_agent.errors import RefusedError
 from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger
 from kagura_agent.membrane.providers import ProviderError, build_provider
 from kagura_agent.state import StateStore
@@ -19,6 +20,7 @@ from testing.keys import rsa_pair
 
 TARGET = "deployer@proj.iam.gserviceaccount.com"
 READ_ONLY = "https://www.googleapis.com/auth/devstorage.read_only"
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 
 
 @pytest.fixture()
@@ -72,7 +74,11 @@ def test_mint_impersonates_with_scopes_and_lifetime_then_revokes(gcp: FakeGcp) -
 def test_forbidden_impersonation_is_permanent(gcp: FakeGcp) -> None:
     provider = build_provider("gcp", settings(gcp), service_account_key(gcp))
     with pytest.raises(ProviderError) as caught:
-        provider.mint({"service_account": "admin@proj.iam.gserviceaccount.com"}, 900, "g-1")
+        provider.mint(
+            {"service_account": "admin@proj.iam.gserviceaccount.com", "scopes": [READ_ONLY]},
+            900,
+            "g-1",
+        )
     assert not caught.value.transient and "403" in str(caught.value)
 
 
@@ -80,8 +86,26 @@ def test_server_error_is_transient(gcp: FakeGcp) -> None:
     provider = build_provider("gcp", settings(gcp), service_account_key(gcp))
     gcp.fail("POST", "/v1/projects", 503)
     with pytest.raises(ProviderError) as caught:
-        provider.mint({"service_account": TARGET}, 900, "g-1")
+        provider.mint({"service_account": TARGET, "scopes": [READ_ONLY]}, 900, "g-1")
     assert caught.value.transient
+
+
+@pytest.mark.parametrize("scopes", [None, [], [CLOUD_PLATFORM]])
+def test_a_scope_without_narrow_oauth_scopes_is_not_minted(
+    gcp: FakeGcp, scopes: list[str] | None
+) -> None:
+    """No scopes meant cloud-platform (everything the account can do): never by omission.
+    full_access: true asks for cloud-platform on the operator's word."""
+    provider = build_provider("gcp", settings(gcp), service_account_key(gcp))
+    spec: dict[str, Any] = {"service_account": TARGET}
+    if scopes is not None:
+        spec["scopes"] = scopes
+    with pytest.raises(RefusedError, match="narrows nothing"):
+        provider.mint(spec, 900, "g-wide")
+    assert gcp.ops("mint") == []
+    provider.mint({"service_account": TARGET, "full_access": True}, 900, "g-full")
+    [mint] = gcp.ops("mint")
+    assert mint["scope"] == [CLOUD_PLATFORM]
 
 
 def test_broker_mint_renew_revoke(

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from kagura_agent.clock import FixedClock
-from kagura_agent.errors import UsageError
+from kagura_agent.errors import RefusedError, UsageError
 from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger
 from kagura_agent.membrane.providers import ProviderError, build_provider
 from kagura_agent.state import StateStore
@@ -30,6 +30,9 @@ def github() -> Iterator[FakeGithub]:
     )
     yield fake
     fake.stop()
+
+
+READ_SITE = {"repositories": ["site"], "permissions": {"contents": "read"}}
 
 
 def settings(fake: FakeGithub) -> dict[str, object]:
@@ -100,17 +103,37 @@ def test_a_token_exactly_as_asked_is_kept(github: FakeGithub) -> None:
 def test_a_wrong_key_is_refused(github: FakeGithub) -> None:
     provider = build_provider("github-app", settings(github), rsa_pair("other")[0])
     with pytest.raises(ProviderError) as caught:
-        provider.mint({"repositories": ["site"]}, 900, "g-1")
+        provider.mint(READ_SITE, 900, "g-1")
     assert "401" in str(caught.value) and not caught.value.transient
     with pytest.raises(UsageError, match="not a usable RSA private key"):
-        build_provider("github-app", settings(github), "not-a-key").mint({}, 900, "g-2")
+        build_provider("github-app", settings(github), "not-a-key").mint(READ_SITE, 900, "g-2")
 
 
 def test_repositories_outside_the_installation_are_refused(github: FakeGithub) -> None:
     provider = build_provider("github-app", settings(github), rsa_pair("github")[0])
     with pytest.raises(ProviderError, match="422"):
-        provider.mint({"repositories": ["secret-repo"]}, 900, "g-1")
+        provider.mint(
+            {"repositories": ["secret-repo"], "permissions": {"contents": "read"}}, 900, "g-1"
+        )
     assert github.ops("mint") == []
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [{}, {"repositories": ["site"]}, {"permissions": {"contents": "read"}}],
+)
+def test_a_scope_without_permissions_or_repositories_is_not_minted(
+    github: FakeGithub, spec: dict[str, object]
+) -> None:
+    """No permissions (or no repositories) meant the installation's all: never by omission;
+    full_access: true asks GitHub for the installation's token on the operator's word."""
+    provider = build_provider("github-app", settings(github), rsa_pair("github")[0])
+    with pytest.raises(RefusedError, match="narrows nothing"):
+        provider.mint(spec, 900, "g-wide")
+    assert github.ops("mint") == []
+    provider.mint({"full_access": True}, 900, "g-full")
+    [mint] = github.ops("mint")
+    assert mint["permissions"] == {"contents": "write", "issues": "write"}  # the installation's
 
 
 def test_broker_mint_renew_revoke(

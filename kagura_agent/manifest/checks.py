@@ -14,6 +14,7 @@ from kagura_agent.manifest.cache import PassCache, key
 from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.grants import check_grants
 from kagura_agent.manifest.hosts import normalize_host
+from kagura_agent.manifest.scopes import scope_problems
 from kagura_agent.manifest.toolservers import check_tool_server
 from kagura_agent.manifest.yamlpos import Path, YamlDoc, json_path
 
@@ -98,6 +99,10 @@ def check_catalog(catalog: Catalog) -> list[Diagnostic]:
                         hint=_known(provider.spec["scopes"]),
                     )
                 )
+        for scope_name, scope in provider.spec["scopes"].items():
+            for field, message, hint in scope_problems(provider.spec["type"], scope):
+                at = ("spec", "scopes", scope_name) + ((field,) if field else ())
+                problems.append(provider.diag(at, message, hint=hint, key=True))
     for policy in catalog.of("Policy"):
         problems.extend(check_policy(policy))
     for server in catalog.of("ToolServer"):

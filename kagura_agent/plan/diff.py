@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kagura_agent.hygiene import neutralise
+from kagura_agent.manifest.scopes import is_full_access
 from kagura_agent.plan.model import DiffOp, Plan
 from kagura_agent.units import format_duration
 
@@ -30,7 +31,7 @@ def diff_plans(old: Mapping[str, Any] | None, new: Plan) -> list[Change]:
     base: Mapping[str, Any] = old or {}
     changes: list[Change] = []
     changes += _keyed("egress", _egress(base), _egress(new))
-    changes += _keyed("credential", _creds(base), _creds(new))
+    changes += _keyed("credential", _creds(base), _creds(new), absent="narrowed")
     changes += _keyed("mount", _mounts(base), _mounts(new))
     changes += _keyed("tool server", _tool_servers(base), _tool_servers(new))
     changes += _fields(
@@ -83,6 +84,8 @@ def _creds(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
             "ttl": format_duration(c["ttl_seconds"]),
             "renewals": str(c["renewals"]),
             "budget": format_duration(c["budget_seconds"]),
+            # Only a full-access scope carries the field: its arrival or departure shows.
+            **({"access": "FULL"} if is_full_access(c.get("scope_spec", {})) else {}),
         }
         for c in plan.get("credentials", [])
     }
@@ -108,7 +111,10 @@ def _classes(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
 
 
 def _keyed(
-    section: str, old: dict[str, dict[str, str]], new: dict[str, dict[str, str]]
+    section: str,
+    old: dict[str, dict[str, str]],
+    new: dict[str, dict[str, str]],
+    absent: str | None = None,
 ) -> list[Change]:
     changes = []
     for key in sorted(new.keys() - old.keys()):
@@ -117,8 +123,8 @@ def _keyed(
     for key in sorted(old.keys() - new.keys()):
         changes.append(Change("-", section, f"{key}{_detail(old[key])}"))
     for key in sorted(old.keys() & new.keys()):
-        for field, value in new[key].items():
-            before = old[key].get(field)
+        for field in dict.fromkeys([*new[key], *old[key]]):
+            before, value = old[key].get(field, absent), new[key].get(field, absent)
             if before != value:
                 label = f" {field}" if field else ""
                 changes.append(Change("~", section, f"{key}{label} {before} → {value}"))

@@ -21,6 +21,7 @@ from kagura_agent.manifest.egresspool import egress_pool_knobs
 from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.manifest.proxyimage import proxy_image
 from kagura_agent.manifest.schema import schema_version
+from kagura_agent.manifest.scopes import is_full_access
 from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.membrane.floor import floor_violations
 from kagura_agent.memory.factory import section_from_manifest
@@ -915,13 +916,18 @@ def _classify_all(
     for server in task.tool_servers:
         requested.append((category(server.name), bool(server.spec.get("baseline", False))))
     untrusted = untrusted_inputs(task, facts)
-    return [
-        classify(
-            category,
-            baseline=baseline or category in graduation_baseline,
+    full = {c["category"] for c in draft["credentials"] if is_full_access(c["scope_spec"])}
+    approvals = []
+    for asked, baseline in requested:
+        approval = classify(
+            asked,
+            baseline=baseline or asked in graduation_baseline,
             state=facts.graduation,
             untrusted_inputs=untrusted,
-            denied_by_policy=denials.get(category),
+            denied_by_policy=denials.get(asked),
         ).to_json()
-        for category, baseline in requested
-    ]
+        if asked in full:
+            # Whoever approves (or reads why it needs no approval) sees the whole power.
+            approval["reason"] += "; FULL ACCESS: the scope narrows nothing (full_access: true)"
+        approvals.append(approval)
+    return approvals

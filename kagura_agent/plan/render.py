@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kagura_agent.hygiene import neutralise_data
+from kagura_agent.manifest.scopes import is_full_access
 from kagura_agent.plan.injection import injected_provider
 from kagura_agent.plan.model import (
     Approval,
@@ -90,6 +91,8 @@ def _egress_lines(entry: EgressRule, style: Style, mine: str = "") -> list[str]:
 def _cred_line(cred: Credential, injected: str | None = None) -> str:
     renew = f", {cred['renewals']} renewals" if cred["renewals"] else ""
     standing = ", STANDING" if cred["standing"] else ""
+    # A scope that narrows nothing, on the operator's word (manifest/scopes.py).
+    standing += ", FULL ACCESS" if is_full_access(cred["scope_spec"]) else ""
     # The brain's API key never enters the container: the run's proxy adds it upstream.
     where = ", injected at the proxy" if cred["provider"] == injected else ""
     return (

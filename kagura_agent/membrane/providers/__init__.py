@@ -20,7 +20,8 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from kagura_agent.clock import Clock, SystemClock
-from kagura_agent.errors import SetupError, UsageError
+from kagura_agent.errors import RefusedError, SetupError, UsageError
+from kagura_agent.manifest.scopes import missing_narrowing
 
 CREDS_DIR = "/run/kagura/creds"  # a tmpfs inside the container, owner-only
 
@@ -140,3 +141,18 @@ def http_failure(status: int, what: str) -> ProviderError:
         return ProviderError(f"{what}: not found (HTTP 404)", transient=False, gone=True)
     transient = status in (408, 409, 425, 429) or status >= 500
     return ProviderError(f"{what}: HTTP {status}", transient=transient)
+
+
+def require_narrowing(kind: str, scope_spec: Mapping[str, Any]) -> None:
+    """Refuse to mint a scope that narrows nothing unless it says ``full_access: true``.
+
+    Validation refuses such a scope already; this holds for any scope_spec that reaches a
+    provider by another way (a saved plan, the ledger), so the provider's whole power is
+    never leased by omission.
+    """
+    missing = missing_narrowing(kind, scope_spec)
+    if missing is not None:
+        raise RefusedError(
+            f"{kind} scope narrows nothing without {missing}; not minted",
+            hint="narrow the scope in the CredentialProvider manifest, or say full_access: true",
+        )

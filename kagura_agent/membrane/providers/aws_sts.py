@@ -1,6 +1,6 @@
-"""aws-sts: STS AssumeRole for a bounded duration, optionally narrowed by a session policy.
+"""aws-sts: STS AssumeRole for a bounded duration, narrowed by a session policy.
 
-scope_spec keys: role_arn (required), session_policy (IAM policy object, optional),
+scope_spec keys: role_arn (required), session_policy (IAM policy object; required unless full_access: true),
 external_id, region (default us-east-1), endpoint (STS endpoint URL, for tests and
 partitions), max_retries (default 2), bundle_endpoint (endpoint_url written into the container's AWS config).
 
@@ -25,6 +25,7 @@ from kagura_agent.membrane.providers import (
     ProviderError,
     http_failure,
     require_extra,
+    require_narrowing,
 )
 
 _TRANSIENT_CODES = {
@@ -85,6 +86,7 @@ class AwsStsProvider:
         role_arn = scope_spec.get("role_arn")
         if not isinstance(role_arn, str) or not role_arn:
             raise UsageError("aws-sts scope_spec needs role_arn")
+        require_narrowing("aws-sts", scope_spec)
         kwargs: dict[str, Any] = {
             "RoleArn": role_arn,
             "RoleSessionName": f"kagura-{lease_id}"[:64],

@@ -1,7 +1,7 @@
 """gcp: IAM Credentials generateAccessToken — service-account impersonation, scoped, timed.
 
-scope_spec keys: service_account (email to impersonate, required), scopes (OAuth scopes,
-default cloud-platform), delegates (chain of service accounts), endpoint (IAM Credentials
+scope_spec keys: service_account (email to impersonate, required), scopes (OAuth scopes;
+cloud-platform only with full_access: true, required otherwise), delegates (chain of service accounts), endpoint (IAM Credentials
 API base URL, for tests; the REST transport is used so a plain HTTP fake works),
 revoke_endpoint (OAuth revocation URL, default Google's).
 
@@ -30,6 +30,7 @@ from kagura_agent.membrane.providers import (
     ProviderError,
     http_failure,
     require_extra,
+    require_narrowing,
 )
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
@@ -78,6 +79,7 @@ class GcpProvider:
         account = scope_spec.get("service_account")
         if not isinstance(account, str) or "@" not in account:
             raise UsageError("gcp scope_spec needs service_account (an email)")
+        require_narrowing("gcp", scope_spec)
         duration = require_extra("google.protobuf.duration_pb2", "gcp")
         lifetime = duration.Duration(seconds=max(self.min_ttl, min(self.max_ttl, ttl_seconds)))
         delegates = [f"projects/-/serviceAccounts/{d}" for d in scope_spec.get("delegates", [])]

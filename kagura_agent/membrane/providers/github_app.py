@@ -1,7 +1,8 @@
 """github-app: an installation access token limited to listed repositories and permissions.
 
 scope_spec keys: app_id and installation_id (required), repositories (names, without the
-owner), permissions ({"contents": "read", …}), endpoint (API base URL, default
+owner), permissions ({"contents": "read", …}) — both required unless full_access: true, which
+asks for the installation's every permission and repository —, endpoint (API base URL, default
 https://api.github.com; a GitHub Enterprise URL or a test fake).
 
 The root secret is the App's private key (PEM); it signs a 9-minute app JWT (RS256).
@@ -26,6 +27,7 @@ from kagura_agent.membrane.providers import (
     ProviderError,
     http_failure,
     require_extra,
+    require_narrowing,
 )
 
 API_VERSION = "2022-11-28"
@@ -62,6 +64,7 @@ class GithubAppProvider:
             raise UsageError("github-app root secret is not a usable RSA private key") from None
 
     def mint(self, scope_spec: Mapping[str, Any], ttl_seconds: int, lease_id: str) -> Minted:
+        require_narrowing("github-app", scope_spec)
         body: dict[str, Any] = {}
         if scope_spec.get("repositories"):
             body["repositories"] = [str(r) for r in scope_spec["repositories"]]
