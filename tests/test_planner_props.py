@@ -217,7 +217,12 @@ def test_full_access_is_loud_in_the_plan_its_diff_and_its_approval(
     creds.write_text(narrowed)
     code, out, _ = cli(capsys, *PLAN, "--against", "saved.json", "-o", "narrow.json")
     assert code == 0 and "~ credential aws:deployer access FULL → narrowed" in out
+    assert "~ credential aws:deployer scope changed: session_policy" in out
     assert "FULL ACCESS" not in out
+    # A narrowing that only widens (one more action) is a change of what a lease may do.
+    creds.write_text(narrowed.replace("Action: s3:GetObject", "Action: [s3:GetObject, s3:*]"))
+    code, out, _ = cli(capsys, *PLAN, "--against", "narrow.json", "--detailed-exitcode")
+    assert code == 5 and "~ credential aws:deployer scope changed: session_policy" in out
     creds.write_text(text)
     code, out, _ = cli(capsys, *PLAN, "--against", "narrow.json")
     assert code == 0 and "~ credential aws:deployer access narrowed → FULL" in out

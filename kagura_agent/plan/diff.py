@@ -32,6 +32,7 @@ def diff_plans(old: Mapping[str, Any] | None, new: Plan) -> list[Change]:
     changes: list[Change] = []
     changes += _keyed("egress", _egress(base), _egress(new))
     changes += _keyed("credential", _creds(base), _creds(new), absent="narrowed")
+    changes += _scope_changes(base, new)
     changes += _keyed("mount", _mounts(base), _mounts(new))
     changes += _keyed("tool server", _tool_servers(base), _tool_servers(new))
     changes += _fields(
@@ -89,6 +90,29 @@ def _creds(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
         }
         for c in plan.get("credentials", [])
     }
+
+
+def _scope_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
+    """A credential kept in both plans whose scope says something else now (a session
+    policy, OAuth scopes, permissions, repositories, an endpoint): named by key, since
+    what a lease may do is in these, not in its lifetime."""
+    before = {f"{c['provider']}:{c['scope']}": c for c in old.get("credentials", [])}
+    changes = []
+    for cred in new.get("credentials", []):
+        key = f"{cred['provider']}:{cred['scope']}"
+        was = before.get(key)
+        if was is None:
+            continue
+        spec, old_spec = cred.get("scope_spec", {}), was.get("scope_spec", {})
+        # full_access has its own line (access narrowed → FULL).
+        moved = [
+            name
+            for name in sorted(spec.keys() | old_spec.keys())
+            if name != "full_access" and spec.get(name) != old_spec.get(name)
+        ]
+        if moved:
+            changes.append(Change("~", "credential", f"{key} scope changed: {', '.join(moved)}"))
+    return changes
 
 
 def _tool_servers(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
