@@ -3,7 +3,10 @@
 What trips (the plan's ``tripwires``, knobs in the operator's Graduation manifest):
 
 - a burst of denied egress: ``denied_egress`` denials within ``window_seconds`` (the
-  injecting port's refusals of what is not a model call do not count: QUIET_DENIALS);
+  injecting port's refusals of what is not a model call, and what squid answered itself
+  without forwarding anything, do not count: QUIET_DENIALS);
+- a flood of the proxy's log: the agent made the run's proxy log more than its per-run
+  ceiling (audit.LOG_CEILING; session.py sends ``egress.flood``);
 - the canary (``canary_file``): a decoy credentials file apply plants in the agent's home
   with a per-run value; opening or reading it, or the value showing up in the egress log
   or the brain's output, trips;
@@ -36,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kagura_agent.apply.inotify import InotifyError, Watcher, describe
+from kagura_agent.membrane.egress.audit import NOT_FORWARDED
 from kagura_agent.processes import namespace_processes
 
 MAX_LOG = 200
@@ -44,8 +48,9 @@ CREDS_DIR = "/run/kagura/creds"
 CREDS_WATCH_SECONDS = 0.5
 _ALPHABET = string.ascii_letters + string.digits
 # Denials that are no sign of a hijack: the injecting port refusing what is not a model
-# call (the Claude CLI sends its own telemetry to its API base URL).
-QUIET_DENIALS = frozenset({"not-model-call"})
+# call (the Claude CLI sends its own telemetry to its API base URL), and what squid
+# answered itself with an error, forwarding nothing (an upstream that is down).
+QUIET_DENIALS = frozenset({"not-model-call", NOT_FORWARDED})
 
 
 class Tripwire:
@@ -88,6 +93,9 @@ class Tripwire:
 
     def egress(self, event: dict[str, Any]) -> None:
         """Feed one egress event (the proxy's decisions arrive on a collector thread)."""
+        if event.get("type") == "egress.flood":
+            self.trip(str(event.get("reason", "the proxy's log passed its ceiling")))
+            return
         if event.get("type") != "egress.decision":
             return
         with self._lock:

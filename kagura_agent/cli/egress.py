@@ -54,11 +54,12 @@ def _log(args: argparse.Namespace) -> int:
             raise UsageError(f"no egress record for run {run_id!r}")
         events = audit.load_events(store, run_id)
         summary = audit.denial_summary(events)
+        unstored = audit.unstored(store, run_id)
         if args.denied:
             events = [e for e in events if e.decision == "deny"]
         if args.json:
             body = {"run_id": run_id, "events": [e.to_json() for e in events], "denials": summary}
-            print_ok(body)
+            print_ok({**body, "unstored": unstored})
             return 0
         print(f"egress decisions of run {run_id}: {len(events)}")
         for e in events:
@@ -68,6 +69,11 @@ def _log(args: argparse.Namespace) -> int:
             print(
                 f"{e.time}  {e.decision.upper():<5} {e.method:<7} {where:<22}"
                 f" {e.status:>3}  in={e.bytes_in} out={e.bytes_out}  {why}"
+            )
+        if sum(unstored.values()):
+            print(
+                "not stored (past the run's ceiling of decisions):"
+                f" {unstored['allow']} allowed, {unstored['deny']} denied"
             )
         if summary:
             print("denied (what the agent tried to reach):")

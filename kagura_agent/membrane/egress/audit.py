@@ -6,13 +6,21 @@ allowlist, with the same semantics squid was configured with), stores it in the 
 store and hands it to the run's event stream. ``seq`` is the line's index in the proxy's
 output, so reading the same log twice (live, then again at teardown or in a crash sweep)
 never stores an event twice.
+
+What the agent makes the host keep is bounded: a run stores at most ``EVENT_CEILING``
+decisions; the ones past it are counted in its ``egress_runs`` row (``seen``,
+``unstored_allow``, ``unstored_deny``), never dropped silently. The proxy's log is read at
+most ``LOG_CEILING`` bytes far (:func:`log_lines`); the live collector stops the run when
+the log grows past it (session.py), and Docker keeps at most ``LOG_KEEP`` bytes of it on
+disk, far more than the ceiling, so no line is rotated away before the stop and the
+numbering holds.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +33,20 @@ from kagura_agent.state import StateStore
 from kagura_agent.state_sql import Migration, with_rowid
 
 COMPONENT = "egress"
+# Bytes of the proxy's access log a run may produce (an honest request logs ~150 bytes:
+# ~220,000 requests); past it the run is stopped as a flood (session.py, tripwire.py).
+LOG_CEILING = 32 * 1024 * 1024
+# What Docker keeps of a proxy's log on disk (json-file: LOG_FILES files of LOG_FILE_SIZE).
+# The JSON framing adds ~70 bytes a line and squid's stderr shares the file: 4x the
+# ceiling, so nothing is rotated away between the ceiling and the stop.
+LOG_FILE_SIZE = 64 * 1024 * 1024
+LOG_FILES = 2
+LOG_KEEP = LOG_FILE_SIZE * LOG_FILES
+# Decisions stored per run; past it they are counted, not stored.
+EVENT_CEILING = 20_000
+# What squid answered itself (a request it could not parse, a name that did not resolve,
+# an upstream that refused): a denial that forwarded nothing, and no sign of a hijack.
+NOT_FORWARDED = "not-forwarded"
 MIGRATIONS: tuple[Migration, ...] = (
     with_rowid(
         """
@@ -64,6 +86,13 @@ MIGRATIONS: tuple[Migration, ...] = (
     """
     ALTER TABLE egress_events ADD COLUMN inport INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE egress_events ADD COLUMN path TEXT NOT NULL DEFAULT '';
+    """,
+    # Decisions past the run's EVENT_CEILING: how many were seen (seq high-water mark)
+    # and, of those not stored, how many allowed and denied.
+    """
+    ALTER TABLE egress_runs ADD COLUMN seen INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE egress_runs ADD COLUMN unstored_allow INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE egress_runs ADD COLUMN unstored_deny INTEGER NOT NULL DEFAULT 0;
     """,
 )
 
@@ -147,9 +176,15 @@ def classify(raw: dict[str, str], policy: EgressPolicy, run_id: str, seq: int) -
     """Turn raw log fields into an event, naming the entry and the reason for a denial."""
     host, port = raw["host"].lower(), _int(raw["port"])
     connect = raw["method"] == "CONNECT"
+    status = _int(raw["status"])
     denied = "DENIED" in raw["squid_status"] or raw["reason"] != ""
     entry = policy.match(host, port, connect)
     reason = raw["reason"]
+    if not denied and status >= 400 and not raw["server"]:
+        # squid answered itself with an error and reached no upstream (a request it could
+        # not parse, such as an origin-form ``GET /``; a name that did not resolve): no
+        # allow, nothing was forwarded.
+        denied, reason = True, NOT_FORWARDED
     if denied and reason in ("", "not-allowed"):
         if is_ip_literal(host):
             reason = "ip-literal"
@@ -173,7 +208,7 @@ def classify(raw: dict[str, str], policy: EgressPolicy, run_id: str, seq: int) -
         scheme=raw["scheme"],
         host=host,
         port=port,
-        status=_int(raw["status"]),
+        status=status,
         squid_status=raw["squid_status"],
         bytes_in=_int(raw["bytes_in"]),
         bytes_out=_int(raw["bytes_out"]),
@@ -188,12 +223,51 @@ def classify(raw: dict[str, str], policy: EgressPolicy, run_id: str, seq: int) -
 
 def events_from_log(text: str, policy: EgressPolicy, run_id: str) -> list[EgressEvent]:
     """Every decision in a proxy's stdout, numbered by its position among KAGURA1 lines."""
-    events: list[EgressEvent] = []
-    for line in text.splitlines():
+    return list(events_from_lines(text.splitlines(), policy, run_id))
+
+
+def events_from_lines(
+    lines: Iterable[str], policy: EgressPolicy, run_id: str
+) -> Iterator[EgressEvent]:
+    """:func:`events_from_log` over lines, one at a time (nothing but one line in memory)."""
+    seq = 0
+    for line in lines:
         raw = parse_line(line)
         if raw is not None:
-            events.append(classify(raw, policy, run_id, len(events)))
-    return events
+            yield classify(raw, policy, run_id, seq)
+            seq += 1
+
+
+def log_lines(chunks: Iterable[bytes], limit: int = LOG_CEILING) -> Iterator[str]:
+    """The lines of a log read as ``chunks``, up to the one that crosses ``limit`` bytes.
+
+    What is held is at most one line plus one chunk; a line longer than ``limit`` (the
+    agent chooses a request's path) is cut there. Reading stops at ``limit`` even when the
+    log goes on: past it the run was stopped as a flood, and the rest is not worth the
+    host's memory."""
+    pending, read = b"", 0
+    for chunk in chunks:
+        read += len(chunk)
+        *whole, pending = (pending + chunk).split(b"\n")
+        for line in whole:
+            yield line.decode(errors="replace")
+        if read >= limit:
+            return
+        pending = pending[:limit]
+    if pending:
+        yield pending.decode(errors="replace")
+
+
+def batched(events: Iterable[EgressEvent], size: int = 500) -> Iterator[list[EgressEvent]]:
+    """``events`` in lists of at most ``size`` (stored one transaction each)."""
+    batch: list[EgressEvent] = []
+    for event in events:
+        batch.append(event)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def open_store(store: StateStore) -> StateStore:
@@ -201,20 +275,54 @@ def open_store(store: StateStore) -> StateStore:
     return store
 
 
-def record_events(store: StateStore, events: Iterable[EgressEvent]) -> list[EgressEvent]:
-    """Insert the events not stored yet; return those that were new."""
+def record_events(
+    store: StateStore, events: Iterable[EgressEvent], ceiling: int = EVENT_CEILING
+) -> list[EgressEvent]:
+    """Insert the events not stored yet; return those that were new.
+
+    An event numbered ``ceiling`` or later is not stored: it is counted in its run's row
+    (once: ``seen`` is the number of decisions accounted for, so a second read of the same
+    log counts nothing twice) and returned when it was new. Events of one run, in order."""
     fresh = []
     columns = list(EgressEvent.__dataclass_fields__)
     sql = (
         f"INSERT INTO egress_events ({', '.join(columns)})"
         f" VALUES ({', '.join('?' for _ in columns)}) ON CONFLICT DO NOTHING"
     )
+    seen: dict[str, int] = {}
+    unstored: Counter[tuple[str, str]] = Counter()
     with store.transaction() as conn:
         for event in events:
-            cursor = conn.execute(sql, [getattr(event, c) for c in columns])
-            if cursor.rowcount:
+            if event.seq < ceiling:
+                cursor = conn.execute(sql, [getattr(event, c) for c in columns])
+                if cursor.rowcount:
+                    fresh.append(event)
+                continue
+            if event.run_id not in seen:
+                row = conn.execute(
+                    "SELECT seen FROM egress_runs WHERE run_id = ?", (event.run_id,)
+                ).fetchone()
+                seen[event.run_id] = int(row["seen"]) if row else 0
+            if event.seq >= seen[event.run_id]:
+                seen[event.run_id] = event.seq + 1
+                unstored[(event.run_id, event.decision)] += 1
                 fresh.append(event)
+        for run_id, high in seen.items():
+            allowed, denied = unstored[(run_id, "allow")], unstored[(run_id, "deny")]
+            conn.execute(
+                "UPDATE egress_runs SET seen = ?, unstored_allow = unstored_allow + ?,"
+                " unstored_deny = unstored_deny + ? WHERE run_id = ?",
+                (high, allowed, denied, run_id),
+            )
     return fresh
+
+
+def unstored(store: StateStore, run_id: str) -> dict[str, int]:
+    """The run's decisions past its ceiling, not stored: ``{"allow": n, "deny": m}``."""
+    row = store.conn.execute(
+        "SELECT unstored_allow, unstored_deny FROM egress_runs WHERE run_id = ?", (run_id,)
+    ).fetchone()
+    return {"allow": int(row["unstored_allow"]), "deny": int(row["unstored_deny"])} if row else {}
 
 
 def record_run(store: StateStore, run_id: str, started: str, allowlist: Mapping[str, Any]) -> None:

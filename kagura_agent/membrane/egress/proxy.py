@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from kagura_agent.errors import SetupError
+from kagura_agent.membrane.egress.audit import LOG_FILE_SIZE, LOG_FILES
 from kagura_agent.membrane.egress.squid import READY_MARKER
 from kagura_agent.membrane.runtime import docker_errors
 
@@ -62,8 +63,13 @@ def proxy_create_kwargs(
         "pids_limit": 64,
         "mem_limit": 512 * 1024 * 1024,
         "extra_hosts": extra_hosts,
-        # json-file without rotation: the audit re-reads the whole log at teardown.
-        "log_config": docker.types.LogConfig(type="json-file"),
+        # json-file, kept to audit.LOG_KEEP bytes: the audit re-reads the log at teardown
+        # (up to audit.LOG_CEILING bytes, where the run is stopped as a flood; far below
+        # what is kept, so no line is rotated away before and the numbering holds).
+        "log_config": docker.types.LogConfig(
+            type="json-file",
+            config={"max-size": str(LOG_FILE_SIZE), "max-file": str(LOG_FILES)},
+        ),
     }
 
 

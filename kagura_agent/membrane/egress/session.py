@@ -209,6 +209,12 @@ class EgressSession:
         self._claimed_path: Path | None = None
         self._wait_pooled: Callable[[], None] | None = None
         self.scrub: Callable[[str], str] | None = None  # the run's redactor (see start)
+        # What the agent may make the host keep (audit.py): past log_ceiling bytes of the
+        # proxy's log the run is stopped (an egress.flood event), past event_ceiling
+        # decisions they are counted instead of stored.
+        self.log_ceiling = audit.LOG_CEILING
+        self.event_ceiling = audit.EVENT_CEILING
+        self.flooded: str | None = None  # why the collector stopped at the ceiling
 
     @classmethod
     def start(
@@ -229,6 +235,8 @@ class EgressSession:
         sweep: bool = True,
         from_pool: bool = False,
         scrub: Callable[[str], str] | None = None,
+        log_ceiling: int = audit.LOG_CEILING,
+        event_ceiling: int = audit.EVENT_CEILING,
     ) -> EgressSession:
         """Sweep orphans, create the networks and the proxy, and wait until it listens.
 
@@ -243,7 +251,8 @@ class EgressSession:
         A run with a credential injection or test networks always starts cold.
         ``scrub`` (the run's redactor) is applied to every decision before it is stored
         or emitted: the agent chooses a request's host and path, and may put its
-        credentials there.
+        credentials there. ``log_ceiling`` and ``event_ceiling`` bound what the run makes
+        the host keep (audit.py; tests make them small).
         """
         policy = load_policy(plan.get("egress")).on_host(docker_host_addresses())
         if policy.mode != "proxy":
@@ -254,6 +263,7 @@ class EgressSession:
                 sweep_orphans(client, store)
         session = cls(client, policy, run_id, store, on_event or (lambda _event: None))
         session.scrub = scrub
+        session.log_ceiling, session.event_ceiling = log_ceiling, event_ceiling
         if injection is not None:
             if not injection_secret:
                 raise SetupError("a credential injection needs its secret")
@@ -444,8 +454,9 @@ class EgressSession:
         if self.scrub is not None:
             events = [audit.scrubbed(event, self.scrub) for event in events]
         with self._lock:
-            fresh = audit.record_events(store, events)
-            self.events.extend(fresh)
+            fresh = audit.record_events(store, events, self.event_ceiling)
+            # Only what is stored is kept here: the rest is counted in the run's row.
+            self.events.extend(e for e in fresh if e.seq < self.event_ceiling)
         for event in fresh:
             self._emit({"type": "egress.decision", **event.to_json()})
 
@@ -455,12 +466,17 @@ class EgressSession:
             self._sink(event)
 
     def _collect(self) -> None:
-        """Follow the proxy's stdout, storing each decision as it happens."""
-        seq, pending = 0, b""
+        """Follow the proxy's stdout, storing each decision as it happens.
+
+        Every byte counts, lines that are no decision too (an empty connection logs one):
+        past ``log_ceiling`` the collector stops reading and emits ``egress.flood``, which
+        stops the run (tripwire.py)."""
+        seq, pending, read = 0, b"", 0
         with StateStore(self.store.location) as store:
             try:
                 self._stream = self.proxy.logs(stdout=True, stderr=False, stream=True, follow=True)
                 for chunk in self._stream:
+                    read += len(chunk)
                     *lines, pending = (pending + chunk).split(b"\n")
                     for line in lines:
                         raw = audit.parse_line(line.decode(errors="replace"))
@@ -468,22 +484,46 @@ class EgressSession:
                             event = audit.classify(raw, self.policy, self.run_id, seq)
                             self._accept([event], store)
                             seq += 1
+                    if read > self.log_ceiling:
+                        self._flood(read)
+                        return
+                    pending = pending[: self.log_ceiling]
                 # The followed log ended by itself (the proxy stopped) on a whole line:
                 # every decision has been read, teardown need not read the log again.
                 self._complete = not pending
             except Exception:  # the stream ends when the proxy goes; teardown re-reads the log
                 pass
 
+    def _flood(self, read: int) -> None:
+        self.flooded = (
+            f"the agent made the egress proxy log {read} bytes, past the run's ceiling of"
+            f" {self.log_ceiling} (a flood of requests or connections)"
+        )
+        with contextlib.suppress(Exception):
+            self._stream.close()
+        self._emit({"type": "egress.flood", "run_id": self.run_id, "reason": self.flooded})
+
+    def _read_log(self, policy: EgressPolicy, store: StateStore) -> None:
+        """Store the decisions of the proxy's log, read once from its start and at most
+        ``log_ceiling`` bytes far, a batch at a time."""
+        stream = self.proxy.logs(stdout=True, stderr=False, stream=True, follow=False)
+        try:
+            lines = audit.log_lines(stream, self.log_ceiling)
+            for batch in audit.batched(audit.events_from_lines(lines, policy, self.run_id)):
+                self._accept(batch, store)
+        finally:
+            with contextlib.suppress(Exception):
+                stream.close()
+
     def drain(self) -> None:
         """Take in every decision the proxy has logged so far (the live collector may lag
         behind): read its whole log once; a decision already seen is not emitted again."""
         if self.proxy is None:
             return
-        with docker_errors(f"reading the egress proxy log of run {self.run_id}"):
-            text = self.proxy.logs(stdout=True, stderr=False).decode(errors="replace")
         with self._lock:
             policy = self.policy
-        self._accept(audit.events_from_log(text, policy, self.run_id), self.store)
+        with docker_errors(f"reading the egress proxy log of run {self.run_id}"):
+            self._read_log(policy, self.store)
 
     def denial_summary(self) -> list[dict[str, Any]]:
         """What the agent tried to reach and was refused, grouped, most frequent first."""
@@ -539,11 +579,14 @@ class EgressSession:
 
     def _finish(self, problems: list[str], clock: Clock | None) -> None:
         audit.finish_run(self.store, self.run_id, iso((clock or SystemClock()).now()))
+        unstored = audit.unstored(self.store, self.run_id)
         with self._lock:
             allowed = sum(1 for e in self.events if e.decision == "allow")
             denied = len(self.events) - allowed
+        allowed, denied = allowed + unstored["allow"], denied + unstored["deny"]
         summary = {"type": "egress.summary", "run_id": self.run_id, "allowed": allowed}
-        self._emit({**summary, "denied": denied, "denials": self.denial_summary()})
+        summary |= {"denied": denied, "unstored": sum(unstored.values())}
+        self._emit({**summary, "denials": self.denial_summary()})
         if problems:
             # Leftovers carry our owner label: the next start's sweep removes them.
             raise SetupError("egress teardown incomplete: " + "; ".join(problems))
@@ -558,8 +601,7 @@ class EgressSession:
                 self._stream.close()
         if self._complete and self._collector is not None and not self._collector.is_alive():
             return
-        text = self.proxy.logs(stdout=True, stderr=False).decode(errors="replace")
-        self._accept(audit.events_from_log(text, self.policy, self.run_id), self.store)
+        self._read_log(self.policy, self.store)
 
     def __enter__(self) -> EgressSession:
         return self

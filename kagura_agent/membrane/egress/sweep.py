@@ -70,8 +70,16 @@ def salvage(client: Any, container_id: str, run_id: str, store: StateStore) -> N
         policy = load_policy(allowlist) if allowlist else EgressPolicy(mode="proxy")
     except Exception:
         policy = EgressPolicy(mode="proxy")
-    text = client.api.logs(container_id, stdout=True, stderr=False).decode(errors="replace")
-    audit.record_events(store, audit.events_from_log(text, policy, run_id))
+    # Read as a stream and at most audit.LOG_CEILING bytes far (past it the run was a
+    # flood), a batch of decisions at a time: the agent chose how long the log is.
+    stream = client.api.logs(container_id, stdout=True, stderr=False, stream=True, follow=False)
+    try:
+        lines = audit.log_lines(stream)
+        for batch in audit.batched(audit.events_from_lines(lines, policy, run_id)):
+            audit.record_events(store, batch)
+    finally:
+        with contextlib.suppress(Exception):
+            stream.close()
 
 
 def sweep_orphans(
