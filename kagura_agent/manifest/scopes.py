@@ -123,6 +123,17 @@ def scope_problems(kind: str, scope: Mapping[str, Any]) -> list[tuple[str | None
                     )
                 )
         return problems
+    if kind == "cloudflare" and not scope.get("policies"):
+        absent = [key for key in ("permission_groups", "resources") if not scope.get(key)]
+        if absent:
+            problems.append(
+                (
+                    None,
+                    f"this cloudflare scope mints no token without {' and '.join(absent)}",
+                    "write policies: [...], or permission_groups: [id, ...] with resources: "
+                    '{"com.cloudflare.api.account.zone.<zone id>": "*"}',
+                )
+            )
     missing = missing_narrowing(kind, scope)
     if missing is not None:
         problems.append(
