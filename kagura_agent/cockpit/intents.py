@@ -97,7 +97,8 @@ def classify(event: Event) -> Intent:
         return Intent("help")
     kind = _VERBS.get(words[0].lower())
     if kind is None:
-        return Intent("unknown", problem=f"unknown command {words[0]!r}")
+        shown = words[0] if len(words[0]) <= 40 else words[0][:40] + "…"
+        return Intent("unknown", problem=f"unknown command {shown!r}")
     argument = " ".join(words[1:])
     if kind in _NEEDS_ARGUMENT and not argument:
         return Intent(kind, problem=f"{words[0].lower()} needs an argument")

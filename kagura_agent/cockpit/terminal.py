@@ -19,6 +19,9 @@ from kagura_agent.cockpit.transport import Event, Handler
 
 THREAD = "tty"
 POLL_SECONDS = 0.2
+# A command is a line; a chat message is at most some 40 000 characters on Slack. A
+# longer line is dropped (with a word to the operator), never buffered whole.
+MAX_LINE = 64 * 1024
 
 
 class TerminalTransport:
@@ -38,20 +41,35 @@ class TerminalTransport:
     def run(self, handle: Handler) -> None:
         self.say(THREAD, "kagura-agent serve: type `help` for the commands, Ctrl-D to stop")
         fd = self._in.fileno()
-        pending = b""
+        line = bytearray()
+        skipping = False  # inside a line already refused as too long
         while not self._stopped.is_set():
             ready, _, _ = select.select([fd], [], [], POLL_SECONDS)
             if not ready:
                 continue
-            chunk = os.read(fd, 4096)
+            chunk = os.read(fd, 65536)
             if not chunk:  # EOF: the operator is done
                 break
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                text = line.decode(errors="replace").strip()
-                if text:
-                    handle(Event(self.name, self.user, THREAD, text=text))
+            # Each byte is looked at once, and a line is kept only up to MAX_LINE: input
+            # with no newline (a pasted file) costs no more than that.
+            start = 0
+            while True:
+                end = chunk.find(b"\n", start)
+                if not skipping:
+                    line += chunk[start:] if end < 0 else chunk[start:end]
+                    if len(line) > MAX_LINE:
+                        line.clear()
+                        skipping = True
+                        self.say(THREAD, f"a line longer than {MAX_LINE // 1024} KiB was ignored")
+                if end < 0:
+                    break
+                if not skipping:
+                    text = line.decode(errors="replace").strip()
+                    if text:
+                        handle(Event(self.name, self.user, THREAD, text=text))
+                line.clear()
+                skipping = False
+                start = end + 1
 
     def stop(self) -> None:
         self._stopped.set()
