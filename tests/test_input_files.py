@@ -138,3 +138,31 @@ def test_a_prompt_file_is_bounded_and_utf8(project: Path) -> None:
         "the task on standard input is more than 1024 KiB",
     )
     refused(cli(project, "run", "-", stdin=b"\xff\xfe"), "standard input: not UTF-8 text")
+
+
+def test_a_path_that_leads_nowhere_says_why(project: Path) -> None:
+    # Before, a symlink loop, a dangling link and a file given as --manifests all read
+    # "does not exist", which sends the operator looking for a missing file.
+    (project / "loop.yml").symlink_to("loop.yml")
+    (project / "dangling.yml").symlink_to("gone.yml")
+    cases = (
+        (
+            ["validate", "loop.yml"],
+            "error: loop.yml cannot be read: Too many levels of symbolic links",
+        ),
+        (
+            ["plan", "dangling.yml"],
+            "error: dangling.yml is a symlink to 'gone.yml', which does not exist",
+        ),
+        (
+            ["validate", "--manifests", "task.yml"],
+            "error: manifests directory task.yml is not a directory",
+        ),
+        (
+            ["validate", "--manifests", "loop.yml"],
+            "error: manifests directory loop.yml cannot be read: Too many levels of symbolic links",
+        ),
+        (["validate", "missing.yml"], "error: missing.yml does not exist"),
+    )
+    for argv, fragment in cases:
+        refused(cli(project, *argv), fragment)

@@ -64,7 +64,7 @@ def manifests_dir(explicit: str | None) -> Path:
         if candidate:
             path = Path(candidate)
             if not path.is_dir():
-                raise UsageError(f"manifests directory {candidate} does not exist")
+                raise UsageError(f"manifests directory {candidate} {_missing(path)}")
             return path
     local = Path("manifests")
     if local.is_dir():
@@ -116,7 +116,21 @@ def yaml_files(path: Path) -> list[Path]:
         return [path]
     if path.exists():
         raise UsageError(f"{path} is neither a YAML file nor a directory of them")
-    raise UsageError(f"{path} does not exist")
+    raise UsageError(f"{path} {_missing(path)}")
+
+
+def _missing(path: Path) -> str:
+    """Why ``path`` is no folder or file to read: absent, a symlink that leads nowhere (a
+    loop, a dangling target), unreachable, or something else."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return f"is a symlink to {os.readlink(path)!r}, which does not exist"
+        return "does not exist"
+    except OSError as exc:  # ELOOP, EACCES, ENOTDIR
+        return f"cannot be read: {exc.strerror}"
+    return "is not a directory"
 
 
 def packaged_display(path: Path) -> str:
