@@ -37,8 +37,11 @@ COMPONENT = "egress"
 # ~220,000 requests); past it the run is stopped as a flood (session.py, tripwire.py).
 LOG_CEILING = 32 * 1024 * 1024
 # What Docker keeps of a proxy's log on disk (json-file: LOG_FILES files of LOG_FILE_SIZE).
-# The JSON framing adds ~70 bytes a line and squid's stderr shares the file: 4x the
-# ceiling, so nothing is rotated away between the ceiling and the stop.
+# The JSON framing adds ~70 bytes a line, at most doubling the shortest line squid writes
+# (an empty connection's, ~68 bytes; measured in a flood: json-file 1.9x the log),
+# and squid's stderr shares the file: 4x the ceiling keeps at least 2x what a run can
+# write before its stop, so no line is rotated away before the stop (docker logs reads
+# the rotated file too).
 LOG_FILE_SIZE = 64 * 1024 * 1024
 LOG_FILES = 2
 LOG_KEEP = LOG_FILE_SIZE * LOG_FILES
