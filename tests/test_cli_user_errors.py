@@ -306,3 +306,37 @@ def test_a_relative_state_or_cache_dir_is_refused(
         assert not (project / "rel").exists()
         if extra:
             assert json.loads(proc.stdout)["exit_code"] == 3
+
+
+@pytest.mark.parametrize(
+    ("file", "old", "new", "path"),
+    [
+        ("graduation.yml", "cooldown: 7d", "cooldown: 99999999999999999999d", "$.spec.cooldown"),
+        (
+            "graduation.yml",
+            "cooldown: 7d",
+            "cooldown: 7d\n  failure_half_life: 99999999999999999999d",
+            "$.spec.failure_half_life",
+        ),
+        ("images.yml", "memory: 2g", "memory: 99999999999999999999g", "$.spec.hardening.memory"),
+    ],
+    ids=["cooldown", "failure-half-life", "image-memory"],
+)
+def test_a_duration_or_size_past_any_use_is_a_located_error(
+    project: Path, file: str, old: str, new: str, path: str
+) -> None:
+    # Durations and sizes took any number of digits: a Graduation cooldown of 10**20
+    # days was an OverflowError traceback (timedelta) from plan and graduation status.
+    manifests = project / "manifests"
+    shutil.copytree(REPO / "manifests", manifests)
+    target = manifests / file
+    text = target.read_text(encoding="utf-8")
+    assert old in text
+    target.write_text(text.replace(old, new, 1), encoding="utf-8")
+    for argv in (
+        [*plan_argv(manifests="manifests"), "task.yml"],
+        ["graduation", "status", "--manifests", "manifests"],
+    ):
+        proc = cli(project, *argv)
+        refused(proc, f"{path}  '{new.split(': ')[-1]}' is not valid here")
+        assert proc.stderr.startswith(f"manifests/{file}:"), proc.stderr
