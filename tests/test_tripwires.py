@@ -93,6 +93,7 @@ def test_a_denial_burst_trips_the_run(docker_client: Any, tmp_path: Path, state_
         "window_seconds": 30,
         "canary_file": "/home/agent/.git-credentials",
         "creds_after_wipe": True,
+        "egress_log_bytes": 32 * 1024 * 1024,
         "source": "strict-tripwires",
     }
     [category] = [a["category"] for a in plan["approvals"] if a["category"].startswith("egress")]
@@ -126,3 +127,57 @@ def test_a_denial_burst_trips_the_run(docker_client: Any, tmp_path: Path, state_
     assert "verify not run" in incident["actions"]
     text = kagura(["incidents"], env)
     assert incident["id"] in text.stdout and "exfil0.evil.test:80" in text.stdout
+
+
+# Junk from four processes as fast as they go: an origin-form GET, a CONNECT to the listed
+# host (it resolves nowhere: squid answers itself, a quiet denial) and an empty connection.
+FLOOD = """python3 -c '
+import os, socket
+for _ in range(2):
+    os.fork()
+junk = [b"GET / HTTP/1.1\\r\\n\\r\\n", b"CONNECT docs.example.test:443 HTTP/1.1\\r\\n\\r\\n", b""]
+n = 0
+while True:
+    try:
+        s = socket.create_connection(("127.0.0.1", 3128))
+        s.sendall(junk[n % 3]); n += 1
+        s.shutdown(socket.SHUT_WR); s.recv(4096); s.close()
+    except OSError: pass
+'; sleep 600"""
+
+
+def test_a_flood_of_the_proxy_log_trips_the_run(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    """Requests that trip nothing one by one (not denials by policy) still make the host
+    keep a log line each: past the operator's egress_log the run is stopped."""
+    knobs = {"tripwires": {"denied_egress": 4, "window": "30s", "egress_log": "200k"}}
+    manifests = manifest_set(tmp_path, {**MANIFESTS[0], "spec": knobs}, MANIFESTS[1], MANIFESTS[2])
+    project = make_project(tmp_path)
+    spec = {"egress": ["docs-site"], "steps": [FLOOD], "verify": ["true"]}
+    task = write_task(project, "flooding", spec)
+    env = cli_env(state_dir)
+    planned = kagura(["plan", "--json", "--manifests", str(manifests), str(task)], env)
+    assert planned.returncode == 0, planned.stderr
+    [entry] = json.loads(planned.stdout)["plans"]
+    assert entry["plan"]["tripwires"]["egress_log_bytes"] == 200 * 1024
+    [category] = [
+        a["category"] for a in entry["plan"]["approvals"] if a["category"].startswith("egress")
+    ]
+    _graduate(category)
+
+    started = time.monotonic()
+    done = kagura(["apply", "--yes", "--json", "--manifests", str(manifests), str(task)], env)
+    took = time.monotonic() - started
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert took < 120, "the flood did not stop the sleeping run"
+    assert "past the run's ceiling of 204800" in done.stderr
+    [run_id] = run_ids(state_dir)
+    assert run_row(state_dir, run_id)["outcome"] == "failed"
+    assert leftovers(docker_client, run_id) == []
+    [incident] = json.loads(kagura(["incidents", "--json"], env).stdout)["incidents"]
+    assert "egress proxy log" in incident["reason"] and "verify not run" in incident["actions"]
+    # What was stored is what the ceiling let through, none of it an allow.
+    log = json.loads(kagura(["egress", "log", run_id, "--json"], env).stdout)
+    assert log["events"] and {e["reason"] for e in log["events"]} == {"not-forwarded"}
+    print(f"\nflood stopped in {took:.1f}s (apply's wall time)")

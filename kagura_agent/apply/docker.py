@@ -81,6 +81,8 @@ class DockerApplyRuntime(DockerRuntime):
             sweep=False,
             # The operator's pool knob (Policy spec.egress_pool), as the plan shows it.
             from_pool=bool(plan["egress"].get("pool", False)),
+            # Past this much of the proxy's log the run is stopped as a flood.
+            log_ceiling=plan["tripwires"]["egress_log_bytes"],
         )
 
     def start_forwarder(self, container_id: str, config: AgentNetworkConfig) -> None:

@@ -5,8 +5,8 @@ What trips (the plan's ``tripwires``, knobs in the operator's Graduation manifes
 - a burst of denied egress: ``denied_egress`` denials within ``window_seconds`` (the
   injecting port's refusals of what is not a model call, and what squid answered itself
   without forwarding anything, do not count: QUIET_DENIALS);
-- a flood of the proxy's log: the agent made the run's proxy log more than its per-run
-  ceiling (audit.LOG_CEILING; session.py sends ``egress.flood``);
+- a flood of the proxy's log: the agent made the run's proxy log more than
+  ``egress_log_bytes`` (default audit.LOG_CEILING; session.py sends ``egress.flood``);
 - the canary (``canary_file``): a decoy credentials file apply plants in the agent's home
   with a per-run value; opening or reading it, or the value showing up in the egress log
   or the brain's output, trips;

@@ -338,6 +338,7 @@ class Tripwires(TypedDict):
     window_seconds: int
     canary_file: str | None
     creds_after_wipe: bool
+    egress_log_bytes: int
     source: str
 
 
@@ -595,6 +596,8 @@ DESCRIPTIONS: dict[str, str] = {
     " container (reading it trips), or null when off.",
     "tripwires.creds_after_wipe": "Whether touching /run/kagura/creds after the"
     " credentials are wiped (or at all, in a run given none) trips.",
+    "tripwires.egress_log_bytes": "Bytes of its egress proxy's log past which the run is"
+    " stopped as a flood.",
     "tripwires.source": "The Graduation manifest the knobs come from, or `default`.",
     "floor": "How the plan breaks the membrane floor (code, not policy); anything refuses.",
     "policy": "Policy rules evaluated on the plan.",

@@ -23,6 +23,7 @@ from kagura_agent.manifest.proxyimage import proxy_image
 from kagura_agent.manifest.schema import schema_version
 from kagura_agent.manifest.scopes import is_full_access
 from kagura_agent.manifest.task import ResolvedTask
+from kagura_agent.membrane.egress.audit import LOG_CEILING
 from kagura_agent.membrane.floor import floor_violations
 from kagura_agent.memory.factory import section_from_manifest
 from kagura_agent.patterns.cost_history import (
@@ -731,6 +732,7 @@ def _tripwires(catalog: Catalog) -> Tripwires:
         "window_seconds": 60,
         "canary_file": CANARY_PATH,
         "creds_after_wipe": True,
+        "egress_log_bytes": LOG_CEILING,
         "source": "default",
     }
     for graduation in catalog.of("Graduation"):
@@ -741,6 +743,9 @@ def _tripwires(catalog: Catalog) -> Tripwires:
                 "window_seconds": parse_duration(str(knobs.get("window", "60s"))),
                 "canary_file": CANARY_PATH if knobs.get("canary_file", True) else None,
                 "creds_after_wipe": bool(knobs.get("creds_after_wipe", True)),
+                "egress_log_bytes": (
+                    parse_size(str(knobs["egress_log"])) if "egress_log" in knobs else LOG_CEILING
+                ),
                 "source": graduation.name,
             }
     return found
