@@ -32,7 +32,7 @@ from kagura_agent.clock import parse_iso
 from kagura_agent.errors import RefusedError
 from kagura_agent.manifest.catalog import Catalog
 from kagura_agent.paths import under
-from kagura_agent.state import Location, StateStore
+from kagura_agent.state import Location, SchemaBehind, StateStore
 
 
 @dataclass(frozen=True)
@@ -50,14 +50,7 @@ class Written:
 def written_during_runs(store: StateStore, paths: Iterable[str]) -> list[Written]:
     """Each of ``paths`` (and where a symlink among them leads) that changed during a run
     recorded in ``store`` whose project root holds it; missing paths are skipped."""
-    store.migrate("runs", MIGRATIONS)
-    runs = [
-        (row["run_id"], row["project_root"], *_window(row))
-        for row in store.conn.execute(
-            "SELECT run_id, project_root, setid_since, ended_at, opened_ns, closed_ns FROM runs"
-            " WHERE project_root IS NOT NULL AND setid_since IS NOT NULL"
-        )
-    ]
+    runs = [(row["run_id"], row["project_root"], *_window(row)) for row in _rows(store)]
     found: list[Written] = []
     for path in dict.fromkeys(paths):
         for where, ctime in _ctimes(path):
@@ -73,6 +66,34 @@ def written_during_runs(store: StateStore, paths: Iterable[str]) -> list[Written
                 found.append(hit)
                 break
     return found
+
+
+# The runs schema version from which each column of the query exists (runtable.py).
+_ROOTS_FROM, _WINDOWS_FROM = 3, 5
+
+
+def _rows(store: StateStore) -> list[Any]:
+    """The runs that recorded a project root. A read-only store (``plan``: it creates and
+    migrates nothing) is read at whatever version it has; one from before roots were
+    recorded has no run to show."""
+    try:
+        store.migrate("runs", MIGRATIONS)
+        version = len(MIGRATIONS)
+    except SchemaBehind as behind:
+        version = behind.current
+    if version < _ROOTS_FROM:
+        return []
+    windows = (
+        "opened_ns, closed_ns"
+        if version >= _WINDOWS_FROM
+        else "NULL AS opened_ns, NULL AS closed_ns"
+    )
+    return list(
+        store.conn.execute(
+            f"SELECT run_id, project_root, setid_since, ended_at, {windows} FROM runs"
+            " WHERE project_root IS NOT NULL AND setid_since IS NOT NULL"
+        )
+    )
 
 
 def _window(row: Any) -> tuple[float, float]:
@@ -113,7 +134,10 @@ HINT = (
 def refuse_written(what: str, paths: Iterable[str], where: Location | None = None) -> None:
     """RefusedError (exit 6) naming the first of ``paths`` a run could have written, by
     the run history of the store at ``where`` (the configured one by default)."""
-    with StateStore(where) as store:
+    store = StateStore.read_only(where)
+    if store is None:
+        return  # no store yet: no run was ever recorded
+    with store:
         found = written_during_runs(store, [p for p in paths if p])
     if found:
         raise RefusedError(
