@@ -324,7 +324,9 @@ def _open(location: Location, *, read_only: bool, shared: bool = False) -> Conne
         try:
             return SqliteConnection(_connect_read_only(location), location)
         except sqlite3.Error as exc:
-            raise StateDbError(f"cannot read the state store at {location}: {exc}") from exc
+            raise StateDbError(
+                f"cannot read the state store at {location}: {exc}", hint=_damaged(exc)
+            ) from exc
     try:
         location.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(
@@ -338,9 +340,22 @@ def _open(location: Location, *, read_only: bool, shared: bool = False) -> Conne
     except (OSError, sqlite3.Error) as exc:
         raise SetupError(
             f"cannot open the state store at {location}: {exc}",
-            hint="set KAGURA_AGENT_STATE_DIR to a writable directory",
+            hint=_damaged(exc) or "set KAGURA_AGENT_STATE_DIR to a writable directory",
         ) from exc
     return SqliteConnection(conn, location)
+
+
+def _damaged(exc: Exception) -> str:
+    """The hint for a file SQLite cannot read as a database (random bytes, truncated):
+    nothing is rewritten for the operator; the file is theirs to keep or restore."""
+    if isinstance(exc, sqlite3.DatabaseError) and (
+        "not a database" in str(exc) or "malformed" in str(exc)
+    ):
+        return (
+            "the file is damaged or is no kagura-agent store: restore it from a backup, or"
+            " move it aside (keeping it) to start an empty one"
+        )
+    return ""
 
 
 class SqliteConnection:
