@@ -495,6 +495,10 @@ class EgressSession:
                 pass
 
     def _flood(self, read: int) -> None:
+        # Every decision up to the ceiling was taken in live: reading the log again at
+        # teardown or in drain() would only read the same lines (minutes of a host CPU
+        # for a 32 MiB log).
+        self._complete = True
         self.flooded = (
             f"the agent made the egress proxy log {read} bytes, past the run's ceiling of"
             f" {self.log_ceiling} (a flood of requests or connections)"
@@ -505,7 +509,9 @@ class EgressSession:
 
     def _read_log(self, policy: EgressPolicy, store: StateStore) -> None:
         """Store the decisions of the proxy's log, read once from its start and at most
-        ``log_ceiling`` bytes far, a batch at a time."""
+        ``log_ceiling`` bytes far, a batch at a time (not again after a flood stop)."""
+        if self.flooded:
+            return
         stream = self.proxy.logs(stdout=True, stderr=False, stream=True, follow=False)
         try:
             lines = audit.log_lines(stream, self.log_ceiling)
