@@ -340,3 +340,28 @@ def test_a_duration_or_size_past_any_use_is_a_located_error(
         proc = cli(project, *argv)
         refused(proc, f"{path}  '{new.split(': ')[-1]}' is not valid here")
         assert proc.stderr.startswith(f"manifests/{file}:"), proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["graduation", "history", "--limit", "99999999999999999999"], "is not in 1..100000"),
+        (["graduation", "history", "--limit", "-1"], "-1 is not in 1..100000"),
+        (["memory", "search", "-k", "99999999999999999999", "x"], "is not in 0..1000"),
+        (["serve", "--approval-timeout", "nan"], "nan is not in 0..604800 seconds"),
+        (["runner", "--heartbeat", "inf"], "inf is not in 0.01..3600 seconds"),
+        (["apply", "--approval-timeout", "-5", "task.yml"], "-5 is not in 0..604800 seconds"),
+    ],
+    ids=["limit-huge", "limit-negative", "k-huge", "timeout-nan", "heartbeat-inf", "timeout-neg"],
+)
+def test_a_number_option_out_of_range_is_a_usage_error(
+    project: Path, argv: list[str], fragment: str
+) -> None:
+    # Numeric options took any int or float: --limit 10**20 was an OverflowError
+    # traceback from SQLite, --limit -1 meant no limit, nan/inf reached sleeps and clocks.
+    for extra in ([], ["--json"]):
+        proc = cli(project, *argv, *extra)
+        refused(proc, fragment)
+        if extra:
+            (error,) = json.loads(proc.stdout)["errors"]
+            assert fragment in error["message"]

@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kagura_agent.cli.common import add_manifest_option
+from kagura_agent.cli.common import add_manifest_option, seconds
 from kagura_agent.plan.model import Plan
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def register(subparsers: Any) -> None:
     )
     team.add_argument(
         "--approval-ttl",
-        type=float,
+        type=seconds(0.01, 30 * 86400),
         default=3600.0,
         metavar="S",
         help="the approval given with the queued plan lapses after S seconds; a runner that"
@@ -92,7 +92,11 @@ def add_apply_options(parser: argparse.ArgumentParser) -> None:
         help="allow a plan whose brain runs on the host, unsandboxed",
     )
     parser.add_argument(
-        "--approval-timeout", type=float, default=120.0, metavar="S", help="deny after S seconds"
+        "--approval-timeout",
+        type=seconds(0, 7 * 86400),
+        default=120.0,
+        metavar="S",
+        help="deny after S seconds",
     )
     parser.add_argument("--json", action="store_true", help="events as JSON lines; result as JSON")
 

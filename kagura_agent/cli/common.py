@@ -5,9 +5,42 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+
+def count(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in ``low..high`` (a row count reaches SQL, where
+    a number past 64 bits is an OverflowError and a negative LIMIT means no limit)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is not in {low}..{high}")
+        return value
+
+    return parse
+
+
+def seconds(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds in ``low..high`` (nan and inf reach
+    sleeps and clocks, where they are a ValueError or OverflowError)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is not in {low:g}..{high:g} seconds")
+        return value
+
+    return parse
 
 
 def add_manifest_option(parser: argparse.ArgumentParser) -> None:

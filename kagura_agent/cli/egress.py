@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kagura_agent.cli.common import add_manifest_option, print_ok
+from kagura_agent.cli.common import add_manifest_option, count, print_ok
 
 
 def register(subparsers: Any) -> None:
@@ -30,9 +30,14 @@ def register(subparsers: Any) -> None:
         help="keep idle egress sessions ready for runs, until stopped (Ctrl-C / SIGTERM)",
     )
     add_manifest_option(serve)
-    serve.add_argument("--size", type=int, help="idle sessions to hold (default: the Policy's)")
     serve.add_argument(
-        "--idle-expiry", type=int, metavar="S", help="seconds before an idle one is replaced"
+        "--size", type=count(0, 64), help="idle sessions to hold (default: the Policy's)"
+    )
+    serve.add_argument(
+        "--idle-expiry",
+        type=count(1, 30 * 86400),
+        metavar="S",
+        help="seconds before an idle one is replaced",
     )
     serve.set_defaults(handler=_pool_serve)
     status = pool_sub.add_parser("status", help="the pool's sessions: idle, claimed, retired")

@@ -13,7 +13,7 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kagura_agent.cli.common import add_manifest_option, print_ok
+from kagura_agent.cli.common import add_manifest_option, count, print_ok
 
 if TYPE_CHECKING:
     from kagura_agent.graduation import Knobs
@@ -56,7 +56,9 @@ def register(subparsers: Any) -> None:
 
     history = actions.add_parser("history", help="approval decisions and state changes")
     history.add_argument("--category", type=_category, help="only this category")
-    history.add_argument("--limit", type=int, default=50, help="newest N decisions (50)")
+    history.add_argument(
+        "--limit", type=count(1, 100_000), default=50, help="newest N decisions (50)"
+    )
     history.add_argument("--json", action="store_true", help="print JSON")
     history.set_defaults(handler=_history)
 

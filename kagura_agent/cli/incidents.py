@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kagura_agent.cli.common import print_ok
+from kagura_agent.cli.common import count, print_ok
 
 
 def register(subparsers: Any) -> None:
@@ -17,7 +17,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
-        "--limit", type=int, default=20, help="at most this many (newest first, max 1000)"
+        "--limit",
+        type=count(1, 1000),
+        default=20,
+        help="at most this many (newest first, max 1000)",
     )
     parser.set_defaults(handler=_list)
 

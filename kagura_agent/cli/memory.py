@@ -17,7 +17,7 @@ import json
 import sys
 from typing import Any
 
-from kagura_agent.cli.common import add_manifest_option, print_ok
+from kagura_agent.cli.common import add_manifest_option, count, print_ok
 
 
 def register(subparsers: Any) -> None:
@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
     search.add_argument("query")
     search.add_argument("--type", help="only memories of this type")
     search.add_argument("--untrusted", action="store_true", help="include untrusted memories")
-    search.add_argument("-k", type=int, default=10, help="how many results (default 10)")
+    search.add_argument("-k", type=count(0, 1000), default=10, help="how many results (default 10)")
     search.add_argument("--json", action="store_true", help="print JSON")
     search.set_defaults(handler=_search)
 

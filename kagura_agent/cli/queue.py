@@ -8,6 +8,8 @@ import json
 import sys
 from typing import Any
 
+from kagura_agent.cli.common import seconds
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("queue", help="queued runs of the team's runners")
@@ -19,7 +21,9 @@ def register(subparsers: Any) -> None:
     follow = actions.add_parser("follow", help="stream one run's events until it ends")
     follow.add_argument("run_id", metavar="RUN")
     follow.add_argument("--json", action="store_true", help="events as JSON lines")
-    follow.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
+    follow.add_argument(
+        "--timeout", type=seconds(0, 30 * 86400), metavar="S", help="give up after S seconds"
+    )
     follow.set_defaults(handler=run_follow)
     cancel = actions.add_parser(
         "cancel",

@@ -7,6 +7,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from kagura_agent.cli.common import count, seconds
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -23,7 +25,7 @@ def register(subparsers: Any) -> None:
         " user's state directory)",
     )
     parser.add_argument(
-        "--concurrency", type=int, default=2, metavar="N", help="runs at once (default 2)"
+        "--concurrency", type=count(1, 64), default=2, metavar="N", help="runs at once (default 2)"
     )
     parser.add_argument(
         "--runtime",
@@ -42,11 +44,15 @@ def register(subparsers: Any) -> None:
         " a runsc or kata runtime",
     )
     parser.add_argument(
-        "--heartbeat", type=float, default=10.0, metavar="S", help="seconds between heartbeats"
+        "--heartbeat",
+        type=seconds(0.01, 3600),
+        default=10.0,
+        metavar="S",
+        help="seconds between heartbeats",
     )
     parser.add_argument(
         "--stalled-after",
-        type=float,
+        type=seconds(0.01, 86400),
         default=30.0,
         metavar="S",
         help="a runner silent this long is gone: its runs are marked lost (default 30)",

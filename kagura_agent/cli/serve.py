@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kagura_agent.cli.common import add_manifest_option
+from kagura_agent.cli.common import add_manifest_option, seconds
 
 
 def register(subparsers: Any) -> None:
@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--transport", metavar="NAME", help="Transport manifest to serve on")
     parser.add_argument(
         "--approval-timeout",
-        type=float,
+        type=seconds(0, 7 * 86400),
         default=600.0,
         metavar="S",
         help="deny a request nobody answers within S seconds (600)",
