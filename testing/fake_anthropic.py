@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +95,7 @@ class FakeAnthropicRuntime(DockerApplyRuntime):
         clock: Clock,
         injection: Injection | None,
         injection_secret: str | None,
+        scrub: Callable[[str], str] | None = None,
     ) -> EgressSession:
         if injection is None:
             return super().start_egress(
@@ -105,6 +106,7 @@ class FakeAnthropicRuntime(DockerApplyRuntime):
                 clock=clock,
                 injection=None,
                 injection_secret=injection_secret,
+                scrub=scrub,
             )
         return EgressSession.start(
             self.client,
@@ -117,5 +119,7 @@ class FakeAnthropicRuntime(DockerApplyRuntime):
             injection_secret=injection_secret,
             extra_hosts={HOST: self.fake.address},
             extra_networks=(self.fake.network,),
+            scrub=scrub,
             sweep=False,
+            log_ceiling=plan["tripwires"]["egress_log_bytes"],
         )

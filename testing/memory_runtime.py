@@ -299,6 +299,7 @@ class MemoryRuntime:
         clock: Clock,
         injection: Injection | None,
         injection_secret: str | None,
+        scrub: Callable[[str], str] | None = None,
     ) -> MemoryEgress:
         self._point("start_egress")
         egress = MemoryEgress(self, run_id, on_event, injection, injection_secret)
