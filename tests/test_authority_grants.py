@@ -47,9 +47,16 @@ def connections(server: socket.socket) -> int:
 
 
 def provider_doc(name: str, spec: str) -> str:
+    # A cloudflare scope must say what its token may do (no scope grants all by omission).
+    narrowing = (
+        ", permission_groups: [4755a26eedb94da69e1066d98aa820be],"
+        " resources: {com.cloudflare.api.account.zone.0123456789abcdef: '*'}"
+        if "type: cloudflare" in spec
+        else ""
+    )
     return (
         f"apiVersion: kagura.dev/v1\nkind: CredentialProvider\nmetadata: {{name: {name}}}\n"
-        f"spec:\n{spec}  scopes: {{all: {{description: everything}}}}\n"
+        f"spec:\n{spec}  scopes: {{all: {{description: everything{narrowing}}}}}\n"
     )
 
 
