@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
-import subprocess
 import time
 from dataclasses import dataclass
 
 from kagura_agent.hygiene import neutralise
+from kagura_agent.manifest.gitinputs import host_git
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _REPO_PARTS = ("config", "config.worktree", "commondir", "hooks")
@@ -65,28 +64,11 @@ def gitlink_paths(root: str) -> list[str] | None:
     """The gitlink (submodule) paths under the root, relative to it, from the index of the
     work tree it is in (its own, or a larger checkout's: ``ls-files`` run in a folder lists
     that folder's entries); None when it is in none git can read, or git is not installed."""
-    git = shutil.which("git")
-    if git is None:
-        return None
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    # safe.directory: the operator applies to a root another account may own (a CI
-    # checkout); only the index is read, with no fsmonitor.
-    options = ["-c", f"safe.directory={root}", "-c", "core.fsmonitor=false"]
-    try:
-        done = subprocess.run(
-            [git, *options, "ls-files", "--stage", "-z"],
-            cwd=root,
-            env=env,
-            capture_output=True,
-            timeout=GIT_TIMEOUT,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
+    out = host_git(root, ["ls-files", "--stage", "-z"], GIT_TIMEOUT)
+    if out is None:
         return None
     paths = []
-    for record in done.stdout.split(b"\0"):
+    for record in out.split(b"\0"):
         meta, _, path = record.partition(b"\t")
         if meta.startswith(b"160000 ") and path:
             paths.append(os.fsdecode(path))

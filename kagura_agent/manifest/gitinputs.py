@@ -53,10 +53,12 @@ def git_metadata(root: str, catalog: Catalog) -> list[tuple[str, str]]:
     return found
 
 
-def _git_paths(root: str) -> tuple[str, str] | None:
-    """(the work tree's top, the folder git runs hooks from) for a command in ``root``
-    (``core.hooksPath`` when set, as husky and similar tools set it to a folder of the work
-    tree), resolved; None without git or a work tree."""
+def host_git(root: str, args: list[str], timeout: float = GIT_TIMEOUT) -> bytes | None:
+    """git's standard output for ``git ARGS`` in ``root``, a folder an agent may have
+    written: no GIT_* from the environment, ``safe.directory`` for that folder only (the
+    operator applies to roots other accounts own: a CI checkout) and no fsmonitor (a
+    command the repository's own config could name); None when git is not installed,
+    fails or takes longer than ``timeout``."""
     git = shutil.which("git")
     if git is None:
         return None
@@ -64,17 +66,25 @@ def _git_paths(root: str) -> tuple[str, str] | None:
     options = ["-c", f"safe.directory={root}", "-c", "core.fsmonitor=false"]
     try:
         done = subprocess.run(
-            [git, *options, "rev-parse", "--show-toplevel", "--git-path", "hooks"],
+            [git, *options, *args],
             cwd=root,
             env=env,
             capture_output=True,
-            timeout=GIT_TIMEOUT,
+            timeout=timeout,
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    lines = os.fsdecode(done.stdout).splitlines()
-    if done.returncode != 0 or len(lines) != 2:
+    return done.stdout if done.returncode == 0 else None
+
+
+def _git_paths(root: str) -> tuple[str, str] | None:
+    """(the work tree's top, the folder git runs hooks from) for a command in ``root``
+    (``core.hooksPath`` when set, as husky and similar tools set it to a folder of the work
+    tree), resolved; None without git or a work tree."""
+    out = host_git(root, ["rev-parse", "--show-toplevel", "--git-path", "hooks"])
+    lines = os.fsdecode(out).splitlines() if out is not None else []
+    if len(lines) != 2:
         return None
     top, hooks = lines
     return os.path.realpath(top), os.path.realpath(os.path.join(root, hooks))
