@@ -117,3 +117,69 @@ def test_egress_log_cli(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert [e["host"] for e in body["events"]] == ["evil.test"]
     assert body["denials"][0]["reason"] == "host-not-listed"
     assert main(["egress", "log", "nope"]) == 2
+
+
+class _DeadProxy:
+    """What salvage reads of a stopped proxy: its log, as Docker streams it."""
+
+    def __init__(self, log: str) -> None:
+        self.api = self
+        self._log = log.encode()
+
+    def logs(self, container_id: str, **_options: Any) -> Any:
+        return iter([self._log[:50], self._log[50:]])
+
+
+def test_salvage_withholds_what_the_agent_chose(
+    state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dead run's decisions, stored without its redactor: the decision, entry, reason,
+    ports and counts stay; a host, path or method the agent chose does not."""
+    from kagura_agent.membrane.egress.sweep import salvage
+
+    token = "tok3n5ecret9f8e7d"
+    log = (
+        "KAGURA1 1767225600.000 172.18.0.3 CONNECT - api.github.com 443 200 TCP_TUNNEL 1 2"
+        " 140.82.112.5 - 3128 -\n"
+        f"KAGURA1 1767225601.000 172.18.0.3 CONNECT - {token}.evil.test 443 403 TCP_DENIED"
+        " 1 2 - not-allowed 3128 -\n"
+        f"KAGURA1 1767225602.000 172.18.0.3 CONNECT - {token}.example.com 443 200 TCP_TUNNEL"
+        " 1 2 93.184.216.34 - 3128 -\n"
+        f"KAGURA1 1767225603.000 172.18.0.3 GET http evil.test 80 403 TCP_DENIED 1 2 -"
+        f" not-allowed 3128 /leak/{token}\n"
+        f"KAGURA1 1767225604.000 172.18.0.3 {token.upper()} http evil.test 80 403 TCP_DENIED"
+        " 1 2 - not-allowed 3128 /\n"
+        "KAGURA1 1767225605.000 127.0.0.1 POST http api.anthropic.com 80 200 TCP_MISS 1 2"
+        " 10.0.0.2 - 3129 /v1/messages\n"
+    )
+    store = audit.open_store(StateStore())
+    allow = {"mode": "proxy", "allow": [{"host": "api.github.com"}, {"host": "*.example.com"}]}
+    audit.record_run(store, "run-dead", "2026-01-01T00:00:00Z", allow)
+    salvage(_DeadProxy(log), "proxy-id", "run-dead", store)
+    events = audit.load_events(store, "run-dead")
+    assert [(e.host, e.method, e.path) for e in events] == [
+        ("api.github.com", "CONNECT", ""),  # exactly an allowlist entry's: the operator's
+        ("(withheld)", "CONNECT", ""),
+        ("(withheld)", "CONNECT", ""),  # below a wildcard: the agent chose the label
+        ("(withheld)", "GET", "(withheld)"),
+        ("(withheld)", "(withheld)", "(withheld)"),
+        ("(withheld)", "POST", "/v1/messages"),
+    ]
+    assert [e.decision for e in events] == ["allow", "deny", "allow", "deny", "deny", "allow"]
+    assert events[2].entry == "*.example.com:443/https" and events[2].server == "93.184.216.34"
+    assert [e.reason for e in events][:2] == ["allowed", "host-not-listed"]
+    assert events[5].inport == 3129 and events[3].port == 80
+    assert main(["egress", "log", "run-dead"]) == 0
+    text = capsys.readouterr().out
+    assert "5 decision(s) stored after the run was killed" in text, text
+    assert main(["egress", "log", "run-dead", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["withheld"] == 5
+    for form in (token, token.upper()):
+        assert form not in text + json.dumps(body)
+        for stored in state_dir.rglob("*"):  # state.db and its -wal, raw
+            if stored.is_file():
+                assert form.lower().encode() not in stored.read_bytes().lower(), stored
+    # A run this store does not know (another state directory's): nothing stored here.
+    salvage(_DeadProxy(log), "proxy-id", "run-elsewhere", store)
+    assert audit.load_events(store, "run-elsewhere") == []

@@ -255,8 +255,16 @@ def _sweep(store: StateStore, runtime: ApplyRuntime | None, clock: Clock, live: 
         live.note(f"lease sweep: {report.summary()}")
     if runtime is None:
         return
-    swept = sweep_dead_runs(store, runtime, clock, lambda line: live.note(line, "yellow"))
-    removed = runtime.sweep_egress(store)
+    removed: list[str] = []
+    swept = sweep_dead_runs(
+        store,
+        runtime,
+        clock,
+        lambda line: live.note(line, "yellow"),
+        # A dead run's proxy: its log is salvaged before the run's containers go.
+        before_removal=lambda: removed.extend(runtime.sweep_egress(store)),
+    )
+    removed += runtime.sweep_egress(store)
     if swept or removed:
         live.note(
             f"removed what crashed runs left: {len(swept)} runs, {len(removed)} egress objects"

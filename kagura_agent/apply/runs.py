@@ -85,12 +85,15 @@ def sweep_dead_runs(
     runtime: ApplyRuntime,
     clock: Clock,
     on_note: Callable[[str], None] | None = None,
+    before_removal: Callable[[], object] | None = None,
 ) -> list[str]:
     """Remove the containers of runs whose applying process died, then clear what setuid
     and setgid bits and world-write they left in their project roots, and move aside the
     git repositories they planted there (``on_note`` gets each line worth saying); close
     their rows. Runs of another host are left to that host (its containers are on
-    its daemon, its roots on its disks)."""
+    its daemon, its roots on its disks). ``before_removal`` is called once, before the
+    first dead run's containers go: the egress sweep, which salvages a dead proxy's log
+    before it removes the proxy (its container carries the run's label too)."""
     store.migrate("runs", MIGRATIONS)
     swept = []
     rows = store.conn.execute(
@@ -100,6 +103,9 @@ def sweep_dead_runs(
     for row in rows:
         if owner_alive(row["pid"], row["pid_start"], row["host"]):
             continue
+        if before_removal is not None:
+            before_removal()
+            before_removal = None
         for container_id in runtime.list({LABEL_RUN: row["run_id"]}):
             runtime.remove(container_id, force=True)
         # Only once its containers are gone: nothing can set a bit again behind the walk.

@@ -62,9 +62,12 @@ def _log(args: argparse.Namespace) -> int:
         unstored = audit.unstored(store, run_id)
         if args.denied:
             events = [e for e in events if e.decision == "deny"]
+        # Decisions the crash sweep stored after the run was killed: what the agent chose
+        # is withheld (its redactor died with it; audit.withheld).
+        withheld = sum(1 for e in events if audit.WITHHELD in (e.host, e.path, e.method))
         if args.json:
             body = {"run_id": run_id, "events": [e.to_json() for e in events], "denials": summary}
-            print_ok({**body, "unstored": unstored})
+            print_ok({**body, "unstored": unstored, "withheld": withheld})
             return 0
         print(f"egress decisions of run {run_id}: {len(events)}")
         for e in events:
@@ -79,6 +82,12 @@ def _log(args: argparse.Namespace) -> int:
             print(
                 "not stored (past the run's ceiling of decisions):"
                 f" {unstored['allow']} allowed, {unstored['deny']} denied"
+            )
+        if withheld:
+            print(
+                f"{withheld} decision(s) stored after the run was killed: the host, path and"
+                f" other texts the agent chose show as {audit.WITHHELD} (its redactor died"
+                " with it, and they may carry a credential it held)"
             )
         if summary:
             print("denied (what the agent tried to reach):")

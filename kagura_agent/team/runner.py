@@ -115,8 +115,15 @@ def sweep_own_leftovers(config: RunnerConfig) -> None:
         leases = Sweeper(store, clock=clock).sweep()
         runtime = DockerApplyRuntime()
         try:
-            swept = sweep_dead_runs(store, runtime, clock)
-            removed = runtime.sweep_egress(store)
+            removed: list[str] = []
+            swept = sweep_dead_runs(
+                store,
+                runtime,
+                clock,
+                # A dead run's proxy: its log is salvaged before the run's containers go.
+                before_removal=lambda: removed.extend(runtime.sweep_egress(store)),
+            )
+            removed += runtime.sweep_egress(store)
         finally:
             runtime.client.close()
     if swept or removed or leases.revoked:

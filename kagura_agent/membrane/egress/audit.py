@@ -19,6 +19,7 @@ numbering holds.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -28,7 +29,7 @@ from urllib.parse import unquote
 
 from kagura_agent.manifest.hosts import is_ip_literal
 from kagura_agent.membrane.egress.policy import EgressPolicy
-from kagura_agent.membrane.egress.squid import INJECT_PORT, LOG_TAG
+from kagura_agent.membrane.egress.squid import DENY_REASONS, INJECT_PORT, LOG_TAG
 from kagura_agent.state import StateStore
 from kagura_agent.state_sql import Migration, with_rowid
 
@@ -50,6 +51,16 @@ EVENT_CEILING = 20_000
 # What squid answered itself (a request it could not parse, a name that did not resolve,
 # an upstream that refused): a denial that forwarded nothing, and no sign of a hijack.
 NOT_FORWARDED = "not-forwarded"
+# Every reason a stored decision can give (squid's own and classify's).
+REASONS = frozenset(
+    {
+        "",
+        *DENY_REASONS,
+        NOT_FORWARDED,
+        *("host-not-listed", "port-not-listed", "scheme-not-allowed"),
+        *("injected", "allowed", "allowed-without-matching-entry"),
+    }
+)
 MIGRATIONS: tuple[Migration, ...] = (
     with_rowid(
         """
@@ -138,6 +149,50 @@ def scrubbed(event: EgressEvent, scrub: Callable[[str], str]) -> EgressEvent:
         host=scrub(event.host),
         server=scrub(event.server),
         path=scrub(event.path),
+    )
+
+
+# What a decision stored without its run's redactor shows for a text the agent chose.
+WITHHELD = "(withheld)"
+# Texts of a decision that are squid's or the host's own words, never the agent's.
+_METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "NONE"}
+)
+_SCHEMES = frozenset({"http", "https", "ftp", "NONE"})
+_MODEL_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+_SQUID_STATUS = re.compile(r"[A-Z_]{1,40}")
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+
+
+def withheld(event: EgressEvent, policy: EgressPolicy) -> EgressEvent:
+    """``event`` with every text the agent may have chosen replaced by ``WITHHELD``: for a
+    decision stored by a process that does not hold the run's redactor (the next start's
+    crash sweep, after the applying process was killed, reads a log squid wrote verbatim).
+
+    What is kept is the host's and squid's own: the decision, the reason, the allowlist
+    entry, ports, status, byte counts, the time, and a text only when it is one the
+    operator or squid wrote (a host named exactly by an allowlist entry, a standard method
+    or scheme, an IP address, the model-call paths of the injecting port). A registrable
+    domain would not do: the agent picks the label left of a public suffix too, and a
+    digest of a short value can be guessed offline, so none is kept."""
+
+    def ip_or_withheld(text: str) -> str:
+        return text if not text or is_ip_literal(text) else WITHHELD
+
+    exact = {e.host for e in policy.entries if not e.wildcard}
+    return replace(
+        event,
+        time=event.time if _TIME.fullmatch(event.time) else WITHHELD,
+        client=ip_or_withheld(event.client),
+        method=event.method if not event.method or event.method in _METHODS else WITHHELD,
+        scheme=event.scheme if not event.scheme or event.scheme in _SCHEMES else WITHHELD,
+        host=event.host if event.host in exact else WITHHELD,
+        squid_status=(
+            event.squid_status if _SQUID_STATUS.fullmatch(event.squid_status) else WITHHELD
+        ),
+        server=ip_or_withheld(event.server),
+        reason=event.reason if event.reason in REASONS else WITHHELD,
+        path=event.path if not event.path or event.path in _MODEL_PATHS else WITHHELD,
     )
 
 

@@ -42,7 +42,8 @@ _IP_LITERAL_RES = (
 _CONTROL = re.compile(r"[^\x20-\x7e\n\t]")
 _TOKEN = re.compile(r"[A-Za-z0-9._~+/=:-]{1,4096}")
 _HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")
-_REASONS = ("client", "ip-literal", "private-address", "not-allowed", "not-model-call")
+# The reasons squid annotates a denial with (kagura_reason), the only notes it logs.
+DENY_REASONS = ("client", "ip-literal", "private-address", "not-allowed", "not-model-call")
 # What the injecting port passes: the Messages API's two calls, as Claude Code needs of a
 # gateway (a query allowed). Nothing else gets the key: not a batch (many calls in one
 # request, counted once), not the organisation's files or batches, not telemetry.
@@ -149,7 +150,7 @@ def render_squid_conf(
     if not client_networks:
         raise ValueError("render_squid_conf needs the run's internal network range")
     lines = [_HEADER.format(port=PROXY_PORT, log_format=LOG_FORMAT)]
-    for reason in _REASONS:
+    for reason in DENY_REASONS:
         name = "why_" + reason.replace("-", "_")
         lines.append(f"acl {name} annotate_transaction kagura_reason={reason}")
     lines += [

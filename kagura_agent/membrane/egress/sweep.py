@@ -62,12 +62,20 @@ def remove_volume_if_unused(client: Any, name: str) -> bool:
 
 
 def salvage(client: Any, container_id: str, run_id: str, store: StateStore) -> None:
-    """Store the decisions in a (stopped) proxy's log that ``run_id`` had not stored yet."""
+    """Store the decisions in a (stopped) proxy's log that ``run_id`` had not stored yet.
+
+    The run's redactor, which knew the values it leased, died with it, and the agent
+    chose a request's host and path (a denied ``CONNECT`` to ``<its token>.example.net``):
+    each decision is stored with what the agent chose withheld (audit.withheld)."""
     if not run_id:
         return
     allowlist = audit.run_allowlist(store, run_id)
+    if allowlist is None:
+        # A run this store never recorded: another state directory's (every sweep on the
+        # Docker host sees every dead proxy). Its decisions are not this store's to keep.
+        return
     try:
-        policy = load_policy(allowlist) if allowlist else EgressPolicy(mode="proxy")
+        policy = load_policy(allowlist)
     except Exception:
         policy = EgressPolicy(mode="proxy")
     # Read as a stream and at most audit.LOG_CEILING bytes far (past it the run was a
@@ -75,7 +83,8 @@ def salvage(client: Any, container_id: str, run_id: str, store: StateStore) -> N
     stream = client.api.logs(container_id, stdout=True, stderr=False, stream=True, follow=False)
     try:
         lines = audit.log_lines(stream)
-        for batch in audit.batched(audit.events_from_lines(lines, policy, run_id)):
+        events = audit.events_from_lines(lines, policy, run_id)
+        for batch in audit.batched(audit.withheld(event, policy) for event in events):
             audit.record_events(store, batch)
     finally:
         with contextlib.suppress(Exception):
