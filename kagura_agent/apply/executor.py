@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from types import FrameType
 
+from kagura_agent.apply import acl
 from kagura_agent.apply.amend import Amender
 from kagura_agent.apply.container import Denials, run_in_container
 from kagura_agent.apply.context import (
@@ -139,7 +140,8 @@ def _locked(ctx: RunContext) -> RunResult:
     with apply_lock(ctx.plan), _sigterm_as_exception():
         _refuse_foreign_session(store, ctx.plan)
         _sweep(store, ctx.runtime, clock, ctx.live)
-        since = open_run(store, ctx.plan, ctx.run_id, clock)
+        root_acl = acl.snapshot(ctx.plan["task"]["project_root"])
+        since = open_run(store, ctx.plan, ctx.run_id, clock, root_acl=root_acl)
         gitlinks = snapshot(ctx.plan["task"]["project_root"])
         denials: Denials = []  # filled when the egress proxy is removed, on every path
         try:
@@ -150,10 +152,10 @@ def _locked(ctx: RunContext) -> RunResult:
             result = _ended_early(ctx, "terminated", 143, denials)
         except KaguraError as exc:
             outcome = "refused" if exc.exit_code == ExitCode.REFUSED else "failed"
-            _clear_setid(ctx, since, gitlinks)
+            _clear_setid(ctx, since, gitlinks, root_acl)
             close_run(store, ctx.run_id, outcome, int(exc.exit_code), clock)
             raise
-        _clear_setid(ctx, since, gitlinks)
+        _clear_setid(ctx, since, gitlinks, root_acl)
         close_run(
             store,
             ctx.run_id,
@@ -166,13 +168,13 @@ def _locked(ctx: RunContext) -> RunResult:
     return result
 
 
-def _clear_setid(ctx: RunContext, since: int, gitlinks: Snapshot) -> None:
+def _clear_setid(ctx: RunContext, since: int, gitlinks: Snapshot, root_acl: str) -> None:
     """The run's last container (agent, verify) is gone: clear the setuid/setgid bits it
-    left in the project root, before the row closes (a kill -9 here leaves it to the
+    and the ACL entries granting others (apply/acl.py) left in the project root, before the row closes (a kill -9 here leaves it to the
     next apply's sweep). Then move aside any submodule repository it planted or changed
     (apply/gitlinks.py): the operator's next ``git status`` would run its configuration."""
     root = ctx.plan["task"]["project_root"]
-    _show_setid(ctx.live, clear_setid(root, since))
+    _show_setid(ctx.live, clear_setid(root, since, root_acl=root_acl))
     # The root first: git looking for the gitlinks would find a repository planted there.
     for check in (check_root_repository, check_gitlinks):
         for line in check(root, since, gitlinks).summary():

@@ -36,15 +36,18 @@ def new_run_id() -> str:
     return "run-" + secrets.token_hex(6)
 
 
-def open_run(store: StateStore, plan: Plan, run_id: str, clock: Clock) -> int:
-    """Record the run as open; returns the ctime bound of its setuid/setgid check."""
+def open_run(
+    store: StateStore, plan: Plan, run_id: str, clock: Clock, *, root_acl: str | None = None
+) -> int:
+    """Record the run as open; returns the ctime bound of its setuid/setgid check.
+    ``root_acl``: the project root's ACLs now (acl.snapshot), kept by the check."""
     store.migrate("runs", MIGRATIONS)
     since = ctime_floor()
     with store.transaction() as conn:
         conn.execute(
             "INSERT INTO runs(run_id, task, session, fingerprint, pid, pid_start, started_at,"
-            " host, project_root, setid_since, opened_ns)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " host, project_root, setid_since, opened_ns, root_acl)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 run_id,
                 plan["task"]["name"],
@@ -57,6 +60,7 @@ def open_run(store: StateStore, plan: Plan, run_id: str, clock: Clock) -> int:
                 os.path.realpath(plan["task"]["project_root"]),
                 since,
                 time.time_ns(),
+                root_acl,
             ),
         )
     return since
@@ -97,7 +101,7 @@ def sweep_dead_runs(
     store.migrate("runs", MIGRATIONS)
     swept = []
     rows = store.conn.execute(
-        "SELECT run_id, pid, pid_start, host, project_root, setid_since FROM runs"
+        "SELECT run_id, pid, pid_start, host, project_root, setid_since, root_acl FROM runs"
         " WHERE ended_at IS NULL"
     ).fetchall()
     for row in rows:
@@ -113,7 +117,7 @@ def sweep_dead_runs(
             root, since = row["project_root"], row["setid_since"]
             # The root repository first: see executor._clear_setid.
             for report in (
-                clear_setid(root, since),
+                clear_setid(root, since, root_acl=row["root_acl"]),
                 check_root_repository(root, since),
                 check_gitlinks(root, since),
             ):

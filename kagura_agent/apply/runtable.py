@@ -40,4 +40,7 @@ MIGRATIONS = [
     ALTER TABLE runs ADD COLUMN opened_ns BIGINT;
     ALTER TABLE runs ADD COLUMN closed_ns BIGINT;
     """,
+    # The project root's POSIX ACLs at the start of the run (acl.snapshot; NULL: not
+    # recorded): the walk after it keeps them (apply/acl.py).
+    "ALTER TABLE runs ADD COLUMN root_acl TEXT",
 ]
