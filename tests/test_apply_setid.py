@@ -70,7 +70,10 @@ def test_after_kill_9_the_next_apply_clears_the_dead_runs_root(
 ) -> None:
     manifests = manifest_set(tmp_path)
     first = make_project(tmp_path / "first")
-    task = write_task(first, "setid-dead", {"steps": [ATTACK + " && touch ready && sleep 600"]})
+    # A name the agent chose may carry a credential it held; its redactor dies with apply.
+    leak = "Leak-5f3a9c2e7b1d"
+    step = f"{ATTACK} && cp /bin/true {leak} && chmod 4755 {leak} && touch ready && sleep 600"
+    task = write_task(first, "setid-dead", {"steps": [step]})
     env = cli_env(state_dir)
     proc = spawn(["apply", "--yes", "--manifests", str(manifests), str(task)], env)
     try:
@@ -83,14 +86,15 @@ def test_after_kill_9_the_next_apply_clears_the_dead_runs_root(
     finally:
         proc.kill()
         proc.wait(timeout=30)
-    assert len(_left(first)) == 4  # nothing cleaned up after SIGKILL
+    assert len(_left(first)) == 5  # nothing cleaned up after SIGKILL
 
     second = make_project(tmp_path / "second")
     task = write_task(second, "setid-next", {"steps": ["true"]})
     done = kagura(["apply", "--yes", "--manifests", str(manifests), str(task)], env)
     assert done.returncode == 0, done.stderr
     assert _left(first) == []
-    assert "cleared setuid/setgid on 4 file(s): " in done.stderr
+    assert "cleared setuid/setgid on 5 file(s): names withheld" in done.stderr
+    assert leak not in done.stdout + done.stderr  # the next run's redactor never knew it
     assert run_row(state_dir, dead)["outcome"] == "crashed"
 
 

@@ -31,6 +31,7 @@ import stat
 import time
 from dataclasses import dataclass
 
+from kagura_agent.apply.setid import WITHHELD_NAMES
 from kagura_agent.hygiene import neutralise
 from kagura_agent.manifest.gitinputs import host_git
 
@@ -48,7 +49,22 @@ class GitlinkReport:
     moved: tuple[tuple[str, str], ...] = ()
     problems: tuple[str, ...] = ()
 
-    def summary(self) -> list[str]:
+    def summary(self, *, withhold_names: bool = False) -> list[str]:
+        """Lines for the live view; with ``withhold_names`` (a killed run's root, swept by a
+        later run: see setid.SetidReport.summary) counts, and no name the agent chose."""
+        if withhold_names:
+            lines = (
+                [
+                    f"moved aside {len(self.moved)} git repositor"
+                    f"{'y' if len(self.moved) == 1 else 'ies'} the run planted"
+                    f" (git would have run its configuration); {WITHHELD_NAMES}"
+                ]
+                if self.moved
+                else []
+            )
+            if self.problems:
+                lines.append(f"could not check {len(self.problems)} submodule(s); {WITHHELD_NAMES}")
+            return lines
         lines = [
             f"moved aside a git repository the run planted: {neutralise(rel, newlines=False)}"
             f" -> {neutralise(to, newlines=False)} (git would have run its configuration)"

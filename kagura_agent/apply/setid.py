@@ -51,6 +51,8 @@ MAX_DEPTH = 256  # open directory fds at once; below Python's recursion limit
 # ctime comes from the kernel's coarse clock, which may lag time.time() slightly.
 CTIME_SLACK = 2
 SHOWN = 5
+# What a killed run's report shows for the names the agent chose (see summary).
+WITHHELD_NAMES = "names withheld (the run was killed)"
 
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _SET_ID = stat.S_ISUID | stat.S_ISGID
@@ -71,8 +73,14 @@ class SetidReport:
     world_writable: tuple[str, ...] = ()  # entries whose write bit for others was cleared
     acl_removed: tuple[str, ...] = ()  # entries an ACL granting others was removed from
 
-    def summary(self) -> list[str]:
-        """Lines for the live view (empty when there is nothing to say)."""
+    def summary(self, *, withhold_names: bool = False) -> list[str]:
+        """Lines for the live view (empty when there is nothing to say). With
+        ``withhold_names`` (a killed run's root, swept by a later run: the agent chose the
+        names, and the redactor that knew its credentials died with it) no name is shown."""
+
+        def _names(names: tuple[str, ...]) -> str:
+            return WITHHELD_NAMES if withhold_names else _shown(names)
+
         lines = []
         if self.cleared:
             lines.append(
@@ -367,7 +375,7 @@ def _same(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _names(names: tuple[str, ...]) -> str:
+def _shown(names: tuple[str, ...]) -> str:
     shown = [
         neutralise(os.fsencode(n).decode("utf-8", "backslashreplace"), newlines=False)
         for n in names[:SHOWN]
