@@ -3,7 +3,9 @@
 Builds a tree of N files (default 100,000: 1,000 directories of 100 files) in a temp
 folder, then times ``clear_setid`` over it, cold-ish (first walk after building) and
 warm (median of the next runs), with the run's ctime bound in the past (every entry
-is a candidate; the worst case) and a handful of setuid files planted to clear.
+is a candidate; the worst case) and a handful of setuid files and of files with a named-user
+ACL planted to clear. Also times the start-of-run ACL record of the tree's directories
+(``acl.snapshot``), which the run's open pays.
 
     python bench/setid_walk.py [--files 100000] [--runs 5]
 """
@@ -18,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kagura_agent.apply import acl
 from kagura_agent.apply.setid import clear_setid, ctime_floor
 
 PER_DIR = 100
@@ -40,21 +43,31 @@ def main() -> None:
         root = Path(tmp)
         since = ctime_floor()
         build(root, args.files)
+        started = time.perf_counter()
+        snap = acl.snapshot(str(root))
+        snapshot_s = time.perf_counter() - started
+        named = acl.build(
+            [(acl.USER_OBJ, 6, acl.UNDEFINED_ID), (acl.USER, 6, 31337)]
+            + [(tag, 4, acl.UNDEFINED_ID) for tag in (acl.GROUP_OBJ, acl.MASK, acl.OTHER)]
+        )
         times = []
         for _ in range(args.runs + 1):
             for i in range(5):  # planted each run: the walk has something to clear
                 path = root / f"d{i:04}" / "f000.py"
                 os.chmod(path, 0o4755)
+                os.setxattr(root / f"d{i:04}" / "f001.py", acl.ACCESS, named)
             started = time.perf_counter()
-            report = clear_setid(str(root), since)
+            report = clear_setid(str(root), since, root_acl=snap)
             times.append(time.perf_counter() - started)
             assert len(report.cleared) == 5 and not report.truncated, report
+            assert len(report.acl_removed) == 5, report
         result = {
             "files": args.files,
             "entries": report.scanned,
             "first_s": round(times[0], 3),
             "median_s": round(statistics.median(times[1:]), 3),
             "us_per_entry": round(statistics.median(times[1:]) / report.scanned * 1e6, 2),
+            "acl_snapshot_s": round(snapshot_s, 3),
         }
     print("RESULT " + json.dumps(result))
 
