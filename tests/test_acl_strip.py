@@ -10,7 +10,9 @@ import os
 import stat
 import struct
 import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +26,10 @@ from kagura_agent.apply.acl import (
     USER,
     USER_OBJ,
 )
-from kagura_agent.apply.setid import clear_setid, ctime_floor
+from kagura_agent.apply.runs import open_run, sweep_dead_runs
+from kagura_agent.apply.setid import CTIME_SLACK, clear_setid, ctime_floor
+from kagura_agent.clock import FixedClock
+from kagura_agent.state import StateStore
 
 U = UNDEFINED_ID
 TEAM = 4242  # a group id; it needs no name on the host
@@ -197,3 +202,45 @@ def test_a_folders_own_acls_recorded_at_the_start_survive_the_run_writing_in_it(
     got = _get(shared / "new.py", acl.ACCESS)
     assert got is not None and (GROUP, 7, TEAM) in got
     assert _get(root / "plain", acl.DEFAULT) is None
+
+
+class _NoContainers:
+    def list(self, labels: dict[str, str]) -> list[str]:
+        return []
+
+    def remove(self, container_id: str, *, force: bool = False) -> None:
+        raise AssertionError("nothing to remove")
+
+
+def test_after_kill_9_the_sweep_uses_the_acls_recorded_when_the_run_opened(
+    root: Path, state_dir: Path
+) -> None:
+    """The dead run's row holds the record: the next apply's sweep keeps the team's folder
+    ACLs (its ctime changed) and removes the one the run added."""
+    team = _named((GROUP, 7, TEAM))
+    shared = root / "shared"
+    shared.mkdir()
+    _set(shared, acl.DEFAULT, team)
+    time.sleep(CTIME_SLACK + 1.1)
+    clock = FixedClock(datetime.now(UTC).replace(microsecond=0))
+    row: Any = {"task": {"name": "t", "session": None, "project_root": str(root)}}
+    row["fingerprint"] = "sha256:" + "0" * 64
+    with StateStore() as store:
+        open_run(store, row, "run-dead", clock, root_acl=acl.snapshot(str(root)))
+        with store.transaction() as conn:
+            conn.execute("UPDATE runs SET pid_start = 'not-a-process-here'")
+    (shared / "new.py").write_text("x")
+    (root / "f").write_text("x")
+    _set(root / "f", acl.ACCESS, _named((USER, 7, STRANGER)))
+    said: list[str] = []
+    with StateStore() as store:
+        swept = sweep_dead_runs(store, _NoContainers(), clock, said.append)  # type: ignore[arg-type]
+    assert swept == ["run-dead"]
+    assert _get(root / "f", acl.ACCESS) is None
+    assert _get(shared, acl.DEFAULT) == team
+    got = _get(shared / "new.py", acl.ACCESS)
+    assert got is not None and (GROUP, 7, TEAM) in got
+    assert (
+        "removed ACL entries granting other users on 1 entry: names withheld (the run was killed)"
+        in said
+    ), said
