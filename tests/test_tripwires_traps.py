@@ -289,7 +289,11 @@ def test_the_canary_never_lands_in_the_project_root_even_after_kill_9(
     assert [name for name in added if name not in held] in ([], [".kagura"]), added
     assert not _mentions_canary(project) and not _mentions_canary(state_dir)
     # The next start sweeps the dead run: its container (and the canary with its tmpfs).
-    task = write_task(project, "next", {"steps": ["true"]})
+    # The operator's next task file lies outside the root: one written in the root while
+    # the dead run's container still ran could be its agent's, and is refused (written.py).
+    ops = tmp_path / "ops"
+    ops.mkdir()
+    task = write_task(ops, "next", {"steps": ["true"], "project_root": str(project)})
     done = kagura(["apply", "--yes", "--json", str(task)], env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert leftovers(docker_client, run_id) == []
