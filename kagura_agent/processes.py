@@ -75,10 +75,10 @@ def namespace_processes(init: int) -> dict[int, tuple[str, bool]] | None:
     ``{pid: (start time, undumpable)}``; None where this process cannot tell (a process
     in some nested namespace whose namespace it may not read).
 
-    Undumpable: /proc/PID/stat is owned by root while the process runs as another user,
-    which the kernel does exactly when the process is not dumpable (the /proc/PID folder
-    itself keeps the process's owner) (no ptrace, no /proc/PID/mem
-    or fd for anyone without CAP_SYS_PTRACE)."""
+    Undumpable (no ptrace, no /proc/PID/mem or fd for anyone without CAP_SYS_PTRACE):
+    /proc/PID/stat is owned by root while the process runs as another user, which the
+    kernel does exactly when the process is not dumpable (the /proc/PID folder itself
+    keeps the process's owner)."""
     own = _status(init)
     if own is None or len(own.get("NSpid", "").split()) < 2:
         return None  # gone, or not in a namespace of its own
