@@ -50,9 +50,21 @@ def _task(path: Path, spec: str) -> Path:
     return path
 
 
-def _apply(plan: Path, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+def _env(state_dir: Path) -> dict[str, str]:
+    """The operator's environment: this state directory, no folder or store named by it."""
+    env = {**os.environ, "KAGURA_AGENT_STATE_DIR": str(state_dir), "PYTHONPATH": str(REPO)}
+    for name in (
+        "KAGURA_AGENT_MANIFESTS",
+        "KAGURA_AGENT_STATE_MANIFESTS",
+        "KAGURA_AGENT_STATE_URL",
+    ):
+        env.pop(name, None)
+    return env
+
+
+def _kagura(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kagura_agent", "apply", "--json", str(plan)],
+        [sys.executable, "-m", "kagura_agent", *args],
         env=env,
         cwd=cwd,
         capture_output=True,
@@ -61,13 +73,16 @@ def _apply(plan: Path, env: dict[str, str], cwd: Path) -> subprocess.CompletedPr
     )
 
 
+def _apply(plan: Path, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return _kagura(["apply", "--json", str(plan)], env, cwd)
+
+
 def test_a_plan_written_where_a_run_could_write_is_refused(
     tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     project = tmp_path / "proj"
     task = _task(project / "task.yml", "  project_root: .\n")
-    env = {**os.environ, "KAGURA_AGENT_STATE_DIR": str(state_dir), "PYTHONPATH": str(REPO)}
-    env.pop("KAGURA_AGENT_MANIFESTS", None)
+    env = _env(state_dir)
     [operators] = plan_tasks(None, [str(task)])
     clock = SystemClock()
 
@@ -135,17 +150,9 @@ def test_a_manifest_folder_a_run_could_write_is_no_operator_folder(
         (project / "sub" / "manifests" / "egress.yml").write_text(EVIL_EGRESS, encoding="utf-8")
         close_run(store, "run-agent2", "success", 0, SystemClock())
     mine = _task(tmp_path / "later" / "task.yml", "  project_root: .\n  egress: [drop]\n")
-    env = {**os.environ, "KAGURA_AGENT_STATE_DIR": str(state_dir), "PYTHONPATH": str(REPO)}
-    env.pop("KAGURA_AGENT_MANIFESTS", None)
+    env = _env(state_dir)
     for argv in (["plan", str(mine)], ["plan", "--manifests", "manifests", str(mine)]):
-        done = subprocess.run(
-            [sys.executable, "-m", "kagura_agent", *argv],
-            env=env,
-            cwd=project / "sub",
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = _kagura(argv, env, project / "sub")
         assert done.returncode == 6, (argv, done.stdout, done.stderr)
         assert "run-agent2" in done.stderr and "egress.yml" in done.stderr, done.stderr
 
@@ -166,28 +173,13 @@ def test_a_task_file_a_run_could_write_is_no_operators_request(
         open_run(store, operators, "run-agent3", SystemClock())
         _task(deploy, "  project_root: ..\n  verify: ['true']\n")
         close_run(store, "run-agent3", "success", 0, SystemClock())
-    env = {**os.environ, "KAGURA_AGENT_STATE_DIR": str(state_dir), "PYTHONPATH": str(REPO)}
-    env.pop("KAGURA_AGENT_MANIFESTS", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "kagura_agent", "plan", str(deploy)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    env = _env(state_dir)
+    done = _kagura(["plan", str(deploy)], env, tmp_path)
     assert done.returncode == 6, done.stdout
     assert "run-agent3" in done.stderr and "deploy.yml" in done.stderr, done.stderr
     # Saved again by the operator after the run (reviewed): theirs again.
     deploy.write_text(deploy.read_text(encoding="utf-8"), encoding="utf-8")
-    again = subprocess.run(
-        [sys.executable, "-m", "kagura_agent", "plan", str(deploy)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = _kagura(["plan", str(deploy)], env, tmp_path)
     assert again.returncode == 0, again.stderr
 
 
@@ -213,22 +205,9 @@ def test_a_state_choice_a_run_could_write_chooses_no_store(tmp_path: Path, state
             encoding="utf-8",
         )
         close_run(store, "run-agent4", "success", 0, SystemClock())
-    env = {**os.environ, "KAGURA_AGENT_STATE_DIR": str(state_dir), "PYTHONPATH": str(REPO)}
-    for name in (
-        "KAGURA_AGENT_MANIFESTS",
-        "KAGURA_AGENT_STATE_MANIFESTS",
-        "KAGURA_AGENT_STATE_URL",
-    ):
-        env.pop(name, None)
+    env = _env(state_dir)
     env["KAGURA_TEST_OTHER_URL"] = "postgresql://agent@127.0.0.1:9/other"
     for argv in (["graduation", "status", "--json"], ["leases", "list", "--json"]):
-        done = subprocess.run(
-            [sys.executable, "-m", "kagura_agent", *argv],
-            env=env,
-            cwd=sub,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = _kagura(argv, env, sub)
         assert done.returncode == 6, (argv, done.stdout, done.stderr)
         assert "run-agent4" in done.stdout and "state.yml" in done.stdout, done.stdout
