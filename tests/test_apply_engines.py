@@ -29,6 +29,7 @@ from apply_helpers import (
 )
 
 from testing.agent_test_image import ensure_agent_test_image
+from testing.cli_options import option
 
 pytestmark = pytest.mark.docker
 
@@ -112,8 +113,8 @@ def test_sdk_engine_end_to_end(
     # The fake saw the plan's model and permission mode, and the leased API key.
     [call] = _fake_calls(project)
     assert call["mode"] == "sdk" and call["cwd"] == "/workspace"
-    assert "--permission-mode" in call["argv"] and "acceptEdits" in call["argv"]
-    assert "claude-sonnet-4-5" in call["argv"]
+    assert option(call["argv"], "--permission-mode") == "acceptEdits"
+    assert option(call["argv"], "--model") == "claude-sonnet-4-5"
     # The API key never entered the container: the CLI got a placeholder and the local
     # port the run's proxy listens on; the proxy adds the real key upstream.
     assert call["env"].get("ANTHROPIC_API_KEY") == "injected-at-the-proxy"

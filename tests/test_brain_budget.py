@@ -23,6 +23,7 @@ from kagura_agent.brain.events import (
     ToolResultEvent,
 )
 from kagura_agent.brain.protocol import Budget, Turn
+from testing.cli_options import option
 from testing.fake_claude import FAKE_CLAUDE, FAKE_DIR
 
 pytest.importorskip("claude_agent_sdk", reason="the 'claude' extra is not installed")
@@ -89,10 +90,8 @@ def test_a_turn_budget_that_runs_out_is_extended_and_the_same_session_goes_on(
     assert isinstance(done, DoneEvent) and done.session_id
     assert done.result == f"Finished all 5 turns (resumed {done.session_id})."
     first, second = argvs(fake_log)
-    assert first[first.index("--max-turns") + 1] == "3"
-    assert (
-        f"--resume={done.session_id}" in second and second[second.index("--max-turns") + 1] == "3"
-    )
+    assert option(first, "--max-turns") == "3"
+    assert option(second, "--resume") == done.session_id and option(second, "--max-turns") == "3"
     assert not any(isinstance(e, ErrorEvent) for e in events)
 
 
@@ -137,7 +136,7 @@ def test_a_dollar_budget_is_extended_with_what_the_host_says_is_left(
         pytest.approx(0.04),
     ]
     _, second = argvs(fake_log)
-    assert second[second.index("--max-budget-usd") + 1] == "0.02"
+    assert option(second, "--max-budget-usd") == "0.02"
 
 
 def test_a_refused_extension_ends_the_turn_with_the_cli_error_and_why(

@@ -25,6 +25,7 @@ from kagura_agent.brain.events import (
     ToolResultEvent,
 )
 from kagura_agent.brain.protocol import Brain, Budget, Turn
+from testing.cli_options import option
 from testing.fake_claude import FAKE_CLAUDE, FAKE_DIR
 
 pytest.importorskip("claude_agent_sdk", reason="the 'claude' extra is not installed")
@@ -100,8 +101,9 @@ def test_sdk_engine_tool_call_and_cost(tmp_path: Path, fakes_on_path: Path) -> N
     assert isinstance(done, DoneEvent) and done.session_id
     argv = fake_log(fakes_on_path)[0]["argv"]
     assert isinstance(argv, list)
-    for expected in ("--permission-mode", "acceptEdits", "--model", "claude-test", "7"):
-        assert expected in argv
+    assert option(argv, "--permission-mode") == "acceptEdits"
+    assert option(argv, "--model") == "claude-test"
+    assert option(argv, "--max-turns") == "7"
     # Resume by the SDK's session id.
     resumed = run(brain, Turn(engine="sdk", prompt="again", session_id=done.session_id))
     last = resumed[-1]

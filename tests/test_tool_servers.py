@@ -34,6 +34,7 @@ from kagura_agent.errors import UsageError
 from kagura_agent.manifest.adhoc import write_adhoc_task
 from kagura_agent.manifest.toolservers import RESERVED_NAMES
 from kagura_agent.patterns.dispatch import narrowing_violations
+from testing.cli_options import option
 from testing.fake_claude import FAKE_CLAUDE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -264,14 +265,14 @@ def test_the_sdk_engine_hands_them_to_the_cli_which_calls_them(
     assert any(isinstance(e, TextEvent) and "Tool tickets add said: 42" in e.text for e in events)
     [call] = [json.loads(line) for line in log.read_text().splitlines()]
     argv = call["argv"]
-    config = json.loads(argv[argv.index("--mcp-config") + 1])["mcpServers"]
+    config = json.loads(option(argv, "--mcp-config") or "{}")["mcpServers"]
     assert config["notes"] == {
         "type": "stdio",
         "command": sys.executable,
         "args": [str(FAKE_MCP), "stdio"],
     }
     assert config["tickets"] == {"type": "http", "url": http_fake}
-    allowed = argv[argv.index("--allowedTools") + 1].split(",")
+    allowed = (option(argv, "--allowedTools") or "").split(",")
     assert {"mcp__notes", "mcp__tickets"} <= set(allowed), allowed
 
 

@@ -44,6 +44,7 @@ from tool_server_doc import example
 from kagura_agent.membrane.egress.owner import COMPONENT_OUTBOUND, LABEL_COMPONENT
 from kagura_agent.membrane.hardening import LABEL_RUN
 from testing.agent_test_image import MCP_SERVER, ensure_agent_test_image
+from testing.cli_options import option
 
 pytestmark = pytest.mark.docker
 
@@ -117,9 +118,9 @@ def test_a_stdio_tool_server_runs_in_the_agent_container(
     # The SDK gave the CLI the documented stdio config, and allowed the server's tools.
     [logged] = [json.loads(x) for x in (project / ".fake-calls.jsonl").read_text().splitlines()]
     argv = logged["argv"]
-    config = json.loads(argv[argv.index("--mcp-config") + 1])["mcpServers"]
+    config = json.loads(option(argv, "--mcp-config") or "{}")["mcpServers"]
     assert config["notes"] == {"type": "stdio", "command": "python3", "args": [MCP_SERVER, "stdio"]}
-    assert "mcp__notes" in argv[argv.index("--allowedTools") + 1].split(",")
+    assert "mcp__notes" in (option(argv, "--allowedTools") or "").split(",")
 
 
 @pytest.fixture()
