@@ -31,6 +31,7 @@ not there yet); nothing above the seam sees sqlite3 or psycopg exceptions.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sqlite3
 import time
@@ -63,6 +64,7 @@ __all__ = [
     "StateDbError",
     "StateStore",
     "describe",
+    "owner_key",
     "state_location",
     "state_origin",
     "state_path",
@@ -139,6 +141,20 @@ def describe(location: Location) -> str:
     netloc = parts.netloc.rpartition("@")
     user = netloc[0].partition(":")[0]
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))
+
+
+def owner_key(location: Location) -> str:
+    """A short, stable name of the store at ``location``, for labelling what its runs
+    leave on a shared Docker daemon, so that a crash sweep takes only its own: a digest of
+    the SQLite file's real path, or of the PostgreSQL server and database (not the user
+    or password: the same database reached as another user is the same store)."""
+    if isinstance(location, Path):
+        text = "sqlite:" + os.path.realpath(location)
+    else:
+        parts = urlsplit(location)
+        host = (parts.hostname or "").lower()
+        text = f"postgresql://{host}:{parts.port or 5432}{parts.path or '/'}?{parts.query}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class SchemaBehind(SetupError):

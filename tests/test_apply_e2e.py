@@ -42,7 +42,7 @@ from kagura_agent.membrane.egress import audit
 from kagura_agent.membrane.egress.owner import COMPONENT_OUTBOUND, LABEL_COMPONENT
 from kagura_agent.membrane.hardening import LABEL_RUN
 from kagura_agent.plan import history
-from kagura_agent.state import Location, StateStore
+from kagura_agent.state import Location, StateStore, owner_key
 from testing.moto import moto_server
 
 pytestmark = pytest.mark.docker
@@ -323,6 +323,9 @@ def test_the_container_that_runs_equals_the_plan(
     assert config["Labels"]["dev.kagura.plan"] == plan["fingerprint"]
     assert config["Labels"]["dev.kagura.task"] == plan["task"]["name"]
     assert config["Labels"]["dev.kagura.run"] == run_id
+    # The state store and process it answers to: only that store's crash sweeps take it.
+    assert config["Labels"]["dev.kagura.store"] == owner_key(state_dir / "state.db")
+    assert config["Labels"]["dev.kagura.owner"].split(":")[1] == str(proc.pid)
     assert config["OpenStdin"] is True and config["Tty"] is False
     assert config["StopSignal"] == "SIGTERM"
     assert config["StopTimeout"] == plan["hardening"]["stop_timeout"]

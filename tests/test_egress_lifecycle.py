@@ -42,9 +42,12 @@ def _objects(client: Any, run_id: str) -> list[str]:
     return found + [n.name for n in client.networks.list(filters={"label": label})]
 
 
-def _start_child(run_id: str) -> subprocess.Popen[str]:
+def _start_child(run_id: str, state: Path | None = None) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    if state is not None:
+        env["KAGURA_AGENT_STATE_DIR"] = str(state)
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, run_id], stdout=subprocess.PIPE, text=True, env=os.environ
+        [sys.executable, "-c", CHILD, run_id], stdout=subprocess.PIPE, text=True, env=env
     )
     assert child.stdout is not None
     line = child.stdout.readline()
@@ -88,6 +91,69 @@ def test_kill_9_leftovers_are_swept_on_next_start(
         child.send_signal(signal.SIGINT)
         child.wait(timeout=30)
     assert _objects(docker_client, live) == []
+
+
+@pytest.mark.docker
+def test_two_state_directories_on_one_daemon_never_sweep_each_other(
+    docker_client: Any,
+    egress_images: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Two state directories (two operators, two parallel test workers) on one daemon:
+    each one's sweep takes its own dead run's objects and leaves the other's, live or
+    dead; only ``egress sweep --all`` takes every dead owner's, and never a live one's."""
+    states = {"a": tmp_path / "a", "b": tmp_path / "b"}
+    tag = time.monotonic_ns()
+    children = {}
+    for which, state in states.items():
+        for status in ("live", "dead"):
+            run_id = f"test-{which}-{status}-{tag}"
+            children[which, status] = (run_id, _start_child(run_id, state))
+    try:
+        for which in states:
+            _run_id, child = children[which, "dead"]
+            child.kill()  # SIGKILL: no finally, no __exit__
+            child.wait(timeout=30)
+
+        def left(which: str, status: str) -> int:
+            return len(_objects(docker_client, children[which, status][0]))
+
+        assert {key: left(*key) for key in children} == dict.fromkeys(children, 3)
+        monkeypatch.setenv("KAGURA_AGENT_STATE_DIR", str(states["a"]))
+        assert main(["egress", "sweep", "--json"]) == 0
+        body = json.loads(capsys.readouterr().out)
+        assert body["scope"] == "store"
+        assert f"kagura-egress-{children['a', 'dead'][0]}-proxy" in body["removed"]
+        assert not [name for name in body["removed"] if "test-b-" in name], body
+        assert {key: left(*key) for key in children} == {
+            ("a", "live"): 3,
+            ("a", "dead"): 0,
+            ("b", "live"): 3,
+            ("b", "dead"): 3,
+        }
+        # The operator's whole-daemon sweep: B's dead run goes (its decisions are not A's
+        # to store: salvage keeps only runs the sweeping store recorded); live ones stay.
+        assert main(["egress", "sweep", "--all", "--json"]) == 0
+        body = json.loads(capsys.readouterr().out)
+        assert body["scope"] == "all"
+        assert f"kagura-egress-{children['b', 'dead'][0]}-proxy" in body["removed"]
+        assert {key: left(*key) for key in children} == {
+            ("a", "live"): 3,
+            ("a", "dead"): 0,
+            ("b", "live"): 3,
+            ("b", "dead"): 0,
+        }
+        store = audit.open_store(StateStore(states["a"] / "state.db"))
+        assert audit.run_allowlist(store, children["b", "dead"][0]) is None
+        store.close()
+    finally:
+        for _run_id, child in children.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGINT)
+                child.wait(timeout=30)
+    assert [run_id for run_id, _child in children.values() if _objects(docker_client, run_id)] == []
 
 
 def test_egress_log_cli(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -60,7 +60,7 @@ from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.memory.gate import check_ready
 from kagura_agent.patterns.checkpoint import foreign_checkpoint, session_owner
 from kagura_agent.plan.model import Plan
-from kagura_agent.state import StateStore
+from kagura_agent.state import StateStore, owner_key
 
 
 def refuse_unapplyable(plan: Plan, options: ApplyOptions) -> None:
@@ -105,7 +105,7 @@ def apply_plan(
         if plan["brain"]["runtime"] != "container":
             runtime = None
         elif runtime is None:
-            docker = DockerApplyRuntime()
+            docker = DockerApplyRuntime(owner_key=owner_key(store.location))
             owned.callback(docker.client.close)
             runtime = docker
         run_id = options.run_id or new_run_id()

@@ -19,7 +19,21 @@ def register(subparsers: Any) -> None:
     log.add_argument("--json", action="store_true", help="one JSON object: events + summary")
     log.set_defaults(handler=_log)
 
-    sweep = sub.add_parser("sweep", help="remove proxies and networks of runs that are gone")
+    sweep = sub.add_parser(
+        "sweep",
+        help="remove proxies and networks of runs that are gone (this state store's)",
+        description="Remove the egress proxies, networks and socket volumes that runs of"
+        " this state store left when their process died (their decisions are stored first)."
+        " Other state directories' objects on the same Docker daemon are theirs: only --all"
+        " takes them.",
+    )
+    sweep.add_argument(
+        "--all",
+        action="store_true",
+        dest="everyone",
+        help="every dead owner's objects on the Docker daemon, whatever state store made"
+        " them (also those of earlier versions, and containers of dead runs)",
+    )
     sweep.add_argument("--json", action="store_true", help="print removed names as JSON")
     sweep.set_defaults(handler=_sweep)
 
@@ -105,11 +119,14 @@ def _sweep(args: argparse.Namespace) -> int:
     from kagura_agent.state import StateStore
 
     with docker_errors("sweeping egress orphans"), StateStore() as store:
-        removed = sweep_orphans(connect(), audit.open_store(store))
+        removed = sweep_orphans(connect(), audit.open_store(store), everyone=args.everyone)
+    scope = "all" if args.everyone else "store"
     if args.json:
-        print_ok({"removed": removed})
+        print_ok({"removed": removed, "scope": scope})
     else:
         print("\n".join(removed) or "nothing to sweep")
+        if not args.everyone:
+            print("(this state store's objects only; --all sweeps the whole Docker daemon)")
     return 0
 
 

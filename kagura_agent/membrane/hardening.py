@@ -19,6 +19,9 @@ LABEL_SESSION = "dev.kagura.session"
 LABEL_TASK = "dev.kagura.task"
 LABEL_PLAN = "dev.kagura.plan"
 LABEL_ROLE = "dev.kagura.role"
+# The state store whose runs made an object (state.owner_key): a crash sweep takes only
+# its own store's objects, so state directories sharing a daemon never sweep each other.
+LABEL_STORE = "dev.kagura.store"
 ROLES = ("agent", "verify")
 
 

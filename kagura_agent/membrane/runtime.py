@@ -15,7 +15,7 @@ from typing import Any
 
 from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError
 from kagura_agent.membrane import binds, hardening, mounts
-from kagura_agent.membrane.egress import forwarder
+from kagura_agent.membrane.egress import forwarder, owner
 from kagura_agent.membrane.images import image_present, inspect_image, local_image_digest
 from kagura_agent.membrane.isolation import check_tenancy, isolation_report
 from kagura_agent.membrane.placeholders import create_missing
@@ -181,8 +181,11 @@ def _with_forwarder(
 class DockerRuntime:
     """Create, start, attach to, wait for, stop and remove plan containers."""
 
-    def __init__(self, client: Any | None = None) -> None:
+    def __init__(self, client: Any | None = None, *, owner_key: str = "") -> None:
+        """``owner_key``: the state store the runs are recorded in (state.owner_key); each
+        container then carries it and its creating process, for the crash sweeps."""
         self.client = client if client is not None else connect()
+        self.owner_key = owner_key
         # What create checked of each container's bind sources, compared at start.
         self._binds: dict[str, list[binds.Identity]] = {}
 
@@ -230,6 +233,12 @@ class DockerRuntime:
             egress_mounts=egress_mounts,
             role=role,
         )
+        if self.owner_key:
+            kwargs["labels"] = {
+                **kwargs["labels"],
+                hardening.LABEL_STORE: self.owner_key,
+                owner.LABEL_OWNER: owner.current_owner(),
+            }
         if forward:
             kwargs["entrypoint"] = _with_forwarder(image_id, kwargs.get("command"), forward)
             kwargs["command"] = None

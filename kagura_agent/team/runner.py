@@ -33,7 +33,7 @@ from kagura_agent.clock import SystemClock, parse_iso
 from kagura_agent.membrane.leases import Sweeper
 from kagura_agent.membrane.runtime import connect as connect_docker
 from kagura_agent.membrane.runtime import docker_errors
-from kagura_agent.state import StateStore
+from kagura_agent.state import StateStore, owner_key
 from kagura_agent.team.children import WarmChildren
 from kagura_agent.team.db import connect, ensure_schema, pg_errors
 from kagura_agent.team.placement import Capacity
@@ -113,7 +113,7 @@ def sweep_own_leftovers(config: RunnerConfig) -> None:
     clock = SystemClock()
     with StateStore() as store:
         leases = Sweeper(store, clock=clock).sweep()
-        runtime = DockerApplyRuntime()
+        runtime = DockerApplyRuntime(owner_key=owner_key(store.location))
         try:
             removed: list[str] = []
             swept = sweep_dead_runs(

@@ -76,8 +76,9 @@ from kagura_agent.membrane.egress.proxy import (
 )
 from kagura_agent.membrane.egress.squid import render_squid_conf
 from kagura_agent.membrane.egress.sweep import remove_network, remove_volume_if_unused, salvage
+from kagura_agent.membrane.hardening import LABEL_STORE
 from kagura_agent.membrane.runtime import docker_errors
-from kagura_agent.state import StateStore
+from kagura_agent.state import StateStore, owner_key, state_location
 
 __all__ = [
     "CLAIMED",
@@ -165,10 +166,13 @@ class Keeper:
         self.log = log
         self.stop = threading.Event()
         self.store = store
+        # The store this keeper's state directory records runs in (its sweeps take these).
+        self.owner_key = owner_key(store.location if store is not None else state_location())
 
     def _labels(self, name: str, component: str) -> dict[str, str]:
         return {
             owner.LABEL_OWNER: self.me,
+            LABEL_STORE: self.owner_key,
             owner.LABEL_COMPONENT: component,
             LABEL_POOL: name,
             LABEL_POOL_DIR: str(self.base),

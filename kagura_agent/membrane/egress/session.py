@@ -63,10 +63,10 @@ from kagura_agent.membrane.egress.sweep import (
     remove_volume_if_unused,
     sweep_orphans,
 )
-from kagura_agent.membrane.hardening import LABEL_RUN
+from kagura_agent.membrane.hardening import LABEL_RUN, LABEL_STORE
 from kagura_agent.membrane.runtime import docker_errors
 from kagura_agent.plan.model import Plan
-from kagura_agent.state import StateStore
+from kagura_agent.state import StateStore, owner_key
 
 EventSink = Callable[[dict[str, Any]], None]
 # Re-exported: tests and bench/ build proxies the way sessions do.
@@ -189,6 +189,7 @@ class EgressSession:
         self._labels = {
             LABEL_RUN: run_id,
             owner.LABEL_OWNER: owner.current_owner(),
+            LABEL_STORE: owner_key(store.location),
         }
         self.socket_volume = f"kagura-egress-{_safe(run_id)}-socket"
         self.outbound_network = f"kagura-egress-{_safe(run_id)}-outbound"

@@ -4,6 +4,12 @@ A ``kill -9`` of the applying process skips every ``finally``; its proxy and net
 behind, labelled with the dead owner. ``sweep_orphans`` runs at every session start: it
 first salvages the dead proxy's audit log into the state store, then removes the proxy,
 the networks and the socket volume (disconnecting anything still attached).
+
+A sweep takes only the objects of its own store (``LABEL_STORE``, state.owner_key): state
+directories sharing one Docker daemon never remove each other's objects, live or dead,
+nor race each other's sweeps. ``everyone=True`` (``kagura-agent egress sweep --all``, an
+operator's choice) takes every dead owner's objects on the daemon, those an earlier
+kagura-agent left without the label included, and the agent containers of dead runs.
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ from typing import Any
 from kagura_agent.membrane.egress import audit, owner
 from kagura_agent.membrane.egress import poolfiles as pool
 from kagura_agent.membrane.egress.policy import EgressPolicy, load_policy
-from kagura_agent.membrane.hardening import LABEL_RUN
-from kagura_agent.state import StateStore
+from kagura_agent.membrane.hardening import LABEL_RUN, LABEL_STORE
+from kagura_agent.state import StateStore, owner_key, state_location
 
 _COMPONENTS = (owner.COMPONENT_INTERNAL, owner.COMPONENT_OUTBOUND)
 
@@ -95,15 +101,20 @@ def sweep_orphans(
     client: Any,
     store: StateStore | None = None,
     *,
+    everyone: bool = False,
     is_alive: Callable[[str], bool] = owner.owner_alive,
 ) -> list[str]:
     """Remove egress proxies and networks whose owning process is gone; return their names.
 
+    Only ``store``'s own objects (the configured store's without one), unless
+    ``everyone``: then every dead owner's on the daemon, and the containers of dead runs.
     With ``store``, each dead proxy's decisions are saved (idempotently) before removal.
     Uses the list endpoints only (no per-object inspect), so objects that other runs
     remove concurrently cannot make the sweep fail.
     """
     import docker.errors
+
+    mine = [] if everyone else [f"{LABEL_STORE}={_key(store)}"]
 
     # A pooled session answers to its pool file (pool.py): its claiming run while one holds
     # it, else its keeper. Objects with no pool file go by their owner label.
@@ -136,7 +147,7 @@ def sweep_orphans(
     pool_of({pool.LABEL_POOL_DIR: str(pool.pool_dir())})
     removed: list[str] = []
     label = f"{owner.LABEL_COMPONENT}={owner.COMPONENT_PROXY}"
-    for summary in client.api.containers(all=True, filters={"label": label}):
+    for summary in client.api.containers(all=True, filters={"label": [label, *mine]}):
         labels = summary.get("Labels") or {}
         if alive(labels):
             continue
@@ -157,14 +168,14 @@ def sweep_orphans(
         removed.append((summary.get("Names") or [summary["Id"]])[0].lstrip("/"))
     for component in _COMPONENTS:
         label = f"{owner.LABEL_COMPONENT}={component}"
-        for summary in client.api.networks(filters={"label": label}):
+        for summary in client.api.networks(filters={"label": [label, *mine]}):
             if alive(summary.get("Labels") or {}):
                 continue
             remove_network(client, summary["Id"])
             removed.append(summary["Name"])
     label = f"{owner.LABEL_COMPONENT}={owner.COMPONENT_SOCKET}"
     kept: set[str] = set()
-    for volume in client.api.volumes(filters={"label": label}).get("Volumes") or []:
+    for volume in client.api.volumes(filters={"label": [label, *mine]}).get("Volumes") or []:
         labels = volume.get("Labels") or {}
         if alive(labels):
             continue
@@ -178,4 +189,33 @@ def sweep_orphans(
         if where:
             dead = {name for name, live in pooled.items() if not live} - kept
             pool.forget_dead(dead, Path(where))
+    if everyone:
+        removed += _dead_run_containers(client, is_alive)
+    return removed
+
+
+def _key(store: StateStore | None) -> str:
+    return owner_key(store.location if store is not None else state_location())
+
+
+def _dead_run_containers(client: Any, is_alive: Callable[[str], bool]) -> list[str]:
+    """Remove the run containers (agent, verify) whose applying process is gone, whatever
+    store recorded them; that store's next sweep still clears their roots and rows."""
+    import docker.errors
+
+    removed = []
+    found = client.api.containers(all=True, filters={"label": [LABEL_RUN, owner.LABEL_OWNER]})
+    for summary in found:
+        labels = summary.get("Labels") or {}
+        if owner.LABEL_COMPONENT in labels or is_alive(labels.get(owner.LABEL_OWNER, "")):
+            continue
+        try:
+            client.api.remove_container(summary["Id"], force=True)
+        except docker.errors.NotFound:
+            continue
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: being removed by someone else right now
+                raise
+            continue
+        removed.append((summary.get("Names") or [summary["Id"]])[0].lstrip("/"))
     return removed
