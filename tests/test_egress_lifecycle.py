@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import pytest
 
 from kagura_agent.cli.main import main
 from kagura_agent.membrane.egress import audit
+from kagura_agent.membrane.egress.owner import current_owner
 from kagura_agent.membrane.egress.sweep import sweep_orphans
 from kagura_agent.state import StateStore
 from testing.egress_images import ensure_egress_images
@@ -111,7 +115,20 @@ def test_two_state_directories_on_one_daemon_never_sweep_each_other(
         for status in ("live", "dead"):
             run_id = f"test-{which}-{status}-{tag}"
             children[which, status] = (run_id, _start_child(run_id, state))
+    # Agent containers of a dead and a live apply (owner labels as DockerRuntime sets them).
+    dead_owner = f"{socket.gethostname()}:{2**22 + 1}:0"  # above pid_max: no such process
+    containers = {
+        status: docker_client.containers.create(
+            egress_images["base"],
+            ["true"],
+            labels={"dev.kagura.run": f"test-c-{status}-{tag}", "dev.kagura.owner": who},
+        )
+        for status, who in (("dead", dead_owner), ("live", current_owner()))
+    }
     try:
+        [b_dead_proxy] = docker_client.containers.list(
+            all=True, filters={"label": f"dev.kagura.run={children['b', 'dead'][0]}"}
+        )
         for which in states:
             _run_id, child = children[which, "dead"]
             child.kill()  # SIGKILL: no finally, no __exit__
@@ -133,22 +150,33 @@ def test_two_state_directories_on_one_daemon_never_sweep_each_other(
             ("b", "live"): 3,
             ("b", "dead"): 3,
         }
-        # The operator's whole-daemon sweep: B's dead run goes (its decisions are not A's
-        # to store: salvage keeps only runs the sweeping store recorded); live ones stay.
-        assert main(["egress", "sweep", "--all", "--json"]) == 0
-        body = json.loads(capsys.readouterr().out)
-        assert body["scope"] == "all"
-        assert f"kagura-egress-{children['b', 'dead'][0]}-proxy" in body["removed"]
+        # The operator's whole-daemon sweep (egress sweep --all): B's dead run goes (its
+        # decisions are not A's to store: salvage keeps only runs the sweeping store
+        # recorded); live ones stay. Other processes' objects on this shared daemon count
+        # as alive here: this test must not sweep what a parallel test left on purpose.
+        dead = {dead_owner, b_dead_proxy.labels["dev.kagura.owner"]}
+        store = audit.open_store(StateStore(states["a"] / "state.db"))
+        removed = sweep_orphans(
+            docker_client, store, everyone=True, is_alive=lambda o: o not in dead
+        )
+        assert f"kagura-egress-{children['b', 'dead'][0]}-proxy" in removed
         assert {key: left(*key) for key in children} == {
             ("a", "live"): 3,
             ("a", "dead"): 0,
             ("b", "live"): 3,
             ("b", "dead"): 0,
         }
-        store = audit.open_store(StateStore(states["a"] / "state.db"))
+        # ... and the containers of dead runs, whatever store recorded them.
+        assert containers["dead"].name in removed
+        assert containers["live"].name not in removed
+        assert _objects(docker_client, f"test-c-live-{tag}") == [containers["live"].name]
+        assert _objects(docker_client, f"test-c-dead-{tag}") == []
         assert audit.run_allowlist(store, children["b", "dead"][0]) is None
         store.close()
     finally:
+        for container in containers.values():
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
         for _run_id, child in children.values():
             if child.poll() is None:
                 child.send_signal(signal.SIGINT)
