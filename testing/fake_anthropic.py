@@ -6,7 +6,9 @@ peer at start). It answers every POST with a small JSON message and prints one l
 request: ``KEYS <the x-api-key values as JSON> <path>``, so a test sees which key arrived.
 
 ``FakeAnthropicRuntime`` is apply's Docker runtime with the run's injection pointed here
-instead of api.anthropic.com (nothing else changes): tests pass it to ``apply_plan``.
+instead of api.anthropic.com (nothing else changes): tests pass it to ``apply_plan``. It
+takes any fake API container on its own network (``Upstream``): this one, or
+testing/fake_messages_api.py's scripted Messages API that the real Claude Code CLI talks to.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kagura_agent.apply.context import EgressSink
 from kagura_agent.apply.docker import DockerApplyRuntime
@@ -43,11 +45,25 @@ http.server.ThreadingHTTPServer(("", 8080), H).serve_forever()
 """
 
 
+class Upstream(Protocol):
+    """A fake API in a container: its network (the proxy joins it), address and port."""
+
+    @property
+    def network(self) -> str: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class FakeAnthropic:
     container: Any
     network: str
     address: str
+    port: int = PORT
 
     def requests(self) -> list[str]:
         """The ``KEYS ...`` line of every request it received, in order."""
@@ -81,7 +97,7 @@ def fake_anthropic(client: Any, image: str, labels: dict[str, str]) -> Iterator[
 class FakeAnthropicRuntime(DockerApplyRuntime):
     """apply's Docker runtime; a run's injection goes to ``fake`` (plain HTTP)."""
 
-    def __init__(self, fake: FakeAnthropic) -> None:
+    def __init__(self, fake: Upstream) -> None:
         super().__init__()
         self.fake = fake
 
@@ -115,7 +131,7 @@ class FakeAnthropicRuntime(DockerApplyRuntime):
             on_event,
             store=store,
             clock=clock,
-            injection=Injection(host=HOST, port=PORT, tls=False, header=injection.header),
+            injection=Injection(host=HOST, port=self.fake.port, tls=False, header=injection.header),
             injection_secret=injection_secret,
             extra_hosts={HOST: self.fake.address},
             extra_networks=(self.fake.network,),
