@@ -1,4 +1,5 @@
-"""Build hook: ship the top-level schemas/, manifests/ and images/ inside the wheel.
+"""Build hook: ship the top-level schemas/, manifests/, images/ and requirements/ (the
+dependency lock the agent image installs from) inside the wheel.
 
 The repository keeps them at the top level (they are the project's source of truth and
 operators read them there); the installed package finds them under kagura_agent/data/.
@@ -19,7 +20,7 @@ class BuildWithData(build_py):
     def run(self) -> None:
         super().run()
         target = Path(self.build_lib) / "kagura_agent" / "data"
-        for folder in ("schemas", "manifests", "images"):
+        for folder in ("schemas", "manifests", "images", "requirements"):
             dest = target / folder
             if dest.exists():
                 shutil.rmtree(dest)

@@ -25,11 +25,11 @@ from kagura_agent.manifest.proxyimage import proxy_image
 from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.membrane.images import (
     daemon_info,
-    image_present,
     inspect_image,
     recipe_digest,
     recipe_path,
     repo_digest,
+    software_of,
 )
 from kagura_agent.membrane.isolation import isolation_report
 from kagura_agent.memory.factory import section_from_manifest, sqlite_path
@@ -57,6 +57,8 @@ class Facts:
     # tag -> ``repository@sha256:…`` it was pushed to or pulled from (Image.spec.repository)
     image_pulls: dict[str, str | None] = field(default_factory=dict)
     recipe_digests: dict[str, str | None] = field(default_factory=dict)
+    # tag -> the brain software the image's label names (images.software_of)
+    image_software: dict[str, dict[str, str]] = field(default_factory=dict)
     graduation: GraduationSnapshot = field(default_factory=lambda: GraduationSnapshot(version=0))
     known_failures: list[dict[str, Any]] = field(default_factory=list)
     cost_history: dict[str, Any] | None = None
@@ -76,6 +78,7 @@ class Facts:
             "image_digests": dict(self.image_digests),
             "image_pulls": dict(self.image_pulls),
             "recipe_digests": dict(self.recipe_digests),
+            "image_software": {k: dict(v) for k, v in self.image_software.items()},
             "graduation": self.graduation.to_json(),
             "known_failures": list(self.known_failures),
             "cost_history": self.cost_history,
@@ -121,6 +124,10 @@ class Facts:
             image_digests=dict(data.get("image_digests", {})),
             image_pulls=dict(data.get("image_pulls", {})),
             recipe_digests=dict(data.get("recipe_digests", {})),
+            image_software={
+                str(k): {str(n): str(v) for n, v in dict(versions).items()}
+                for k, versions in dict(data.get("image_software", {})).items()
+            },
             graduation=GraduationSnapshot.from_json(data.get("graduation", {})),
             known_failures=list(data.get("known_failures", [])),
             cost_history=data.get("cost_history"),
@@ -155,7 +162,7 @@ def gather_facts(
     proxy_facts = (
         _image_facts(proxy.tag, proxy.repository, proxy_pin)
         if task.runtime == "container"
-        else (None, None)
+        else (None, None, {})
     )
     recipe = task.image.spec["recipe"]
     folder = recipe_path(recipe)
@@ -168,6 +175,7 @@ def gather_facts(
         image_digests={tag: image[0], proxy.tag: proxy_facts[0]},
         image_pulls={tag: image[1], proxy.tag: proxy_facts[1]},
         recipe_digests={recipe: recipe_digest(folder) if folder is not None else None},
+        image_software={tag: image[2]} if image[2] else {},
         project_owner=_owner(task.project_root),
         project_mode=_mode(task.project_root),
         daemon=_daemon(daemon_info()) if task.runtime == "container" else None,
@@ -186,14 +194,18 @@ class ImagePin:
 
 def _image_facts(
     tag: str, repository: str | None, pin: ImagePin | None
-) -> tuple[str | None, str | None]:
-    """(image ID, ``repository@sha256:…``) for ``tag`` here — the pin's when it is here."""
-    if pin is not None and image_present(pin.digest):
-        return pin.digest, pin.pull
+) -> tuple[str | None, str | None, dict[str, str]]:
+    """(image ID, ``repository@sha256:…``, the software its label names) for ``tag``
+    here — the pin's when it is here."""
+    if pin is not None:
+        pinned = inspect_image(pin.digest)
+        if pinned is not None and pinned.get("Id") == pin.digest:
+            return pin.digest, pin.pull, software_of(pinned)
     found = inspect_image(tag)
     if found is None:
-        return None, None
-    return str(found["Id"]), repo_digest(found, repository) if repository else None
+        return None, None, {}
+    pull = repo_digest(found, repository) if repository else None
+    return str(found["Id"]), pull, software_of(found)
 
 
 def _daemon(info: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's test command: lint, format check, strict typing, then the whole suite.
-# Run from anywhere; needs the dev extra (pip install -e '.[dev]').
+# Run from anywhere; needs the dev install (bash scripts/install.sh dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "== ruff check"

@@ -146,3 +146,6 @@ def test_wheel_synthesises_a_buildable_source_for_the_agent_image(
         names = set(archive.namelist())
     assert "kagura_agent/data/images/agent/Dockerfile" in names
     assert "kagura_agent/data/manifests/images.yml" in names
+    # The agent image's dependency lock travels with the wheel: `images build` outside a
+    # checkout installs the same pinned, hashed dependencies.
+    assert "kagura_agent/data/requirements/agent.txt" in names

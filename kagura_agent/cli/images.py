@@ -138,4 +138,7 @@ def _list(args: argparse.Namespace) -> int:
     for row in rows:
         status = "stale: " + row["reason"] if row["stale"] else "up to date"
         print(f"{row['ref']:<28} {(row['id'] or '-')[:19]:<19}  {status}")
+        if row["software"]:
+            baked = ", ".join(f"{name} {version}" for name, version in row["software"].items())
+            print(f"{'':<28} bakes {baked}")
     return 0

@@ -5,19 +5,25 @@ image we just built for that recipe; the others (base, egress-proxy) build on
 ``kagura/bootstrap:bookworm`` when it exists locally (machines with no registry) and on
 their digest-pinned upstream default otherwise.
 
-A recipe whose Dockerfile copies ``wheelhouse/`` gets one: ``pip wheel`` of this
-checkout (or of the installed package, see source.py) with the agent extras, run on the
-host, so the image build needs no network.
+A recipe whose Dockerfile copies ``wheelhouse/`` gets one, made on the host so the image
+build needs no network: every dependency of the agent extras exactly as the lock
+(requirements/agent.txt) pins and hashes it, plus a wheel of this checkout (or of the
+installed package, see source.py). The image is labelled with the brain software it
+bakes (SDK, bundled CLI) and the lock's digest.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +35,6 @@ from kagura_agent.membrane.bootstrap import BOOTSTRAP_REF
 from kagura_agent.membrane.runtime import docker_errors
 from kagura_agent.membrane.source import package_source
 
-WHEELHOUSE_EXTRAS = "claude,brain,aws"
 # The images' python3 is Debian bookworm's 3.11; compiled wheels must match its ABI.
 CONTAINER_PYTHON = (3, 11)
 
@@ -60,31 +65,86 @@ def _parent_ref(recipe: Path, upstream: bool) -> str:
     return images.base_image_default(recipe)
 
 
-def _wheelhouse(target: Path, log: Log, name: str) -> None:
+def _wheelhouse(target: Path, log: Log, name: str) -> dict[str, str]:
+    """Fill ``target`` with the locked wheels and this kagura-agent; return the brain
+    software it holds (name -> version) for the image's label."""
     if sys.version_info[:2] != CONTAINER_PYTHON:
         raise SetupError(
             f"building the {name} image needs Python {'.'.join(map(str, CONTAINER_PYTHON))}"
             f" on the host (its wheels go into Debian bookworm's python3)"
         )
-    log(name, f"pip wheel kagura-agent[{WHEELHOUSE_EXTRAS}] into the build context")
-    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(target)]
+    lock = images.lock_file()
+    if not lock.is_file():
+        raise SetupError(f"no dependency lock at {lock} (a broken install? reinstall)")
+    log(name, f"pip wheel the locked dependencies ({lock.name}) into the build context")
+    # Every dependency at the version and hash the lock records, as published wheels
+    # only: nothing unlocked is built or fetched.
+    _pip_wheel(
+        ["--require-hashes", "--only-binary", ":all:", "-r", str(lock)],
+        target,
+        f"pip wheel of the locked dependencies for the {name} image",
+    )
+    log(name, "pip wheel kagura-agent itself into the build context")
     # A fixed SOURCE_DATE_EPOCH makes our own wheel byte-identical while the source is
     # unchanged, so the image build's COPY layer (and everything after it) stays cached.
-    env = {**os.environ, "SOURCE_DATE_EPOCH": "315532800"}
+    # The locked build backend builds it when it is installed (scripts/install.sh).
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
     with (
         tempfile.TemporaryDirectory(prefix="kagura-src-") as scratch,
         package_source(Path(scratch)) as root,
     ):
-        proc = subprocess.run(
-            [*cmd, f"{root}[{WHEELHOUSE_EXTRAS}]"],
-            capture_output=True,
-            text=True,
-            check=False,
-            env=env,
+        _pip_wheel(
+            ["--no-deps", *isolation, str(root)],
+            target,
+            f"pip wheel of kagura-agent for the {name} image",
+            env={"SOURCE_DATE_EPOCH": "315532800"},
         )
+    return wheelhouse_software(target)
+
+
+def _pip_wheel(args: list[str], target: Path, what: str, env: dict[str, str] | None = None) -> None:
+    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(target), *args]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.splitlines()[-10:])
-        raise SetupError(f"pip wheel for the {name} image failed:\n{tail}")
+        raise SetupError(f"{what} failed:\n{tail}")
+
+
+# Wheels whose version the image's label (and so the plan) shows.
+SHOWN_SOFTWARE = ("claude-agent-sdk", "kagura-brain", "kagura-agent")
+
+
+def wheelhouse_software(wheelhouse: Path) -> dict[str, str]:
+    """The shown packages' versions in a wheelhouse, plus ``claude-code``: the version of
+    the Claude Code CLI the SDK's wheel bundles (its ``_cli_version.py``)."""
+    found: dict[str, str] = {}
+    for wheel in sorted(wheelhouse.glob("*.whl")):
+        dist, version = wheel.name.split("-")[:2]
+        project = dist.lower().replace("_", "-")
+        if project not in SHOWN_SOFTWARE:
+            continue
+        found[project] = version
+        if project == "claude-agent-sdk":
+            cli = _bundled_cli_version(wheel)
+            if cli:
+                found["claude-code"] = cli
+    return found
+
+
+def _bundled_cli_version(wheel: Path) -> str | None:
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            text = archive.read("claude_agent_sdk/_cli_version.py").decode("utf-8", "replace")
+    except (OSError, KeyError, zipfile.BadZipFile):
+        return None
+    match = re.search(r"""__cli_version__\s*=\s*["']([^"']+)["']""", text)
+    return match.group(1) if match else None
 
 
 def build_one(client: Any, name: str, directory: Path, *, log: Log, upstream: bool = False) -> str:
@@ -100,8 +160,11 @@ def build_one(client: Any, name: str, directory: Path, *, log: Log, upstream: bo
     with tempfile.TemporaryDirectory(prefix=f"kagura-build-{name}-") as tmp:
         context = Path(tmp) / "context"
         shutil.copytree(recipe, context, ignore=shutil.ignore_patterns("wheelhouse"))
-        if "wheelhouse/" in (recipe / "Dockerfile").read_text():
-            _wheelhouse(context / "wheelhouse", log, name)
+        if images.uses_wheelhouse(recipe):
+            software = _wheelhouse(context / "wheelhouse", log, name)
+            labels[images.LABEL_SOFTWARE] = json.dumps(software, sort_keys=True)
+            labels[images.LABEL_LOCK_DIGEST] = images.lock_digest() or ""
+            log(name, "bakes " + ", ".join(f"{k} {v}" for k, v in sorted(software.items())))
         log(name, f"building {images.image_ref(name)} on {parent}")
         with docker_errors(f"building {images.image_ref(name)}"):
             stream = client.api.build(

@@ -21,12 +21,17 @@ from urllib.parse import quote
 
 from kagura_agent import __version__
 from kagura_agent.errors import SetupError
-from kagura_agent.paths import recipes_root
+from kagura_agent.paths import recipes_root, resource_dir
 
 LABEL_RECIPE = "dev.kagura.recipe"
 LABEL_RECIPE_DIGEST = "dev.kagura.recipe-digest"
 LABEL_PARENT = "dev.kagura.parent"
 LABEL_VERSION = "dev.kagura.version"
+# The brain software a wheelhouse image bakes (JSON: {"claude-agent-sdk": "0.2.190",
+# "claude-code": "2.1.337", …}) and the digest of the dependency lock it was installed
+# from, so a changed lock marks the image stale like a changed recipe does.
+LABEL_SOFTWARE = "dev.kagura.software"
+LABEL_LOCK_DIGEST = "dev.kagura.lock-digest"
 # Build order for the recipes we know; any other recipe directory builds after these.
 KNOWN_ORDER = ("base", "python", "agent", "egress-proxy")
 _SKIP_NAMES = {"__pycache__", "wheelhouse", ".DS_Store"}
@@ -72,6 +77,36 @@ def recipe_digest(recipe_dir: Path) -> str:
         digest.update(rel.as_posix().encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).digest())
     return "sha256:" + digest.hexdigest()
+
+
+def uses_wheelhouse(recipe_dir: Path) -> bool:
+    """Whether the recipe installs kagura-agent from a wheelhouse built from the lock."""
+    return "wheelhouse/" in (recipe_dir / "Dockerfile").read_text()
+
+
+def lock_file() -> Path:
+    """The agent image's dependency lock (requirements/agent.txt, or the wheel's copy)."""
+    return resource_dir("requirements") / "agent.txt"
+
+
+def lock_digest() -> str | None:
+    """``sha256:`` of the agent image's dependency lock; None when it is missing."""
+    try:
+        return "sha256:" + hashlib.sha256(lock_file().read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def software_of(found: dict[str, Any]) -> dict[str, str]:
+    """The brain software an inspected image carries (its label), name -> version."""
+    labels = (found.get("Config") or {}).get("Labels") or {}
+    try:
+        data = json.loads(labels.get(LABEL_SOFTWARE) or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): str(v) for k, v in data.items() if isinstance(v, str | int | float)}
 
 
 def base_image_default(recipe_dir: Path) -> str:
@@ -202,14 +237,23 @@ def image_status(name: str, directory: Path | None = None) -> dict[str, Any]:
         "created": None,
         "stale": True,
         "reason": "not built",
+        "software": {},
     }
     if found is None:
         return row
     labels = (found.get("Config") or {}).get("Labels") or {}
-    row.update(id=found["Id"], created=found.get("Created"), stale=False, reason="")
+    row.update(
+        id=found["Id"],
+        created=found.get("Created"),
+        stale=False,
+        reason="",
+        software=software_of(found),
+    )
     parent = parent_recipe(recipe)
     if labels.get(LABEL_RECIPE_DIGEST) != current:
         row.update(stale=True, reason="recipe changed since the build")
+    elif uses_wheelhouse(recipe) and labels.get(LABEL_LOCK_DIGEST) != lock_digest():
+        row.update(stale=True, reason="dependency lock (requirements/agent.txt) changed")
     elif parent and labels.get(LABEL_PARENT) != local_image_digest(image_ref(parent)):
         row.update(stale=True, reason=f"parent {image_ref(parent)} was rebuilt")
     return row

@@ -96,6 +96,7 @@ class ImageBase(TypedDict):
     digest: str | None
     pull: str | None
     resolved: bool
+    software: dict[str, str]
     category: str
     source: str
     layer: Layer
@@ -422,6 +423,11 @@ DESCRIPTIONS: dict[str, str] = {
         " Image names no `repository`, or the image was not pushed there)."
     ),
     "image.resolved": "Whether the digest is known.",
+    "image.software": (
+        "The brain software the image bakes, read from its label (`claude-agent-sdk`,"
+        " `claude-code` — the CLI the SDK bundles —, `kagura-brain`, `kagura-agent`): name"
+        " to version; empty when the image carries none or is not built here."
+    ),
     "image.category": "Capability category `image:<name>`.",
     "image.source": "Manifest file.",
     "image.layer": "Layer the manifest came from: `packaged` (the defaults) or `operator` (your folder).",

@@ -425,6 +425,7 @@ def _image(image: Manifest, facts: Facts) -> ImageBase:
         "digest": digest,
         "pull": pull,
         "resolved": digest is not None,
+        "software": dict(facts.image_software.get(ref, {})) if digest else {},
         "category": f"image:{image.name}",
         "source": image.file,
         "layer": layer_of(image.layer),

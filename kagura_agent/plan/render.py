@@ -211,6 +211,9 @@ def render_text(plan: Plan, style: Style) -> str:
         f"  image        {image['ref']}  {_short(image['digest'])}  {_tag(image.get('class'), style)}"
         + mine(image)
     )
+    if image.get("software"):
+        baked = ", ".join(f"{name} {version}" for name, version in image["software"].items())
+        out.append(f"               bakes {baked}")
     project = plan["mounts"][0]
     out.append(
         f"  writes       {project['source']} -> {project['target']} (the only writable mount)"
