@@ -9,12 +9,12 @@ own comment instead of adding a new one on every push.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
 
+from kagura_agent import hostproc
 from kagura_agent.errors import UsageError
 from kagura_agent.inputfile import Unreadable, read_text
 from kagura_agent.manifest.loader import yaml_files
@@ -39,14 +39,19 @@ def changed_files(base: str, cwd: Path) -> list[str]:
 
 def _git(cwd: Path, *args: str) -> str:
     try:
-        done = subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
+        done = hostproc.run(
+            ["git", "-C", str(cwd.resolve()), *args],
+            env=hostproc.environment(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
     except OSError as exc:
         raise UsageError(f"cannot run git: {exc.strerror}") from None
     if done.returncode != 0:
         raise UsageError(f"git {' '.join(args[:2])} failed: {done.stderr.strip()[:300]}")
-    return done.stdout
+    return str(done.stdout)
 
 
 def is_task_file(path: Path) -> bool:

@@ -25,7 +25,6 @@ import itertools
 import json
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_p
 from kagura_agent.approvals.midrun import Asker, Question, ask_operator
 from kagura_agent.clock import iso
 from kagura_agent.errors import KaguraError, ValidationError
+from kagura_agent.hostproc import kagura_argv, kagura_environment, popen
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.memory.model import MemoryStore
 from kagura_agent.paths import state_dir
@@ -280,15 +280,16 @@ class ChildDispatcher:
 
     async def _apply(self, record: ChildRecord, plan_path: Path, since: str) -> dict[str, Any]:
         """``kagura-agent apply PLAN`` as its own process; its JSON result."""
-        argv = [sys.executable, "-m", "kagura_agent", "apply", "--yes", "--json"]
-        argv += ["--approvals-since", since, str(plan_path)]
+        argv = kagura_argv("apply", "--yes", "--json", "--approvals-since", since, str(plan_path))
         out, err = plan_path.with_suffix(".out"), plan_path.with_suffix(".err")
         # The child's root lies inside ours: our lock on it is held for the child.
-        env = child_environment(parent_root=self.ctx.plan["task"]["project_root"])
+        env = kagura_environment(
+            base=child_environment(parent_root=self.ctx.plan["task"]["project_root"])
+        )
         with out.open("wb") as stdout, err.open("wb") as stderr:
             # Its own session: the terminal's Ctrl-C reaches the parent, which stops it.
             # It stops with this process even when this one is killed with SIGKILL.
-            proc = subprocess.Popen(
+            proc = popen(
                 argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                 start_new_session=True, env=env,
             )  # fmt: skip

@@ -18,6 +18,7 @@ from pathlib import Path
 from kagura_agent.apply.written import refuse_written
 from kagura_agent.errors import RefusedError
 from kagura_agent.facts import ImagePin
+from kagura_agent.hostproc import WORKDIR_ENV
 from kagura_agent.membrane.registry import pull_pinned
 from kagura_agent.membrane.runtime import check_image_digest, check_proxy_digest
 from kagura_agent.plan.build import Compiled, compile_tasks
@@ -98,12 +99,17 @@ def _proxy_pin(plan: Plan) -> ImagePin | None:
 
 
 def _planned_from(task: TaskSection) -> str:
-    """The working directory ``plan`` ran in: the task's absolute path minus its shown name."""
+    """The working directory ``plan`` ran in: the task's absolute path minus its shown name;
+    else the folder this apply works for (a child started by kagura-agent is handed its
+    parent's working directory: hostproc.WORKDIR_ENV), else its own."""
     path, shown = str(task.get("path") or ""), str(task.get("file") or "")
     if shown and not shown.startswith("/") and path.endswith("/" + shown):
         folder = path[: -len(shown) - 1] or "/"
         if Path(folder).is_dir():
             return folder
+    handed = os.environ.get(WORKDIR_ENV, "")
+    if os.path.isabs(handed) and os.path.isdir(handed):
+        return handed
     return os.getcwd()
 
 

@@ -18,6 +18,7 @@ from kagura_agent.apply.turn import drive_brain
 from kagura_agent.apply.verify import verify_on_host
 from kagura_agent.brain.channel import BrainChannel
 from kagura_agent.brain.streams import start_local_entrypoint
+from kagura_agent.hostproc import environment
 from kagura_agent.membrane.leases import Lease
 
 
@@ -34,18 +35,24 @@ def run_on_host(ctx: RunContext, leases: Sequence[Lease]) -> RunReport:
     if not commands:
         return RunReport(brain)
     ctx.live.phase(f"verifying: {len(commands)} command(s) on the host")
-    verify = tuple(verify_on_host(commands, ctx.plan["task"]["project_root"]))
+    root = ctx.plan["task"]["project_root"]
+    verify = tuple(verify_on_host(commands, root, host_brain_environment()))
     ctx.live.verify(list(verify))
     return RunReport(brain, verify)
 
 
+def host_brain_environment() -> dict[str, str]:
+    """What the brain and the verify commands get on the host: a PATH (absolute entries
+    only) and a HOME, not the operator's environment (its secrets stay in apply)."""
+    return environment(
+        {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp")},
+        base={},
+    )
+
+
 async def _drive(ctx: RunContext, leases: Sequence[Lease], creds: str) -> BrainOutcome:
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": os.environ.get("HOME", "/tmp"),
-        "KAGURA_CREDS_DIR": creds,
-    }
-    stream = await start_local_entrypoint(env=env, cwd=ctx.plan["task"]["project_root"])
+    env = {**host_brain_environment(), "KAGURA_CREDS_DIR": creds}
+    stream = await start_local_entrypoint(env=env)
     channel = BrainChannel(
         stream,
         memory=open_host_memory(ctx.plan, ctx.run_id, ctx.live.redactor),

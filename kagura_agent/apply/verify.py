@@ -15,6 +15,7 @@ import contextlib
 import subprocess
 from collections.abc import Callable
 
+from kagura_agent import hostproc
 from kagura_agent.apply.context import ApplyRuntime, VerifyResult
 from kagura_agent.errors import KaguraError
 from kagura_agent.plan.model import Plan
@@ -94,14 +95,17 @@ def verify_in_container(
     return results
 
 
-def verify_on_host(commands: list[str], workdir: str) -> list[VerifyResult]:
-    """For ``runtime: host`` plans (the operator allowed an unsandboxed brain)."""
+def verify_on_host(commands: list[str], workdir: str, env: dict[str, str]) -> list[VerifyResult]:
+    """For ``runtime: host`` plans (the operator allowed an unsandboxed brain): each
+    command in ``workdir`` (the project root: what the agent left there is what is
+    checked) with ``env`` only."""
     results: list[VerifyResult] = []
     for command in commands:
         try:
-            done = subprocess.run(
+            done = hostproc.run(
                 ["bash", "-c", command],
                 cwd=workdir,
+                env=env,
                 capture_output=True,
                 text=True,
                 timeout=VERIFY_SECONDS,

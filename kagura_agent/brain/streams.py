@@ -14,14 +14,16 @@ import asyncio
 import contextlib
 import socket
 import struct
-import sys
 from collections import deque
 from typing import Any, Protocol
+
+from kagura_agent.hostproc import python_code_argv, start
 
 CHUNK = 65536
 STDOUT, STDERR = 1, 2
 _HEADER = struct.Struct(">BxxxL")
 STDERR_TAIL_BYTES = 64 * 1024
+ENTRYPOINT = "from kagura_agent.brain.entrypoint import main\nraise SystemExit(main())\n"
 
 
 class StreamClosed(ConnectionError):
@@ -69,23 +71,21 @@ class ProcessStream:
             self._stdin.close()
 
 
-async def start_local_entrypoint(
-    *, env: dict[str, str], cwd: str | None = None, python: str | None = None
-) -> ProcessStream:
+async def start_local_entrypoint(*, env: dict[str, str]) -> ProcessStream:
     """Run the entrypoint as a local process (``runtime: host``) and attach to it.
 
     ``env`` is the whole child environment (pass KAGURA_CREDS_DIR pointing at a private
-    0700 directory: the host default /run/kagura/creds is rarely writable). Stop it with
-    the channel's escalation: ``on_stop=stream.proc.terminate, on_kill=stream.proc.kill``.
+    0700 directory: the host default /run/kagura/creds is rarely writable). It starts
+    isolated in the file system's root (hostproc), as the container's does: the project
+    root is the agent's writing, and the turn names it as the engines' working directory.
+    Stop it with the channel's escalation: ``on_stop=stream.proc.terminate,
+    on_kill=stream.proc.kill``.
     """
-    proc = await asyncio.create_subprocess_exec(
-        python or sys.executable,
-        "-m",
-        "kagura_agent.brain.entrypoint",
+    proc = await start(
+        python_code_argv(ENTRYPOINT),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         env=env,
-        cwd=cwd,
     )
     return ProcessStream(proc)
 

@@ -28,6 +28,7 @@ from typing import IO, Any
 from kagura_agent.apply.live import tool_call_detail
 from kagura_agent.brain.events import MAX_TEXT_CHARS
 from kagura_agent.clock import iso
+from kagura_agent.hostproc import kagura_argv, kagura_environment, popen
 from kagura_agent.processes import owner_alive
 from kagura_agent.state import Location, MissingTable, StateStore
 
@@ -61,12 +62,12 @@ class Progress:
 def apply_argv(
     plan_path: Path, approvals_since: datetime | None, approval_timeout: float | None = None
 ) -> list[str]:
-    argv = [sys.executable, "-m", "kagura_agent", "apply", "--yes", "--json", "--steer-stdin"]
+    argv = ["apply", "--yes", "--json", "--steer-stdin"]
     if approval_timeout is not None:  # how long a mid-run question waits for an answer
         argv += ["--approval-timeout", f"{approval_timeout:g}"]
     if approvals_since is not None:
         argv += ["--approvals-since", iso(approvals_since)]
-    return [*argv, str(plan_path)]
+    return kagura_argv(*argv, str(plan_path))
 
 
 def chat_line(line: str) -> str | None:
@@ -323,12 +324,12 @@ class ApplyProcess:
     ):
         self.relay = relay
         self.feed = feed
-        child_env = {**(env if env is not None else os.environ), "NO_COLOR": "1"}
+        child_env = kagura_environment({"NO_COLOR": "1"}, base=env)
         # Its own process group: a Ctrl-C at the cockpit's terminal reaches the cockpit,
         # which interrupts each run itself, in order.
         # stdin carries steering: one {"text": ...} line per message for the running brain.
-        self.process = subprocess.Popen(
-            list(argv),
+        self.process = popen(
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

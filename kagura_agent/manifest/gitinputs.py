@@ -16,6 +16,7 @@ import shutil
 import stat
 import subprocess
 
+from kagura_agent import hostproc
 from kagura_agent.manifest.catalog import Catalog
 from kagura_agent.paths import under
 
@@ -62,12 +63,11 @@ def host_git(root: str, args: list[str], timeout: float = GIT_TIMEOUT) -> bytes 
     git = shutil.which("git")
     if git is None:
         return None
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    options = ["-c", f"safe.directory={root}", "-c", "core.fsmonitor=false"]
+    env = git_environment()
+    options = ["-C", root, "-c", f"safe.directory={root}", "-c", "core.fsmonitor=false"]
     try:
-        done = subprocess.run(
+        done = hostproc.run(
             [git, *options, *args],
-            cwd=root,
             env=env,
             capture_output=True,
             timeout=timeout,
@@ -76,6 +76,12 @@ def host_git(root: str, args: list[str], timeout: float = GIT_TIMEOUT) -> bytes 
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
+
+
+def git_environment() -> dict[str, str]:
+    """The operator's environment for git (hostproc.environment) without GIT_*: a
+    GIT_DIR or GIT_CONFIG_* of the operator's shell must not point git elsewhere."""
+    return {k: v for k, v in hostproc.environment().items() if not k.startswith("GIT_")}
 
 
 def _git_paths(root: str) -> tuple[str, str] | None:

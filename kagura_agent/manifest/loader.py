@@ -80,9 +80,11 @@ def same_dir(a: Path, b: Path) -> bool:
 
 
 def display_path(path: Path) -> str:
-    """Paths under the working directory are shown relative to it."""
+    """Paths under the working directory are shown relative to it (not when that is the
+    file system's root, where kagura-agent's own children work: tmp/x would read oddly)."""
+    cwd = Path.cwd().resolve()
     try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
+        return str(path.resolve().relative_to(cwd)) if cwd != cwd.parent else str(path.resolve())
     except ValueError:
         return str(path.resolve())
 

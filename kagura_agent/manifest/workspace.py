@@ -8,6 +8,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from kagura_agent import hostproc
 from kagura_agent.errors import Diagnostic, UsageError, ValidationError
 from kagura_agent.manifest.catalog import Catalog, build_catalog
 from kagura_agent.manifest.checks import check_catalog, inline_secrets
@@ -154,6 +155,11 @@ def _git_sources(directory: Path, rev: str, layer: str) -> Sources:
 
 def _git(directory: Path, *args: str) -> str:
     cwd = directory if directory.is_dir() else directory.parent
-    return subprocess.run(
-        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
-    ).stdout
+    done = hostproc.run(
+        ["git", "-C", str(cwd.resolve()), *args],
+        env=hostproc.environment(),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return str(done.stdout)

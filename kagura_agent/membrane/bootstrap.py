@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kagura_agent import hostproc
 from kagura_agent.errors import SetupError
 from kagura_agent.membrane.runtime import docker_errors
 
@@ -140,7 +141,9 @@ def bootstrap(
             mirror.uri,
         ]
         log(f"debootstrap {SUITE} from the configured mirror (this takes a few minutes)")
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        proc = hostproc.run(
+            cmd, env=hostproc.environment(), capture_output=True, text=True, check=False
+        )
         if proc.returncode != 0:
             tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
             raise SetupError(f"debootstrap failed (exit {proc.returncode}):\n{tail}")
@@ -167,8 +170,9 @@ def _finish_rootfs(rootfs: Path, sources: list[AptSource]) -> None:
 def _import(api: Any, rootfs: Path, ref: str) -> str:
     """Stream ``tar`` of the rootfs into ``POST /images/create?fromSrc=-``."""
     repo, tag = ref.rsplit(":", 1)
-    tar = subprocess.Popen(
+    tar = hostproc.popen(
         ["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "-c", "."],
+        env=hostproc.environment(),
         stdout=subprocess.PIPE,
     )
     assert tar.stdout is not None

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kagura_agent import __version__
+from kagura_agent import __version__, hostproc
 from kagura_agent.errors import SetupError, UsageError
 from kagura_agent.membrane import images
 from kagura_agent.membrane.bootstrap import BOOTSTRAP_REF
@@ -103,13 +101,15 @@ def _wheelhouse(target: Path, log: Log, name: str) -> dict[str, str]:
 
 
 def _pip_wheel(args: list[str], target: Path, what: str, env: dict[str, str] | None = None) -> None:
-    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(target), *args]
-    proc = subprocess.run(
+    # Isolated and in the file system's root (hostproc): ``-m pip`` would otherwise import
+    # pip, and all it imports, from the folder the operator ran the build in first.
+    cmd = hostproc.python_module_argv("pip", "wheel", "-q", "--wheel-dir", str(target), *args)
+    proc = hostproc.run(
         cmd,
         capture_output=True,
         text=True,
         check=False,
-        env={**os.environ, **(env or {})},
+        env=hostproc.environment(env),
     )
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.splitlines()[-10:])

@@ -14,8 +14,9 @@ import asyncio
 import ctypes
 import json
 import signal
-import sys
 from collections.abc import Sequence
+
+from kagura_agent.hostproc import kagura_environment, python_code_argv, start
 
 PR_SET_PDEATHSIG = 1
 
@@ -40,10 +41,12 @@ def die_with_parent() -> None:
 
 
 async def spawn() -> Child:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        CHILD,
+    """A warm child: isolated, started in the file system's root with the operator's
+    environment (hostproc): the folder the runner was started from, and the one each plan
+    was made from (apply's freshness check re-plans there), may be an agent's root."""
+    return await start(
+        python_code_argv(CHILD),
+        env=kagura_environment(),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
