@@ -3,6 +3,9 @@
 Built FROM kagura/agent:<version> so apply runs its real entrypoint, hardening and
 channel; the fake ``claude`` and ``codex`` (testing/fake_claude) go on PATH and the SDK
 is pointed at the fake with KAGURA_CLAUDE_CLI (its bundled CLI would win over PATH).
+``ensure_agent_test_image(client, real_cli=True)`` builds the variant the conformance
+tests use: no fakes at all, so the SDK runs the Claude Code CLI it bundles (the one the
+packaged agent image ships), against testing/fake_messages_api.py through the run's proxy.
 testing/fake_mcp.py goes to /opt/mcp/notes.py (an MCP tool server for tests).
 The current source is copied to /opt/src (first on PYTHONPATH), so tests exercise this
 checkout even when the agent image predates it. Fakes log each call to /workspace so a
@@ -38,14 +41,23 @@ ENV PATH=/opt/fakes:/opt/kagura/bin:/usr/local/bin:/usr/bin:/bin \\
     KAGURA_FAKE_LOG={log}
 LABEL {label}={digest}
 """
+# The real CLI's variant: the same source and MCP fake, no fake CLI anywhere.
+REAL_CLI_DOCKERFILE = """\
+ARG AGENT_IMAGE
+FROM ${{AGENT_IMAGE}}
+COPY mcp/ /opt/mcp/
+COPY src/ /opt/src/kagura_agent/
+ENV PYTHONPATH=/opt/src
+LABEL {label}={digest}
+"""
 
 
 def test_image_ref() -> str:
     return images.image_ref("agent-test")
 
 
-def _files() -> dict[str, Path]:
-    files = {f"fakes/{name}": FAKE_DIR / name for name in ("claude", "codex")}
+def _files(real_cli: bool = False) -> dict[str, Path]:
+    files = {} if real_cli else {f"fakes/{name}": FAKE_DIR / name for name in ("claude", "codex")}
     # The MCP fake, where docs/authority.md's example image variant has its server: the
     # stdio tool server's command, and the http tool server a test runs from this image.
     files[MCP_SERVER.removeprefix("/opt/")] = FAKE_DIR.parent / "fake_mcp.py"
@@ -80,24 +92,26 @@ def _context(files: dict[str, Path], dockerfile: str) -> io.BytesIO:
     return buffer
 
 
-def ensure_agent_test_image(client: Any) -> str:
-    """The test image's ref, built from the local agent image when missing or stale."""
+def ensure_agent_test_image(client: Any, *, real_cli: bool = False) -> str:
+    """The test image's ref, built from the local agent image when missing or stale;
+    ``real_cli``: the variant that keeps the SDK's bundled Claude Code CLI."""
     agent = images.image_ref("agent")
     agent_id = images.local_image_digest(agent)
     if agent_id is None:
         raise RuntimeError(f"{agent} is not built (kagura-agent images build agent)")
-    files = _files()
-    digest = _digest(agent_id, files)
+    files = _files(real_cli)
+    template = REAL_CLI_DOCKERFILE if real_cli else DOCKERFILE
+    digest = _digest(agent_id + template, files)
     # One tag per input digest: checkouts testing concurrently on one daemon (worktrees)
     # must not rebuild each other's image under a run (its digest is in the plan).
-    ref = f"{test_image_ref()}-{digest[:12]}"
+    ref = f"{test_image_ref()}-{'real-' if real_cli else ''}{digest[:12]}"
     try:
         labels = client.images.get(ref).labels or {}
     except Exception:  # docker.errors.ImageNotFound: build it
         labels = {}
     if labels.get(LABEL_INPUTS) == digest:
         return ref
-    dockerfile = DOCKERFILE.format(log=FAKE_LOG, label=LABEL_INPUTS, digest=digest)
+    dockerfile = template.format(log=FAKE_LOG, label=LABEL_INPUTS, digest=digest)
     client.images.build(
         fileobj=_context(files, dockerfile),
         custom_context=True,

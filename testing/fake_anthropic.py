@@ -14,9 +14,13 @@ testing/fake_messages_api.py's scripted Messages API that the real Claude Code C
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from kagura_agent.apply.context import EgressSink
@@ -74,7 +78,9 @@ class FakeAnthropic:
 @contextlib.contextmanager
 def fake_anthropic(client: Any, image: str, labels: dict[str, str]) -> Iterator[FakeAnthropic]:
     """The fake API on its own network, ready; removed with its network on exit."""
-    network = client.networks.create(f"kagura-test-anthropic-{time.monotonic_ns()}", labels=labels)
+    network = client.networks.create(
+        f"kagura-test-anthropic-{time.monotonic_ns()}", labels=labels, internal=True
+    )
     container = None
     try:
         container = client.containers.run(
@@ -95,10 +101,13 @@ def fake_anthropic(client: Any, image: str, labels: dict[str, str]) -> Iterator[
 
 
 class FakeAnthropicRuntime(DockerApplyRuntime):
-    """apply's Docker runtime; a run's injection goes to ``fake`` (plain HTTP)."""
+    """apply's Docker runtime; a run's injection goes to ``fake`` (plain HTTP), and the
+    run's proxy gets no route off this machine: its outbound network is internal, so what
+    the agent (or the real Claude Code CLI on its own) sends to a host its allowlist names
+    ends at the proxy as it would where the host does not resolve, never on the Internet."""
 
-    def __init__(self, fake: Upstream) -> None:
-        super().__init__()
+    def __init__(self, fake: Upstream, client: Any = None, *, owner_key: str = "") -> None:
+        super().__init__(client, owner_key=owner_key)
         self.fake = fake
 
     def start_egress(
@@ -113,25 +122,18 @@ class FakeAnthropicRuntime(DockerApplyRuntime):
         injection_secret: str | None,
         scrub: Callable[[str], str] | None = None,
     ) -> EgressSession:
-        if injection is None:
-            return super().start_egress(
-                plan,
-                run_id,
-                on_event,
-                store=store,
-                clock=clock,
-                injection=None,
-                injection_secret=injection_secret,
-                scrub=scrub,
+        if injection is not None:
+            injection = Injection(
+                host=HOST, port=self.fake.port, tls=False, header=injection.header
             )
         return EgressSession.start(
-            self.client,
+            _Sealed(self.client),
             plan,
             run_id,
             on_event,
             store=store,
             clock=clock,
-            injection=Injection(host=HOST, port=self.fake.port, tls=False, header=injection.header),
+            injection=injection,
             injection_secret=injection_secret,
             extra_hosts={HOST: self.fake.address},
             extra_networks=(self.fake.network,),
@@ -139,3 +141,63 @@ class FakeAnthropicRuntime(DockerApplyRuntime):
             sweep=False,
             log_ceiling=plan["tripwires"]["egress_log_bytes"],
         )
+
+
+class _Sealed:
+    """A Docker client whose new networks are internal (no route off the machine)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    @property
+    def networks(self) -> Any:
+        return _SealedNetworks(self._client.networks)
+
+
+class _SealedNetworks:
+    def __init__(self, networks: Any) -> None:
+        self._networks = networks
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._networks, name)
+
+    def create(self, name: str, **kwargs: Any) -> Any:
+        return self._networks.create(name, **{**kwargs, "internal": True})
+
+
+# --- every apply of a test's processes, children included --------------------------------
+
+# JSON {"network", "address", "port"} of a fake upstream: testing/route/sitecustomize.py
+# routes every apply of a process that has it (and of the children it starts) there.
+ROUTE_ENV = "KAGURA_TEST_MODEL_UPSTREAM"
+ROUTE_DIR = Path(__file__).resolve().parent / "route"
+
+
+@dataclass(frozen=True)
+class Route:
+    network: str
+    address: str
+    port: int
+
+
+def route_env(fake: Upstream) -> dict[str, str]:
+    """The environment that makes ``kagura-agent`` processes (``apply``, and the child
+    applies a dispatch starts) send the run's model calls to ``fake``."""
+    route = {"network": fake.network, "address": fake.address, "port": fake.port}
+    path = os.pathsep.join([str(ROUTE_DIR), str(ROUTE_DIR.parents[1])])
+    return {ROUTE_ENV: json.dumps(route), "PYTHONPATH": path}
+
+
+def route_from_env() -> None:
+    """Give apply (and the team runner) FakeAnthropicRuntime instead of Docker's runtime
+    when ROUTE_ENV is set (called from testing/route/sitecustomize.py)."""
+    raw = os.environ.get(ROUTE_ENV)
+    if not raw:
+        return
+    from kagura_agent.apply import executor
+
+    fake = Route(**json.loads(raw))
+    executor.DockerApplyRuntime = functools.partial(FakeAnthropicRuntime, fake)  # type: ignore[attr-defined,assignment]

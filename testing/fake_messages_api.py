@@ -164,6 +164,27 @@ def invalid(body: object, betas: str = "") -> str | None:
     return None
 
 
+def _side_text(body: dict[str, Any], text: str) -> str:
+    """A side call's answer: ``text``, or a JSON object of it when the call asks for
+    structured output (``output_config.format`` json_schema: every string field is ``text``,
+    as the CLI's session-title call wants ``{"title": ...}``)."""
+    config = body.get("output_config")
+    form = config.get("format") if isinstance(config, dict) else None
+    if not isinstance(form, dict) or form.get("type") != "json_schema":
+        return text
+    schema = form.get("schema")
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(properties, dict):
+        return text
+    filled: dict[str, object] = {}
+    for name, spec in properties.items():
+        kind = spec.get("type") if isinstance(spec, dict) else None
+        filled[name] = {"boolean": False, "integer": 0, "number": 0, "array": [], "object": {}}.get(
+            str(kind), text
+        )
+    return json.dumps(filled)
+
+
 @dataclass(frozen=True)
 class Call:
     """What one model call asks for, as the script sees it."""
@@ -174,6 +195,8 @@ class Call:
     first_user: str
     last_user: str
     last_tool_result: str
+
+    side_text: str = "OK"  # a side call's answer (JSON when the call asks for a schema)
 
     @classmethod
     def read(cls, body: dict[str, Any], script: dict[str, Any]) -> Call:
@@ -194,12 +217,13 @@ class Call:
             first_user=first,
             last_user=_text_of([b for b in last if b.get("type") == "text"]),
             last_tool_result=_text_of(results),
+            side_text=_side_text(body, str(script.get("side", "OK"))),
         )
 
     def plan(self, script: dict[str, Any]) -> dict[str, Any]:
         """The TURN this call gets."""
         if not self.agent:
-            return {"text": str(script.get("side", "OK")), "usage": {"input_tokens": 10}}
+            return {"text": self.side_text, "usage": {"input_tokens": 10}}
         if self.conversation is None:
             return dict(script.get("default") or DEFAULT_END)
         entry = script["conversations"][self.conversation]
@@ -558,7 +582,10 @@ def fake_messages_api_container(
 ) -> Iterator[FakeMessagesApiContainer]:
     """The fake, running ``script`` in ``image`` (any image with python3) on its own network;
     removed with the network on exit."""
-    network = client.networks.create(f"kagura-test-messages-{time.monotonic_ns()}", labels=labels)
+    # Internal: the fake and the proxies that join its network have no way off the machine.
+    network = client.networks.create(
+        f"kagura-test-messages-{time.monotonic_ns()}", labels=labels, internal=True
+    )
     container = None
     try:
         source = Path(__file__).read_text(encoding="utf-8")

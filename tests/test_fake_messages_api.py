@@ -149,6 +149,14 @@ def test_a_call_without_tools_is_a_side_call_answered_whole(fake: FakeMessagesAp
     assert record["turn"] == {"conversation": 0, "index": 0, "agent": False}
 
 
+def test_a_side_call_that_asks_for_a_schema_gets_json(fake: FakeMessagesApi) -> None:
+    schema = {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}
+    config = {"format": {"type": "json_schema", "schema": schema}}
+    body = {**_body("name it", stream=False), "tools": [], "output_config": config}
+    whole = json.loads(_post(fake, body).read())
+    assert json.loads(whole["content"][0]["text"]) == {"title": "a side answer"}
+
+
 def test_rate_limited_then_overloaded_then_answered_with_retry_after(fake: FakeMessagesApi) -> None:
     body = _body("TASK-FLAKY")
     for status, kind in ((429, "rate_limit_error"), (529, "overloaded_error")):
