@@ -16,6 +16,7 @@ from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.gitinputs import git_metadata
 from kagura_agent.manifest.template import TemplateLimit, render_prompt
 from kagura_agent.manifest.toolservers import resolve_tool_servers
+from kagura_agent.membrane.floor import normalise_target, target_problem
 from kagura_agent.membrane.mounts import check_mount
 from kagura_agent.membrane.roots import check_project_root
 from kagura_agent.memory.factory import sqlite_path
@@ -308,6 +309,7 @@ def _paths(
         problems.append(task.diag(("spec", "project_root"), problem))
         return None, []
     mounts = []
+    targets: set[str] = set()
     for index, mount in enumerate(mounts_of(task)):
         at = ("spec", "mounts", index)
         source = str(base / os.path.expanduser(mount["source"]))
@@ -318,12 +320,16 @@ def _paths(
         if problem:
             problems.append(task.diag((*at, "source"), problem))
             continue
-        if mount["target"] == "/workspace" or mount["target"].startswith("/workspace/"):
-            problems.append(
-                task.diag((*at, "target"), "/workspace is the project root's mount point")
-            )
+        target = normalise_target(mount["target"])
+        problem = target_problem(mount["target"])
+        if problem is None and target in targets:
+            problem = f"mount target {mount['target']} is already the target of another mount"
+        if problem:
+            hint = "mount it at a path of its own, such as /data/NAME"
+            problems.append(task.diag((*at, "target"), problem, hint=hint))
             continue
-        mounts.append({"kind": "extra", "source": real, "target": mount["target"], "mode": "ro"})
+        targets.add(target)
+        mounts.append({"kind": "extra", "source": real, "target": target, "mode": "ro"})
     protected, problem = protected_inputs(
         root,
         host_inputs(task, catalog)

@@ -9,6 +9,7 @@ creation arguments are checked against it once more (membrane.hardening). Pure: 
 from __future__ import annotations
 
 import ipaddress
+import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -47,12 +48,59 @@ FORBIDDEN_CAPABILITIES = frozenset(
     }
 )
 
+# What an Image may add back after dropping all: Docker's default set less MKNOD. Any
+# other entry in a plan — a capability not named above, another spelling — is refused as
+# well, so the floor does not rest on having named every dangerous capability.
+ADDABLE_CAPABILITIES = frozenset(
+    {
+        "AUDIT_WRITE",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "NET_BIND_SERVICE",
+        "NET_RAW",
+        "SETFCAP",
+        "SETGID",
+        "SETPCAP",
+        "SETUID",
+        "SYS_CHROOT",
+    }
+)
+
 # Hard ceilings an Image cannot exceed, whatever its manifest says.
 MAX_PIDS = 4096
 MAX_MEMORY_BYTES = 32 * 1024**3
 MAX_NANO_CPUS = 16 * 10**9
 MAX_NOFILE = 65536
 MAX_RUN_KAGURA_BYTES = 16 * 1024**2
+# The tmpfs mounts every plan has (membrane hardening: scratch, the agent's home, and its
+# credentials). A mount target may land on none of them.
+TMPFS_TARGETS = ("/tmp", "/home/agent", "/run/kagura")
+# Where an extra mount may never land, nor above (a mount over a parent hides them too):
+# the project root's mount point, the credentials tmpfs, the kernel's interfaces, and the
+# image's programs with the kagura code its PID 1 imports before the agent has run — a
+# read-only bind of files from the project root there would run the agent's writing as
+# the run's own process. Each planned tmpfs is added from the plan.
+RESERVED_TARGETS = (
+    "/workspace",
+    "/run/kagura",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/usr",
+    "/etc",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/opt/kagura",
+)
+# Symlinks in every Debian image: Docker follows them inside the container when it
+# mounts, so /var/run/kagura lands on /run/kagura.
+_IMAGE_LINKS = (("/var/run", "/run"), ("/var/lock", "/run/lock"))
 _SOCKETS = re.compile(r"(^|/)(docker|containerd|podman|crio|cri-dockerd)\.sock$")
 _ENGINE_DIRS = ("/var/run/docker", "/run/docker", "/var/lib/docker", "/run/containerd")
 # Address ranges an egress entry may never resolve to: loopback (the proxy itself),
@@ -79,6 +127,10 @@ def hardening_violations(h: Mapping[str, Any]) -> list[str]:
     bad = [c for c in caps if c in FORBIDDEN_CAPABILITIES]
     if bad:
         found.append(f"capabilities {', '.join(bad)} break the membrane and are never added")
+    unknown = [c for c in caps if c not in FORBIDDEN_CAPABILITIES | ADDABLE_CAPABILITIES]
+    if unknown:
+        shown = ", ".join(repr(c) for c in unknown)
+        found.append(f"capabilities {shown} are not among those an Image may add back")
     if "ALL" not in [str(c).upper() for c in h.get("cap_drop", ["ALL"])]:
         found.append("cap_drop must be ALL")
     if h.get("privileged") is not False:
@@ -95,6 +147,7 @@ def hardening_violations(h: Mapping[str, Any]) -> list[str]:
         found.append(f"seccomp {h.get('seccomp')!r} (only Docker's default profile)")
     if h.get("no_new_privileges") is not True or h.get("read_only_rootfs") is not True:
         found.append("no_new_privileges and read_only_rootfs cannot be turned off")
+    found += user_violations(str(h.get("user", "")))
     found += tmpfs_violations(h.get("tmpfs"), str(h.get("user", "")))
     for key, ceiling, shown in (
         ("pids_limit", MAX_PIDS, str(MAX_PIDS)),
@@ -110,6 +163,16 @@ def hardening_violations(h: Mapping[str, Any]) -> list[str]:
     return found
 
 
+def user_violations(user: str) -> list[str]:
+    """The container runs as a numeric uid:gid that is not root's."""
+    uid, _, gid = user.partition(":")
+    if not uid.isdigit() or not (gid or uid).isdigit():
+        return [f"user {user!r} must be a numeric uid:gid"]
+    if int(uid) == 0:
+        return ["the container may not run as root (uid 0)"]
+    return []
+
+
 def tmpfs_violations(tmpfs: object, user: str) -> list[str]:
     """Every tmpfs is noexec,nosuid,nodev and owned by the agent; /run/kagura (where the
     credentials land) is there, owner-only and at most 16 MiB."""
@@ -118,6 +181,14 @@ def tmpfs_violations(tmpfs: object, user: str) -> list[str]:
     found = []
     uid, _, gid = user.partition(":")
     for target, options in sorted(tmpfs.items()):
+        if target != normalise_target(target):
+            found.append(f"tmpfs target {target!r} is not a clean absolute path")
+        elif target != "/run/kagura":
+            found += [
+                f"tmpfs {target} would hide {kept}, which the membrane keeps"
+                for kept in RESERVED_TARGETS
+                if kept != "/run/kagura" and (_within(target, kept) or _within(kept, target))
+            ]
         opts = options.split(",")
         values = dict(o.split("=", 1) for o in opts if "=" in o)
         missing = [flag for flag in ("noexec", "nosuid", "nodev") if flag not in opts]
@@ -139,15 +210,74 @@ def tmpfs_violations(tmpfs: object, user: str) -> list[str]:
     return found
 
 
-def mount_violations(mounts: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The container engine's socket or data directories are never mounted."""
+def normalise_target(target: str) -> str:
+    """``target`` as the container engine will mount it: ``//``, ``.``, ``..`` and a
+    trailing slash folded lexically (as Docker cleans a path), then the image's standard
+    symlinks followed (/var/run is /run). ``""`` when it is not an absolute path."""
+    if not target.startswith("/") or "\0" in target:
+        return ""
+    clean = "/" + posixpath.normpath(target).lstrip("/")
+    for link, real in _IMAGE_LINKS:
+        if clean == link or clean.startswith(link + "/"):
+            clean = real + clean[len(link) :]
+    return clean.rstrip("/") or "/"
+
+
+def target_problem(target: str, tmpfs: Sequence[str] = TMPFS_TARGETS) -> str | None:
+    """Why an extra mount may not land at ``target`` in the container, or None.
+
+    Refused: a target that is not absolute, or that is, lies under or lies above one of
+    RESERVED_TARGETS or a planned tmpfs (``tmpfs``) — written any way (``/a/../workspace``,
+    ``/workspace/``, ``//proc``, ``/var/run/kagura``)."""
+    clean = normalise_target(target)
+    if not clean:
+        return f"mount target {target!r} is not an absolute path"
+    shown = target if clean == target else f"{target} (that is {clean})"
+    for reserved in dict.fromkeys((*RESERVED_TARGETS, *tmpfs)):
+        if _within(clean, reserved):
+            return f"mount target {shown} is over {reserved}, which the membrane keeps"
+        if _within(reserved, clean):
+            return f"mount target {shown} would hide {reserved}, which the membrane keeps"
+    return None
+
+
+def _within(path: str, top: str) -> bool:
+    return path == top or top == "/" or path.startswith(top + "/")
+
+
+def mount_violations(
+    mounts: Sequence[Mapping[str, Any]], project_root: str = "", tmpfs: Sequence[str] = ()
+) -> list[str]:
+    """The container engine's socket or data directories are never mounted; only the
+    project root is writable, at /workspace; the read-only mounts over its inputs
+    (``protected``) lie under /workspace; no other mount lands on what the membrane keeps
+    (``target_problem``)."""
     found = []
+    planned = tuple(tmpfs) or TMPFS_TARGETS
     for mount in mounts:
         source = str(mount.get("source", ""))
+        target = str(mount.get("target", ""))
+        kind = mount.get("kind")
         if _SOCKETS.search(source) or any(
             source == d or source.startswith(d + "/") for d in _ENGINE_DIRS
         ):
             found.append(f"mount {source} (the container engine is never reachable)")
+        project = kind == "project" and source == project_root and target == "/workspace"
+        if mount.get("mode") != "ro" and not project:
+            found.append(
+                f"mount {source} -> {target} is {mount.get('mode')}; only the project root"
+                " is writable"
+            )
+        if kind == "project":
+            if not project:
+                found.append(f"project mount {source} -> {target} is not the task's root")
+        elif kind == "protected":
+            if not normalise_target(target).startswith("/workspace/"):
+                found.append(f"protected mount {source} -> {target} is not under /workspace")
+        else:
+            problem = target_problem(target, planned)
+            if problem:
+                found.append(problem)
     return found
 
 
@@ -185,6 +315,10 @@ def floor_violations(plan: Mapping[str, Any]) -> list[str]:
     """Every way ``plan`` breaks the membrane floor."""
     return [
         *hardening_violations(plan.get("hardening") or {}),
-        *mount_violations(plan.get("mounts") or []),
+        *mount_violations(
+            plan.get("mounts") or [],
+            str((plan.get("task") or {}).get("project_root", "")),
+            tuple((plan.get("hardening") or {}).get("tmpfs") or ()),
+        ),
         *egress_violations(plan.get("egress") or {}),
     ]
