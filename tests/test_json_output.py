@@ -119,8 +119,9 @@ def test_plan_json_has_one_shape_for_one_task_and_many(
         assert set(data) == {"ok", "version", "errors", "changed", "plans"}
         assert data["ok"] is True and data["errors"] == [] and data["version"] == 1
         for entry in data["plans"]:  # type: ignore[attr-defined]
-            assert set(entry) == {"task", "plan", "against", "changes"}
+            assert set(entry) == {"task", "plan", "admission", "against", "changes"}
             assert entry["plan"]["task"]["name"] == entry["task"]
+            assert entry["admission"]["applyable"] is entry["plan"]["applyable"]
             assert entry["against"] == "the last applied plan"
             # Nothing applied yet: the diff lists everything the plan grants.
             assert {"op": "+", "section": "brain", "text": "engine script"} in entry[

@@ -54,27 +54,30 @@ from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_p
 from kagura_agent.approvals.midrun import Asker, ChatAsker, NobodyAsker, TtyAsker
 from kagura_agent.clock import Clock
 from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError, Terminated
-from kagura_agent.membrane.floor import floor_violations
 from kagura_agent.membrane.leases import Broker, Lease, LeaseRequest, Sweeper
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.memory.gate import check_ready
 from kagura_agent.patterns.checkpoint import foreign_checkpoint, session_owner
+from kagura_agent.plan.admission import admit
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore, owner_key
 
 
 def refuse_unapplyable(plan: Plan, options: ApplyOptions) -> None:
-    """Refusals that need no side effect at all (exit 6)."""
-    # Recomputed, not read from the plan: a hand-edited plan file cannot drop it.
-    broken = floor_violations(plan)
-    if broken:
+    """Refusals that need no side effect at all (exit 6).
+
+    ``admit`` (plan/admission.py) is the verdict every view of a plan shows: the floor
+    recomputed, not read from the plan (a hand-edited plan file cannot drop it), plus the
+    refusals the planner recorded."""
+    admission = admit(plan)
+    if admission.floor:
         raise RefusedError(
-            "plan breaks the membrane floor: " + "; ".join(broken),
+            "plan breaks the membrane floor: " + "; ".join(admission.floor),
             hint="no manifest can grant this; fix the Image or task",
         )
-    if plan["refusals"] or not plan["applyable"]:
-        reasons = [r["message"] for r in plan["refusals"]]
-        raise RefusedError("plan is not applyable: " + "; ".join(reasons or ["see the plan"]))
+    if not admission.applyable:
+        reasons = [r["message"] for r in admission.refusals]
+        raise RefusedError("plan is not applyable: " + "; ".join(reasons))
     if plan["brain"]["runtime"] == "host" and not options.allow_host_runtime:
         raise RefusedError(
             "this plan runs the brain on the host, unsandboxed",

@@ -102,6 +102,7 @@ def add_apply_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kagura_agent.apply.executor import refuse_unapplyable
     from kagura_agent.apply.freshness import localize, refuse_agent_written
     from kagura_agent.apply.parentdeath import stop_with_parent, take_back_sigint
     from kagura_agent.plan import planfile
@@ -113,11 +114,13 @@ def run(args: argparse.Namespace) -> int:
         return queue(args, target)
     if target.suffix == ".json":
         saved = planfile.load(target)
+        options = apply_options(args, accept_since=args.approvals_since)
         refuse_agent_written(target, saved)
+        # The plan as written, before anything is pulled or re-planned for it.
+        refuse_unapplyable(saved, options)
         local = localize(saved, log=_say)
         for change in local.changes:
             _say(f"differs on this host (no capability changes): {change.render()}")
-        options = apply_options(args, accept_since=args.approvals_since)
         # The fresh compile is what a mid-run amendment starts from.
         options.compiled = local.compiled
         options.steer_stdin = args.steer_stdin
@@ -137,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
 
 def queue(args: argparse.Namespace, target: Path) -> int:
     """``apply --queue PLAN.json``: check the saved plan is fresh, then queue it."""
+    from kagura_agent.apply.executor import ApplyOptions, refuse_unapplyable
     from kagura_agent.apply.freshness import check_saved_plan_fresh, refuse_agent_written
     from kagura_agent.approvals.asking import operator_name
     from kagura_agent.cli.common import print_json
@@ -152,6 +156,7 @@ def queue(args: argparse.Namespace, target: Path) -> int:
         )
     plan = planfile.load(target)
     refuse_agent_written(target, plan)
+    refuse_unapplyable(plan, ApplyOptions(approve=tuple(args.approve)))
     check_saved_plan_fresh(plan)
     queued = enqueue_plan(
         queue_url(args.queue_url),

@@ -10,6 +10,7 @@ from typing import Any
 
 from kagura_agent.cli.common import add_manifest_option, print_json
 from kagura_agent.errors import ExitCode, UsageError
+from kagura_agent.plan.admission import admit
 from kagura_agent.plan.model import Plan
 
 
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         planfile.save(plans[0], Path(args.out))
         print(f"saved plan to {args.out}", file=sys.stderr)
-    refused = [p["task"]["name"] for p in plans if not p["applyable"]]
+    refused = [p["task"]["name"] for p in plans if not admit(p).applyable]
     if args.require_applyable and refused:
         from kagura_agent.errors import RefusedError
 
@@ -93,10 +94,17 @@ RESULT_VERSION = 1
 
 
 def result_json(plan: Plan, against: str | None, changes: list[Any]) -> dict[str, Any]:
-    """One task's entry in ``plan --json``: the plan and its diff (docs/plan-format.md)."""
+    """One task's entry in ``plan --json``: the plan, the verdict apply would give it
+    (recomputed, not the one the plan carries) and its diff (docs/plan-format.md)."""
+    admission = admit(plan)
     return {
         "task": plan["task"]["name"],
         "plan": plan,
+        "admission": {
+            "applyable": admission.applyable,
+            "refusals": list(admission.refusals),
+            "edited": admission.edited,
+        },
         "against": against,
         "changes": [change.to_json() for change in changes],
     }

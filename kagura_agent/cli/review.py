@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from kagura_agent import gitops
     from kagura_agent.errors import KaguraError, RefusedError
     from kagura_agent.manifest.loader import manifests_dir
+    from kagura_agent.plan.admission import admit
     from kagura_agent.plan.build import plan_tasks
     from kagura_agent.plan.diff import diff_plans
 
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         for plan in plans:
             old = base.get(plan["task"]["name"])
             sections.append(gitops.plan_section(plan, diff_plans(old, plan), label))
-            if not plan["applyable"]:
+            if not admit(plan).applyable:
                 refused.append(plan["task"]["name"])
     body = gitops.comment_body(args.base, sections, manifest_changes, problems)
     if args.out:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from kagura_agent.errors import RefusedError, SetupError
-from kagura_agent.membrane.floor import hardening_violations
-from kagura_agent.plan.model import Hardening, Plan
+from kagura_agent.membrane.floor import floor_violations
+from kagura_agent.plan.model import Plan
 
 LABEL_RUN = "dev.kagura.run"
 LABEL_SESSION = "dev.kagura.session"
@@ -67,10 +67,10 @@ def _egress_mounts(mounts: list[dict[str, Any]], egress: str) -> list[dict[str, 
     return [dict(m) for m in mounts]
 
 
-def _check_floor(h: Hardening) -> None:
+def _check_floor(plan: Plan) -> None:
     """The membrane floor once more, on the plan this container is created from (a saved
-    plan may have been edited by hand since it was compiled)."""
-    broken = hardening_violations(h)
+    plan may have been edited by hand since it was compiled): hardening, mounts, egress."""
+    broken = floor_violations(plan)
     if broken:
         raise _refuse("; ".join(broken))
 
@@ -116,7 +116,7 @@ def container_kwargs(
     channel) and an idle process to exec the verify commands in.
     """
     h = plan["hardening"]
-    _check_floor(h)
+    _check_floor(plan)
     if role not in ROLES:
         raise SetupError(f"unknown container role {role!r}")
     uid, gid = _uid_gid(h["user"])

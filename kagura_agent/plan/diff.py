@@ -8,6 +8,7 @@ from typing import Any
 
 from kagura_agent.hygiene import neutralise
 from kagura_agent.manifest.scopes import is_full_access
+from kagura_agent.plan.admission import admit
 from kagura_agent.plan.model import DiffOp, Plan
 from kagura_agent.units import format_duration
 
@@ -50,8 +51,10 @@ def diff_plans(old: Mapping[str, Any] | None, new: Plan) -> list[Change]:
         )
         changes += _budget(base["budget"], new["budget"])
     changes += _keyed("class", _classes(base), _classes(new))
-    if base and base.get("applyable") != new["applyable"]:
-        changes.append(Change("~", "applyable", f"{base.get('applyable')} → {new['applyable']}"))
+    # The verdict apply gives each plan, not the one a (saved, perhaps edited) plan carries.
+    was, now = (admit(base).applyable, admit(new).applyable) if base else (None, None)
+    if was != now:
+        changes.append(Change("~", "applyable", f"{was} → {now}"))
     return changes
 
 

@@ -7,12 +7,15 @@ from typing import TYPE_CHECKING, Any
 
 from kagura_agent.hygiene import neutralise_data
 from kagura_agent.manifest.scopes import is_full_access
+from kagura_agent.plan.admission import Admission, admit
 from kagura_agent.plan.injection import injected_provider
 from kagura_agent.plan.model import (
     Approval,
     Budget,
     Credential,
     EgressRule,
+    Hardening,
+    Mount,
     Plan,
     TaskSection,
     ToolServer,
@@ -185,7 +188,11 @@ _SHOWN_ABOVE = frozenset({"floor", "policy-deny", "capability-denied"})
 
 
 def render_text(plan: Plan, style: Style) -> str:
-    """The ten-second review: what runs, what it writes, where it connects, what it holds."""
+    """The ten-second review: what runs, what it writes, where it connects, what it holds.
+
+    Whether it may be applied is ``admit``'s verdict (the one apply refuses on), recomputed
+    from what the plan says, never the verdict the plan file carries."""
+    admission = _neutral_admission(admit(plan))
     plan = neutralise_data(plan)  # names and values from inputs: no control characters
     task = plan["task"]
     brain = plan["brain"]
@@ -214,21 +221,9 @@ def render_text(plan: Plan, style: Style) -> str:
     if image.get("software"):
         baked = ", ".join(f"{name} {version}" for name, version in image["software"].items())
         out.append(f"               bakes {baked}")
-    project = plan["mounts"][0]
-    out.append(
-        f"  writes       {project['source']} -> {project['target']} (the only writable mount)"
-    )
-    for mount in plan["mounts"][1:]:
-        if mount["kind"] == "protected":
-            held = ", held empty while absent" if mount.get("placeholder") else ""
-            out.append(
-                f"  protected    {mount['source']} -> {mount['target']} (read-only over the"
-                f" project root{held}: {mount.get('protects', '')} stays the operator's)"
-            )
-            continue
-        out.append(
-            f"  reads        {mount['source']} -> {mount['target']} (ro)  {_tag(mount.get('class'), style)}"
-        )
+    writable = sum(1 for mount in plan["mounts"] if mount["mode"] != "ro")
+    for mount in plan["mounts"]:
+        out.append(_mount_line(mount, style, only=writable == 1))
     egress = plan["egress"]
     if egress["mode"] == "none":
         out.append("  network      none (no interfaces but loopback)")
@@ -281,13 +276,7 @@ def render_text(plan: Plan, style: Style) -> str:
             + ("  (not sent to the brain)" if withheld else "")
         )
     out.extend(_parent_lines(task, style))
-    hard = plan["hardening"]
-    caps = ",".join(hard["cap_add"]) or "none"
-    out.append(
-        f"  hardening    uid {hard['user']}, cap_drop ALL (+{caps}), no-new-privileges, seccomp {hard['seccomp']},"
-        f" read-only root, pids {hard['pids_limit']}, memory {hard['memory_bytes'] // 1048576}m,"
-        f" cpus {hard['nano_cpus'] / 1e9:g}, runtime {hard['runtime']} ({hard['tenancy']})"
-    )
+    out.append(f"  hardening    {_hardening_text(plan['hardening'], style)}")
     pending = [a for a in plan["approvals"] if a["class"] in ("needs-approval", "denied")]
     for approval in pending:
         # The reason already carries the evidence count and the unmet knobs (see
@@ -295,11 +284,14 @@ def render_text(plan: Plan, style: Style) -> str:
         out.append(
             f"  {_tag(approval['class'], style)} {approval['category']}: {approval['reason']}"
         )
-    for broken in plan["floor"]:
+    for broken in admission.floor:
         out.append("  " + style(f"FLOOR {broken}", "red", "bold"))
+    if admission.edited:
+        out.append("  " + style(f"EDITED {EDITED}", "red", "bold"))
     failed = [r for r in plan["policy"] if not r["passed"]]
     passed = len(plan["policy"]) - len(failed)
-    out.append(f"  policy       {passed}/{len(plan['policy'])} rules pass")
+    recorded = " (as recorded, not re-evaluated)" if admission.edited else ""
+    out.append(f"  policy       {passed}/{len(plan['policy'])} rules pass{recorded}")
     for result in failed:
         where_text = ", ".join(v["path"] for v in result["violations"])
         colour = ("red", "bold") if result["effect"] == "deny" else ("yellow",)
@@ -312,10 +304,10 @@ def render_text(plan: Plan, style: Style) -> str:
         )
     for warning in plan["warnings"]:
         out.append("  " + style(f"warning: {warning}", "yellow"))
-    for refusal in plan["refusals"]:
+    for refusal in admission.refusals:
         if refusal["code"] not in _SHOWN_ABOVE:
             out.append("  " + style(f"refused: {refusal['message']}", "red", "bold"))
-    verdict = style("yes", "green") if plan["applyable"] else style("NO", "red", "bold")
+    verdict = style("yes", "green") if admission.applyable else style("NO", "red", "bold")
     out.append(f"  applyable    {verdict}")
     return "\n".join(out) + "\n"
 
@@ -347,8 +339,78 @@ def _tag(klass: str | None, style: Style) -> str:
     return style(f"[{klass}]", *_CLASS_STYLE.get(klass, ()))
 
 
+# What a view says of a plan whose recorded floor check does not match its content.
+EDITED = (
+    "this plan was changed after it was planned: its recorded checks do not match what it"
+    " says (the verdict here is recomputed; its policy results are as it records them)"
+)
+
+
+def _neutral_admission(admission: Admission) -> Admission:
+    """``admission`` with its messages safe to print on one line (they quote plan values)."""
+    return Admission(
+        tuple(neutralise_data(list(admission.floor))),
+        tuple(neutralise_data(list(admission.refusals))),
+        admission.edited,
+    )
+
+
+def _mount_line(mount: Mount, style: Style, *, only: bool) -> str:
+    """One mount as the container gets it: its mode as written in the plan."""
+    where = f"{mount['source']} -> {mount['target']}"
+    if mount["kind"] == "protected":
+        held = ", held empty while absent" if mount.get("placeholder") else ""
+        return (
+            f"  protected    {where} (read-only over the project root{held}:"
+            f" {mount.get('protects', '')} stays the operator's)"
+        )
+    tag = f"  {_tag(mount.get('class'), style)}" if mount.get("class") else ""
+    if mount["kind"] == "project" and mount["mode"] == "rw":
+        return f"  writes       {where} ({'the only writable mount' if only else 'rw'})"
+    if mount["mode"] != "ro":
+        return "  " + style(f"WRITES       {where} ({mount['mode']})", "red", "bold") + tag
+    return f"  reads        {where} (ro){tag}"
+
+
+def _hardening_text(hard: Hardening, style: Callable[..., str]) -> str:
+    """The hardening as the plan states it; anything weaker than the floor in capitals."""
+    caps = ",".join(hard["cap_add"]) or "none"
+    drop = ",".join(hard["cap_drop"]) or "nothing"
+    loud: list[str] = []
+    if hard["privileged"] is not False:
+        loud.append("PRIVILEGED")
+    if hard["no_new_privileges"] is not True:
+        loud.append("NEW PRIVILEGES ALLOWED")
+    if hard["read_only_rootfs"] is not True:
+        loud.append("WRITABLE ROOT")
+    for label, value, usual in (
+        ("NETWORK", hard["network"], "none"),
+        ("PID MODE", hard["pid_mode"], "private"),
+        ("IPC MODE", hard["ipc_mode"], "private"),
+    ):
+        if value != usual:
+            loud.append(f"{label} {value}")
+    if hard["devices"]:
+        loud.append(f"DEVICES {', '.join(map(str, hard['devices']))}")
+    parts = [f"uid {hard['user']}", f"cap_drop {drop} (+{caps})"]
+    parts += [style(text, "red", "bold") for text in loud]
+    if hard["no_new_privileges"] is True:
+        parts.append("no-new-privileges")
+    parts.append(f"seccomp {hard['seccomp']}")
+    if hard["read_only_rootfs"] is True:
+        parts.append("read-only root")
+    parts += [
+        f"pids {hard['pids_limit']}",
+        f"memory {hard['memory_bytes'] // 1048576}m",
+        f"cpus {hard['nano_cpus'] / 1e9:g}",
+        f"runtime {hard['runtime']} ({hard['tenancy']})",
+    ]
+    return ", ".join(parts)
+
+
 def render_markdown(plan: Plan) -> str:
-    """A pull-request comment."""
+    """A pull-request comment; applyable as ``admit`` decides (see ``render_text``)."""
+    admission = _neutral_admission(admit(plan))
     plan = neutralise_data(plan)
     task = plan["task"]
     mine = _own(plan)
@@ -356,7 +418,7 @@ def render_markdown(plan: Plan) -> str:
     lines = [
         f"### kagura-agent plan: `{task['name']}`",
         "",
-        f"Applyable: **{'yes' if plan['applyable'] else 'NO'}** · fingerprint `{plan['fingerprint'][:19]}`",
+        f"Applyable: **{'yes' if admission.applyable else 'NO'}** · fingerprint `{plan['fingerprint'][:19]}`",
         "",
         f"Manifests: {layers_line(plan)}",
         "",
@@ -386,6 +448,7 @@ def render_markdown(plan: Plan) -> str:
             f"| tool server | {_tool_server_line(server)}{mine(server)} | {server['class']} |"
         )
     lines.append(f"| budget | {_budget_line(plan['budget'])} | |")
+    lines.append(f"| hardening | {_hardening_text(plan['hardening'], _markdown_style)} | |")
     parent = task.get("parent")
     if parent:
         narrowing = parent["narrowing"]
@@ -397,20 +460,26 @@ def render_markdown(plan: Plan) -> str:
         lines.append(f"| parent | task `{parent['task']}` ({widens}) | |")
     lines += _markdown_approvals(plan["approvals"])
     failed = [r for r in plan["policy"] if not r["passed"]]
-    floor = plan["floor"]
-    if failed or plan["warnings"] or floor:
+    floor = admission.floor
+    if failed or plan["warnings"] or floor or admission.edited:
         lines.append("")
         for broken in floor:
             lines.append(f"- **floor**: {broken}")
+        if admission.edited:
+            lines.append(f"- **edited**: {EDITED}")
         for result in failed:
             lines.append(f"- **{result['effect']}** `{result['policy']}`: {result['message']}")
         for warning in plan["warnings"]:
             lines.append(f"- warning: {warning}")
-    refused = [r for r in plan["refusals"] if r["code"] not in _SHOWN_ABOVE]
+    refused = [r for r in admission.refusals if r["code"] not in _SHOWN_ABOVE]
     if refused:
         lines.append("")
         lines += [f"- **refused**: {r['message']}" for r in refused]
     return "\n".join(lines) + "\n"
+
+
+def _markdown_style(text: str, *_styles: str) -> str:
+    return f"**{text}**"
 
 
 def markdown_with_changes(plan: Plan, changes: Sequence[Change], label: str) -> str:
