@@ -121,7 +121,7 @@ def test_acls_the_run_added_are_removed_and_named(root: Path) -> None:
     os.chmod(root / "d" / "g", 0o400)  # unreadable to its owner: reached by O_PATH
     _set(root, acl.ACCESS, _named((GROUP, 7, TEAM)))  # the root itself
     report = clear_setid(str(root), since, root_acl=snap)
-    assert sorted(report.acl_removed) == [".", "d", "d/g", "f"]
+    assert sorted(report.acl_removed.shown) == [".", "d", "d/g", "f"]
     for path in (root, root / "f", root / "d", root / "d" / "g"):
         assert _get(path, acl.ACCESS) is None, path
     assert _get(root / "d", acl.DEFAULT) is None
@@ -150,7 +150,7 @@ def test_a_team_default_acl_from_before_the_run_and_what_inherits_it_survive(
     (root / "mine").mkdir()
     _set(root / "mine", acl.DEFAULT, [*team, (USER, 7, STRANGER)])  # beyond the team's
     report = clear_setid(str(root), since, root_acl=snap)
-    assert report.acl_removed == ("mine",)
+    assert report.acl_removed.shown == ("mine",)
     assert _get(root, acl.DEFAULT) == team
     assert _get(shared, acl.DEFAULT) == team
     assert _get(shared / "sub", acl.DEFAULT) == team
@@ -164,7 +164,7 @@ def test_a_team_default_acl_from_before_the_run_and_what_inherits_it_survive(
 def test_without_a_snapshot_the_roots_own_acl_is_kept(root: Path) -> None:
     since = ctime_floor()
     _set(root, acl.ACCESS, _named((GROUP, 7, TEAM)))
-    assert clear_setid(str(root), since).acl_removed == ()
+    assert not clear_setid(str(root), since).acl_removed
     assert _get(root, acl.ACCESS) is not None
 
 
@@ -175,7 +175,7 @@ def test_a_symlink_to_a_file_with_an_acl_is_not_followed(root: Path, tmp_path: P
     since = ctime_floor()
     (root / "link").symlink_to(outside)
     report = clear_setid(str(root), since, root_acl=acl.snapshot(str(root)))
-    assert report.acl_removed == ()
+    assert not report.acl_removed
     assert _get(outside, acl.ACCESS) is not None
 
 
@@ -197,7 +197,7 @@ def test_a_folders_own_acls_recorded_at_the_start_survive_the_run_writing_in_it(
     (shared / "new.py").write_text("x")
     _set(root / "plain", acl.DEFAULT, team)  # not the root's: it has none
     report = clear_setid(str(root), since, root_acl=snap)
-    assert report.acl_removed == ("plain",)
+    assert report.acl_removed.shown == ("plain",)
     assert _get(shared, acl.DEFAULT) == team and _get(shared, acl.ACCESS) == team
     got = _get(shared / "new.py", acl.ACCESS)
     assert got is not None and (GROUP, 7, TEAM) in got
@@ -234,7 +234,12 @@ def test_after_kill_9_the_sweep_uses_the_acls_recorded_when_the_run_opened(
     _set(root / "f", acl.ACCESS, _named((USER, 7, STRANGER)))
     said: list[str] = []
     with StateStore() as store:
-        swept = sweep_dead_runs(store, _NoContainers(), clock, said.append)  # type: ignore[arg-type]
+        swept = sweep_dead_runs(
+            store,
+            _NoContainers(),
+            clock,
+            lambda line, _colour: said.append(line),  # type: ignore[arg-type]
+        )
     assert swept == ["run-dead"]
     assert _get(root / "f", acl.ACCESS) is None
     assert _get(shared, acl.DEFAULT) == team

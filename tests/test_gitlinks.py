@@ -317,7 +317,12 @@ def test_after_kill_9_the_next_applys_sweep_moves_it_aside_and_says_so(
     _plant_repo(root / "lib" / ".git", marker)
     said: list[str] = []
     with StateStore() as store:
-        swept = sweep_dead_runs(store, _NoContainers(), clock, said.append)  # type: ignore[arg-type]
+        swept = sweep_dead_runs(
+            store,
+            _NoContainers(),
+            clock,
+            lambda line, _colour: said.append(line),  # type: ignore[arg-type]
+        )
     assert swept == ["run-dead"]
     _status_runs_nothing(root, marker)
     # The names are the agent's (and its run's redactor died with it): a count, no name.

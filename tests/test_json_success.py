@@ -32,6 +32,7 @@ ELSEWHERE = {
     "queue list": "test_team_docs.py (needs PostgreSQL)",
     "queue runners": "test_team_docs.py (needs PostgreSQL)",
     "queue cancel": "test_team_docs.py (needs PostgreSQL)",
+    "aftercare": "test_apply_setid.py::test_a_root_the_walk_cannot_finish_is_quarantined_until_checked_again",
     "queue follow": "streams one JSON object per event; test_team_runners.py reads them",
 }
 

@@ -49,13 +49,13 @@ def test_clears_write_for_others_keeps_group_write(tmp_path: Path) -> None:
     _dir(root / "shared", 0o1777)
     _file(root / "shared" / "team", 0o664)
     # Changed before the run started (a bound in the future): left as it is.
-    assert clear_setid(str(root), since + 3600).world_writable == ()
+    assert not clear_setid(str(root), since + 3600).world_writable
     assert _mode(root / "run.sh") == 0o777
     report = clear_setid(str(root), since)
-    assert sorted(report.world_writable) == [".", "run.sh", "shared"]
+    assert sorted(report.world_writable.shown) == [".", "run.sh", "shared"]
     assert _mode(root) == 0o775 and _mode(root / "run.sh") == 0o775
     assert _mode(root / "shared") == 0o1775 and _mode(root / "shared" / "team") == 0o664
-    assert report.cleared == ()
+    assert not report.cleared
     [line] = report.summary()
     assert line.startswith("cleared write for others on 3 entries: ")
 
@@ -70,19 +70,19 @@ def test_clears_setuid_setgid_files_and_setuid_dirs_keeps_setgid_dirs(tmp_path: 
     _file(root / "u" / "both", 0o6711)
     _file(root / "plain", 0o755)
     report = clear_setid(str(root), since)
-    assert sorted(report.cleared) == ["d/g", "u", "u/both", "x"]
+    assert sorted(report.cleared.shown) == ["d/g", "u", "u/both", "x"]
     assert _mode(root / "x") == 0o755 and _mode(root / "d" / "g") == 0o755
     assert _mode(root / "u") == 0o755 and _mode(root / "u" / "both") == 0o711
     assert _mode(root / "d") == 0o2775  # a setgid directory is kept (see the module)
     assert _mode(root / "plain") == 0o755
-    assert report.problems == () and not report.truncated
+    assert report.complete and not report.problems
     [line] = report.summary()
     assert line.startswith("cleared setuid/setgid on 4 file(s): ")
 
 
 def test_the_root_itself_is_checked(tmp_path: Path) -> None:
     root = _dir(tmp_path / "root", 0o4755)
-    assert clear_setid(str(root), ctime_floor()).cleared == (".",)
+    assert clear_setid(str(root), ctime_floor()).cleared.shown == (".",)
     assert _mode(root) == 0o755
 
 
@@ -91,7 +91,7 @@ def test_entries_unchanged_since_the_run_started_are_left(tmp_path: Path) -> Non
     root = _dir(tmp_path / "root", 0o755)
     _file(root / "mine", 0o4755)
     report = clear_setid(str(root), ctime_floor() + 60)
-    assert report.cleared == () and _mode(root / "mine") == 0o4755
+    assert not report.cleared and _mode(root / "mine") == 0o4755
 
 
 def test_names_are_neutralised_and_a_few_shown(tmp_path: Path) -> None:
@@ -111,7 +111,8 @@ def test_the_walk_is_bounded_and_says_so(tmp_path: Path) -> None:
         _file(root / f"f{i}", 0o644)
     report = clear_setid(str(root), ctime_floor(), max_entries=4)
     assert report.truncated and report.scanned == 4
-    assert "stopped at its bound after 4 entries" in report.summary()[-1]
+    # Not reached: the root is quarantined by the caller (apply/quarantine.py).
+    assert not report.complete and report.why == ((setid.BOUND_REASON, 6),)
 
 
 def test_many_subdirectories_do_not_exhaust_descriptors(tmp_path: Path) -> None:
@@ -133,27 +134,166 @@ def test_many_subdirectories_do_not_exhaust_descriptors(tmp_path: Path) -> None:
         report = clear_setid(str(root), since)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    assert len(report.cleared) == folders and report.problems == ()
+    assert report.cleared.count == folders and report.complete
 
 
-def test_a_tree_deeper_than_the_bound_is_reported(
+def _chain(root: Path, depth: int, name: str = "d") -> int:
+    """``depth`` nested directories under ``root``, made through fds (the path is longer
+    than PATH_MAX); returns an fd of the deepest (the caller closes it)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir(name, dir_fd=fd)
+        inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    return fd
+
+
+def _plant(dir_fd: int, name: str, mode: int) -> None:
+    fd = os.open(name, os.O_CREAT | os.O_WRONLY, 0o700, dir_fd=dir_fd)
+    os.fchmod(fd, mode)
+    os.close(fd)
+
+
+def _rm(path: Path) -> None:
+    """rm -rf: coreutils walks any depth (shutil.rmtree recurses)."""
+    subprocess.run(["chmod", "-R", "u+rwx", str(path)], check=False)
+    subprocess.run(["rm", "-rf", str(path)], check=True)
+
+
+def test_a_tree_of_any_depth_is_walked_to_its_end(tmp_path: Path) -> None:
+    """A setuid file 262 directories deep survived the walk's old depth bound (256) as
+    "could not reach 1 entry". 3,000 levels (a path far past PATH_MAX, deeper than
+    Python's recursion limit), setuid files at the top, the middle and the bottom, with
+    names holding a newline and an escape, a FIFO, a socket and a hard link beside them:
+    every bit is cleared, within a handful of descriptors, and nothing is unreached."""
+    root = _dir(tmp_path / "root", 0o755)
+    try:
+        since = ctime_floor()
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        middle = _chain(root, 1500)
+        _plant(middle, "mid\nline\x1b[2J", 0o4755)
+        bottom = _chain(Path(f"/proc/self/fd/{middle}"), 1500)
+        _plant(bottom, "x", 0o6755)
+        os.link("x", "hard", src_dir_fd=bottom, dst_dir_fd=bottom)
+        os.mkfifo("fifo", dir_fd=bottom)
+        sock = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import socket,sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])",
+                f"/proc/self/fd/{bottom}/sock",
+            ],
+            pass_fds=(bottom,),
+            check=True,
+        )
+        assert sock.returncode == 0
+        os.close(middle)
+        _file(root / "top", 0o4755)
+        # Descriptors: every number up to those open now, and the walk's budget beside.
+        open_now = [int(fd) for fd in os.listdir("/proc/self/fd")]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(open_now) + 80, hard))
+        try:
+            report = clear_setid(str(root), since)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert report.complete, report.problems
+        assert report.cleared.count == 3  # top, mid…, x (hard is the same inode)
+        assert stat.S_IMODE(os.stat("x", dir_fd=bottom).st_mode) == 0o755
+        assert stat.S_IMODE(os.stat("hard", dir_fd=bottom).st_mode) == 0o755
+        assert _mode(root / "top") == 0o755
+        assert report.scanned == 3000 + 1 + 4 + 1  # dirs, mid, x/hard/fifo/sock, top
+        [line] = report.summary()
+        assert "\n" not in line and "\x1b" not in line and "…" in line  # deep names cut
+        os.close(bottom)
+    finally:
+        _rm(root)
+
+
+def test_the_walk_holds_a_bounded_number_of_descriptors_and_keeps_its_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(setid, "MAX_DEPTH", 3)
+    """With a budget of 3 open directories, a chain of 40 is walked: a level that gave up
+    its fd is opened again as '..' of its child and must be the same inode. A subtree
+    moved out from under the walk stops it, reported (never a chmod elsewhere)."""
+    from kagura_agent.apply import treewalk
+
     root = _dir(tmp_path / "root", 0o755)
     since = ctime_floor()
-    deep = root / "a" / "b" / "c" / "d"
-    deep.mkdir(parents=True)
-    _file(root / "a" / "x", 0o4755)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for i in range(40):
+        os.mkdir(f"d{i}", dir_fd=fd)
+        _plant(fd, f"f{i}", 0o4755)
+        inner = os.open(f"d{i}", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    real_iter = treewalk.TreeWalk.__iter__
+
+    def small_budget(self: treewalk.TreeWalk[Any]) -> Any:
+        self.fd_budget = 3
+        return real_iter(self)
+
+    monkeypatch.setattr(treewalk.TreeWalk, "__iter__", small_budget)
     report = clear_setid(str(root), since)
-    assert report.cleared == ("a/x",)
-    assert report.problems == ("a/b/c (deeper than 3 levels)",)
-    assert "could not reach 1 entry: a/b/c (deeper than 3 levels)" in report.summary()[-1]
+    assert report.complete and report.cleared.count == 40
+
+    moved = tmp_path / "moved"
+
+    def move() -> None:
+        os.rename(root / "d0" / "d1" / "d2", moved)
+
+    _swap_on_open(monkeypatch, "d30", move)
+    report = clear_setid(str(root), since)
+    monkeypatch.undo()
+    # Back at d2, its folder's fd given up: '..' of d2 is no longer d1. The walk stops
+    # there rather than guess, and says so: the caller quarantines the root.
+    assert not report.complete
+    assert [why for why, _ in report.why] == ["the tree moved under the walk"]
+    assert report.problems.shown[0] == "d0/d1 (the tree moved under the walk)"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another operator uid")
+def test_an_operator_walks_directories_the_agent_made_unreadable(tmp_path: Path) -> None:
+    """The agent ``chmod 000``s its directories (and the root): an operator that is not
+    root cannot list them. The walk gives each u+rx, clears what is inside, and gives it
+    back its mode; nothing is left unreached."""
+    base = Path(tempfile.mkdtemp(prefix="kagura-setid-"))
+    try:
+        os.chown(base, 1000, 1000)
+        root = base / "root"
+        root.mkdir()
+        deep = root / "a" / "b"
+        deep.mkdir(parents=True)
+        target = _file(deep / "x", 0o755)
+        for path in (root, root / "a", deep, target):
+            os.chown(path, 1000, 1000)
+        target.chmod(0o4755)  # after chown, which clears it
+        for path in (deep, root / "a", root):
+            path.chmod(0)
+        script = (
+            "import os, sys; from kagura_agent.apply.setid import clear_setid;"
+            "os.setgroups([]); os.setgid(1000); os.setuid(1000);"
+            "r = clear_setid(sys.argv[1], 0);"
+            "print(r.cleared.shown, r.problems.shown, r.complete)"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(root)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            timeout=60,
+        )
+        assert done.stdout.strip() == "('a/b/x',) () True", done.stderr
+        assert _mode(target) == 0o755
+        assert _mode(root) == _mode(root / "a") == _mode(deep) == 0  # given back
+    finally:
+        _rm(base)
 
 
 def test_a_missing_root_is_reported_not_raised(tmp_path: Path) -> None:
     report = clear_setid(str(tmp_path / "gone"), ctime_floor())
-    assert report.cleared == () and len(report.problems) == 1
+    assert not report.cleared and report.problems.count == 1 and not report.complete
 
 
 def _swap_on_open(
@@ -202,7 +342,7 @@ def test_a_symlink_swapped_in_mid_walk_changes_nothing_outside(
     assert opened == ["bait"]  # the swap happened between lstat and open
     assert _mode(target) == 0o4755  # nothing outside the root changed
     assert _mode(outside) == 0o755
-    assert report.cleared == ()
+    assert not report.cleared
     assert (root / "bait").is_symlink()
 
 
@@ -222,7 +362,7 @@ def test_a_file_swapped_for_another_inode_is_skipped(
     _swap_on_open(monkeypatch, "bait", swap)
     report = clear_setid(str(root), since)
     monkeypatch.undo()
-    assert _mode(outside) == 0o4755 and report.cleared == ()
+    assert _mode(outside) == 0o4755 and not report.cleared
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another operator uid")
@@ -238,7 +378,7 @@ def test_an_operator_clears_a_setuid_file_it_cannot_read(tmp_path: Path) -> None
         script = (
             "import os, sys; from kagura_agent.apply.setid import clear_setid;"
             "os.setgroups([]); os.setgid(1000); os.setuid(1000);"
-            "r = clear_setid(sys.argv[1], 0); print(r.cleared, r.problems)"
+            "r = clear_setid(sys.argv[1], 0); print(r.cleared.shown, r.problems.shown)"
         )
         done = subprocess.run(
             [sys.executable, "-c", script, str(base)],

@@ -43,8 +43,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import struct
 import time
+
+from kagura_agent.apply.treewalk import TreeWalk, open_root
 
 ACCESS = "system.posix_acl_access"
 DEFAULT = "system.posix_acl_default"
@@ -133,8 +136,6 @@ def read(path: str, name: str, *, follow: bool) -> list[Entry] | None:
 
 
 SNAPSHOT_SECONDS = 10.0
-SNAPSHOT_DEPTH = 256
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 Snapshot = dict[int, tuple[list[Entry] | None, list[Entry] | None]]  # inode: access, default
 
@@ -144,48 +145,41 @@ def snapshot(root: str, *, max_seconds: float = SNAPSHOT_SECONDS) -> str:
     by inode, at the start of a run (JSON, hex), for the walk after it: the run changes a
     folder's ctime whenever it adds or removes an entry in it, so a folder's ACLs cannot
     be judged by ctime. Directories only (files are not opened), never through a symlink,
-    on the root's device; bounded in time (a folder not reached is judged by its parent's
-    default ACL)."""
+    to any depth (apply/treewalk.py), on the root's device; bounded in time (a folder not
+    reached is judged by its parent's default ACL)."""
     found: dict[str, list[str | None]] = {}
     deadline = time.monotonic() + max_seconds
     try:
-        root_fd = os.open(os.path.realpath(root), _DIR)
+        root_fd, added = open_root(root)
     except OSError:
         return json.dumps({"dirs": found})
     try:
         device = os.fstat(root_fd).st_dev
-        _snap_dir(root_fd, device, 0, deadline, found)
+        walk: TreeWalk[None] = TreeWalk(root_fd, None, root_added=added, dirs_only=True)
+        for directory in walk:
+            _record(directory.fd, found)
+            if time.monotonic() > deadline:
+                walk.stop("the ACL record's time bound")
+                continue
+            for name in directory.names:
+                try:
+                    seen = os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(seen.st_mode) and seen.st_dev == device:
+                    walk.push(name, seen, None)
     finally:
         os.close(root_fd)
     return json.dumps({"dirs": found}, sort_keys=True)
 
 
-def _snap_dir(
-    fd: int, device: int, depth: int, deadline: float, found: dict[str, list[str | None]]
-) -> None:
-    st = os.fstat(fd)
+def _record(fd: int, found: dict[str, list[str | None]]) -> None:
     try:
         names = os.listxattr(fd)
     except OSError:
-        return  # EOPNOTSUPP: no ACLs here or below on this device
+        return  # EOPNOTSUPP: no ACLs here
     if ACCESS in names or DEFAULT in names:
-        found[str(st.st_ino)] = [_hex(fd, ACCESS, names), _hex(fd, DEFAULT, names)]
-    if depth >= SNAPSHOT_DEPTH or time.monotonic() > deadline:
-        return
-    try:
-        entries = [e for e in os.scandir(fd) if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            child = os.open(entry.name, _DIR, dir_fd=fd)
-        except OSError:
-            continue
-        try:
-            if os.fstat(child).st_dev == device:
-                _snap_dir(child, device, depth + 1, deadline, found)
-        finally:
-            os.close(child)
+        found[str(os.fstat(fd).st_ino)] = [_hex(fd, ACCESS, names), _hex(fd, DEFAULT, names)]
 
 
 def _hex(fd: int, name: str, names: list[str]) -> str | None:

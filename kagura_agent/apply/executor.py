@@ -5,8 +5,10 @@
     → leases (ledger first) → egress (network + proxy) → container (hardened, no secrets
       in its config) → brain over the attached stdin/stdout → container stopped → verify
       in a fresh container (no network, no credentials, no brain channel)
-    → record (memory, cost, graduation evidence, last applied plan)
     → release leases, remove container, proxy and networks
+    → aftercare of the project root (setuid bits, write for others, ACLs, planted
+      repositories; a root it cannot check to the end is quarantined and the run failed)
+    → record (memory, cost, graduation evidence, last applied plan)
 
 Every exit — success, failure, Ctrl-C, SIGTERM, a brain crash, a budget overrun, a
 Docker error — leaves through the same ExitStack, so clean-up is one code path.
@@ -21,9 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 from kagura_agent.apply import acl
@@ -47,9 +50,10 @@ from kagura_agent.apply.gitlinks import (
 from kagura_agent.apply.hostrun import run_on_host
 from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.midrun import MidRun, announce
+from kagura_agent.apply.quarantine import quarantine, refuse_quarantined
 from kagura_agent.apply.record import record_result
 from kagura_agent.apply.runs import apply_lock, close_run, new_run_id, open_run, sweep_dead_runs
-from kagura_agent.apply.setid import SetidReport, clear_setid
+from kagura_agent.apply.setid import clear_setid
 from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_prompt
 from kagura_agent.approvals.midrun import Asker, ChatAsker, NobodyAsker, TtyAsker
 from kagura_agent.clock import Clock
@@ -138,27 +142,31 @@ def apply_plan(
 
 
 def _locked(ctx: RunContext) -> RunResult:
-    """Under the project-root lock: sweep, open the run's row, run, close the row."""
+    """Under the project-root lock: sweep, open the run's row, run, aftercare (the run's
+    last container is gone), record, close the row."""
     store, clock = ctx.store, ctx.clock
     with apply_lock(ctx.plan), _sigterm_as_exception():
         _refuse_foreign_session(store, ctx.plan)
         _sweep(store, ctx.runtime, clock, ctx.live)
+        refuse_quarantined(store, ctx.plan["task"]["project_root"])
         root_acl = acl.snapshot(ctx.plan["task"]["project_root"])
         since = open_run(store, ctx.plan, ctx.run_id, clock, root_acl=root_acl)
         gitlinks = snapshot(ctx.plan["task"]["project_root"])
         denials: Denials = []  # filled when the egress proxy is removed, on every path
+        # Once, after the run's last container: on the normal end (before the record),
+        # on an error or an interruption (then nothing is recorded).
+        aftercare = functools.cache(lambda: _aftercare(ctx, since, gitlinks, root_acl))
         try:
-            result = _sequence(ctx, denials)
+            result = _sequence(ctx, denials, aftercare)
         except KeyboardInterrupt:
-            result = _ended_early(ctx, "interrupted", 130, denials)
+            result = _failed_by(aftercare(), _ended_early(ctx, "interrupted", 130, denials))
         except Terminated:
-            result = _ended_early(ctx, "terminated", 143, denials)
+            result = _failed_by(aftercare(), _ended_early(ctx, "terminated", 143, denials))
         except KaguraError as exc:
             outcome = "refused" if exc.exit_code == ExitCode.REFUSED else "failed"
-            _clear_setid(ctx, since, gitlinks, root_acl)
+            aftercare()
             close_run(store, ctx.run_id, outcome, int(exc.exit_code), clock)
             raise
-        _clear_setid(ctx, since, gitlinks, root_acl)
         close_run(
             store,
             ctx.run_id,
@@ -171,22 +179,29 @@ def _locked(ctx: RunContext) -> RunResult:
     return result
 
 
-def _clear_setid(ctx: RunContext, since: int, gitlinks: Snapshot, root_acl: str) -> None:
-    """The run's last container (agent, verify) is gone: clear the setuid/setgid bits it
-    and the ACL entries granting others (apply/acl.py) left in the project root, before the row closes (a kill -9 here leaves it to the
-    next apply's sweep). Then move aside any submodule repository it planted or changed
-    (apply/gitlinks.py): the operator's next ``git status`` would run its configuration."""
+def _aftercare(ctx: RunContext, since: int, gitlinks: Snapshot, root_acl: str) -> str | None:
+    """The run's last container (agent, verify) is gone: clear the setuid/setgid bits, the
+    write for others and the ACL entries granting others (apply/acl.py) it left in the
+    project root, before the row closes (a kill -9 here leaves it to the next apply's
+    sweep); when that walk cannot check every entry, quarantine the root
+    (apply/quarantine.py) and return why the run failed. Then move aside any submodule
+    repository it planted or changed (apply/gitlinks.py): the operator's next
+    ``git status`` would run its configuration."""
     root = ctx.plan["task"]["project_root"]
-    _show_setid(ctx.live, clear_setid(root, since, root_acl=root_acl))
+    report = clear_setid(root, since, root_acl=root_acl)
+    for line in report.summary():
+        ctx.live.note(line, "yellow")
+    failed = None
+    if not report.complete:
+        closed = quarantine(ctx.store, root, ctx.run_id, since, report, ctx.clock)
+        for line in closed.lines():
+            ctx.live.note(line, "red")
+        failed = f"aftercare: project root quarantined ({closed.reasons})"
     # The root first: git looking for the gitlinks would find a repository planted there.
     for check in (check_root_repository, check_gitlinks):
         for line in check(root, since, gitlinks).summary():
             ctx.live.note(line, "yellow")
-
-
-def _show_setid(live: LiveView, report: SetidReport) -> None:
-    for line in report.summary():
-        live.note(line, "yellow")
+    return failed
 
 
 def _refuse_foreign_session(store: StateStore, plan: Plan) -> None:
@@ -201,19 +216,35 @@ def _refuse_foreign_session(store: StateStore, plan: Plan) -> None:
         )
 
 
-def _sequence(ctx: RunContext, denials: Denials) -> RunResult:
-    """Lease → run (container or host) → decide → record; clean-up on every exit."""
+def _sequence(ctx: RunContext, denials: Denials, aftercare: Callable[[], str | None]) -> RunResult:
+    """Lease → run (container or host) → decide → (every container gone) aftercare →
+    record; clean-up on every exit. A teardown that fails (a proxy that will not go) is
+    raised once the run is recorded."""
     started = time.monotonic()
-    with contextlib.ExitStack() as cleanup:
-        leases = _lease(ctx, cleanup)
-        if ctx.runtime is None:
-            report = run_on_host(ctx, leases)
-        else:
-            report = run_in_container(ctx, ctx.runtime, leases, cleanup, denials)
-        # Decided here, before anything is recorded; record_result only stores it.
-        result = assemble(ctx.run_id, report, round(time.monotonic() - started, 3), ())
-        result = dataclasses.replace(result, output_memory=record_result(ctx, result))
+    result = None
+    try:
+        with contextlib.ExitStack() as cleanup:
+            leases = _lease(ctx, cleanup)
+            if ctx.runtime is None:
+                report = run_on_host(ctx, leases)
+            else:
+                report = run_in_container(ctx, ctx.runtime, leases, cleanup, denials)
+            result = assemble(ctx.run_id, report, round(time.monotonic() - started, 3), ())
+    finally:
+        if result is not None:
+            # Decided here, before anything is recorded; record_result only stores it.
+            result = _failed_by(aftercare(), result)
+            result = dataclasses.replace(result, output_memory=record_result(ctx, result))
     return dataclasses.replace(result, denials=tuple(denials))
+
+
+def _failed_by(quarantined: str | None, result: RunResult) -> RunResult:
+    """The run's result once its aftercare has spoken: a quarantined root fails it."""
+    if quarantined is None:
+        return result
+    return dataclasses.replace(
+        result, outcome="failed", exit_code=int(ExitCode.TASK_FAILED), brain_error=quarantined
+    )
 
 
 def _ended_early(ctx: RunContext, outcome: Outcome, code: int, denials: Denials) -> RunResult:
@@ -265,7 +296,7 @@ def _sweep(store: StateStore, runtime: ApplyRuntime | None, clock: Clock, live: 
         store,
         runtime,
         clock,
-        lambda line: live.note(line, "yellow"),
+        live.note,
         # A dead run's proxy: its log is salvaged before the run's containers go.
         before_removal=lambda: removed.extend(runtime.sweep_egress(store)),
     )

@@ -47,8 +47,10 @@ def record_result(ctx: RunContext, result: RunResult) -> str | None:
     # skip it. It comes only from the host-side verify exit codes; a brain error counts
     # against the run (fail closed), a brain's claim of success counts for nothing.
     evidence = [(c, code) for c, code, _ in result.verify]
-    if result.brain_error is not None and result.brain_error.startswith(("tripwire:", "disk:")):
-        # The host stopped the run: that, not the verify it never ran, is the reason.
+    stopped = ("tripwire:", "disk:", "aftercare:")
+    if result.brain_error is not None and result.brain_error.startswith(stopped):
+        # The host stopped or failed the run (a tripwire, the disk budget, a root the
+        # aftercare could not check): that, not the verify, is the reason.
         evidence.insert(0, (f"host stopped the run ({result.brain_error})"[:300], 1))
     elif result.brain_error is not None:
         evidence.append(("brain finished without error", 1))

@@ -21,6 +21,7 @@ from typing import Any
 from kagura_agent.apply.context import ApplyRuntime
 from kagura_agent.apply.gitlinks import check_gitlinks, check_root_repository
 from kagura_agent.apply.parentdeath import PARENT_ENV, PARENT_ROOT_ENV
+from kagura_agent.apply.quarantine import quarantine
 from kagura_agent.apply.runtable import MIGRATIONS
 from kagura_agent.apply.setid import clear_setid, ctime_floor
 from kagura_agent.clock import Clock, iso
@@ -88,13 +89,14 @@ def sweep_dead_runs(
     store: StateStore,
     runtime: ApplyRuntime,
     clock: Clock,
-    on_note: Callable[[str], None] | None = None,
+    on_note: Callable[[str, str], None] | None = None,
     before_removal: Callable[[], object] | None = None,
 ) -> list[str]:
     """Remove the containers of runs whose applying process died, then clear what setuid
     and setgid bits and world-write they left in their project roots, and move aside the
-    git repositories they planted there (``on_note`` gets each line worth saying); close
-    their rows. Runs of another host are left to that host (its containers are on
+    git repositories they planted there (``on_note`` gets each line worth saying, and its
+    colour: red for a root quarantined because its walk could not check every entry,
+    apply/quarantine.py); close their rows. Runs of another host are left to that host (its containers are on
     its daemon, its roots on its disks). ``before_removal`` is called once, before the
     first dead run's containers go: the egress sweep, which salvages a dead proxy's log
     before it removes the proxy (its container carries the run's label too)."""
@@ -115,16 +117,18 @@ def sweep_dead_runs(
         # Only once its containers are gone: nothing can set a bit again behind the walk.
         if row["project_root"] is not None and row["setid_since"] is not None:
             root, since = row["project_root"], row["setid_since"]
-            # The root repository first: see executor._clear_setid.
-            for report in (
-                clear_setid(root, since, root_acl=row["root_acl"]),
-                check_root_repository(root, since),
-                check_gitlinks(root, since),
-            ):
+            walked = clear_setid(root, since, root_acl=row["root_acl"])
+            lines = [(line, "yellow") for line in walked.summary(withhold_names=True)]
+            if not walked.complete:
+                closed = quarantine(store, root, row["run_id"], since, walked, clock)
+                lines += [(line, "red") for line in closed.lines()]
+            # The root repository first: see executor._aftercare.
+            for report in (check_root_repository(root, since), check_gitlinks(root, since)):
                 # The agent chose the names, and the run's redactor died with it.
-                for line in report.summary(withhold_names=True):
-                    if on_note is not None:
-                        on_note(line)
+                lines += [(line, "yellow") for line in report.summary(withhold_names=True)]
+            if on_note is not None:
+                for line, colour in lines:
+                    on_note(line, colour)
         close_run(store, row["run_id"], "crashed", -1, clock)
         swept.append(row["run_id"])
     return swept

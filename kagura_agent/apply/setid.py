@@ -18,12 +18,15 @@ user of the host rewrite the operator's project — a script, a Makefile, a hook
 operator then runs. Group write is left alone (the group is the operator's own, and a
 shared-group folder means it).
 
-The walk holds a directory fd per level and never follows a symlink: each entry is
-``lstat``-ed through its directory's fd, opened ``O_NOFOLLOW`` relative to that fd, and
-changed with ``fchmod`` only when the open file is the inode that was ``lstat``-ed (same
-``st_dev`` and ``st_ino``), so an entry swapped for a symlink mid-walk is skipped. It stays
-on the root's device (another mount is not the bind mount the agent wrote through) and is
-bounded in entries, time and depth; what it cleared, skipped or could not finish is reported.
+The walk (apply/treewalk.py) goes through directory fds, to any depth, and never follows
+a symlink: each entry is ``lstat``-ed through its directory's fd, opened ``O_NOFOLLOW``
+relative to that fd, and changed with ``fchmod`` only when the open file is the inode that
+was ``lstat``-ed (same ``st_dev`` and ``st_ino``), so an entry swapped for a symlink
+mid-walk is skipped. FIFOs, sockets and symlinks are ``lstat``-ed only, never opened. It
+stays on the root's device (another mount is not the bind mount the agent wrote through)
+and is bounded in entries and time. Whatever it could not reach or change — a bound
+reached, an I/O error, a directory it may not read — is in ``problems``: the root may still
+hold what the run left, and the caller quarantines it (apply/quarantine.py).
 
 The same walk removes the POSIX ACL entries the run added that grant another user or
 group access (apply/acl.py: the rule, what it keeps of an operator's shared-group ACLs,
@@ -36,21 +39,25 @@ open fd (``O_PATH`` when unreadable).
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from kagura_agent.apply import acl
+from kagura_agent.apply.treewalk import KEPT, Directory, TreeWalk, Unreached, open_root
 from kagura_agent.hygiene import neutralise
 
 MAX_ENTRIES = 2_000_000
 MAX_SECONDS = 120.0
-MAX_DEPTH = 256  # open directory fds at once; below Python's recursion limit
 # ctime comes from the kernel's coarse clock, which may lag time.time() slightly.
 CTIME_SLACK = 2
 SHOWN = 5
+SHOWN_CHARS = 120  # a name deeper than this is shown by its end
+BOUND_REASON = "the walk stopped at its bound"
 # What a killed run's report shows for the names the agent chose (see summary).
 WITHHELD_NAMES = "names withheld (the run was killed)"
 
@@ -60,52 +67,77 @@ _FILE_BITS = _SET_ID | stat.S_IWOTH  # cleared on a regular file the run changed
 _DIR_BITS = stat.S_ISUID | stat.S_IWOTH  # on a directory (setgid kept: see above)
 
 _Limit = dict[acl.Key, int] | None  # what a folder's default ACL allows; None: nothing
+_Rel = Callable[[], str]  # an entry's path from the root, built only when it is reported
+_Inherited = tuple[_Limit, bool]  # a directory's: its folder's ACL limit, whether it changed
+
+
+@dataclass(frozen=True)
+class Names:
+    """Entries of one kind: the first ``KEPT`` by name (relative to the root, raw:
+    ``summary`` neutralises), all of them counted (a deep tree's names are long)."""
+
+    shown: tuple[str, ...] = ()
+    count: int = 0
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+
+class _Found:
+    def __init__(self) -> None:
+        self.shown: list[str] = []
+        self.count = 0
+
+    def add(self, rel: _Rel) -> None:
+        self.count += 1
+        if len(self.shown) < KEPT:
+            self.shown.append(rel() or ".")
+
+    def names(self) -> Names:
+        return Names(tuple(self.shown), self.count)
 
 
 @dataclass(frozen=True)
 class SetidReport:
-    """What one walk did: names are relative to the root (raw; ``summary`` neutralises)."""
+    """What one walk did. ``problems``: what it could not reach or change (with why)."""
 
-    cleared: tuple[str, ...] = ()
-    problems: tuple[str, ...] = ()
+    cleared: Names = Names()
+    problems: Names = Names()
     scanned: int = 0
     truncated: bool = False
-    world_writable: tuple[str, ...] = ()  # entries whose write bit for others was cleared
-    acl_removed: tuple[str, ...] = ()  # entries an ACL granting others was removed from
+    world_writable: Names = Names()  # entries whose write bit for others was cleared
+    acl_removed: Names = Names()  # entries an ACL granting others was removed from
+    why: tuple[tuple[str, int], ...] = ()  # the problems' reasons and their counts
+
+    @property
+    def complete(self) -> bool:
+        """Every entry reached and every change made: nothing of the run can be left."""
+        return not self.problems and not self.truncated
 
     def summary(self, *, withhold_names: bool = False) -> list[str]:
         """Lines for the live view (empty when there is nothing to say). With
         ``withhold_names`` (a killed run's root, swept by a later run: the agent chose the
-        names, and the redactor that knew its credentials died with it) no name is shown."""
+        names, and the redactor that knew its credentials died with it) no name is shown.
+        What could not be reached is not among them: the quarantine says it
+        (apply/quarantine.py)."""
 
-        def _names(names: tuple[str, ...]) -> str:
-            return WITHHELD_NAMES if withhold_names else _shown(names)
+        def _names(names: Names) -> str:
+            return WITHHELD_NAMES if withhold_names else shown(names)
 
         lines = []
         if self.cleared:
             lines.append(
-                f"cleared setuid/setgid on {len(self.cleared)} file(s): {_names(self.cleared)}"
+                f"cleared setuid/setgid on {self.cleared.count} file(s): {_names(self.cleared)}"
             )
         if self.world_writable:
             lines.append(
-                f"cleared write for others on {len(self.world_writable)} entr"
-                f"{'y' if len(self.world_writable) == 1 else 'ies'}:"
+                f"cleared write for others on {_entries(self.world_writable.count)}:"
                 f" {_names(self.world_writable)}"
             )
         if self.acl_removed:
             lines.append(
-                f"removed ACL entries granting other users on {len(self.acl_removed)} entr"
-                f"{'y' if len(self.acl_removed) == 1 else 'ies'}: {_names(self.acl_removed)}"
-            )
-        if self.problems:
-            lines.append(
-                f"setuid/setgid check could not reach {len(self.problems)} entr"
-                f"{'y' if len(self.problems) == 1 else 'ies'}: {_names(self.problems)}"
-            )
-        if self.truncated:
-            lines.append(
-                f"setuid/setgid check stopped at its bound after {self.scanned} entries;"
-                " the rest of the project root was not checked"
+                "removed ACL entries granting other users on"
+                f" {_entries(self.acl_removed.count)}: {_names(self.acl_removed)}"
             )
         return lines
 
@@ -120,30 +152,34 @@ def clear_setid(
     since: float,
     *,
     root_acl: str | None = None,
-    max_entries: int = MAX_ENTRIES,
-    max_seconds: float = MAX_SECONDS,
+    max_entries: int | None = MAX_ENTRIES,
+    max_seconds: float | None = MAX_SECONDS,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> SetidReport:
     """Clear setuid/setgid under ``root`` on entries changed at or after ``since``, and the
     ACL entries granting others (``root_acl``: the directories' ACLs at the run's start,
     from ``acl.snapshot``; None when not recorded: the root's are then kept as they are).
-    Never raises OSError: what it cannot do is reported in the result."""
-    walk = _Walk(since, monotonic() + max_seconds, max_entries, monotonic, root_acl)
+    ``max_entries``/``max_seconds`` None: no bound (the operator's ``aftercare``).
+    Never raises OSError: what it cannot do is reported in ``problems``."""
+    deadline = None if max_seconds is None else monotonic() + max_seconds
+    walk = _Walk(since, deadline, max_entries, monotonic, root_acl)
     try:
-        root_fd = os.open(os.path.realpath(root), _OPEN | os.O_DIRECTORY)
+        root_fd, added = open_root(root)
     except OSError as exc:
-        return SetidReport(problems=(f"{root} ({exc.strerror})",))
-    try:
-        walk.run(root_fd)
-    finally:
-        os.close(root_fd)
+        walk.unreached.add(".", exc.strerror or str(exc))
+    else:
+        try:
+            walk.run(root_fd, added)
+        finally:
+            os.close(root_fd)
     return SetidReport(
-        tuple(walk.cleared),
-        tuple(walk.problems),
+        walk.cleared.names(),
+        Names(tuple(walk.unreached.shown), walk.unreached.count),
         walk.scanned,
         walk.truncated,
-        tuple(walk.world_writable),
-        tuple(walk.acl_removed),
+        walk.world_writable.names(),
+        walk.acl_removed.names(),
+        tuple(sorted(walk.unreached.reasons.items())),
     )
 
 
@@ -151,98 +187,109 @@ class _Walk:
     def __init__(
         self,
         since: float,
-        deadline: float,
-        max_entries: int,
+        deadline: float | None,
+        max_entries: int | None,
         monotonic: Callable[[], float],
         root_acl: str | None = None,
     ) -> None:
         self.since = since
         self.deadline = deadline
-        self.max_entries = max_entries
+        self.max_entries = sys.maxsize if max_entries is None else max_entries
         self.monotonic = monotonic
-        self.cleared: list[str] = []
-        self.world_writable: list[str] = []
-        self.problems: list[str] = []
+        self.cleared = _Found()
+        self.world_writable = _Found()
+        self.acl_removed = _Found()
+        self.unreached = Unreached()
         self.scanned = 0
         self.truncated = False
-        self.acl_removed: list[str] = []
         self.acls = True  # False once the file system says it has no ACLs
         self.snapshot = None if root_acl is None else acl.from_snapshot(root_acl)
 
-    def run(self, root_fd: int) -> None:
+    def run(self, root_fd: int, root_added: int) -> None:
         root = os.fstat(root_fd)
         if self.snapshot is None:  # not recorded: keep what the root has
             path = f"/proc/self/fd/{root_fd}"
             self.snapshot = {
-                root.st_ino: (self._read(path, acl.ACCESS, "."), self._read(path, acl.DEFAULT, "."))
+                root.st_ino: (
+                    self._read(path, acl.ACCESS, _root),
+                    self._read(path, acl.DEFAULT, _root),
+                )
             }
-        limit = self._clear(root_fd, ".", None, changed=root.st_ctime >= self.since)
-        self._scan(root_fd, "", root.st_dev, 0, limit)
+        walk: TreeWalk[_Inherited] = TreeWalk(
+            root_fd,
+            (None, root.st_ctime >= self.since),
+            root_added=root_added,
+            unreached=self.unreached,
+        )
+        for directory in walk:
+            self._directory(walk, directory, root.st_dev)
 
-    def _scan(self, dir_fd: int, prefix: str, device: int, depth: int, limit: _Limit) -> None:
-        """Check the entries of one directory, then walk its subdirectories, depth first.
-        Only the directories on the current path are open (at most MAX_DEPTH fds): a
-        folder of many subdirectories cannot exhaust the host's descriptors."""
-        try:
-            entries = list(os.scandir(dir_fd))
-        except OSError as exc:
-            self.problems.append(f"{prefix or '.'} ({exc.strerror})")
-            return
-        for entry in entries:
-            if self.truncated:
-                return
-            self.scanned += 1
-            if self.scanned >= self.max_entries or (
-                self.scanned % 1024 == 0 and self.monotonic() > self.deadline
+    def _directory(
+        self, walk: TreeWalk[_Inherited], directory: Directory[_Inherited], device: int
+    ) -> None:
+        """The directory itself, then each entry in it: regular files are checked (and
+        opened only when there is something to clear), subdirectories pushed to walk."""
+        dir_fd, names, (inherited, changed) = directory
+        limit = self._clear(dir_fd, functools.partial(walk.rel, ""), inherited, changed=changed)
+        since, max_entries = self.since, self.max_entries
+        for index, name in enumerate(names):
+            if self.scanned >= max_entries or (
+                not self.scanned & 1023
+                and self.deadline is not None
+                and self.monotonic() > self.deadline
             ):
                 self.truncated = True
+                for rest in names[index:]:
+                    self.unreached.add(walk.rel(rest), BOUND_REASON)
+                walk.stop(BOUND_REASON)
                 return
-            name, rel = entry.name, prefix + entry.name
             try:
-                seen = entry.stat(follow_symlinks=False)
-            except OSError:
+                seen = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
                 continue  # gone since it was listed
+            except OSError as exc:
+                self.unreached.add(walk.rel(name), exc.strerror or str(exc))
+                continue
+            self.scanned += 1
             if seen.st_dev != device:
                 continue  # another mount: not what the run wrote through
-            is_dir = stat.S_ISDIR(seen.st_mode)
-            changed = seen.st_ctime >= self.since
-            if not is_dir and not (
-                stat.S_ISREG(seen.st_mode)
-                and (self._suspect(seen) or (changed and self._acl_to_strip(dir_fd, name, limit)))
+            mode = seen.st_mode
+            if stat.S_ISDIR(mode):
+                walk.push(name, seen, (limit, seen.st_ctime >= since))
+            # FIFOs, sockets, symlinks are only lstat-ed; a regular file the run changed is
+            # opened only when there is something to clear.
+            elif (
+                stat.S_ISREG(mode)
+                and seen.st_ctime >= since
+                and (mode & _FILE_BITS or self._acl_to_strip(dir_fd, name, limit))
             ):
-                continue
-            fd = self._open(dir_fd, name, seen, rel, directory=is_dir)
-            if fd is None:
-                continue
-            try:
-                inner = self._clear(fd, rel, limit, changed=changed)
-                if not is_dir:
-                    continue
-                if depth + 1 >= MAX_DEPTH:
-                    self.problems.append(f"{rel} (deeper than {MAX_DEPTH} levels)")
-                else:
-                    self._scan(fd, rel + "/", device, depth + 1, inner)
-            finally:
-                os.close(fd)
+                self._file(dir_fd, name, seen, limit, functools.partial(walk.rel, name))
+
+    def _file(self, dir_fd: int, name: str, seen: os.stat_result, limit: _Limit, rel: _Rel) -> None:
+        fd = self._open(dir_fd, name, seen, rel)
+        if fd is None:
+            return
+        try:
+            self._clear(fd, rel, limit, changed=True)
+        finally:
+            os.close(fd)
 
     def _suspect(self, st: os.stat_result) -> bool:
         bits = _DIR_BITS if stat.S_ISDIR(st.st_mode) else _FILE_BITS
         return bool(st.st_mode & bits) and st.st_ctime >= self.since
 
-    def _open(
-        self, dir_fd: int, name: str, seen: os.stat_result, rel: str, *, directory: bool
-    ) -> int | None:
-        """``name`` opened without following a symlink, if it is still the inode lstat saw."""
-        flags = _OPEN | (os.O_DIRECTORY if directory else 0)
+    def _open(self, dir_fd: int, name: str, seen: os.stat_result, rel: _Rel) -> int | None:
+        """The regular file ``name`` opened without following a symlink, if it is still
+        the inode lstat saw."""
         try:
-            fd = os.open(name, flags, dir_fd=dir_fd)
+            fd = os.open(name, _OPEN, dir_fd=dir_fd)
         except OSError as exc:
-            if exc.errno == errno.EACCES and not directory:  # EACCES: mode 4000 has no read bit
+            if exc.errno == errno.EACCES:  # EACCES: mode 4000 has no read bit
                 return self._open_path(dir_fd, name, seen)
             # ELOOP (swapped for a symlink), ENOTDIR, ENOENT: not the entry we saw; any
-            # other failure (EACCES, EMFILE, EIO) leaves it unchecked, and is reported.
+            # other failure (EMFILE, EIO) leaves it unchecked, and is reported.
             if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
-                self.problems.append(f"{rel} ({exc.strerror})")
+                self.unreached.add(rel(), exc.strerror or str(exc))
             return None
         if not _same(os.fstat(fd), seen):
             os.close(fd)
@@ -281,7 +328,7 @@ class _Walk:
             return True
         return entries is not None and acl.strip_access(entries, limit) is not None
 
-    def _read(self, path: str, name: str, rel: str) -> list[acl.Entry] | None:
+    def _read(self, path: str, name: str, rel: _Rel) -> list[acl.Entry] | None:
         if not self.acls:
             return None
         try:
@@ -290,23 +337,23 @@ class _Walk:
             if exc.errno in (errno.EOPNOTSUPP, errno.ENOTSUP):
                 self.acls = False
             else:
-                self.problems.append(f"{rel} (ACL: {exc.strerror})")
+                self.unreached.add(rel(), f"ACL: {exc.strerror}")
         except acl.AclError as exc:
-            self.problems.append(f"{rel} ({exc})")
+            self.unreached.add(rel(), str(exc))
         return None
 
-    def _write(self, path: str, name: str, entries: list[acl.Entry] | None, rel: str) -> bool:
+    def _write(self, path: str, name: str, entries: list[acl.Entry] | None, rel: _Rel) -> bool:
         try:
             if entries is None:
                 os.removexattr(path, name)
             else:
                 os.setxattr(path, name, acl.build(entries))
         except OSError as exc:
-            self.problems.append(f"{rel} (ACL: {exc.strerror})")
+            self.unreached.add(rel(), f"ACL: {exc.strerror}")
             return False
         return True
 
-    def _clear_acl(self, fd: int, rel: str, inherited: _Limit, *, changed: bool) -> _Limit:
+    def _clear_acl(self, fd: int, rel: _Rel, inherited: _Limit, *, changed: bool) -> _Limit:
         """Remove what ``acl`` says the run added; returns what this directory allows its
         own entries (its default ACL when unchanged, else what is left of it)."""
         path = f"/proc/self/fd/{fd}"
@@ -334,15 +381,15 @@ class _Walk:
             if self._write(path, acl.DEFAULT, fallback, rel):
                 removed, default = True, fallback
         if removed:
-            self.acl_removed.append(rel)
+            self.acl_removed.add(rel)
         return _limit(default)
 
-    def _clear(self, fd: int, rel: str, inherited: _Limit, *, changed: bool) -> _Limit:
+    def _clear(self, fd: int, rel: _Rel, inherited: _Limit, *, changed: bool) -> _Limit:
         inner = self._clear_acl(fd, rel, inherited, changed=changed)
         self._clear_bits(fd, rel)
         return inner
 
-    def _clear_bits(self, fd: int, rel: str) -> None:
+    def _clear_bits(self, fd: int, rel: _Rel) -> None:
         st = os.fstat(fd)
         if not self._suspect(st):
             return
@@ -354,17 +401,25 @@ class _Walk:
             # EBADF: an O_PATH fd (_open_path), changed through its magic link, which
             # names this inode only.
             if exc.errno != errno.EBADF:
-                self.problems.append(f"{rel} ({exc.strerror})")
+                self.unreached.add(rel(), exc.strerror or str(exc))
                 return
             try:
                 os.chmod(f"/proc/self/fd/{fd}", mode)
             except OSError as again:
-                self.problems.append(f"{rel} ({again.strerror})")
+                self.unreached.add(rel(), again.strerror or str(again))
                 return
         if st.st_mode & bits & ~stat.S_IWOTH:
-            self.cleared.append(rel)
+            self.cleared.add(rel)
         if st.st_mode & stat.S_IWOTH:
-            self.world_writable.append(rel)
+            self.world_writable.add(rel)
+
+
+def _root() -> str:
+    return "."
+
+
+def _entries(count: int) -> str:
+    return f"{count} entr{'y' if count == 1 else 'ies'}"
 
 
 def _limit(entries: list[acl.Entry] | None) -> _Limit:
@@ -375,9 +430,10 @@ def _same(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _shown(names: tuple[str, ...]) -> str:
-    shown = [
-        neutralise(os.fsencode(n).decode("utf-8", "backslashreplace"), newlines=False)
-        for n in names[:SHOWN]
-    ]
-    return ", ".join(shown) + (", ..." if len(names) > SHOWN else "")
+def shown(names: Names) -> str:
+    """A few of ``names`` for one line: neutralised, a long one by its end."""
+    out = []
+    for name in names.shown[:SHOWN]:
+        text = neutralise(os.fsencode(name).decode("utf-8", "backslashreplace"), newlines=False)
+        out.append(text if len(text) <= SHOWN_CHARS else "…" + text[-SHOWN_CHARS:])
+    return ", ".join(out) + (", ..." if names.count > SHOWN else "")

@@ -35,6 +35,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "memory",
     "leases",
     "incidents",
+    "aftercare",
     "egress",
     "doctor",
     "setup",

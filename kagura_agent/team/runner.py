@@ -120,6 +120,8 @@ def sweep_own_leftovers(config: RunnerConfig) -> None:
                 store,
                 runtime,
                 clock,
+                # A dead run's root quarantined says so here (the runner's log), in full.
+                lambda line, _colour: log(config, line),
                 # A dead run's proxy: its log is salvaged before the run's containers go.
                 before_removal=lambda: removed.extend(runtime.sweep_egress(store)),
             )
