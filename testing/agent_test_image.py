@@ -7,9 +7,11 @@ is pointed at the fake with KAGURA_CLAUDE_CLI (its bundled CLI would win over PA
 tests use: no fakes at all, so the SDK runs the Claude Code CLI it bundles (the one the
 packaged agent image ships), against testing/fake_messages_api.py through the run's proxy.
 testing/fake_mcp.py goes to /opt/mcp/notes.py (an MCP tool server for tests).
-The current source is copied to /opt/src (first on PYTHONPATH), so tests exercise this
-checkout even when the agent image predates it. Fakes log each call to /workspace so a
-test can read them from the project root. Rebuilt when any input changes (a content
+The current source is copied to /opt/src, put first on the venv's path by a ``.pth`` file
+in its site-packages (site reads it also under ``python3 -I``, which ignores PYTHONPATH),
+so tests exercise this checkout even when the agent image predates it; the image's
+ENTRYPOINT and WORKDIR are the agent recipe's, for the same reason. Fakes log each call
+to /workspace so a test can read them from the project root. Rebuilt when any input changes (a content
 digest label, also in the tag so concurrent checkouts do not clobber each other's image),
 otherwise reused.
 """
@@ -23,22 +25,26 @@ from pathlib import Path
 from typing import Any
 
 from kagura_agent.membrane import images
+from kagura_agent.membrane.build import CONTAINER_PYTHON
 from testing.fake_claude import FAKE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 LABEL_INPUTS = "dev.kagura.test-inputs"
 FAKE_LOG = "/workspace/.fake-calls.jsonl"
 MCP_SERVER = "/opt/mcp/notes.py"
+SITE_PACKAGES = "/opt/kagura/lib/python{}.{}/site-packages".format(*CONTAINER_PYTHON)
+OVERLAY_PTH = "import sys; '/opt/src' in sys.path or sys.path.insert(0, '/opt/src')\n"
 DOCKERFILE = """\
 ARG AGENT_IMAGE
 FROM ${{AGENT_IMAGE}}
 COPY fakes/ /opt/fakes/
 COPY mcp/ /opt/mcp/
 COPY src/ /opt/src/kagura_agent/
+COPY pth/ {site}/
 ENV PATH=/opt/fakes:/opt/kagura/bin:/usr/local/bin:/usr/bin:/bin \\
-    PYTHONPATH=/opt/src \\
     KAGURA_CLAUDE_CLI=/opt/fakes/claude \\
     KAGURA_FAKE_LOG={log}
+{recipe}
 LABEL {label}={digest}
 """
 # The real CLI's variant: the same source and MCP fake, no fake CLI anywhere.
@@ -47,9 +53,21 @@ ARG AGENT_IMAGE
 FROM ${{AGENT_IMAGE}}
 COPY mcp/ /opt/mcp/
 COPY src/ /opt/src/kagura_agent/
-ENV PYTHONPATH=/opt/src
+COPY pth/ {site}/
+{recipe}
 LABEL {label}={digest}
 """
+
+
+def recipe_start() -> str:
+    """The agent recipe's last WORKDIR and ENTRYPOINT lines: how its entrypoint starts."""
+    lines = (REPO / "images" / "agent" / "Dockerfile").read_text(encoding="utf-8").splitlines()
+    found = {}
+    for line in lines:
+        word = line.split(" ", 1)[0]
+        if word in ("WORKDIR", "ENTRYPOINT"):
+            found[word] = line
+    return "\n".join(found[word] for word in ("WORKDIR", "ENTRYPOINT"))
 
 
 def test_image_ref() -> str:
@@ -72,6 +90,8 @@ def _digest(agent_id: str, files: dict[str, Path]) -> str:
     digest = hashlib.sha256(agent_id.encode())
     for name, path in files.items():
         digest.update(name.encode() + b"\0" + path.read_bytes())
+    for text in (OVERLAY_PTH, recipe_start()):
+        digest.update(b"\0" + text.encode())
     return digest.hexdigest()[:32]
 
 
@@ -84,10 +104,11 @@ def _context(files: dict[str, Path], dockerfile: str) -> io.BytesIO:
             info.mode = 0o755 if name.startswith("fakes/") else 0o644
             with path.open("rb") as handle:
                 tar.addfile(info, handle)
-        data = dockerfile.encode()
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
+        for name, text in (("pth/00-kagura-src.pth", OVERLAY_PTH), ("Dockerfile", dockerfile)):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
     buffer.seek(0)
     return buffer
 
@@ -111,7 +132,9 @@ def ensure_agent_test_image(client: Any, *, real_cli: bool = False) -> str:
         labels = {}
     if labels.get(LABEL_INPUTS) == digest:
         return ref
-    dockerfile = template.format(log=FAKE_LOG, label=LABEL_INPUTS, digest=digest)
+    dockerfile = template.format(
+        log=FAKE_LOG, label=LABEL_INPUTS, digest=digest, site=SITE_PACKAGES, recipe=recipe_start()
+    )
     client.images.build(
         fileobj=_context(files, dockerfile),
         custom_context=True,

@@ -319,7 +319,8 @@ def test_the_container_that_runs_equals_the_plan(
     config, host = info["Config"], info["HostConfig"]
     assert info["Image"] == plan["image"]["digest"]
     assert config["User"] == plan["hardening"]["user"]
-    assert config["WorkingDir"] == plan["hardening"]["workdir"]
+    # kagura's own processes start in / (read-only); the agent works in the plan's workdir.
+    assert config["WorkingDir"] == "/"
     assert config["Labels"]["dev.kagura.plan"] == plan["fingerprint"]
     assert config["Labels"]["dev.kagura.task"] == plan["task"]["name"]
     assert config["Labels"]["dev.kagura.run"] == run_id

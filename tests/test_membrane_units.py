@@ -34,7 +34,7 @@ def test_container_kwargs_maps_every_hardening_field(tmp_path: Path) -> None:
     assert kw["ulimits"] == [{"name": "nofile", "soft": 321, "hard": 321}]
     assert kw["init"] is True and kw["stop_timeout"] == 10
     assert kw["network_mode"] == "none" and kw["ipc_mode"] == "private"
-    assert kw["runtime"] == "runc" and kw["working_dir"] == "/workspace"
+    assert kw["runtime"] == "runc" and kw["working_dir"] == "/"
     assert "pid_mode" not in kw and "network" not in kw
     assert kw["stdin_open"] is True and kw["tty"] is False
     assert kw["labels"] == {

@@ -41,7 +41,7 @@ from kagura_agent.brain.capability import CapabilityBridge
 from kagura_agent.brain.creds_dir import CredentialDir, CredentialPathError, creds_root
 from kagura_agent.brain.engines import select_engine
 from kagura_agent.brain.events import ErrorEvent, event_to_json, is_terminal
-from kagura_agent.brain.guard import make_undumpable, run_as_init
+from kagura_agent.brain.guard import make_undumpable, run_as_init, writable_import_paths
 from kagura_agent.brain.memory_bridge import MEMORY_SOCKET_ENV, BridgeMemory, serve_socket
 from kagura_agent.brain.protocol import Turn
 from kagura_agent.errors import KaguraError
@@ -263,6 +263,13 @@ def main() -> int:
     handle on the real stdout and serve."""
     if not make_undumpable() and os.getpid() == 1:
         print("entrypoint: cannot make itself non-dumpable; refusing to serve", file=sys.stderr)
+        return 70
+    if os.getpid() == 1 and (writable := writable_import_paths()):
+        print(
+            "entrypoint: modules could be planted where it imports from"
+            f" ({', '.join(writable)}); start it with python3 -I; refusing to serve",
+            file=sys.stderr,
+        )
         return 70
     if os.getpid() == 1 and (status := run_as_init()) is not None:
         return status

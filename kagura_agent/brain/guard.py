@@ -5,7 +5,13 @@ lifetime of a lease, the credentials. The agent's tools run as the same uid, so 
 more they could ptrace it, read its memory and environment through /proc, or open its
 stdin/stdout through /proc/<pid>/fd and read credential bundles or forge brain events.
 
-Two measures, both taken before anything else runs:
+Three measures, all taken before anything else runs:
+
+* the image starts it isolated (``python3 -I``) in ``/`` (apply makes that the container's
+  working directory): nothing the agent wrote in /workspace on an earlier run is on its
+  ``sys.path``. ``writable_import_paths`` is the check: as PID 1 the entrypoint refuses to
+  serve when an entry of its ``sys.path`` is relative or writable by its user — which is
+  the agent's user, so such a folder is the agent's too.
 
 * ``make_undumpable``: ``prctl(PR_SET_DUMPABLE, 0)``. The kernel then refuses ptrace
   and /proc/<pid>/{mem,environ,fd,…} to any process without CAP_SYS_PTRACE — which the
@@ -44,6 +50,18 @@ def make_undumpable() -> bool:
         return _prctl(PR_SET_DUMPABLE, 0) == 0 and _prctl(PR_GET_DUMPABLE, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def writable_import_paths() -> list[str]:
+    """The entries of ``sys.path`` this process could write (or that are relative to its
+    working directory): where the agent, running as the same user, could plant a module."""
+    found = []
+    for entry in sys.path:
+        if not os.path.isabs(entry):
+            found.append(entry or "''")
+        elif os.path.isdir(entry) and os.access(entry, os.W_OK):
+            found.append(entry)
+    return found
 
 
 def run_as_init() -> int | None:

@@ -23,6 +23,13 @@ LABEL_ROLE = "dev.kagura.role"
 # its own store's objects, so state directories sharing a daemon never sweep each other.
 LABEL_STORE = "dev.kagura.store"
 ROLES = ("agent", "verify")
+# Where a container's processes start: the image's root, read-only, which no agent writes.
+# The agent works in the plan's ``hardening.workdir`` (/workspace: the turn names it as
+# the engines' working directory, and verify commands are exec'd there), but kagura's own
+# processes — the forwarder's launcher, the brain's entrypoint (PID 1) — must not start
+# in it: ``python -m`` and ``-c`` import from their working directory, and run 1 of a root
+# could leave a socket.py or kagura_agent/ there for run 2's PID 1.
+START_DIR = "/"
 
 
 def _refuse(what: str) -> RefusedError:
@@ -135,7 +142,7 @@ def container_kwargs(
         "image": plan["image"]["digest"] or plan["image"]["ref"],
         "command": command,
         "user": f"{uid}:{gid}",
-        "working_dir": h["workdir"],
+        "working_dir": START_DIR,
         "labels": labels(plan, run_id),
         "environment": dict(environment or {}),
         "cap_drop": ["ALL"],

@@ -278,7 +278,9 @@ class DockerRuntime:
         argv = ["stat", "-c", "%d:%i", "--", *targets]
         try:
             with docker_errors(f"checking the mounts of container {container_id[:12]}"):
-                exec_id = api.exec_create(container_id, argv, stdout=True, stderr=False)["Id"]
+                exec_id = api.exec_create(
+                    container_id, argv, stdout=True, stderr=False, workdir=hardening.START_DIR
+                )["Id"]
                 output = api.exec_start(exec_id, demux=False) or b""
         except ContainerError:
             if self.inspect(container_id)["State"].get("Running"):

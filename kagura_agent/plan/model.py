@@ -528,7 +528,7 @@ DESCRIPTIONS: dict[str, str] = {
     "hardening.runtime": "OCI runtime (runc, runsc, kata).",
     "hardening.log_driver": "Docker log driver.",
     "hardening.tenancy": "`self-host` or `shared`.",
-    "hardening.workdir": "Working directory.",
+    "hardening.workdir": "The agent's working directory: its tools and the verify commands run there. The container's own processes start in `/` (read-only), never in it.",
     "brain": "The engine that drives the agentic loop.",
     "brain.name": "Brain manifest name.",
     "brain.engine": "`script`, `sdk` or `kagura-brain`.",

@@ -272,18 +272,27 @@ async def serve(server: socket.socket, path: str) -> None:
 def command(path: str, port: int) -> list[str]:
     """argv that runs this forwarder with a bare ``python3`` (no kagura-agent installed)."""
     source = Path(__file__).read_text(encoding="utf-8")
-    return ["python3", "-c", source, path, str(port)]
+    return ["python3", *ISOLATED, "-c", source, path, str(port)]
 
 
-# The agent container's entrypoint (python3 -c STUB SPEC SOURCE -- ARGV...): only socket
+# Every python3 kagura starts in the agent's container is isolated (no working directory
+# or script folder on sys.path, no PYTHON* variable, no user site) and starts in / (see
+# hardening.START_DIR): run 1 of a root could otherwise leave a socket.py in /workspace
+# for run 2's launcher, forwarder and entrypoint to import before anything else.
+ISOLATED = ("-I",)
+# The agent container's entrypoint (python3 -I -c STUB SPEC SOURCE -- ARGV...): only socket
 # and os before the exec, so the image's entrypoint starts one bare python3 start later
-# than it would alone. The child holds no end of the brain channel (the container's
-# stdin and stdout): its stdin, stdout and stderr are /dev/null before anything else
-# runs, then it execs a fresh python3 running this file (SOURCE) on the bound sockets,
-# so nothing of the stub or of the entrypoint's argv is in its memory or command line.
+# than it would alone. It moves to / first, so the image's entrypoint starts there
+# whatever the container's working directory (a `python3 -m` entrypoint of an image that
+# predates -I then finds / first on sys.path: read-only). The child holds no end of the
+# brain channel (the container's stdin and stdout): its stdin, stdout and stderr are
+# /dev/null before anything else runs, then it execs a fresh python3 running this file
+# (SOURCE) on the bound sockets, so nothing of the stub or of the entrypoint's argv is in
+# its memory or command line.
 SERVE_FDS = "--serve-fds"  # as written in the stub
 _LAUNCH_STUB = """\
 import os, socket, sys
+os.chdir("/")
 spec, source, sep, argv = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 assert sep == "--" and argv, "usage: SPEC SOURCE -- ARGV..."
 servers = []
@@ -300,7 +309,7 @@ if os.fork() == 0:
         for server, path in servers:
             os.set_inheritable(server.fileno(), True)
             fds.append(f"{server.fileno()}={path}")
-        os.execvp("python3", ["python3", "-c", source, "--serve-fds", ",".join(fds)])
+        os.execvp("python3", ["python3", "-I", "-c", source, "--serve-fds", ",".join(fds)])
     finally:
         os._exit(127)
 for server, _ in servers:
@@ -315,7 +324,7 @@ def launcher(pairs: Sequence[tuple[str, int]], argv: Sequence[str]) -> list[str]
     listen before ``argv`` runs; a port that cannot be bound ends the container."""
     spec = ",".join(f"{port}={path}" for path, port in pairs)
     source = Path(__file__).read_text(encoding="utf-8")
-    return ["python3", "-c", _LAUNCH_STUB, spec, source, "--", *argv]
+    return ["python3", *ISOLATED, "-c", _LAUNCH_STUB, spec, source, "--", *argv]
 
 
 def _serve_all(servers: list[tuple[socket.socket, str]]) -> None:

@@ -63,7 +63,7 @@ from kagura_agent.membrane.egress.sweep import (
     remove_volume_if_unused,
     sweep_orphans,
 )
-from kagura_agent.membrane.hardening import LABEL_RUN, LABEL_STORE
+from kagura_agent.membrane.hardening import LABEL_RUN, LABEL_STORE, START_DIR
 from kagura_agent.membrane.runtime import docker_errors
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore, owner_key
@@ -137,7 +137,11 @@ def start_forwarder(
     for path, port in pairs:
         with docker_errors(f"starting the egress forwarder in {container_id[:12]}"):
             started = client.api.exec_create(
-                container_id, forwarder.command(path, port), stdout=False, stderr=True
+                container_id,
+                forwarder.command(path, port),
+                stdout=False,
+                stderr=True,
+                workdir=START_DIR,
             )
             stream = client.api.exec_start(started["Id"], socket=True)
         raw = getattr(stream, "_sock", stream)
