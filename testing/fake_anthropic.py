@@ -197,7 +197,20 @@ def route_from_env() -> None:
     raw = os.environ.get(ROUTE_ENV)
     if not raw:
         return
+    from kagura_agent import hostproc
     from kagura_agent.apply import executor
 
     fake = Route(**json.loads(raw))
     executor.DockerApplyRuntime = functools.partial(FakeAnthropicRuntime, fake)  # type: ignore[attr-defined,assignment]
+    # The processes kagura starts run isolated (python -I ignores PYTHONPATH, so this
+    # sitecustomize would not reach them): their start code routes them the same way.
+    start = (
+        f"import sys\nsys.path.insert(0, {str(ROUTE_DIR.parents[1])!r})\n"
+        "from testing.fake_anthropic import route_from_env\nroute_from_env()\n"
+    )
+    isolated = hostproc.python_code_argv
+
+    def routed(source: str, *args: str, python: str | None = None) -> list[str]:
+        return isolated(start + source, *args, python=python)
+
+    hostproc.python_code_argv = routed

@@ -431,3 +431,24 @@ def test_the_docs_example_runs_a_shadowed_root_on_the_host(tmp_path: Path, state
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "succeeded" in done.stderr and "imported a module" not in done.stderr
+
+
+def test_the_tests_model_route_reaches_isolated_children(tmp_path: Path) -> None:
+    """testing/route/sitecustomize.py reaches the processes tests start through PYTHONPATH;
+    the children kagura starts ignore it (-I), and get the route in their start code."""
+    from testing.fake_anthropic import Route, route_env
+
+    fake = Route(network="net", address="10.0.0.9", port=8080)
+    child = "from kagura_agent.apply import executor\nprint(executor.DockerApplyRuntime)"
+    parent = (
+        "from kagura_agent import hostproc\n"
+        f"done = hostproc.run(hostproc.python_code_argv({child!r}), env=hostproc.environment(),"
+        " capture_output=True, text=True, check=True)\n"
+        "print(done.stdout)"
+    )
+    env = {**os.environ, **route_env(fake)}
+    done = subprocess.run(
+        [sys.executable, "-c", parent], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert "FakeAnthropicRuntime" in done.stdout and "10.0.0.9" in done.stdout
