@@ -159,15 +159,19 @@ def test_untrusted_failures_reach_the_planner_labelled_untrusted(
 def test_cost_history_keeps_every_dimension_newest_first(store: SqliteMemoryStore) -> None:
     assert history(store, "build") is None
     rows = [
-        (10.0, 4, 0.10, 100, 50, 0),
-        (20.0, 6, None, None, None, 1),
-        (30.0, 8, 0.30, 300, 90, 2),
+        (10.0, 4, 0.10, 100, 50, 0, 5),
+        (20.0, 6, None, None, None, 1, None),
+        (30.0, 8, 0.30, 300, 90, 2, 9),
     ]
-    for i, (wall, turns, cost, tokens_in, tokens_out, retries) in enumerate(rows):
+    held = {"turns": 30, "tokens": None, "wall_seconds": 600, "cost_usd": 2.0}
+    for i, (wall, turns, cost, tokens_in, tokens_out, retries, calls) in enumerate(rows):
         record_run(
             store,
-            RunCost(f"r{i}", "build", turns, wall, cost, retries, "success", tokens_in, tokens_out),
-        )
+            RunCost(
+                f"r{i}", "build", turns, wall, cost, retries, "success", tokens_in, tokens_out,
+                model_calls=calls, budget=held,
+            ),
+        )  # fmt: skip
         store.clock.advance(timedelta(seconds=1))  # type: ignore[attr-defined]
     record_run(store, RunCost("r9", "deploy", 1, 1.0, None, 0, "failure"))
     found = history(store, "build")
@@ -181,14 +185,28 @@ def test_cost_history_keeps_every_dimension_newest_first(store: SqliteMemoryStor
         "cost_usd": 0.3,
         "retries": 2,
         "outcome": "success",
+        "model_calls": 9,
+        "budget": {"turns": 30.0, "tokens": None, "wall_seconds": 600.0, "cost_usd": 2.0},
     }
     assert [r["tokens"] for r in found["runs"]] == [390, None, 150]
     assert [r["retries"] for r in found["runs"]] == [2, 1, 0]
+    assert [r["model_calls"] for r in found["runs"]] == [9, None, 5]
+    # An older record (no model calls, no budget) is read with neither.
+    [deploy] = history(store, "deploy")["runs"]  # type: ignore[index]
+    assert deploy["model_calls"] is None and deploy["budget"] is None
 
 
-def test_forecast_is_the_median_and_the_limit_the_quantile_plus_reserve() -> None:
+def test_forecast_learns_from_what_the_host_measured_never_from_what_the_engine_said() -> None:
+    # Every engine said 999 turns, 5M tokens and $99; the proxy counted the calls and the
+    # host's clock the wall time. Only those two are learnt.
     runs = [
-        {"turns": t, "tokens": 10_000 * t, "wall_seconds": 10.0 * t, "cost_usd": 0.01 * t}
+        {
+            "turns": 999,
+            "tokens": 5_000_000,
+            "cost_usd": 99.0,
+            "model_calls": t,
+            "wall_seconds": 10.0 * t,
+        }
         for t in (10, 12, 8, 14, 11, 9, 30)
     ]
     found = forecast(runs, reserve=0.3, q=0.8, floors={})
@@ -197,24 +215,38 @@ def test_forecast_is_the_median_and_the_limit_the_quantile_plus_reserve() -> Non
     # median of 8,9,10,11,12,14,30 is 11; nearest-rank p80 (rank ceil(5.6)=6) is 14.
     assert found["expected"] == {
         "turns": 11,
-        "tokens": 110_000,
+        "tokens": None,
         "wall_seconds": 110,
-        "cost_usd": 0.11,
+        "cost_usd": None,
     }
     assert found["limits"] == {
         "turns": math.ceil(14 * 1.3),
-        "tokens": math.ceil(140_000 * 1.3),
+        "tokens": None,
         "wall_seconds": math.ceil(140 * 1.3),
-        "cost_usd": round(0.14 * 1.3, 4),
+        "cost_usd": None,
     }
+    assert found["reported"] == {"turns": 999, "tokens": 5_000_000, "cost_usd": 99.0}
     assert found["retries"] == 0
+    # Runs whose calls nobody counted (no injecting proxy: the script engine, a brain
+    # holding its own key) teach no turn limit at all, whatever their engine said.
+    uncounted = [{**run, "model_calls": None} for run in runs]
+    assert forecast(uncounted)["limits"]["turns"] is None  # type: ignore[index]
 
 
 def test_forecast_floors_missing_dimensions_and_bad_knobs() -> None:
-    tiny = [{"turns": 1, "tokens": None, "wall_seconds": 0.4, "cost_usd": None, "retries": 1}]
+    tiny = [
+        {
+            "turns": 1,
+            "model_calls": 1,
+            "tokens": None,
+            "wall_seconds": 0.4,
+            "cost_usd": None,
+            "retries": 1,
+        }
+    ]
     found = forecast(tiny)
     assert found is not None and found["basis"] == "p80 of 1 run + 30%"
-    # The floors hold: one turn in 0.4 s does not make a 1-turn, 1-second budget.
+    # The floors hold: one call in 0.4 s does not make a 1-turn, 1-second budget.
     assert found["limits"] == {"turns": 5, "tokens": None, "wall_seconds": 30, "cost_usd": None}
     assert found["expected"]["tokens"] is None and found["retries"] == 1
     assert forecast(tiny, floors={"turns": 2, "wall_seconds": 1})["limits"]["turns"] == 2  # type: ignore[index]

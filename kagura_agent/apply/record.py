@@ -83,6 +83,8 @@ def record_result(ctx: RunContext, result: RunResult) -> str | None:
                 outcome="success" if success else "failure",
                 input_tokens=result.input_tokens,
                 output_tokens=result.output_tokens,
+                model_calls=result.model_calls,
+                budget=_limits(plan),
             ),
             trust=trust,
         )
@@ -141,6 +143,17 @@ def record_result(ctx: RunContext, result: RunResult) -> str | None:
             f" kagura-agent memory show {output_memory})"
         )
     return output_memory
+
+
+def _limits(plan: Plan) -> dict[str, float | None]:
+    """The limits the run was held to: the next learnt budget grows from these."""
+    budget = plan["budget"]
+    return {
+        "turns": budget["turns"],
+        "tokens": budget["tokens"],
+        "wall_seconds": budget["wall_seconds"],
+        "cost_usd": budget["cost_usd"],
+    }
 
 
 def _note_overruns(plan: Plan, result: RunResult, live: LiveView) -> None:

@@ -1,9 +1,18 @@
-"""Cost history: every run records turns, tokens, dollars, wall time, retries and its
-outcome; the planner forecasts the next run of the same task kind from that history and
-learns its budget from the forecast (``forecast`` here is pure: the planner calls it on
-the samples the facts carry).
+"""Cost history: every run records what the host measured (the model calls counted at
+the proxy, its wall clock), what the engine reported (turns, tokens, dollars, retries),
+the budget it was held to and its outcome; the planner forecasts the next run of the same
+task kind from that history and learns its budget from the forecast (``forecast`` here is
+pure: the planner calls it on the samples the facts carry; plan/budget.py bounds it).
 
-The forecast, per dimension (turns, tokens, wall seconds, dollars):
+What the engine reports is a claim from inside the agent's container (a tampered engine
+says 999 turns, $99): it is kept and shown, never learnt. A dimension is learnt only
+from the host's own figure (``MEASURED``):
+
+    turns        the model calls counted at the injecting proxy (none counted: not learnt)
+    wall_seconds the host's clock around the run
+    tokens, cost_usd  not measured by the host: never learnt (the brain's defaults stay)
+
+The forecast, per measured dimension:
 
     expected = median of the recorded runs          (what the run will probably take)
     limit    = max(floor, p_q of the runs * (1 + reserve))   (the budget it may take)
@@ -11,8 +20,8 @@ The forecast, per dimension (turns, tokens, wall seconds, dollars):
 ``q`` (default 0.8, nearest rank), ``reserve`` (default 0.3) and the floors come from the
 Graduation manifest (``reserve``, ``budget_quantile``, ``budget_floors``); the planner
 sets the budget from the limits once ``budget_min_runs`` (default 3) runs are recorded,
-and never above a Policy ceiling. A dimension no
-run reported (the script engine has no tokens, say) is not forecast.
+grows it by at most ``budget_step`` (x1.5) of the last run's budget a run, asks for
+approval above the brain's default, and never goes above a Policy ceiling.
 """
 
 from __future__ import annotations
@@ -50,6 +59,11 @@ def fmean(values: Iterable[float]) -> float:
 RUN_COST = "run-cost"
 HISTORY_RUNS = 20  # the newest runs of a task kind the forecast reads
 DIMENSIONS = ("turns", "tokens", "wall_seconds", "cost_usd")
+# The sample key holding the host's own figure for a dimension; the others are learnt
+# from nothing (their forecast limit is None).
+MEASURED = {"turns": "model_calls", "wall_seconds": "wall_seconds"}
+# What engines report, shown next to the forecast (never a limit).
+REPORTED = ("turns", "tokens", "cost_usd")
 DEFAULT_QUANTILE = 0.8
 DEFAULT_RESERVE = 0.3
 # Fewer runs than this: the plan shows the forecast but keeps its budget (one fast run
@@ -77,6 +91,11 @@ class RunCost:
     outcome: str  # "success" | "failure" | "refused" | "interrupted"
     input_tokens: int | None = None
     output_tokens: int | None = None
+    # Model calls the host counted at the injecting proxy (None: the run's were not).
+    model_calls: int | None = None
+    # The limits the run was held to (turns, tokens, wall_seconds, cost_usd): the base the
+    # next learnt budget grows from by at most one step.
+    budget: Mapping[str, float | None] | None = None
 
 
 def record_run(store: MemoryStore, cost: RunCost, *, trust: Trust = "trusted") -> Memory:
@@ -87,10 +106,11 @@ def record_run(store: MemoryStore, cost: RunCost, *, trust: Trust = "trusted") -
         type=RUN_COST,
         summary=f"{cost.task_kind} run {cost.run_id}: {cost.outcome} in {cost.turns} turns,"
         f" {cost.wall_seconds:.1f}s"
+        + (f", {cost.model_calls} model calls counted" if cost.model_calls is not None else "")
         + (f", {tokens} tokens" if tokens is not None else "")
         + (f", {cost.retries} retries" if cost.retries else ""),
         source=Source("run", cost.run_id),
-        details=asdict(cost),
+        details={**asdict(cost), "budget": dict(cost.budget) if cost.budget else None},
         task_kind=cost.task_kind,
         trust=trust,
     )
@@ -100,7 +120,7 @@ def history(store: MemoryStore, task_kind: str, *, k: int = HISTORY_RUNS) -> dic
     """The planner fact: the last ``k`` trusted runs of ``task_kind``; None without any.
 
     ``{"count": n, "runs": [{turns, input_tokens, output_tokens, tokens, wall_seconds,
-    cost_usd, retries, outcome}, ...]}``, newest first.
+    cost_usd, retries, outcome, model_calls, budget}, ...]}``, newest first.
     """
     memories = store.recall(type=RUN_COST, task_kind=task_kind, k=k)
     runs = [sample(m.details) for m in memories]
@@ -110,16 +130,19 @@ def history(store: MemoryStore, task_kind: str, *, k: int = HISTORY_RUNS) -> dic
 
 
 def sample(details: Mapping[str, Any]) -> dict[str, Any]:
-    """One run's numbers, as the forecast reads them (older records lack tokens)."""
+    """One run's numbers, as the forecast reads them (older records lack tokens, the
+    model calls and the budget: their turns are not learnt)."""
     return {
-        "turns": int(details.get("turns") or 0),
+        "turns": _opt_int(details.get("turns")) or 0,
         "input_tokens": _opt_int(details.get("input_tokens")),
         "output_tokens": _opt_int(details.get("output_tokens")),
         "tokens": _tokens(details),
-        "wall_seconds": float(details.get("wall_seconds") or 0.0),
+        "wall_seconds": _opt_float(details.get("wall_seconds")) or 0.0,
         "cost_usd": _opt_float(details.get("cost_usd")),
-        "retries": int(details.get("retries") or 0),
+        "retries": _opt_int(details.get("retries")) or 0,
         "outcome": str(details.get("outcome", "")),
+        "model_calls": _opt_int(details.get("model_calls")),
+        "budget": _limits(details.get("budget")),
     }
 
 
@@ -140,7 +163,9 @@ def forecast(
     """The next run's expected cost and learnt limits from ``runs``; None without runs.
 
     Pure. Returns ``{basis, runs, quantile, reserve, expected: {dim: v}, limits: {dim: v},
-    retries}``; a dimension without data is None in both.
+    reported: {dim: v}, retries}``. ``expected`` and ``limits`` read only what the host
+    measured (``MEASURED``): a dimension without a measured figure is None in both.
+    ``reported`` is the median of what the engines said (turns, tokens, dollars).
     """
     if reserve < 0:
         raise ValueError("reserve must be >= 0")
@@ -152,7 +177,8 @@ def forecast(
     expected: dict[str, float | int | None] = {}
     limits: dict[str, float | int | None] = {}
     for dim in DIMENSIONS:
-        values = [float(r[dim]) for r in runs if r.get(dim) is not None]
+        key = MEASURED.get(dim)
+        values = [float(r[key]) for r in runs if key and _opt_float(r.get(key)) is not None]
         if not values:
             expected[dim] = limits[dim] = None
             continue
@@ -171,8 +197,24 @@ def forecast(
         "reserve": reserve,
         "expected": expected,
         "limits": limits,
+        "reported": {dim: _reported(runs, dim) for dim in REPORTED},
         "retries": round(fmean(int(r.get("retries") or 0) for r in runs), 2),
     }
+
+
+def _reported(runs: Sequence[Mapping[str, Any]], dim: str) -> float | int | None:
+    values = [v for r in runs if (v := _opt_float(r.get(dim))) is not None]
+    if not values:
+        return None
+    middle = median(values)
+    return round(middle, 4) if dim == "cost_usd" else math.ceil(middle)
+
+
+def _limits(value: object) -> dict[str, float | None] | None:
+    """A recorded run's budget, each limit a number or None (anything else: no budget)."""
+    if not isinstance(value, Mapping):
+        return None
+    return {dim: _opt_float(value.get(dim)) for dim in DIMENSIONS}
 
 
 def _tokens(details: Mapping[str, Any]) -> int | None:
@@ -188,4 +230,4 @@ def _opt_int(value: object) -> int | None:
 def _opt_float(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    return float(value) if math.isfinite(value) else None

@@ -275,6 +275,12 @@ class CostFigures(TypedDict):
     cost_usd: float | None
 
 
+class ReportedFigures(TypedDict):
+    turns: int | None
+    tokens: int | None
+    cost_usd: float | None
+
+
 class Forecast(TypedDict):
     basis: str
     runs: int
@@ -282,9 +288,14 @@ class Forecast(TypedDict):
     reserve: float
     expected: CostFigures
     limits: CostFigures
+    reported: ReportedFigures
     retries: float
     min_runs: int
     learnt: list[str]
+    step: float
+    previous: CostFigures | None
+    default: CostFigures
+    over_default: list[str]
 
 
 class Budget(TypedDict):
@@ -578,20 +589,36 @@ DESCRIPTIONS: dict[str, str] = {
     "budget.tokens": "Input plus output tokens the run may use (learnt from history; no engine enforces it, the run notes an overrun), or null.",
     "budget.source": "`task`, `brain`, `default` or `history` (any dimension learnt from history).",
     "budget.forecast": "The forecast from this task kind's cost history, or null without history.",
-    "budget.forecast.basis": "How the limits were learnt, e.g. `p80 of 7 runs + 30%`.",
+    "budget.forecast.basis": "How the limits were learnt, e.g. `p80 of 7 runs + 30%, host-measured`.",
     "budget.forecast.runs": "Runs of this task kind the forecast read (newest first, at most 20).",
     "budget.forecast.quantile": "The quantile of the runs a limit starts from (Graduation `budget_quantile`).",
     "budget.forecast.reserve": "Reserve added on top of that quantile (Graduation `reserve`).",
-    "budget.forecast.expected": "What the next run will probably take: the median of the runs.",
-    "budget.forecast.expected.turns": "Expected turns, or null when no run reported them.",
-    "budget.forecast.expected.tokens": "Expected input plus output tokens, or null.",
-    "budget.forecast.expected.wall_seconds": "Expected wall time in seconds, or null.",
-    "budget.forecast.expected.cost_usd": "Expected dollars, or null when no run reported cost.",
-    "budget.forecast.limits": "Learnt limits: max(floor, quantile * (1 + reserve)) per dimension.",
-    "budget.forecast.limits.turns": "Learnt turn limit, or null.",
-    "budget.forecast.limits.tokens": "Learnt token limit, or null.",
-    "budget.forecast.limits.wall_seconds": "Learnt wall-time limit, or null.",
-    "budget.forecast.limits.cost_usd": "Learnt dollar limit, or null.",
+    "budget.forecast.expected": "What the next run will probably take, as the host measured the runs: the median.",
+    "budget.forecast.expected.turns": "Expected model calls (counted at the injecting proxy), or null when no run's calls were counted.",
+    "budget.forecast.expected.tokens": "Expected tokens as the host measured them: null (the host prices no tokens yet).",
+    "budget.forecast.expected.wall_seconds": "Expected wall time in seconds (the host's clock), or null.",
+    "budget.forecast.expected.cost_usd": "Expected dollars as the host measured them: null (the host prices no tokens yet).",
+    "budget.forecast.limits": "Limits the host-measured runs support: max(floor, quantile * (1 + reserve)) per dimension, before the step and the ceiling.",
+    "budget.forecast.limits.turns": "Turn limit from the model calls counted, or null.",
+    "budget.forecast.limits.tokens": "Token limit, or null (never learnt from an engine's report).",
+    "budget.forecast.limits.wall_seconds": "Wall-time limit from the host's clock, or null.",
+    "budget.forecast.limits.cost_usd": "Dollar limit, or null (never learnt from an engine's report).",
+    "budget.forecast.reported": "What the engines inside the containers reported (medians): shown, never learnt.",
+    "budget.forecast.reported.turns": "Reported turns, or null.",
+    "budget.forecast.reported.tokens": "Reported input plus output tokens, or null.",
+    "budget.forecast.reported.cost_usd": "Reported dollars, or null.",
+    "budget.forecast.step": "Most a learnt limit may grow in one run: this times the last run's limit (Graduation `budget_step`).",
+    "budget.forecast.previous": "The limits the newest recorded run was held to (what the step grows from), or null for older records.",
+    "budget.forecast.previous.turns": "Its turn limit, or null.",
+    "budget.forecast.previous.tokens": "Its token limit, or null.",
+    "budget.forecast.previous.wall_seconds": "Its wall-time limit, or null.",
+    "budget.forecast.previous.cost_usd": "Its dollar limit, or null.",
+    "budget.forecast.default": "The limits without history (the task's, else the brain's, else the defaults).",
+    "budget.forecast.default.turns": "Default turn limit, or null.",
+    "budget.forecast.default.tokens": "Default token limit: null.",
+    "budget.forecast.default.wall_seconds": "Default wall-time limit.",
+    "budget.forecast.default.cost_usd": "Default dollar limit, or null.",
+    "budget.forecast.over_default": "Learnt dimensions above their default: each is a `budget:<dimension>` capability in `approvals`.",
     "budget.forecast.retries": "Mean re-attempts per run the engine or executor made.",
     "budget.forecast.min_runs": "Runs needed before the limits set the budget (Graduation `budget_min_runs`).",
     "budget.forecast.learnt": "The budget dimensions taken from the forecast (the task or brain set the others).",

@@ -16,7 +16,6 @@ from kagura_agent import __version__
 from kagura_agent.facts import Facts
 from kagura_agent.graduation.classify import classify
 from kagura_agent.manifest.catalog import Catalog, Manifest
-from kagura_agent.manifest.ceilings import budget_ceilings, over_ceilings
 from kagura_agent.manifest.egresspool import egress_pool_knobs
 from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.manifest.proxyimage import proxy_image
@@ -26,29 +25,20 @@ from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.membrane.egress.audit import LOG_CEILING
 from kagura_agent.membrane.floor import floor_violations
 from kagura_agent.memory.factory import section_from_manifest
-from kagura_agent.patterns.cost_history import (
-    DEFAULT_MIN_RUNS,
-    DEFAULT_QUANTILE,
-    DEFAULT_RESERVE,
-    DIMENSIONS,
-    forecast,
-)
 from kagura_agent.patterns.dispatch import narrowing_violations
 from kagura_agent.patterns.failure_learning import DEFAULT_HALF_LIFE_SECONDS, failure_trust
+from kagura_agent.plan.budget import budget_approvals, ceiling_refusals, plan_budget
 from kagura_agent.plan.injection import brain_injection
 from kagura_agent.plan.intent import intent_fingerprint
 from kagura_agent.plan.model import (
     Approval,
     BrainSection,
-    Budget,
-    BudgetSource,
     Classified,
     CredentialBase,
     DaemonFacts,
     EgressMode,
     EgressRule,
     EgressSection,
-    Forecast,
     Hardening,
     ImageBase,
     Inputs,
@@ -139,7 +129,7 @@ def compile_plan(
         "hardening": hardening,
         "brain": brain,
         "memory": _memory(task, facts, catalog),
-        "budget": _budget(task, facts, catalog),
+        "budget": plan_budget(task, facts, catalog),
     }
     tool_servers = tool_server_sections(task.tool_servers)
     if tool_servers:  # only then: plans without tool servers keep their shape
@@ -175,7 +165,7 @@ def compile_plan(
         + list(facts.state_notes)
     )
     refusals = _refusals(floor, policy, approvals, tenancy, hardening, unwritable, widened)
-    refusals += _ceiling_refusals(catalog, draft["budget"])
+    refusals += ceiling_refusals(catalog, draft["budget"])
     plan: Plan = {
         "format_version": FORMAT_VERSION,
         "inputs": draft["inputs"],
@@ -703,24 +693,6 @@ def _known_failure(found: Mapping[str, Any], half_life: int) -> KnownFailure:
     return known
 
 
-def _ceiling_refusals(catalog: Catalog, budget: Budget) -> list[Refusal]:
-    """A budget over an operator-granted ceiling (manifest.ceilings) is refused."""
-    asked = {
-        "turns": budget["turns"],
-        "wall_time": budget["wall_seconds"],
-        "cost_usd": budget["cost_usd"],
-        "disk": budget["disk_bytes"],
-    }
-    return [
-        {
-            "code": "budget-ceiling",
-            "message": f"{message} ({ceiling.source}; raise it in a Policy of yours: spec.ceilings)",
-            "source": ceiling.source,
-        }
-        for ceiling, message in over_ceilings(asked, budget_ceilings(catalog))
-    ]
-
-
 def _tripwires(catalog: Catalog) -> Tripwires:
     """The hijack tripwire knobs of the operator's Graduation manifest (last one wins).
 
@@ -750,94 +722,6 @@ def _tripwires(catalog: Catalog) -> Tripwires:
                 "source": graduation.name,
             }
     return found
-
-
-def _budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
-    """The run's limits: the task's own, else learnt from the task kind's cost history
-    (``patterns/cost_history.forecast``), else the brain's, else the defaults."""
-    budget = task.budget
-    explicit = task.manifest.spec.get("budget", {})
-    limits: dict[str, Any] = {
-        "turns": budget.get("turns"),
-        "tokens": None,
-        "wall_seconds": parse_duration(budget["wall_time"]),
-        "cost_usd": budget.get("cost_usd"),
-    }
-    source: BudgetSource = (
-        "task" if explicit else "brain" if task.brain.spec.get("budget") else "default"
-    )
-    knobs = _budget_knobs(catalog)
-    min_runs = knobs.pop("min_runs")
-    runs = (facts.cost_history or {}).get("runs") or []
-    predicted = forecast(runs, **knobs)
-    shown: Forecast | None = None
-    if predicted is not None:
-        own = {"wall_time" if dim == "wall_seconds" else dim for dim in explicit}
-        # Too few runs: the forecast is shown, the budget is not set from it yet.
-        learnt = [
-            dim
-            for dim in DIMENSIONS
-            if predicted["limits"][dim] is not None
-            and ("wall_time" if dim == "wall_seconds" else dim) not in own
-            and predicted["runs"] >= min_runs
-        ]
-        ceilings = budget_ceilings(catalog)
-        for dim in learnt:
-            limits[dim] = predicted["limits"][dim]
-            # A learnt limit never makes the plan unapplyable: it stops at the ceiling.
-            ceiling = ceilings.get("wall_time" if dim == "wall_seconds" else dim)
-            if ceiling is not None and limits[dim] > ceiling.limit:
-                cap = ceiling.limit
-                limits[dim] = cap if dim == "cost_usd" else int(cap)
-        if learnt:
-            source = "history"
-        shown = {
-            "basis": predicted["basis"],
-            "runs": predicted["runs"],
-            "quantile": predicted["quantile"],
-            "reserve": predicted["reserve"],
-            "expected": predicted["expected"],
-            "limits": predicted["limits"],
-            "retries": predicted["retries"],
-            "min_runs": min_runs,
-            "learnt": learnt,
-        }
-    return {
-        "turns": limits["turns"],
-        "tokens": limits["tokens"],
-        "wall_seconds": int(limits["wall_seconds"]),
-        "cost_usd": limits["cost_usd"],
-        "disk_bytes": parse_size(str(budget.get("disk", "1g"))),
-        "children": _children(catalog),
-        "source": source,
-        "forecast": shown,
-    }
-
-
-def _children(catalog: Catalog) -> int:
-    """How many sub-agents a run may have running at once: the Policy ceiling, else none."""
-    ceiling = budget_ceilings(catalog).get("children")
-    return int(ceiling.limit) if ceiling is not None else 0
-
-
-def _budget_knobs(catalog: Catalog) -> dict[str, Any]:
-    """reserve, quantile, floors and min_runs from the Graduation manifest (last one wins)."""
-    knobs: dict[str, Any] = {
-        "reserve": DEFAULT_RESERVE,
-        "q": DEFAULT_QUANTILE,
-        "floors": {},
-        "min_runs": DEFAULT_MIN_RUNS,
-    }
-    for graduation in catalog.of("Graduation"):
-        spec = graduation.spec
-        knobs["min_runs"] = int(spec.get("budget_min_runs", knobs["min_runs"]))
-        knobs["reserve"] = float(spec.get("reserve", knobs["reserve"]))
-        knobs["q"] = float(spec.get("budget_quantile", knobs["q"]))
-        floors = dict(spec.get("budget_floors") or {})
-        if "wall" in floors:
-            floors["wall_seconds"] = parse_duration(str(floors.pop("wall")))
-        knobs["floors"] = floors
-    return knobs
 
 
 def untrusted_inputs(task: ResolvedTask, facts: Facts) -> list[str]:
@@ -935,5 +819,16 @@ def _classify_all(
         if asked in full:
             # Whoever approves (or reads why it needs no approval) sees the whole power.
             approval["reason"] += "; FULL ACCESS: the scope narrows nothing (full_access: true)"
+        approvals.append(approval)
+    # A learnt budget above the default is more than the operator's manifests gave.
+    for asked, why in budget_approvals(draft["budget"]):
+        approval = classify(
+            asked,
+            baseline=asked in graduation_baseline,
+            state=facts.graduation,
+            untrusted_inputs=untrusted,
+            denied_by_policy=denials.get(asked),
+        ).to_json()
+        approval["reason"] = f"{why}; {approval['reason']}"
         approvals.append(approval)
     return approvals

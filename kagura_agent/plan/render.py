@@ -157,13 +157,14 @@ def _last_failed(failure: Mapping[str, Any]) -> str:
 
 
 def forecast_text(forecast: Mapping[str, Any]) -> str:
-    """``forecast: 12 turns, 4,100 tokens, 40s wall, $0.31 (median of 7 runs); learnt
-    turns, wall from p80 of 7 runs + 30%`` — what the next run will probably take, and
-    which limits the history set."""
+    """``forecast 12 model calls, 40s wall (median of 7 runs); engines reported 14 turns,
+    $0.31 (not learnt); learnt turns, wall from p80 of 7 runs + 30%, host-measured`` —
+    what the next run will probably take as the host measured the runs, what the engines
+    claimed, and which limits the history set."""
     expected = forecast["expected"]
     shown = []
     if expected["turns"] is not None:
-        shown.append(f"{expected['turns']} turns")
+        shown.append(f"{expected['turns']} model calls")
     if expected["tokens"] is not None:
         shown.append(f"{expected['tokens']:,} tokens")
     if expected["wall_seconds"] is not None:
@@ -171,15 +172,31 @@ def forecast_text(forecast: Mapping[str, Any]) -> str:
     if expected["cost_usd"] is not None:
         shown.append(f"${expected['cost_usd']}")
     runs = forecast["runs"]
-    text = f"forecast {', '.join(shown)} (median of {runs} run{'s' if runs != 1 else ''}"
+    text = f"forecast {', '.join(shown) or 'nothing measured'}"
+    text += f" (median of {runs} run{'s' if runs != 1 else ''}"
     if forecast["retries"]:
         text += f", {forecast['retries']} retries/run"
     text += ")"
+    reported = forecast["reported"]
+    claims = [
+        claim
+        for claim in (
+            f"{reported['turns']} turns" if reported["turns"] is not None else "",
+            f"{reported['tokens']:,} tokens" if reported["tokens"] is not None else "",
+            f"${reported['cost_usd']:g}" if reported["cost_usd"] is not None else "",
+        )
+        if claim
+    ]
+    if claims:
+        text += f"; engines reported {', '.join(claims)} (not learnt)"
     learnt = [("wall" if d == "wall_seconds" else d) for d in forecast["learnt"]]
     if learnt:
         text += f"; learnt {', '.join(learnt)} from {forecast['basis']}"
     elif runs < forecast["min_runs"]:
         text += f"; the budget is learnt from {forecast['min_runs']} runs on"
+    over = forecast["over_default"]
+    if over:
+        text += "; over the default, approval: " + ", ".join(f"budget:{d}" for d in over)
     return text
 
 

@@ -1,0 +1,226 @@
+"""The plan's budget section: pure, like the rest of the planner.
+
+Where each limit comes from, first match wins per dimension:
+
+1. the task's own budget (``spec.budget``);
+2. learnt from the task kind's cost history — only what the host measured (model calls
+   counted at the proxy, its wall clock; patterns/cost_history.MEASURED), once
+   ``budget_min_runs`` runs are recorded; grown by at most ``budget_step`` (x1.5) of the
+   limit the newest run was held to; cut to the Policy ceiling;
+3. the brain's budget, else the defaults (manifest/task.DEFAULT_BUDGET).
+
+A learnt limit above the one step 3 (or 1) would give — the *default* — is a capability
+the operator grants: ``budget_approvals`` names it ``budget:<dimension>`` and the planner
+classifies it like any other (needs approval unless graduated or baseline). Engines
+report turns and dollars from inside the agent's container; those are shown in the
+forecast and never learnt, so a tampered engine cannot raise the next run's budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from kagura_agent.facts import Facts
+from kagura_agent.manifest.catalog import Catalog
+from kagura_agent.manifest.ceilings import budget_ceilings, over_ceilings
+from kagura_agent.manifest.task import ResolvedTask
+from kagura_agent.patterns.cost_history import (
+    DEFAULT_MIN_RUNS,
+    DEFAULT_QUANTILE,
+    DEFAULT_RESERVE,
+    DIMENSIONS,
+    forecast,
+)
+from kagura_agent.plan.model import Budget, BudgetSource, CostFigures, Forecast, Refusal
+from kagura_agent.units import format_duration, parse_duration, parse_size
+
+# Most a learnt limit grows in one run (Graduation ``budget_step``): x1.5 of the limit
+# the newest recorded run was held to, so a run that spends to its limit teaches the next
+# plan at most half as much again, never the ceiling at once.
+DEFAULT_STEP = 1.5
+CEILING_KEYS = {"turns": "turns", "wall_seconds": "wall_time", "cost_usd": "cost_usd"}
+
+
+def plan_budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
+    """The run's limits (see the module docstring for where each comes from)."""
+    budget = task.budget
+    explicit = task.manifest.spec.get("budget", {})
+    default: dict[str, Any] = {
+        "turns": budget.get("turns"),
+        "tokens": None,
+        "wall_seconds": parse_duration(budget["wall_time"]),
+        "cost_usd": budget.get("cost_usd"),
+    }
+    limits = dict(default)
+    source: BudgetSource = (
+        "task" if explicit else "brain" if task.brain.spec.get("budget") else "default"
+    )
+    knobs = _budget_knobs(catalog)
+    min_runs, step = knobs.pop("min_runs"), knobs.pop("step")
+    runs = (facts.cost_history or {}).get("runs") or []
+    predicted = forecast(runs, **knobs)
+    shown: Forecast | None = None
+    if predicted is not None:
+        own = {"wall_time" if dim == "wall_seconds" else dim for dim in explicit}
+        # Too few runs: the forecast is shown, the budget is not set from it yet.
+        learnt = [
+            dim
+            for dim in DIMENSIONS
+            if predicted["limits"][dim] is not None
+            and ("wall_time" if dim == "wall_seconds" else dim) not in own
+            and predicted["runs"] >= min_runs
+        ]
+        previous = _previous(runs)
+        ceilings = budget_ceilings(catalog)
+        for dim in learnt:
+            value = predicted["limits"][dim]
+            base = previous.get(dim) if previous else None
+            base = base if base is not None else default[dim]
+            if base is not None:
+                value = min(value, _grown(dim, base, step))
+            # A learnt limit never makes the plan unapplyable: it stops at the ceiling.
+            ceiling = ceilings.get(CEILING_KEYS.get(dim, dim))
+            if ceiling is not None and value > ceiling.limit:
+                value = ceiling.limit
+            limits[dim] = round(value, 4) if dim == "cost_usd" else int(value)
+        if learnt:
+            source = "history"
+        shown = {
+            "basis": predicted["basis"] + ", host-measured",
+            "runs": predicted["runs"],
+            "quantile": predicted["quantile"],
+            "reserve": predicted["reserve"],
+            "expected": predicted["expected"],
+            "limits": predicted["limits"],
+            "reported": predicted["reported"],
+            "retries": predicted["retries"],
+            "min_runs": min_runs,
+            "learnt": learnt,
+            "step": step,
+            "previous": _figures(previous) if previous else None,
+            "default": _figures(default),
+            "over_default": [
+                dim for dim in learnt if default[dim] is not None and limits[dim] > default[dim]
+            ],
+        }
+    return {
+        "turns": limits["turns"],
+        "tokens": limits["tokens"],
+        "wall_seconds": int(limits["wall_seconds"]),
+        "cost_usd": limits["cost_usd"],
+        "disk_bytes": parse_size(str(budget.get("disk", "1g"))),
+        "children": _children(catalog),
+        "source": source,
+        "forecast": shown,
+    }
+
+
+def budget_approvals(budget: Budget) -> list[tuple[str, str]]:
+    """``(category, why)`` for each learnt limit above its default: capabilities the
+    operator grants (the planner classifies them like any other)."""
+    shown = budget["forecast"]
+    if shown is None:
+        return []
+    now: dict[str, Any] = {**budget}
+    default: dict[str, Any] = {**shown["default"]}
+    return [
+        (
+            f"budget:{dim}",
+            f"learnt {_shown(dim, now[dim])} from {shown['basis']},"
+            f" over the default {_shown(dim, default[dim])} (at most x{shown['step']:g} a run)",
+        )
+        for dim in shown["over_default"]
+    ]
+
+
+def ceiling_refusals(catalog: Catalog, budget: Budget) -> list[Refusal]:
+    """A budget over an operator-granted ceiling (manifest.ceilings) is refused."""
+    asked = {
+        "turns": budget["turns"],
+        "wall_time": budget["wall_seconds"],
+        "cost_usd": budget["cost_usd"],
+        "disk": budget["disk_bytes"],
+    }
+    return [
+        {
+            "code": "budget-ceiling",
+            "message": f"{message} ({ceiling.source}; raise it in a Policy of yours: spec.ceilings)",
+            "source": ceiling.source,
+        }
+        for ceiling, message in over_ceilings(asked, budget_ceilings(catalog))
+    ]
+
+
+def _grown(dim: str, base: float, step: float) -> float:
+    """The most one run lets ``base`` grow to (whole turns, seconds and tokens down)."""
+    grown = base * step
+    return round(grown, 4) if dim == "cost_usd" else float(math.floor(grown))
+
+
+def _previous(runs: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The limits the newest recorded run was held to; None for an older record."""
+    found = runs[0].get("budget") if runs else None
+    if not isinstance(found, Mapping):
+        return None
+    figures: dict[str, Any] = {}
+    for dim in DIMENSIONS:
+        value = found.get(dim)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            value = None
+        figures[dim] = value if value is None or dim == "cost_usd" else int(value)
+    return figures
+
+
+def _figures(values: Mapping[str, Any]) -> CostFigures:
+    return {
+        "turns": values["turns"],
+        "tokens": values["tokens"],
+        "wall_seconds": values["wall_seconds"],
+        "cost_usd": values["cost_usd"],
+    }
+
+
+def _shown(dim: str, value: float | None) -> str:
+    if value is None:
+        return "none"
+    if dim == "cost_usd":
+        return f"${value:g}"
+    if dim == "wall_seconds":
+        return format_duration(int(value)) + " wall"
+    return f"{int(value):,} {dim}"
+
+
+def _children(catalog: Catalog) -> int:
+    """How many sub-agents a run may have running at once: the Policy ceiling, else none."""
+    ceiling = budget_ceilings(catalog).get("children")
+    return int(ceiling.limit) if ceiling is not None else 0
+
+
+def _budget_knobs(catalog: Catalog) -> dict[str, Any]:
+    """reserve, quantile, floors, min_runs and step from the Graduation manifest (last
+    one wins)."""
+    knobs: dict[str, Any] = {
+        "reserve": DEFAULT_RESERVE,
+        "q": DEFAULT_QUANTILE,
+        "floors": {},
+        "min_runs": DEFAULT_MIN_RUNS,
+        "step": DEFAULT_STEP,
+    }
+    for graduation in catalog.of("Graduation"):
+        spec = graduation.spec
+        knobs["min_runs"] = int(spec.get("budget_min_runs", knobs["min_runs"]))
+        knobs["reserve"] = float(spec.get("reserve", knobs["reserve"]))
+        knobs["q"] = float(spec.get("budget_quantile", knobs["q"]))
+        knobs["step"] = float(spec.get("budget_step", knobs["step"]))
+        floors = dict(spec.get("budget_floors") or {})
+        if "wall" in floors:
+            floors["wall_seconds"] = parse_duration(str(floors.pop("wall")))
+        knobs["floors"] = floors
+    return knobs
