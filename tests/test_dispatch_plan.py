@@ -190,3 +190,43 @@ def test_a_child_cannot_write_what_the_parent_had_read_only(tmp_path: Path, work
     assert len(narrowing) == 1 and narrowing[0].startswith(expected), narrowing
     assert ("git metadata" if ".git" in workdir else "(this task file)") in narrowing[0]
     assert plan["applyable"] is False
+
+
+def test_a_child_is_planned_from_what_its_parent_had_left_never_the_brains_defaults(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent held 2 turns and $0.05 (its own budget); the script brain's default is
+    50 turns and no dollar limit. Before, the child got exactly those defaults."""
+    parent_task = _task(
+        tmp_path / "proj", "parent", "  budget: {turns: 2, cost_usd: 0.05, wall_time: 10m}\n"
+    )
+    parent = _plan(parent_task, {}, tmp_path)
+    facts = {"parent_plan": parent, "parent_run": "run-parent1"}
+    # A child task written by hand: its parent's plan bounds it.
+    by_hand = _plan(_task(tmp_path / "proj" / "sub", "child", CHILD), facts, tmp_path)
+    budget = by_hand["budget"]
+    assert (budget["turns"], budget["cost_usd"], budget["wall_seconds"]) == (2, 0.05, 600)
+    assert budget["source"] == "parent" and budget["parent"]["bound"] == "plan"
+    # Dispatched: the host wrote what the running parent had left (1 turn, $0.02, 5m).
+    left = "  parent: {task: parent, context: [], budget: {turns: 1, cost_usd: 0.02, wall_time: 300s}}\n"
+    dispatched = _plan(_task(tmp_path / "proj" / "d", "child", left), facts, tmp_path)
+    budget = dispatched["budget"]
+    assert (budget["turns"], budget["cost_usd"], budget["wall_seconds"]) == (1, 0.02, 300)
+    assert budget["parent"] == {
+        "turns": 1,
+        "wall_seconds": 300,
+        "cost_usd": 0.02,
+        "bound": "remaining",
+    }
+    assert dispatched["applyable"] is True
+    # A share written larger than the parent's own plan is still cut to the plan.
+    more = "  parent: {task: parent, context: [], budget: {turns: 40, cost_usd: 9}}\n"
+    cut = _plan(_task(tmp_path / "proj" / "m", "child", more), facts, tmp_path)["budget"]
+    assert (cut["turns"], cut["cost_usd"]) == (2, 0.05)
+    monkeypatch.setenv("NO_COLOR", "1")
+    facts_file = tmp_path / "facts.json"
+    facts_file.write_text(json.dumps(facts), encoding="utf-8")
+    task = str(tmp_path / "proj" / "d" / "task.yml")
+    assert main(["plan", task, "--manifests", MANIFESTS, "--facts", str(facts_file)]) == 0
+    text = capsys.readouterr().out
+    assert "(from parent); at most what its parent had left: 1 turns, 5m wall, $0.02" in text

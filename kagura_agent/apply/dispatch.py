@@ -2,17 +2,21 @@
 
     the brain's request (over the channel) → checked (names, paths, sizes)
     → the context it chose handed over (patterns.dispatch: load_context, handoff)
+    → what the parent has left (apply/allotment.py: turns, dollars, wall, lease time,
+      less what its other children hold; an even share among free child slots)
     → a child Task written to the state directory, its project root a folder of the
-      parent's → planned from the operator's manifests with the running parent's plan as
-      the ceiling (the planner's narrowing check) → refused with every reason, or
+      parent's, that share as ``spec.parent.budget`` → planned from the operator's
+      manifests with the running parent's plan as the ceiling (the planner's narrowing
+      check; plan/budget.py cuts each limit to the share) → refused with every reason, or
     → approvals asked where the parent asks (its terminal) → the plan saved
     → ``kagura-agent apply PLAN --yes --json`` as its own process: its own container,
       egress proxy, leases, lock and record, exactly what an operator's shell would run
     → its output memory read back (patterns.dispatch.child_outputs) → the tool's answer.
 
 Children run at once up to the plan's ``budget.children`` (Policy ``ceilings.children``);
-more wait for a free slot. A cancelled dispatch (the parent's channel stopping: a kill,
-Ctrl-C, SIGTERM, its wall budget) sends the child SIGINT, apply's own clean-up path;
+more wait for a free slot, and are planned (from what is left then) once they have one.
+A cancelled dispatch (the parent's channel stopping: a kill, Ctrl-C, SIGTERM, its wall
+budget) sends the child SIGINT, apply's own clean-up path;
 ``close``, on the parent's ExitStack, waits for every child to finish that and kills one
 that overruns, so a parent never leaves a child running.
 """
@@ -26,6 +30,7 @@ import json
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +38,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from kagura_agent.apply.allotment import Allotments, Left, lease_grants, left
 from kagura_agent.apply.child_request import ChildRequest, Refused, make_workdir
 from kagura_agent.apply.context import RunContext
 from kagura_agent.apply.parentdeath import child_environment
@@ -114,6 +120,9 @@ class ChildDispatcher:
         self._asking = asyncio.Lock()
         self._parent_recorded = False
         self._folder = state_dir() / "dispatch" / ctx.run_id
+        # What the children hold and used: the parent's own (its budget checks count it).
+        self._held = ctx.midrun.children if ctx.midrun is not None else Allotments()
+        self._started = time.monotonic()  # the brain starts now: its wall budget runs
 
     async def dispatch(self, request: Mapping[str, Any]) -> dict[str, Any]:
         number = next(self._numbers)
@@ -129,6 +138,7 @@ class ChildDispatcher:
                 raise Refused(["this run may not dispatch sub-agents (Policy ceilings.children)"])
             answer = await self._run(child, record, limit)
         except Refused as exc:
+            self._held.release(number)
             record.outcome, record.reasons = "refused", exc.reasons
             record.fingerprint = exc.fingerprint or record.fingerprint
             self.ctx.live.note(f"sub-agent {record.task} refused: {exc}", "red")
@@ -141,9 +151,24 @@ class ChildDispatcher:
         return answer
 
     async def _run(self, child: ChildRequest, record: ChildRecord, limit: int) -> dict[str, Any]:
+        # A child is planned once a slot is free, from what is left then: planned while
+        # its siblings held every slot, it would find their shares gone and be refused.
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(limit)
+        if self._slots.locked():
+            self.ctx.live.note(f"sub-agent {child.name} waits: {limit} already running")
+        async with self._slots:
+            return await self._plan_and_apply(child, record, limit)
+
+    async def _plan_and_apply(
+        self, child: ChildRequest, record: ChildRecord, limit: int
+    ) -> dict[str, Any]:
         plan = self.ctx.plan
+        share = self._share(limit)
+        # Held from now on: a sibling dispatched meanwhile shares only the rest.
+        self._held.reserve(record.number, share.turns, share.cost_usd)
         context = self._hand_over(child)
-        task_path = self._write_task(child, context)
+        task_path = self._write_task(child, context, share)
         if not self._parent_recorded:
             # The running parent's plan is what its children narrow: record it as applied
             # now, so planning the child (and apply's freshness check) reads this plan.
@@ -154,6 +179,8 @@ class ChildDispatcher:
         reasons = _unapplyable(child_plan)
         if reasons:
             raise Refused(reasons, child_plan["fingerprint"])
+        limits = child_plan["budget"]
+        self._held.reserve(record.number, limits["turns"], limits["cost_usd"])
         since = self.ctx.clock.now()
         if self.ctx.midrun is not None:
             await self._ask(child_plan, record.number, self.ctx.midrun.asker)
@@ -164,15 +191,29 @@ class ChildDispatcher:
         self.ctx.live.phase(
             f"sub-agent {child.name}: starting (plan {child_plan['fingerprint'][:19]}…)"
         )
-        # The limit bounds children running, not ones being planned or asked about.
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(limit)
-        if self._slots.locked():
-            self.ctx.live.note(f"sub-agent {child.name} waits: {limit} already running")
-        async with self._slots:
-            record.outcome = "running"
-            result = await self._apply(record, plan_path, iso(since))
+        record.outcome = "running"
+        result = await self._apply(record, plan_path, iso(since))
+        self._held.settle(record.number, result)
         return self._answer(record, result)
+
+    def _share(self, slots: int) -> Left:
+        """This child's share of what the parent has left (apply/allotment.py); Refused
+        when nothing is."""
+        midrun = self.ctx.midrun
+        budget = (midrun.plan if midrun is not None else self.ctx.plan)["budget"]
+        pool = left(
+            budget,
+            turns=midrun.spent_turns if midrun is not None else 0,
+            usd=midrun.spent_usd if midrun is not None else 0.0,
+            calls=midrun.model_calls if midrun is not None else None,
+            held=self._held.held,
+            elapsed=time.monotonic() - self._started,
+        )
+        share = pool.shared(slots - self._held.holding)
+        short = pool.shortfall() or share.shortfall()
+        if short:
+            raise Refused(short)
+        return share
 
     def _hand_over(self, child: ChildRequest) -> list[str]:
         """The memories the parent chose, if it may read them; its notes as new memories."""
@@ -191,16 +232,17 @@ class ChildDispatcher:
             ids += handed["context_memories"]
         return ids
 
-    def _write_task(self, child: ChildRequest, context: list[str]) -> Path:
+    def _write_task(self, child: ChildRequest, context: list[str], share: Left) -> Path:
         plan = self.ctx.plan
         root = make_workdir(plan["task"]["project_root"], child.workdir)
+        parent = {"task": plan["task"]["name"], "context": context, "budget": share.to_spec()}
         spec: dict[str, Any] = {
             "kind": child.name,
             "brain": plan["brain"]["name"],
             "image": plan["image"]["name"],
             "memory": plan["memory"]["name"],
             "project_root": str(root),
-            "parent": {"task": plan["task"]["name"], "context": context},
+            "parent": parent,
             "egress": list(child.egress if child.egress is not None else _baseline_egress(plan)),
         }
         if plan["brain"]["engine"] == "script":
@@ -210,7 +252,12 @@ class ChildDispatcher:
         else:
             spec["prompt"] = child.prompt
         if child.credentials:
-            spec["credentials"] = [dict(c) for c in child.credentials]
+            broker = self.ctx.midrun.broker if self.ctx.midrun is not None else None
+            leases = broker.leases if broker is not None else []
+            try:
+                spec["credentials"] = lease_grants(child.credentials, leases, self.ctx.clock.now())
+            except ValueError as exc:
+                raise Refused([str(exc)]) from None
         if child.verify:
             spec["verify"] = list(child.verify)
         document = {

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Literal, Protocol
 
+from kagura_agent.apply.allotment import Allotments
 from kagura_agent.apply.amend import Amender, Amendment, Refused
 from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.modelcalls import ModelCalls
@@ -140,6 +141,9 @@ class MidRun:
         # Model calls counted from the proxy's log (apply sets it when the proxy injects
         # the brain's key): the turn budget holds on the larger count.
         self.calls: ModelCalls | None = None
+        # What the run's sub-agents hold and used (apply/dispatch.py): what finished ones
+        # used counts against this run's own turn and dollar budgets.
+        self.children = Allotments()
 
     def counted(self, turns: int | None, usd: float | None) -> None:
         """What the run's cost events say was spent so far (the host's own count)."""
@@ -155,15 +159,21 @@ class MidRun:
 
     def past_budget(self) -> str | None:
         """Why the brain may not go on: a turn or dollar budget in force is spent (turns:
-        the larger of the reported turns and the model calls counted at the proxy)."""
+        the larger of the reported turns and the model calls counted at the proxy, plus
+        what its finished sub-agents used; dollars: reported, plus theirs)."""
         budget = self.plan["budget"]
         calls = self.model_calls or 0
-        if budget["turns"] and calls > self.spent_turns and calls >= budget["turns"]:
-            return _counted(calls, budget["turns"])
-        if budget["turns"] and self.spent_turns >= budget["turns"]:
-            return f"{self.spent_turns} turns spent of a {budget['turns']}-turn budget"
-        if budget["cost_usd"] and self.spent_usd >= budget["cost_usd"]:
-            return f"${self.spent_usd:.4f} spent of a ${budget['cost_usd']:g} budget"
+        turns, usd = self.children.used
+        theirs = f" ({turns} by its sub-agents)" if turns else ""
+        if budget["turns"] and calls > self.spent_turns and calls + turns >= budget["turns"]:
+            return _counted(calls, budget["turns"]) + theirs
+        if budget["turns"] and self.spent_turns + turns >= budget["turns"]:
+            spent = self.spent_turns + turns
+            return f"{spent} turns spent of a {budget['turns']}-turn budget{theirs}"
+        if budget["cost_usd"] and self.spent_usd + usd >= budget["cost_usd"]:
+            theirs = f" (${usd:.4f} by its sub-agents)" if usd else ""
+            spent_usd = self.spent_usd + usd
+            return f"${spent_usd:.4f} spent of a ${budget['cost_usd']:g} budget{theirs}"
         return None
 
     def past_counted(self) -> str | None:
@@ -309,7 +319,11 @@ class MidRun:
         request = self._request_id()
         # What is left is reckoned from the larger count (the events may still be on
         # their way); past_budget keeps to the events as they are seen, in order.
-        used = (max(self.spent_turns, turns, self.model_calls or 0), max(self.spent_usd, cost_usd))
+        theirs = self.children.used
+        used = (
+            max(self.spent_turns, turns, self.model_calls or 0) + theirs[0],
+            max(self.spent_usd, cost_usd) + theirs[1],
+        )
         reason = self.live.redactor.scrub_any_case(neutralise(reason, newlines=False))
         name, what = limit, BRAIN_BUDGETS.get(limit, limit)
         self.live.note(

@@ -60,7 +60,9 @@ class ResolvedTask:
     # The task file's absolute path (apply re-plans from it to check freshness). Resolved
     # here, not in a property: the planner must not touch the file system or the cwd.
     path: str = ""
-    parent: dict[str, Any] | None = None  # a dispatched child: {"task": name, "context": [ids]}
+    # A dispatched child: {"task": name, "context": [ids], "budget": what the parent had
+    # left, {turns, wall_seconds, cost_usd} or None}.
+    parent: dict[str, Any] | None = None
     tool_servers: tuple[Manifest, ...] = ()  # ToolServer manifests the task requested
 
     @property
@@ -162,7 +164,19 @@ def _parent(spec: dict[str, Any]) -> dict[str, Any] | None:
     parent = spec.get("parent")
     if parent is None:
         return None
-    return {"task": parent["task"], "context": list(parent.get("context", []))}
+    bound = parent.get("budget")
+    return {
+        "task": parent["task"],
+        "context": list(parent.get("context", [])),
+        # What the parent had left when it dispatched (plan/budget.py cuts to it).
+        "budget": None
+        if bound is None
+        else {
+            "turns": bound.get("turns"),
+            "wall_seconds": parse_duration(bound["wall_time"]) if "wall_time" in bound else None,
+            "cost_usd": bound.get("cost_usd"),
+        },
+    }
 
 
 def _ref(
@@ -234,7 +248,9 @@ def _credentials(
             continue
         renewals = int(grant.get("renewals", 0))
         budget = parse_duration(grant["budget"]) if "budget" in grant else ttl * (renewals + 1)
-        if budget < ttl:
+        # A dispatched child's lease is held no longer than its parent's has left (the
+        # host writes that budget; the broker ends the lease there): shorter is expected.
+        if budget < ttl and "budget" not in (task.spec.get("parent") or {}):
             problems.append(task.diag((*at, "budget"), "budget is shorter than one lease"))
             continue
         requests.append(CredentialRequest(provider, grant["scope"], ttl, renewals, budget))

@@ -7,7 +7,11 @@ Where each limit comes from, first match wins per dimension:
    counted at the proxy, its wall clock; patterns/cost_history.MEASURED), once
    ``budget_min_runs`` runs are recorded; grown by at most ``budget_step`` (x1.5) of the
    limit the newest run was held to; cut to the Policy ceiling;
-3. the brain's budget, else the defaults (manifest/task.DEFAULT_BUDGET).
+3. the brain's budget, else the defaults (manifest/task.DEFAULT_BUDGET);
+
+and a dispatched child's limits are then cut to what its parent had left for it
+(``spec.parent.budget``, written by the host: apply/allotment.py), and never exceed the
+parent's last applied plan: never the brain's defaults over a parent with less.
 
 A learnt limit above the one step 3 (or 1) would give — the *default* — is a capability
 the operator grants: ``budget_approvals`` names it ``budget:<dimension>`` and the planner
@@ -33,7 +37,14 @@ from kagura_agent.patterns.cost_history import (
     DIMENSIONS,
     forecast,
 )
-from kagura_agent.plan.model import Budget, BudgetSource, CostFigures, Forecast, Refusal
+from kagura_agent.plan.model import (
+    Budget,
+    BudgetSource,
+    CostFigures,
+    Forecast,
+    ParentBudget,
+    Refusal,
+)
 from kagura_agent.units import format_duration, parse_duration, parse_size
 
 # Most a learnt limit grows in one run (Graduation ``budget_step``): x1.5 of the limit
@@ -41,6 +52,7 @@ from kagura_agent.units import format_duration, parse_duration, parse_size
 # plan at most half as much again, never the ceiling at once.
 DEFAULT_STEP = 1.5
 CEILING_KEYS = {"turns": "turns", "wall_seconds": "wall_time", "cost_usd": "cost_usd"}
+PARENT_DIMENSIONS = ("turns", "wall_seconds", "cost_usd")
 
 
 def plan_budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
@@ -105,6 +117,14 @@ def plan_budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
                 dim for dim in learnt if default[dim] is not None and limits[dim] > default[dim]
             ],
         }
+    parent = _parent_bound(task, facts)
+    if parent is not None:
+        bounds: dict[str, Any] = {**parent}
+        for dim in PARENT_DIMENSIONS:
+            bound = bounds[dim]
+            if bound is not None and (limits[dim] is None or limits[dim] > bound):
+                limits[dim] = bound
+                source = "parent"
     return {
         "turns": limits["turns"],
         "tokens": limits["tokens"],
@@ -114,6 +134,33 @@ def plan_budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
         "children": _children(catalog),
         "source": source,
         "forecast": shown,
+        "parent": parent,
+    }
+
+
+def _parent_bound(task: ResolvedTask, facts: Facts) -> ParentBudget | None:
+    """A dispatched child's most: its share of what the running parent had left (the
+    host wrote it into the task), never more than the parent's last applied plan gave the
+    parent itself. None for a run without a parent, or a parent that never ran (the
+    planner refuses that child anyway)."""
+    if task.parent is None:
+        return None
+    bounds: list[Mapping[str, Any]] = []
+    if task.parent.get("budget") is not None:
+        bounds.append(task.parent["budget"])
+    if facts.parent_plan is not None:
+        bounds.append(facts.parent_plan["budget"])
+    if not bounds:
+        return None
+    least: dict[str, Any] = {}
+    for dim in PARENT_DIMENSIONS:
+        given: list[Any] = [b[dim] for b in bounds if b.get(dim) is not None]
+        least[dim] = min(given) if given else None
+    return {
+        "turns": least["turns"],
+        "wall_seconds": least["wall_seconds"],
+        "cost_usd": least["cost_usd"],
+        "bound": "remaining" if task.parent.get("budget") is not None else "plan",
     }
 
 

@@ -22,7 +22,8 @@ Tenancy = Literal["self-host", "shared"]
 MountKind = Literal["project", "extra", "protected"]
 MountMode = Literal["ro", "rw"]
 MemoryBackend = Literal["sqlite", "cloud", "postgres"]
-BudgetSource = Literal["task", "brain", "default", "history"]
+BudgetSource = Literal["task", "brain", "default", "history", "parent"]
+ParentBound = Literal["remaining", "plan"]
 PolicyEffect = Literal["deny", "warn"]
 DiffOp = Literal["+", "-", "~"]
 Layer = Literal["packaged", "operator"]
@@ -298,6 +299,13 @@ class Forecast(TypedDict):
     over_default: list[str]
 
 
+class ParentBudget(TypedDict):
+    turns: int | None
+    wall_seconds: int | None
+    cost_usd: float | None
+    bound: ParentBound
+
+
 class Budget(TypedDict):
     turns: int | None
     tokens: int | None
@@ -307,6 +315,7 @@ class Budget(TypedDict):
     children: int  # sub-agents the run may have running at once (Policy ceilings.children)
     source: BudgetSource
     forecast: Forecast | None
+    parent: ParentBudget | None
 
 
 Approval = TypedDict(
@@ -587,7 +596,12 @@ DESCRIPTIONS: dict[str, str] = {
     "budget.disk_bytes": "Most the run may add to the project root; past it the run stops.",
     "budget.children": "Sub-agents the run's brain may have running at once (Policy `ceilings.children`; 0: it may not dispatch).",
     "budget.tokens": "Input plus output tokens the run may use (learnt from history; no engine enforces it, the run notes an overrun), or null.",
-    "budget.source": "`task`, `brain`, `default` or `history` (any dimension learnt from history).",
+    "budget.source": "`task`, `brain`, `default`, `history` (any dimension learnt from history) or `parent` (a dispatched child's limit cut to what its parent had left).",
+    "budget.parent": "A dispatched child: the most its parent lets it take, each limit of this budget cut to it; null for any other run.",
+    "budget.parent.turns": "Turns the parent had left for it, or null (no turn limit).",
+    "budget.parent.wall_seconds": "Wall seconds the parent had left, or null.",
+    "budget.parent.cost_usd": "Dollars the parent had left for it, or null (no dollar limit).",
+    "budget.parent.bound": "`remaining`: its share of what the running parent had left when it dispatched (the host wrote it into the child's task); `plan`: the parent's last applied plan's limits (a child task written by hand).",
     "budget.forecast": "The forecast from this task kind's cost history, or null without history.",
     "budget.forecast.basis": "How the limits were learnt, e.g. `p80 of 7 runs + 30%, host-measured`.",
     "budget.forecast.runs": "Runs of this task kind the forecast read (newest first, at most 20).",

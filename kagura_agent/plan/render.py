@@ -128,6 +128,19 @@ def _budget_line(budget: Budget) -> str:
     if budget["children"]:
         parts.append(f"{budget['children']} sub-agents at once")
     text = ", ".join(parts) + f" (from {budget['source']})"
+    parent = budget["parent"]
+    if parent is not None:
+        most = [
+            f"{parent['turns']} turns" if parent["turns"] is not None else "",
+            f"{format_duration(parent['wall_seconds'])} wall"
+            if parent["wall_seconds"] is not None
+            else "",
+            f"${parent['cost_usd']:g}" if parent["cost_usd"] is not None else "",
+        ]
+        whose = (
+            "what its parent had left" if parent["bound"] == "remaining" else "its parent's plan"
+        )
+        text += f"; at most {whose}: {', '.join(m for m in most if m) or 'no limit'}"
     forecast = budget["forecast"]
     if forecast:
         text += "; " + forecast_text(forecast)
