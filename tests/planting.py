@@ -30,7 +30,8 @@ PLANTED = (
 )
 
 
-def _module_code(mark: str) -> str:
+def module_code(mark: str) -> str:
+    """A module that creates the file ``mark`` when imported (nothing where it cannot)."""
     return (
         "import os\n"
         "try:\n"
@@ -44,7 +45,7 @@ def planted_files(marks: str | Path, tag: str) -> dict[str, str]:
     """Each planted file's text; importing it leaves ``marks/TAG--NAME``."""
     files = {}
     for rel in PLANTED:
-        code = _module_code(os.path.join(str(marks), f"{tag}--{rel.replace('/', '.')}"))
+        code = module_code(os.path.join(str(marks), f"{tag}--{rel.replace('/', '.')}"))
         if rel.endswith(".pth"):  # a .pth line starting with import is run by site
             code = "import os; exec(" + repr(code) + ")\n"
         files[rel] = code
@@ -64,8 +65,13 @@ def plant(folder: Path, marks: Path, tag: str, uid: int | None = None) -> None:
 
 def planting_step(marks: str | Path, tag: str) -> str:
     """A shell step writing the planted files into its working directory."""
+    return writing_step(planted_files(marks, tag))
+
+
+def writing_step(files: dict[str, str]) -> str:
+    """A shell step writing ``files`` (relative path: text) into its working directory."""
     lines = []
-    for rel, code in planted_files(marks, tag).items():
+    for rel, code in files.items():
         folder = os.path.dirname(rel)
         encoded = base64.b64encode(code.encode()).decode()
         if folder:

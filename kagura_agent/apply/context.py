@@ -231,6 +231,9 @@ class RunResult:
     # Model calls the host counted at the proxy (apply/modelcalls.py), next to the turns
     # the brain reported; None when the run's model calls do not pass an injecting proxy.
     model_calls: int | None = None
+    # What the aftercare moved aside in the project root (path, to, why; relative to the
+    # root): repositories the run planted, files the operator's git hooks would have run.
+    moved_aside: tuple[dict[str, str], ...] = ()
 
     @property
     def success(self) -> bool:
@@ -242,6 +245,7 @@ class RunResult:
             "verify": [{"command": c, "exit_code": code} for c, code, _ in self.verify],
             "denials": list(self.denials),
             "children": list(self.children),
+            "moved_aside": list(self.moved_aside),
         }
 
 

@@ -27,6 +27,7 @@ import functools
 import signal
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import FrameType
 
 from kagura_agent.apply import acl
@@ -42,11 +43,14 @@ from kagura_agent.apply.context import (
 )
 from kagura_agent.apply.docker import DockerApplyRuntime
 from kagura_agent.apply.gitlinks import (
+    PLANTED_REPOSITORY,
     Snapshot,
     check_gitlinks,
     check_root_repository,
     snapshot,
 )
+from kagura_agent.apply.hookcheck import HookSnapshot, check_hooks
+from kagura_agent.apply.hookcheck import snapshot as hook_snapshot
 from kagura_agent.apply.hostrun import run_on_host
 from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.midrun import MidRun, announce
@@ -152,10 +156,11 @@ def _locked(ctx: RunContext) -> RunResult:
         root_acl = acl.snapshot(ctx.plan["task"]["project_root"])
         since = open_run(store, ctx.plan, ctx.run_id, clock, root_acl=root_acl)
         gitlinks = snapshot(ctx.plan["task"]["project_root"])
+        hooks = hook_snapshot(ctx.plan["task"]["project_root"])
         denials: Denials = []  # filled when the egress proxy is removed, on every path
         # Once, after the run's last container: on the normal end (before the record),
         # on an error or an interruption (then nothing is recorded).
-        aftercare = functools.cache(lambda: _aftercare(ctx, since, gitlinks, root_acl))
+        aftercare = functools.cache(lambda: _aftercare(ctx, since, gitlinks, hooks, root_acl))
         try:
             result = _sequence(ctx, denials, aftercare)
         except KeyboardInterrupt:
@@ -179,14 +184,25 @@ def _locked(ctx: RunContext) -> RunResult:
     return result
 
 
-def _aftercare(ctx: RunContext, since: int, gitlinks: Snapshot, root_acl: str) -> str | None:
+@dataclass(frozen=True)
+class Aftercare:
+    """What the aftercare of a run's project root came to."""
+
+    failed: str | None = None  # why the run failed: its root is quarantined
+    moved_aside: tuple[dict[str, str], ...] = ()  # path, to, why (relative to the root)
+
+
+def _aftercare(
+    ctx: RunContext, since: int, gitlinks: Snapshot, hooks: HookSnapshot, root_acl: str
+) -> Aftercare:
     """The run's last container (agent, verify) is gone: clear the setuid/setgid bits, the
     write for others and the ACL entries granting others (apply/acl.py) it left in the
     project root, before the row closes (a kill -9 here leaves it to the next apply's
     sweep); when that walk cannot check every entry, quarantine the root
-    (apply/quarantine.py) and return why the run failed. Then move aside any submodule
-    repository it planted or changed (apply/gitlinks.py): the operator's next
-    ``git status`` would run its configuration."""
+    (apply/quarantine.py) and say why the run failed. Then move aside any submodule
+    repository it planted or changed (apply/gitlinks.py) and anything it wrote that the
+    operator's git hooks would run (apply/hookcheck.py): the operator's next ``git status``
+    or ``git commit`` would run them."""
     root = ctx.plan["task"]["project_root"]
     report = clear_setid(root, since, root_acl=root_acl)
     for line in report.summary():
@@ -197,11 +213,18 @@ def _aftercare(ctx: RunContext, since: int, gitlinks: Snapshot, root_acl: str) -
         for line in closed.lines():
             ctx.live.note(line, "red")
         failed = f"aftercare: project root quarantined ({closed.reasons})"
+    moved: list[dict[str, str]] = []
     # The root first: git looking for the gitlinks would find a repository planted there.
     for check in (check_root_repository, check_gitlinks):
-        for line in check(root, since, gitlinks).summary():
+        planted = check(root, since, gitlinks)
+        for line in planted.summary():
             ctx.live.note(line, "yellow")
-    return failed
+        moved += [{"path": rel, "to": to, "why": PLANTED_REPOSITORY} for rel, to in planted.moved]
+    hooked = check_hooks(root, since, hooks)
+    for line in hooked.summary():
+        ctx.live.note(line, "red")
+    moved += hooked.to_json()
+    return Aftercare(failed, tuple(moved))
 
 
 def _refuse_foreign_session(store: StateStore, plan: Plan) -> None:
@@ -216,7 +239,7 @@ def _refuse_foreign_session(store: StateStore, plan: Plan) -> None:
         )
 
 
-def _sequence(ctx: RunContext, denials: Denials, aftercare: Callable[[], str | None]) -> RunResult:
+def _sequence(ctx: RunContext, denials: Denials, aftercare: Callable[[], Aftercare]) -> RunResult:
     """Lease → run (container or host) → decide → (every container gone) aftercare →
     record; clean-up on every exit. A teardown that fails (a proxy that will not go) is
     raised once the run is recorded."""
@@ -238,12 +261,17 @@ def _sequence(ctx: RunContext, denials: Denials, aftercare: Callable[[], str | N
     return dataclasses.replace(result, denials=tuple(denials))
 
 
-def _failed_by(quarantined: str | None, result: RunResult) -> RunResult:
-    """The run's result once its aftercare has spoken: a quarantined root fails it."""
-    if quarantined is None:
+def _failed_by(aftercare: Aftercare, result: RunResult) -> RunResult:
+    """The run's result once its aftercare has spoken: what it moved aside is part of it,
+    and a quarantined root fails it."""
+    result = dataclasses.replace(result, moved_aside=aftercare.moved_aside)
+    if aftercare.failed is None:
         return result
     return dataclasses.replace(
-        result, outcome="failed", exit_code=int(ExitCode.TASK_FAILED), brain_error=quarantined
+        result,
+        outcome="failed",
+        exit_code=int(ExitCode.TASK_FAILED),
+        brain_error=aftercare.failed,
     )
 
 

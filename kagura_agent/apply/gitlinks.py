@@ -38,6 +38,7 @@ from kagura_agent.manifest.gitinputs import host_git
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _REPO_PARTS = ("config", "config.worktree", "commondir", "hooks")
 MAX_GITLINKS = 10_000
+PLANTED_REPOSITORY = "a git repository the run planted (git would have run its configuration)"
 GIT_TIMEOUT = 30.0
 
 

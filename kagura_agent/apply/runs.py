@@ -20,6 +20,7 @@ from typing import Any
 
 from kagura_agent.apply.context import ApplyRuntime
 from kagura_agent.apply.gitlinks import check_gitlinks, check_root_repository
+from kagura_agent.apply.hookcheck import check_hooks
 from kagura_agent.apply.parentdeath import PARENT_ENV, PARENT_ROOT_ENV
 from kagura_agent.apply.quarantine import quarantine
 from kagura_agent.apply.runtable import MIGRATIONS
@@ -126,6 +127,10 @@ def sweep_dead_runs(
             for report in (check_root_repository(root, since), check_gitlinks(root, since)):
                 # The agent chose the names, and the run's redactor died with it.
                 lines += [(line, "yellow") for line in report.summary(withhold_names=True)]
+            # What the operator's git hooks would run (no snapshot: a changed package.json
+            # section a hook manager reads is taken for the run's).
+            hooked = check_hooks(root, since)
+            lines += [(line, "red") for line in hooked.summary(withhold_names=True)]
             if on_note is not None:
                 for line, colour in lines:
                     on_note(line, colour)
