@@ -63,7 +63,8 @@ def neutralise_data(value: Any) -> Any:
 SECRET_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("an AWS access key id", re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")),
     ("an Anthropic API key", re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{20,}")),
-    ("an OpenAI-style API key", re.compile(r"\bsk-(?:proj-)?[A-Za-z0-9_\-]{20,}")),
+    # Not an Anthropic key's start: a truncated one is no key of either kind.
+    ("an OpenAI-style API key", re.compile(r"\bsk-(?!ant-)(?:proj-)?[A-Za-z0-9_\-]{20,}")),
     ("a Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}")),
     ("a Slack app token", re.compile(r"\bxapp-[A-Za-z0-9\-]{10,}")),
     ("a GitHub token", re.compile(r"\b(?:ghp|gho|ghs|ghu|ghr)_[A-Za-z0-9]{30,}")),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 import json
 from collections.abc import Iterator
@@ -9,56 +10,112 @@ from functools import cache
 from typing import Any
 
 from kagura_agent.errors import Diagnostic
-from kagura_agent.hygiene import looks_like_secret
 from kagura_agent.manifest.cache import PassCache, key
 from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.grants import check_grants
 from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.manifest.scopes import scope_problems
+from kagura_agent.manifest.secretscan import scan, scan_joined
 from kagura_agent.manifest.toolservers import check_tool_server
 from kagura_agent.manifest.yamlpos import Path, YamlDoc, json_path
 
 DEFAULTABLE = ("Brain", "Image", "Memory")
 
 
-def walk_strings(value: Any, path: Path = ()) -> Iterator[tuple[Path, str]]:
+def walk_strings(value: Any, path: Path = ()) -> Iterator[tuple[Path, str, bool]]:
+    """Every string in ``value`` with its path, mapping keys too (``True`` for a key)."""
     if isinstance(value, str):
-        yield path, value
+        yield path, value, False
     elif isinstance(value, dict):
         for key, item in value.items():
+            if isinstance(key, str):
+                yield (*path, key), key, True
             yield from walk_strings(item, (*path, key))
     elif isinstance(value, list):
         for index, item in enumerate(value):
             yield from walk_strings(item, (*path, index))
 
 
-def inline_secrets(doc: YamlDoc) -> list[Diagnostic]:
-    """Any string that looks like key material is refused: manifests hold references only.
+def _secret_problem(file: str, line: int, col: int, path: str, what: str) -> Diagnostic:
+    return Diagnostic(
+        file,
+        line,
+        col,
+        path,
+        f"this looks like an inline secret ({what}); manifests hold references only",
+        "use env:NAME, file:PATH or keyring:SERVICE/USER",
+    )
 
-    An aliased secret is reported once, at its first occurrence.
+
+def inline_secrets(doc: YamlDoc) -> tuple[list[Diagnostic], set[str]]:
+    """Key material in any value or mapping key of ``doc`` (manifest/secretscan.py), as
+    parsed (so a YAML escape hides nothing); and the secrets found, so that the scan of the
+    file's text (``text_secrets``) does not report them twice.
+
+    The strings are scanned as one text, a line each (one pass, however many strings);
+    each string is reported once, an aliased one at its first occurrence.
     """
-    problems = []
+    strings: list[tuple[Path, bool]] = []
+    texts: list[str] = []
+    starts: list[int] = []
     scanned: set[int] = set()
-    for path, text in walk_strings(doc.value):
+    size = 0
+    for path, text, is_key in walk_strings(doc.value):
         # An alias repeats the same string object: scan it once, so the scan stays
         # linear in the file (whose size the loader caps), not in its expansion.
         if id(text) in scanned:
             continue
         scanned.add(id(text))
-        kind = looks_like_secret(text)
-        if kind:
-            line, col = doc.where(path)
-            problems.append(
-                Diagnostic(
-                    doc.file,
-                    line,
-                    col,
-                    json_path(path),
-                    f"this looks like an inline secret ({kind}); manifests hold references only",
-                    "use env:NAME, file:PATH or keyring:SERVICE/USER",
-                )
-            )
+        strings.append((path, is_key))
+        texts.append(text)
+        starts.append(size)
+        size += len(text) + 1
+    problems = []
+    secrets: set[str] = set()
+    reported: set[int] = set()
+    # Whole keys only: a piece of one is judged in the file's text, where the rest may be.
+    for finding in [f for f in scan("\n".join(texts)) if not f.fragment]:
+        index = bisect.bisect_right(starts, finding.offset) - 1
+        secrets.add(finding.secret)
+        if index in reported:
+            continue
+        reported.add(index)
+        path, is_key = strings[index]
+        line, col = doc.where(path, key=is_key)
+        what = finding.describe() + (", as a mapping key" if is_key else "")
+        problems.append(_secret_problem(doc.file, line, col, json_path(path), what))
+    return problems, secrets
+
+
+def text_secrets(file: str, text: str, docs: list[YamlDoc], seen: set[str]) -> list[Diagnostic]:
+    """Key material in a file's text that its parsed values do not hold (``seen``): in a
+    comment, or broken across lines or list items. Located at its line and column, with
+    the path of the nearest node before it."""
+    direct = scan(text)
+    # A key found whole is not also "split"; a piece found whole across a break is.
+    places = {f.offset for f in direct if not f.fragment}
+    joined = [f for f in scan_joined(text, seen) if f.offset not in places]
+    direct = [f for f in direct if f.offset not in {j.offset for j in joined}]
+    problems = []
+    for finding in sorted(direct + joined, key=lambda f: f.offset):
+        if finding.secret in seen:
+            continue
+        line = text.count("\n", 0, finding.offset) + 1
+        col = finding.offset - (text.rfind("\n", 0, finding.offset) + 1) + 1
+        path = _nearest(docs, line, col)
+        what = f"{finding.describe()}, in the file's text: a comment or a broken line"
+        problems.append(_secret_problem(file, line, col, path, what))
     return problems
+
+
+def _nearest(docs: list[YamlDoc], line: int, col: int) -> str:
+    """The JSON path of the last node that starts at or before ``line``:``col``."""
+    best: tuple[tuple[int, int], Path] = ((0, 0), ())
+    for doc in docs:
+        for path, where in doc.positions.items():
+            if best[0] < where <= (line, col):
+                best = (where, path)
+    return json_path(best[1])
 
 
 def check_catalog(catalog: Catalog) -> list[Diagnostic]:

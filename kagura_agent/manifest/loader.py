@@ -41,6 +41,8 @@ class Sources:
     layers: dict[str, str] = field(default_factory=dict)
     # The real path of every file read from disk, so one file is never read twice.
     real_paths: set[str] = field(default_factory=set)
+    # Each file's text by display name (the inline-secret check reads comments too).
+    texts: dict[str, str] = field(default_factory=dict)
 
     def extend(self, other: Sources) -> None:
         self.docs.extend(other.docs)
@@ -48,6 +50,7 @@ class Sources:
         self.problems.extend(other.problems)
         self.layers.update(other.layers)
         self.real_paths.update(other.real_paths)
+        self.texts.update(other.texts)
 
 
 def packaged_dir() -> Path:
@@ -156,6 +159,7 @@ def read_text_source(text: str, name: str, layer: str = "operator") -> Sources:
         sources.problems.append(_too_big(name, len(data)))
         return sources
     docs, problems = load_documents(text, name)
+    sources.texts[name] = text
     sources.docs.extend(docs)
     sources.problems.extend(problems)
     return sources

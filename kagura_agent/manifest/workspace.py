@@ -11,7 +11,7 @@ from typing import Any
 from kagura_agent import hostproc
 from kagura_agent.errors import Diagnostic, UsageError, ValidationError
 from kagura_agent.manifest.catalog import Catalog, build_catalog
-from kagura_agent.manifest.checks import check_catalog, inline_secrets
+from kagura_agent.manifest.checks import check_catalog, inline_secrets, text_secrets
 from kagura_agent.manifest.loader import (
     YAML_SUFFIXES,
     Sources,
@@ -23,6 +23,7 @@ from kagura_agent.manifest.loader import (
     same_dir,
 )
 from kagura_agent.manifest.task import ResolvedTask, resolve_task
+from kagura_agent.manifest.yamlpos import YamlDoc
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,7 @@ def load_workspace(
     catalog = replace(catalog, origin=origin, layers=tuple(layers))
     # Syntax errors, duplicate keys and unreadable files were found while reading.
     problems = [*sources.problems, *problems]
-    for doc in sources.docs:
-        problems.extend(inline_secrets(doc))
+    problems.extend(_secrets(sources))
     problems.extend(check_catalog(catalog))
     tasks: list[ResolvedTask] = []
     for manifest in task_manifests:
@@ -163,3 +163,18 @@ def _git(directory: Path, *args: str) -> str:
         text=True,
     )
     return str(done.stdout)
+
+
+def _secrets(sources: Sources) -> list[Diagnostic]:
+    """Inline key material: in every parsed value and key, then in each file's text."""
+    problems: list[Diagnostic] = []
+    by_file: dict[str, list[YamlDoc]] = {}
+    seen: dict[str, set[str]] = {}
+    for doc in sources.docs:
+        found, secrets = inline_secrets(doc)
+        problems.extend(found)
+        by_file.setdefault(doc.file, []).append(doc)
+        seen.setdefault(doc.file, set()).update(secrets)
+    for name, text in sources.texts.items():
+        problems.extend(text_secrets(name, text, by_file.get(name, []), seen.get(name, set())))
+    return problems
