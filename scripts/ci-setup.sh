@@ -31,5 +31,9 @@ step registry bash -c 'd=$(mktemp -d /tmp/kagura-registry.XXXXXX) && bash script
 # The second Docker host (its own dockerd, iptables in its own network namespace): started
 # once to prove it runs here; the tests start their own, forwarding the registry into it.
 step dockerd2 bash -c 'd=$(mktemp -d /tmp/kagura-dockerd2.XXXXXX) && bash scripts/dockerd2-up.sh "$d" >/dev/null && bash scripts/dockerd2-up.sh --stop "$d" && rm -rf "$d"'
+# Debian's chromium (and a font for legible screenshots) for the web console's browser
+# tests (tests/test_web_browser.py drives it with Playwright at /usr/bin/chromium; no
+# browser is ever downloaded): installed when missing.
+step chromium bash -c 'if ! command -v chromium >/dev/null || ! fc-list 2>/dev/null | grep -qi dejavu; then DEBIAN_FRONTEND=noninteractive apt-get update -q >&2 || true; DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core >&2; fi; chromium --version 2>/dev/null'
 "$python" -m kagura_agent images list
 printf 'ci-setup timings: %s total=%ss\n' "${timings[*]}" "$((SECONDS - total_started))" >&2
