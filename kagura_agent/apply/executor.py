@@ -52,6 +52,7 @@ from kagura_agent.apply.gitlinks import (
 from kagura_agent.apply.hookcheck import HookSnapshot, check_hooks
 from kagura_agent.apply.hookcheck import snapshot as hook_snapshot
 from kagura_agent.apply.hostrun import run_on_host
+from kagura_agent.apply.journal import recording
 from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.midrun import MidRun, announce
 from kagura_agent.apply.quarantine import quarantine, refuse_quarantined
@@ -149,12 +150,14 @@ def _locked(ctx: RunContext) -> RunResult:
     """Under the project-root lock: sweep, open the run's row, run, aftercare (the run's
     last container is gone), record, close the row."""
     store, clock = ctx.store, ctx.clock
-    with apply_lock(ctx.plan), _sigterm_as_exception():
+    with apply_lock(ctx.plan), _sigterm_as_exception(), contextlib.ExitStack() as kept:
         _refuse_foreign_session(store, ctx.plan)
         _sweep(store, ctx.runtime, clock, ctx.live)
         refuse_quarantined(store, ctx.plan["task"]["project_root"])
         root_acl = acl.snapshot(ctx.plan["task"]["project_root"])
         since = open_run(store, ctx.plan, ctx.run_id, clock, root_acl=root_acl)
+        # What the live view shows from here to the row's close is the run's timeline.
+        kept.enter_context(recording(ctx.live, store.location, ctx.run_id, clock))
         gitlinks = snapshot(ctx.plan["task"]["project_root"])
         hooks = hook_snapshot(ctx.plan["task"]["project_root"])
         denials: Denials = []  # filled when the egress proxy is removed, on every path
@@ -180,6 +183,7 @@ def _locked(ctx: RunContext) -> RunResult:
             clock,
             turns=result.turns,
             model_calls=result.model_calls,
+            cost_usd=result.cost_usd,
         )
     return result
 

@@ -60,6 +60,12 @@ class LiveView:
         self.recent: deque[dict[str, Any]] = deque(maxlen=100)
         # Called with every brain event's JSON (the canary tripwire scans the output).
         self.watchers: list[Callable[[dict[str, Any]], None]] = []
+        # Where every item shown is kept too, scrubbed (the run's journal, journal.py).
+        self.keep: Callable[[str, dict[str, Any]], None] | None = None
+
+    def _kept(self, kind: str, payload: dict[str, Any]) -> None:
+        if self.keep is not None:
+            self.keep(kind, self.redactor.scrub_data(payload))
 
     def _write(self, line: str, *styles: str) -> None:
         """One line: secrets scrubbed, control characters from the agent made visible,
@@ -88,12 +94,17 @@ class LiveView:
         return f"{time.monotonic() - self.started:6.1f}s"
 
     def phase(self, message: str) -> None:
+        self._kept("phase", {"message": message})
         if self.as_json:
             self._json("phase", {"message": message})
         else:
             self._write(f"{self._elapsed()} ● {message}", "dim")
 
     def note(self, message: str, *styles: str) -> None:
+        self._kept("note", {"message": message})
+        self._note(message, *styles)
+
+    def _note(self, message: str, *styles: str) -> None:
         if self.as_json:
             self._json("note", {"message": message})
         else:
@@ -108,6 +119,7 @@ class LiveView:
 
     def incident(self, incident_id: str, reason: str) -> None:
         """A tripwire stopped the run (the cockpit relays this to the run's thread)."""
+        self._kept("incident", {"id": incident_id, "reason": reason})
         if self.as_json:
             self._json("incident", {"id": incident_id, "reason": reason})
         else:
@@ -122,6 +134,7 @@ class LiveView:
     def ask(self, question: dict[str, Any]) -> None:
         """A mid-run question for an operator (the cockpit posts it with Approve / Deny;
         on a terminal the prompt that follows asks it)."""
+        self._kept("ask", question)
         if self.as_json:
             self._json("ask", question)
         else:
@@ -133,7 +146,10 @@ class LiveView:
             watch(raw)
         # Kept for an incident record, which is stored and shown later: scrubbed here, the
         # only place that knows the run's secrets.
-        self.recent.append(self.redactor.scrub_data(raw))
+        scrubbed = self.redactor.scrub_data(raw)
+        self.recent.append(scrubbed)
+        if self.keep is not None:
+            self.keep("brain", scrubbed)
         if self.as_json:
             self._json("brain", raw)
             return
@@ -170,12 +186,21 @@ class LiveView:
 
     def verify(self, results: list[tuple[str, int, str]]) -> None:
         """Each verify command's exit code; the tail of the output of those that failed."""
-        for command, code, output in results:
+        tails = [output.strip().splitlines()[-5:] if code else [] for _, code, output in results]
+        self._kept(
+            "verify",
+            {
+                "results": [
+                    {"command": command, "exit_code": code, "tail": "\n".join(tail)}
+                    for (command, code, _), tail in zip(results, tails, strict=True)
+                ]
+            },
+        )
+        for (command, code, _), tail in zip(results, tails, strict=True):
             mark = "✓" if code == 0 else "✗"
-            self.note(f"{mark} verify {command!r} exited {code}", "green" if code == 0 else "red")
-            if code != 0 and output.strip():
-                for line in output.strip().splitlines()[-5:]:
-                    self.note(f"    {line}", "dim")
+            self._note(f"{mark} verify {command!r} exited {code}", "green" if code == 0 else "red")
+            for line in tail:
+                self._note(f"    {line}", "dim")
 
     def flush_text(self) -> None:
         if self._text.strip():

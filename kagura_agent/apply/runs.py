@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import secrets
 import time
@@ -48,8 +49,8 @@ def open_run(
     with store.transaction() as conn:
         conn.execute(
             "INSERT INTO runs(run_id, task, session, fingerprint, pid, pid_start, started_at,"
-            " host, project_root, setid_since, opened_ns, root_acl)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " host, project_root, setid_since, opened_ns, root_acl, kind, budget)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 run_id,
                 plan["task"]["name"],
@@ -63,9 +64,22 @@ def open_run(
                 since,
                 time.time_ns(),
                 root_acl,
+                plan["task"]["kind"],
+                json.dumps(_budget(plan)),
             ),
         )
     return since
+
+
+def _budget(plan: Plan) -> dict[str, Any]:
+    """What the runs table keeps of the plan's budget: the limits and their forecast."""
+    budget = plan["budget"]
+    return {
+        "turns": budget["turns"],
+        "cost_usd": budget["cost_usd"],
+        "wall_seconds": budget["wall_seconds"],
+        "forecast": budget["forecast"],
+    }
 
 
 def close_run(
@@ -77,12 +91,22 @@ def close_run(
     *,
     turns: int | None = None,
     model_calls: int | None = None,
+    cost_usd: float | None = None,
 ) -> None:
     with store.transaction() as conn:
         conn.execute(
             "UPDATE runs SET ended_at = ?, outcome = ?, exit_code = ?, turns = ?,"
-            " model_calls = ?, closed_ns = ? WHERE run_id = ?",
-            (iso(clock.now()), outcome, exit_code, turns, model_calls, time.time_ns(), run_id),
+            " model_calls = ?, cost_usd = ?, closed_ns = ? WHERE run_id = ?",
+            (
+                iso(clock.now()),
+                outcome,
+                exit_code,
+                turns,
+                model_calls,
+                cost_usd,
+                time.time_ns(),
+                run_id,
+            ),
         )
 
 

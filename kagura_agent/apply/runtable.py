@@ -43,4 +43,15 @@ MIGRATIONS = [
     # The project root's POSIX ACLs at the start of the run (acl.snapshot; NULL: not
     # recorded): the walk after it keeps them (apply/acl.py).
     "ALTER TABLE runs ADD COLUMN root_acl TEXT",
+    # The task kind, the budget in force with the forecast it was learnt from (JSON: the
+    # plan's budget turns, cost_usd, wall_seconds and forecast) and the dollars the brain
+    # reported: the web console's runs list and cost chart read them. Runs are listed
+    # newest first.
+    """
+    ALTER TABLE runs ADD COLUMN kind TEXT;
+    ALTER TABLE runs ADD COLUMN budget TEXT;
+    ALTER TABLE runs ADD COLUMN cost_usd REAL;
+    CREATE INDEX runs_started ON runs(started_at);
+    CREATE INDEX runs_kind ON runs(kind, started_at);
+    """,
 ]
