@@ -144,6 +144,33 @@ def test_an_answer_to_another_runs_question_on_the_same_plan_does_not_count(
     assert [d.request for d in log] == ["m-runa-1", "m-runb-1", "m-runa-1"]
 
 
+def test_an_answer_in_the_log_without_a_nudge_is_read_there(state_dir: Path) -> None:
+    """The web console answers from another process: no nudge, only the log. The asker
+    reads the log on its own, and still only for exactly its question."""
+    asker = ChatAsker(lambda q: None)
+
+    async def scenario(store: StateStore) -> Any:
+        started = asyncio.get_running_loop().time()
+        task = asyncio.create_task(asker.ask(store, question(timeout=30), SystemClock()))
+        await asyncio.sleep(0.05)
+        with StateStore() as elsewhere:  # another connection, as another process has
+            decide(elsewhere, OTHER)  # another plan's approval: not this question's
+            await asyncio.sleep(1.5)
+            assert not task.done()
+            decide(elsewhere, FP, "approved", request="m-run-2")  # another question's
+            await asyncio.sleep(1.5)
+            assert not task.done()
+            decide(elsewhere, FP)
+        answer = await task
+        return answer, asyncio.get_running_loop().time() - started
+
+    with StateStore() as store:
+        answer, waited = asyncio.run(scenario(store))
+    assert answer.approved and answer.who == "slack:U1"
+    assert waited < 10  # read within a poll, long before the question's 30 s timeout
+    assert asker.ignored == []
+
+
 def test_the_cockpit_records_an_answer_for_its_question(state_dir: Path) -> None:
     desk = MidRunDesk(state_location(), SystemClock())
     item = {"request": "m-run-1", "category": "egress:second", "fingerprint": FP, "timeout": 5}

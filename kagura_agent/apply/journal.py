@@ -21,10 +21,11 @@ import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC
 from typing import Any
 
 from kagura_agent.apply.live import LiveView
-from kagura_agent.clock import Clock, iso
+from kagura_agent.clock import Clock
 from kagura_agent.errors import SetupError
 from kagura_agent.state import Location, StateDbError, StateStore
 
@@ -45,6 +46,11 @@ EVENT_CEILING = 5_000
 ITEM_CHARS = 8_192
 TEXT_CHARS = 2_000  # any one string of an item
 FLUSH_SECONDS = 0.25
+
+
+def _now(clock: Clock) -> str:
+    """The clock's time in UTC to the millisecond (the egress log's precision)."""
+    return clock.now().astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def bounded(value: Any, limit: int = TEXT_CHARS) -> Any:
@@ -82,7 +88,7 @@ class Journal:
 
     def record(self, kind: str, payload: dict[str, Any]) -> None:
         """Keep one item (scrubbed by the caller) for the next batch."""
-        at = iso(self._clock.now())
+        at = _now(self._clock)
         with self._lock:
             if self._closed:
                 return
@@ -121,7 +127,7 @@ class Journal:
                 batch, self._pending = self._pending, []
                 closing = self._closed
                 if closing and self._unstored:
-                    at = iso(self._clock.now())
+                    at = _now(self._clock)
                     batch.append((at, "unstored", {"count": self._unstored}))
                     self._unstored = 0
             if batch:

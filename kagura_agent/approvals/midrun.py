@@ -7,12 +7,15 @@ answer, it is recorded in the approval log against exactly that fingerprint. Who
 answer depends on how apply runs:
 
 - under ``serve`` (:class:`ChatAsker`): apply prints the question as a live ``ask``
-  event; the cockpit posts it with Approve / Deny, records the operator's decision in the
-  approval log and then only *nudges* apply with the request id on stdin. apply believes
-  the log, never the nudge: it takes the latest decision for exactly its question
-  (request id, fingerprint, category) made since it asked. A nudge with no such decision (a forged or replayed
-  answer, one for another plan) changes nothing. When the cockpit goes away (apply's
-  stdin ends) nobody can answer: denied at once.
+  event (kept in the run's journal too); the cockpit posts it with Approve / Deny, records
+  the operator's decision in the approval log (:func:`record_answer`) and then only
+  *nudges* apply with the request id on stdin. apply believes the log, never the nudge:
+  it takes the latest decision for exactly its question (request id, fingerprint,
+  category) made since it asked. A nudge with no such decision (a forged or replayed
+  answer, one for another plan) changes nothing. It also reads the log every
+  ``POLL_SECONDS`` without a nudge: an operator of the web console (``kagura-agent web
+  --allow-approvals``) answers through the same log, from another process. When the
+  cockpit goes away (apply's stdin ends) nobody can answer: denied at once.
 - on a terminal (:class:`TtyAsker`): the question is asked there, ``tty_prompt``'s way.
 - otherwise (:class:`NobodyAsker`): nobody can be asked; denied, with that reason.
 
@@ -31,6 +34,9 @@ from kagura_agent.approvals.asking import tty_prompt
 from kagura_agent.approvals.log import Decision, Outcome, latest_decision, record_decision
 from kagura_agent.clock import Clock
 from kagura_agent.state import StateStore
+
+# How often a waiting ChatAsker reads the approval log without a nudge.
+POLL_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,34 @@ class Asker(Protocol):
 async def ask_operator(asker: Asker, store: StateStore, question: Question, clock: Clock) -> Answer:
     """Ask ``question``; never raises for a missing answer (that is a recorded timeout)."""
     return await asker.ask(store, question, clock)
+
+
+def record_answer(
+    store: StateStore,
+    *,
+    request: str,
+    category: str,
+    fingerprint: str,
+    approved: bool,
+    who: str,
+    via: str,
+    clock: Clock,
+    reason: str,
+) -> Decision:
+    """An operator's answer to mid-run question ``request``: a decision in the approval
+    log bound to the question's category and the amended plan's fingerprint (what the
+    chat desk and the web console record; the asking apply reads it back)."""
+    return record_decision(
+        store,
+        category=category,
+        fingerprint=fingerprint,
+        outcome="approved" if approved else "denied",
+        who=who,
+        via=via,
+        clock=clock,
+        reason=reason,
+        request=request,
+    )
 
 
 def _timeout(store: StateStore, question: Question, clock: Clock, via: str, why: str) -> Answer:
@@ -127,8 +161,13 @@ class ChatAsker:
             while True:
                 left = deadline - loop.time()
                 try:
-                    alive = await asyncio.wait_for(queue.get(), max(left, 0.0))
+                    alive = await asyncio.wait_for(queue.get(), max(min(left, POLL_SECONDS), 0.0))
                 except TimeoutError:
+                    found = _decided(store, question, since)
+                    if found is not None:  # answered elsewhere (the web console)
+                        return Answer.of(found)
+                    if loop.time() < deadline:
+                        continue
                     why = f"no answer within {question.timeout:.0f}s"
                     return _timeout(store, question, clock, self._via, why)
                 if not alive:

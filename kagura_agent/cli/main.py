@@ -37,6 +37,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "incidents",
     "aftercare",
     "egress",
+    "web",
     "doctor",
     "setup",
     "completion",

@@ -56,40 +56,20 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kagura_agent.approvals import operator_name
     from kagura_agent.cockpit.core import Cockpit, CockpitConfig
-    from kagura_agent.errors import UsageError
+    from kagura_agent.cockpit.operators import transport_operators
     from kagura_agent.manifest.workspace import load_workspace
 
     catalog = load_workspace(args.manifests, []).catalog
-    if args.transport:
-        manifest = catalog.get("Transport", args.transport)
-        if manifest is None:
-            known = ", ".join(catalog.names("Transport")) or "none"
-            raise UsageError(f"no Transport named {args.transport!r} (have: {known})")
-    else:
-        manifest = catalog.default("Transport")
-        if manifest is None:
-            raise UsageError(
-                "more than one Transport and none is the default",
-                hint="pass --transport NAME",
-            )
-    spec = manifest.spec
-    operators = set(spec.get("operators") or [])
-    if spec["type"] == "cli":
-        operators.add(operator_name())
-    elif not operators:
-        raise UsageError(
-            f"Transport {manifest.name} lists no operators",
-            hint="set spec.operators to the chat user ids allowed to launch and approve",
-        )
+    found = transport_operators(catalog, args.transport)
+    spec, operators = found.spec, set(found.ids)
     queue = None
     if args.queue or args.queue_url:
         from kagura_agent.team.db import ensure_schema, queue_url
 
         queue = queue_url(args.queue_url)
         ensure_schema(queue)  # unreachable or not PostgreSQL: said now, not at the first run
-    transport = _transport(manifest.name, spec)
+    transport = _transport(found.transport, spec)
 
     cockpit = Cockpit(
         transport,
@@ -108,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"serve: settled session {session.id} ({session.state} before)", file=sys.stderr)
     if spec["type"] != "cli":  # the terminal greets on stdout itself
         print(
-            f"serve: {manifest.name} ({spec['type']}) for {len(operators)} operator(s);"
+            f"serve: {found.transport} ({spec['type']}) for {len(operators)} operator(s);"
             " Ctrl-C stops (running applies are interrupted and clean up)",
             file=sys.stderr,
         )

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kagura_agent.approvals import record_decision
+from kagura_agent.approvals.midrun import record_answer
 from kagura_agent.clock import Clock
 from kagura_agent.state import Location, StateStore
 
@@ -92,16 +92,16 @@ class MidRunDesk:
         if pending is None:
             return f"no open question {request} (answered already, lapsed, or its run ended)"
         with StateStore(self._state) as store:
-            record_decision(
+            record_answer(
                 store,
+                request=pending.request,
                 category=pending.category,
                 fingerprint=pending.fingerprint,
-                outcome="approved" if approved else "denied",
+                approved=approved,
                 who=who,
                 via=via,
                 clock=self._clock,
                 reason="answered in chat mid-run",
-                request=pending.request,
             )
         word = "approved" if approved else "denied"
         problem = nudge(request)

@@ -1,0 +1,116 @@
+"""A state store with runs in it, written by the real components: apply's whole sequence
+against the in-memory runtime (testing/memory_runtime.py: leases, journal, verify,
+memory, graduation and cost are the real code), and the proxy's decisions through the
+real log parser and writer (membrane/egress/audit.py) from lines shaped as squid writes
+them. What the web console's browser tests and bench/web.py look at.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import yaml
+
+from kagura_agent.apply.context import RunResult
+from kagura_agent.apply.executor import ApplyOptions, apply_plan
+from kagura_agent.brain.events import BrainEvent
+from kagura_agent.clock import SystemClock
+from kagura_agent.membrane.egress.audit import events_from_log, record_events, record_run
+from kagura_agent.membrane.egress.audit import open_store as open_egress
+from kagura_agent.membrane.egress.policy import load_policy
+from kagura_agent.plan.build import plan_tasks
+from kagura_agent.plan.model import Plan
+from kagura_agent.state import StateStore
+from testing.memory_runtime import BrainScript, MemoryRuntime
+
+REPO = Path(__file__).resolve().parents[1]
+AGENT_UID = 1000
+VERIFY = "test -s out.txt"
+EXAMPLE_POLICY: dict[str, Any] = {
+    "apiVersion": "kagura.dev/v1",
+    "kind": "EgressPolicy",
+    "metadata": {"name": "docs-site"},
+    "spec": {"baseline": True, "allow": [{"host": "docs.example.test"}]},
+}
+
+
+@dataclass(frozen=True)
+class Scene:
+    """Manifests and project roots under ``base``; the state directory is the caller's
+    (``KAGURA_AGENT_STATE_DIR``)."""
+
+    base: Path
+
+    def manifests(self) -> Path:
+        folder = self.base / "manifests"
+        if not folder.exists():
+            shutil.copytree(REPO / "manifests", folder)
+            (folder / "zz-web.yml").write_text(yaml.safe_dump(EXAMPLE_POLICY, sort_keys=False))
+        return folder
+
+    def plan(self, name: str, kind: str, steps: list[str] | None = None) -> Plan:
+        """A fresh plan of task ``name`` (of ``kind``): compiled now, so it carries the
+        forecast the cost history so far teaches."""
+        root = self.base / "roots" / name
+        if not root.exists():
+            root.mkdir(parents=True)
+            if os.geteuid() == 0:
+                os.chown(root, AGENT_UID, AGENT_UID)
+        spec = {
+            "kind": kind,
+            "brain": "script",
+            "egress": ["docs-site"],
+            "steps": steps or ["echo hi > out.txt"],
+            "verify": [VERIFY],
+        }
+        task = {"apiVersion": "kagura.dev/v1", "kind": "Task", "metadata": {"name": name}}
+        path = root / "task.yml"
+        path.write_text(yaml.safe_dump({**task, "spec": spec}, sort_keys=False))
+        if os.geteuid() == 0:
+            os.chown(path, AGENT_UID, AGENT_UID)
+        (plan,) = plan_tasks(str(self.manifests()), [str(path)])
+        return plan
+
+
+def apply_run(plan: Plan, events: list[BrainEvent], *, verify_code: int = 0) -> RunResult:
+    """``plan`` applied for real against the in-memory runtime, its brain saying ``events``."""
+    runtime = MemoryRuntime(BrainScript(events), verify={VERIFY: (verify_code, "")})
+    return apply_plan(plan, ApplyOptions(clock=SystemClock()), runtime)
+
+
+def squid_line(
+    at: float,
+    method: str,
+    host: str,
+    port: int,
+    *,
+    status: int = 200,
+    squid_status: str = "TCP_TUNNEL",
+    reason: str = "",
+    path: str = "",
+    scheme: str = "https",
+) -> str:
+    """One KAGURA1 access-log line as the run's squid writes it (squid.LOG_FORMAT)."""
+    server = "-" if "DENIED" in squid_status else "192.0.2.10"
+    note = reason or "-"
+    fields = [
+        "KAGURA1", f"{at:.3f}", "172.30.0.2", quote(method), quote(scheme), quote(host),
+        str(port), str(status), squid_status, "120", "4096", server, note, "3128",
+        quote(path) if path else "-",
+    ]  # fmt: skip
+    return " ".join(fields)
+
+
+def proxy_decisions(
+    store: StateStore, plan: Plan, run_id: str, started: str, lines: list[str]
+) -> int:
+    """Store the decisions of ``lines`` for ``run_id`` as the run's collector does."""
+    open_egress(store)
+    record_run(store, run_id, started, plan["egress"])
+    events = events_from_log("\n".join(lines), load_policy(plan["egress"]), run_id)
+    return len(record_events(store, events))
