@@ -7,8 +7,11 @@ them. What the web console's browser tests and bench/web.py look at.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +21,17 @@ import yaml
 
 from kagura_agent.apply.context import RunResult
 from kagura_agent.apply.executor import ApplyOptions, apply_plan
-from kagura_agent.brain.events import BrainEvent
-from kagura_agent.clock import SystemClock
+from kagura_agent.brain.events import (
+    BrainEvent,
+    CostEvent,
+    DoneEvent,
+    ErrorEvent,
+    TextEvent,
+    ToolCallEvent,
+    ToolResultEvent,
+)
+from kagura_agent.clock import SystemClock, iso
+from kagura_agent.graduation.ledger import record_outcome
 from kagura_agent.membrane.egress.audit import events_from_log, record_events, record_run
 from kagura_agent.membrane.egress.audit import open_store as open_egress
 from kagura_agent.membrane.egress.policy import load_policy
@@ -114,3 +126,75 @@ def proxy_decisions(
     record_run(store, run_id, started, plan["egress"])
     events = events_from_log("\n".join(lines), load_policy(plan["egress"]), run_id)
     return len(record_events(store, events))
+
+
+# What an agent could write, shown on a run's page: markup, a terminal escape, a key.
+HOSTILE = (
+    '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+    " \x1b[2J\x1b[31mred and cleared\x1b[0m sk-ant-api03-" + "k" * 40
+)
+
+
+def seed_demo(base: Path) -> dict[str, str]:
+    """The console's demo store (in ``KAGURA_AGENT_STATE_DIR``): five runs of task kind
+    ``docs`` (each with a denied egress request; each planned after the last, so each
+    carries the forecast its predecessors taught), a failed ``release`` run whose agent
+    wrote markup, a terminal escape and a key, and graduation evidence with a demotion.
+    Returns the run ids by name."""
+    scene = Scene(base)
+    runs: dict[str, str] = {}
+    plan = scene.plan("docs-refresh", "docs")
+    for number in range(5):
+        plan = scene.plan("docs-refresh", "docs")
+        result = apply_run(
+            plan,
+            [
+                TextEvent("Reading the page list.\n\n"),
+                ToolCallEvent(id="t1", name="bash", input={"argv": ["bash", "-c", "ls docs"]}),
+                ToolResultEvent(id="t1", output="index.md\nweb.md\n", exit_code=0),
+                CostEvent(usd=0.04 + 0.01 * number, turns=3 + number % 3),
+                DoneEvent(result="refreshed 2 pages"),
+            ],
+        )
+        runs[f"docs-{number}"] = result.run_id
+        now = time.time()
+        with StateStore() as store:
+            proxy_decisions(
+                store,
+                plan,
+                result.run_id,
+                iso(SystemClock().now()),
+                [
+                    squid_line(now, "CONNECT", "docs.example.test", 443),
+                    squid_line(now + 0.2, "CONNECT", "exfil.example.net", 443, status=403,
+                               squid_status="TCP_DENIED"),
+                ],
+            )  # fmt: skip
+    failed = apply_run(
+        scene.plan("release-notes", "release"),
+        [
+            TextEvent(HOSTILE + "\n\n"),
+            ToolCallEvent(id="t1", name="bash", input={"argv": ["bash", "-c", "make notes"]}),
+            ToolResultEvent(id="t1", output="make: *** no rule", exit_code=2, is_error=True),
+            ErrorEvent(message="gave up", code="engine"),
+        ],
+        verify_code=1,
+    )
+    runs["hostile"] = failed.run_id
+    with StateStore() as store:
+        for number, code in enumerate((0, 0, 0, 1, 0)):
+            record_outcome(
+                store,
+                ["egress:github", "credential:github/read"],
+                runs[f"docs-{number}"],
+                f"task-{number % 3}",
+                plan["fingerprint"],
+                [("pytest -q", code)],
+                SystemClock(),
+            )
+    return runs
+
+
+if __name__ == "__main__":
+    # python -m testing.web_scene BASE: seed the demo store, print the run ids as JSON.
+    print(json.dumps(seed_demo(Path(sys.argv[1]))))

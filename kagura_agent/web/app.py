@@ -309,8 +309,7 @@ class Console:
                 status_code=403,
             )
         session: Session = request.scope["state"]["session"]
-        origin = request.headers.get("origin")
-        if origin is not None and origin != self.config.origin:
+        if not _same_origin(request.headers, self.config.origin):
             return PlainTextResponse("refused: a request from another site", status_code=403)
         body = await request.body()
         if len(body) > FORM_BYTES:
@@ -459,6 +458,18 @@ def _cost_charts(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ("Wall time per run (s)", wall, "s"),
         )
     ]
+
+
+def _same_origin(headers: Any, origin: str) -> bool:
+    """Whether the browser says the request comes from the console's own page. Under
+    ``Referrer-Policy: no-referrer`` a form's ``Origin`` is ``null`` even from the console
+    itself, so the browser's ``Sec-Fetch-Site`` decides where it is sent, and an
+    ``Origin`` that names a site must name this one."""
+    site = headers.get("sec-fetch-site")
+    if site is not None and site != "same-origin":
+        return False
+    named = headers.get("origin")
+    return named is None or named == "null" or named == origin
 
 
 def _cursor(text: str) -> tuple[str, str] | None:

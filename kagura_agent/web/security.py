@@ -6,7 +6,8 @@
   session is answered 401, so a page elsewhere cannot read the console, and a link from
   elsewhere carries no cookie.
 - Writes (an approval) also need the session's CSRF token in the form, compared in
-  constant time, and, when the browser sends one, an ``Origin`` equal to the console's.
+  constant time, and the browser's word that the form was sent from the console's own
+  page (``Sec-Fetch-Site: same-origin``; an ``Origin`` naming another site is refused).
 - Host: on a loopback bind only loopback names are served (a DNS-rebinding page has
   another name).
 - Headers on every response: a CSP without ``unsafe-inline`` (scripts and styles only
