@@ -129,7 +129,7 @@ def run_filters(store: StateStore, notes: Notes) -> dict[str, list[str]]:
     def distinct(column: str) -> list[str]:
         rows = store.conn.execute(
             f"SELECT DISTINCT {column} AS value FROM (SELECT {column} FROM runs"
-            " ORDER BY started_at DESC LIMIT ?) recent WHERE value IS NOT NULL ORDER BY value"
+            f" ORDER BY started_at DESC LIMIT ?) recent WHERE {column} IS NOT NULL ORDER BY value"
             " LIMIT 100",
             (FILTER_WINDOW,),
         ).fetchall()
