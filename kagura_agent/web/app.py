@@ -411,53 +411,60 @@ class _RunView:
 
 
 def _cost_charts(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Cost and turns per run of one task kind, against the forecast each run's plan
-    carried (expected: the median of the history; limit: the budget learnt from it)."""
+    """Cost, turns and wall time per run of one task kind, against what each run's plan
+    carried: the budget it was held to, and the forecast learnt from its kind's history
+    (turns from the model calls the proxy counted, wall time from the host's clock; the
+    dollars and turns engines reported are shown as reported, never learnt)."""
     labels = [_when(row["started_at"])[:16] for row in history]
 
     def forecast(row: dict[str, Any], part: str, dim: str) -> float | None:
         found = (row.get("budget") or {}).get("forecast") or {}
-        value = (found.get(part) or {}).get(dim)
-        return float(value) if isinstance(value, int | float) else None
+        return _number((found.get(part) or {}).get(dim))
 
-    def number(value: Any) -> float | None:
-        return float(value) if isinstance(value, int | float) else None
+    def held(row: dict[str, Any], dim: str) -> float | None:
+        return _number((row.get("budget") or {}).get(dim))
+
+    def series(name: str, values: list[float | None], kind: str) -> Series:
+        return Series(name, values, kind, points=kind in ("actual", "counted"))
 
     cost = [
-        Series("cost (reported)", [number(r.get("cost_usd")) for r in history], "actual"),
-        Series("forecast: expected", [forecast(r, "expected", "cost_usd") for r in history],
-               "expected", points=False),
-        Series("forecast: limit", [forecast(r, "limits", "cost_usd") for r in history],
-               "limit", points=False),
+        series("cost (reported)", [_number(r.get("cost_usd")) for r in history], "actual"),
+        series("history: engines reported (median)",
+               [forecast(r, "reported", "cost_usd") for r in history], "expected"),
+        series("budget held to", [held(r, "cost_usd") for r in history], "limit"),
     ]  # fmt: skip
     turns = [
-        Series("turns (reported)", [number(r.get("turns")) for r in history], "actual"),
-        Series("model calls (counted at the proxy)", [number(r.get("model_calls")) for r in history],
-               "counted"),
-        Series("forecast: expected", [forecast(r, "expected", "turns") for r in history],
-               "expected", points=False),
-        Series("forecast: limit", [forecast(r, "limits", "turns") for r in history],
-               "limit", points=False),
+        series("turns (reported)", [_number(r.get("turns")) for r in history], "actual"),
+        series("model calls (counted at the proxy)",
+               [_number(r.get("model_calls")) for r in history], "counted"),
+        series("forecast: expected", [forecast(r, "expected", "turns") for r in history],
+               "expected"),
+        series("budget held to", [held(r, "turns") for r in history], "limit"),
     ]  # fmt: skip
     wall = [
-        Series("wall time", [number(r.get("seconds")) for r in history], "actual"),
-        Series("forecast: expected", [forecast(r, "expected", "wall_seconds") for r in history],
-               "expected", points=False),
-        Series("forecast: limit", [forecast(r, "limits", "wall_seconds") for r in history],
-               "limit", points=False),
+        series("wall time", [_number(r.get("seconds")) for r in history], "actual"),
+        series("forecast: expected", [forecast(r, "expected", "wall_seconds") for r in history],
+               "expected"),
+        series("budget held to", [held(r, "wall_seconds") for r in history], "limit"),
     ]  # fmt: skip
     return [
         {
             "title": title,
-            "svg": Markup(line_chart(title, labels, series, unit)),
-            "legend": legend(series),
+            "svg": Markup(line_chart(title, labels, found, unit)),
+            "legend": legend(found),
         }
-        for title, series, unit in (
+        for title, found, unit in (
             ("Cost per run (USD)", cost, ""),
             ("Turns per run", turns, ""),
             ("Wall time per run (s)", wall, "s"),
         )
     ]
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
 
 
 def _same_origin(headers: Any, origin: str) -> bool:

@@ -343,7 +343,8 @@ def cost_history(
         return []
     rows = store.conn.execute(
         f"SELECT {RUN_COLUMNS} FROM runs WHERE kind = ? AND ended_at IS NOT NULL"
-        " ORDER BY started_at DESC, run_id DESC LIMIT ?",
+        # started_at is to the second; opened_ns orders runs started within one.
+        " ORDER BY started_at DESC, opened_ns DESC, run_id DESC LIMIT ?",
         (kind, limit),
     ).fetchall()
     return [_run(row) for row in reversed(rows)]
