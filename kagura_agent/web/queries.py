@@ -39,7 +39,7 @@ PAGE = 50  # rows of a list page
 TIMELINE = 500  # journal items of a run page
 EGRESS_PAGE = 200  # egress decisions of a run page
 CHART_RUNS = 200  # runs of a task kind a chart shows
-FILTER_WINDOW = 5_000  # the newest runs whose hosts fill the runner filter
+FILTER_WINDOW = 1_000  # the newest runs whose outcomes and hosts fill the filters
 
 COMPONENTS: dict[str, Sequence[Migration]] = {
     "runs": RUN_MIGRATIONS,
@@ -126,16 +126,22 @@ def run_filters(store: StateStore, notes: Notes) -> dict[str, list[str]]:
     if not notes.ready(store, "runs"):
         return {"kinds": [], "outcomes": [], "runners": []}
 
-    def distinct(column: str) -> list[str]:
-        rows = store.conn.execute(
-            f"SELECT DISTINCT {column} AS value FROM (SELECT {column} FROM runs"
-            f" ORDER BY started_at DESC LIMIT ?) recent WHERE {column} IS NOT NULL ORDER BY value"
-            " LIMIT 100",
-            (FILTER_WINDOW,),
+    kinds = [
+        str(row["kind"])
+        for row in store.conn.execute(
+            "SELECT DISTINCT kind FROM runs WHERE kind IS NOT NULL ORDER BY kind LIMIT 100"
         ).fetchall()
-        return [str(row["value"]) for row in rows]
-
-    return {"kinds": distinct("kind"), "outcomes": distinct("outcome"), "runners": distinct("host")}
+    ]  # the runs_kind index answers this without reading the runs
+    outcomes: set[str] = set()
+    runners: set[str] = set()
+    for row in store.conn.execute(
+        "SELECT outcome, host FROM runs ORDER BY started_at DESC LIMIT ?", (FILTER_WINDOW,)
+    ).fetchall():
+        if row["outcome"] is not None:
+            outcomes.add(str(row["outcome"]))
+        if row["host"] is not None:
+            runners.add(str(row["host"]))
+    return {"kinds": kinds, "outcomes": sorted(outcomes), "runners": sorted(runners)[:100]}
 
 
 def run(store: StateStore, notes: Notes, run_id: str) -> dict[str, Any] | None:
