@@ -15,6 +15,8 @@
 
 Children run at once up to the plan's ``budget.children`` (Policy ``ceilings.children``);
 more wait for a free slot, and are planned (from what is left then) once they have one.
+A run asks for at most ``budget.children_total`` in all, and one as deep as sub-agents may
+nest (``budget.max_depth``) dispatches none: past either, every request is refused.
 A cancelled dispatch (the parent's channel stopping: a kill, Ctrl-C, SIGTERM, its wall
 budget) sends the child SIGINT, apply's own clean-up path;
 ``close``, on the parent's ExitStack, waits for every child to finish that and kills one
@@ -54,7 +56,7 @@ from kagura_agent.patterns.dispatch import child_outputs, handoff, load_context
 from kagura_agent.plan import planfile
 from kagura_agent.plan.build import plan_tasks
 from kagura_agent.plan.history import record_applied
-from kagura_agent.plan.model import Plan
+from kagura_agent.plan.model import Budget, Plan
 from kagura_agent.state import StateStore
 
 T = TypeVar("T")
@@ -132,11 +134,11 @@ class ChildDispatcher:
         try:
             child = ChildRequest.parse(request, record.task)
             record.task = child.name
+            refused = _may_not_dispatch(plan["budget"], number)  # every request counts
+            if refused:
+                raise Refused(refused)
             _refuse_carried_credentials(child, self.ctx.live.redactor)
-            limit = plan["budget"]["children"]
-            if limit < 1:
-                raise Refused(["this run may not dispatch sub-agents (Policy ceilings.children)"])
-            answer = await self._run(child, record, limit)
+            answer = await self._run(child, record, plan["budget"]["children"])
         except Refused as exc:
             self._held.release(number)
             record.outcome, record.reasons = "refused", exc.reasons
@@ -235,7 +237,12 @@ class ChildDispatcher:
     def _write_task(self, child: ChildRequest, context: list[str], share: Left) -> Path:
         plan = self.ctx.plan
         root = make_workdir(plan["task"]["project_root"], child.workdir)
-        parent = {"task": plan["task"]["name"], "context": context, "budget": share.to_spec()}
+        parent = {
+            "task": plan["task"]["name"],
+            "context": context,
+            "depth": plan["budget"]["depth"] + 1,
+            "budget": share.to_spec(),
+        }
         spec: dict[str, Any] = {
             "kind": child.name,
             "brain": plan["brain"]["name"],
@@ -457,6 +464,28 @@ class _Relay:
                 continue
             if isinstance(event, dict) and event.get("kind") == "phase":
                 self.note(f"  [{self.record.task}] {event.get('message', '')}")
+
+
+def _may_not_dispatch(budget: Budget, number: int) -> list[str]:
+    """Why the run may not dispatch its ``number``-th sub-agent: the plan's dispatch
+    limits (plan/budget.py: Policy ceilings depth, children, children_total)."""
+    depth, deepest = budget["depth"], budget["max_depth"]
+    if depth >= deepest:
+        if depth == 0:
+            return ["this run may not dispatch sub-agents (Policy ceilings.depth 0)"]
+        return [
+            f"this run is a sub-agent {depth} deep, as deep as sub-agents may nest"
+            f" (Policy ceilings.depth {deepest}): it may not dispatch"
+        ]
+    if budget["children"] < 1:
+        return ["this run may not dispatch sub-agents (Policy ceilings.children)"]
+    total = budget["children_total"]
+    if number > total:
+        return [
+            f"this run has asked for {number} sub-agents, past the {total} it may ask for in"
+            " all (Policy ceilings.children_total)"
+        ]
+    return []
 
 
 def _plan_child(parent: Plan, task_path: str) -> Plan:

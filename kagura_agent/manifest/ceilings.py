@@ -22,7 +22,7 @@ LAYERS = ("packaged", "operator")
 
 @dataclass(frozen=True)
 class Ceiling:
-    key: str  # turns | wall_time | cost_usd | disk
+    key: str  # turns | wall_time | cost_usd | disk | children | children_total | depth
     limit: float  # in the budget section's unit: turns, seconds, dollars, bytes
     shown: str  # as the manifest wrote it
     source: str  # "Policy membrane (packaged)"

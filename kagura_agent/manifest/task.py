@@ -60,8 +60,8 @@ class ResolvedTask:
     # The task file's absolute path (apply re-plans from it to check freshness). Resolved
     # here, not in a property: the planner must not touch the file system or the cwd.
     path: str = ""
-    # A dispatched child: {"task": name, "context": [ids], "budget": what the parent had
-    # left, {turns, wall_seconds, cost_usd} or None}.
+    # A dispatched child: {"task": name, "context": [ids], "depth": int or None, "budget":
+    # what the parent had left, {turns, wall_seconds, cost_usd} or None}.
     parent: dict[str, Any] | None = None
     tool_servers: tuple[Manifest, ...] = ()  # ToolServer manifests the task requested
 
@@ -168,6 +168,7 @@ def _parent(spec: dict[str, Any]) -> dict[str, Any] | None:
     return {
         "task": parent["task"],
         "context": list(parent.get("context", [])),
+        "depth": parent.get("depth"),  # how deep the dispatching host says it nests
         # What the parent had left when it dispatched (plan/budget.py cuts to it).
         "budget": None
         if bound is None

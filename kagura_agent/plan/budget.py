@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kagura_agent.facts import Facts
 from kagura_agent.manifest.catalog import Catalog
-from kagura_agent.manifest.ceilings import budget_ceilings, over_ceilings
+from kagura_agent.manifest.ceilings import Ceiling, budget_ceilings, over_ceilings
 from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.patterns.cost_history import (
     DEFAULT_MIN_RUNS,
@@ -53,6 +54,10 @@ from kagura_agent.units import format_duration, parse_duration, parse_size
 DEFAULT_STEP = 1.5
 CEILING_KEYS = {"turns": "turns", "wall_seconds": "wall_time", "cost_usd": "cost_usd"}
 PARENT_DIMENSIONS = ("turns", "wall_seconds", "cost_usd")
+# Without a Policy saying otherwise: children may not dispatch, and a run asks for at most
+# this many sub-agents in all.
+DEFAULT_MAX_DEPTH = 1
+DEFAULT_CHILDREN_TOTAL = 8
 
 
 def plan_budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
@@ -117,6 +122,7 @@ def plan_budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
                 dim for dim in learnt if default[dim] is not None and limits[dim] > default[dim]
             ],
         }
+    dispatch = _dispatch(catalog, task, facts)
     parent = _parent_bound(task, facts)
     if parent is not None:
         bounds: dict[str, Any] = {**parent}
@@ -131,7 +137,10 @@ def plan_budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
         "wall_seconds": int(limits["wall_seconds"]),
         "cost_usd": limits["cost_usd"],
         "disk_bytes": parse_size(str(budget.get("disk", "1g"))),
-        "children": _children(catalog),
+        "children": dispatch.children,
+        "children_total": dispatch.children_total,
+        "depth": dispatch.depth,
+        "max_depth": dispatch.max_depth,
         "source": source,
         "forecast": shown,
         "parent": parent,
@@ -183,21 +192,35 @@ def budget_approvals(budget: Budget) -> list[tuple[str, str]]:
 
 
 def ceiling_refusals(catalog: Catalog, budget: Budget) -> list[Refusal]:
-    """A budget over an operator-granted ceiling (manifest.ceilings) is refused."""
+    """A budget over an operator-granted ceiling (manifest.ceilings) is refused, and so is
+    a sub-agent nested deeper than sub-agents may."""
+    ceilings = budget_ceilings(catalog)
     asked = {
         "turns": budget["turns"],
         "wall_time": budget["wall_seconds"],
         "cost_usd": budget["cost_usd"],
         "disk": budget["disk_bytes"],
     }
-    return [
+    found: list[Refusal] = [
         {
             "code": "budget-ceiling",
             "message": f"{message} ({ceiling.source}; raise it in a Policy of yours: spec.ceilings)",
             "source": ceiling.source,
         }
-        for ceiling, message in over_ceilings(asked, budget_ceilings(catalog))
+        for ceiling, message in over_ceilings(asked, ceilings)
     ]
+    if budget["depth"] > budget["max_depth"]:
+        depth = ceilings.get("depth")
+        source = depth.source if depth is not None else "the default"
+        found.append(
+            {
+                "code": "dispatch-depth",
+                "message": f"a sub-agent {budget['depth']} deep is past the deepest sub-agents"
+                f" may nest, {budget['max_depth']} ({source}; ceilings.depth)",
+                "source": source,
+            }
+        )
+    return found
 
 
 def _grown(dim: str, base: float, step: float) -> float:
@@ -244,10 +267,46 @@ def _shown(dim: str, value: float | None) -> str:
     return f"{int(value):,} {dim}"
 
 
-def _children(catalog: Catalog) -> int:
-    """How many sub-agents a run may have running at once: the Policy ceiling, else none."""
-    ceiling = budget_ceilings(catalog).get("children")
-    return int(ceiling.limit) if ceiling is not None else 0
+@dataclass(frozen=True)
+class _Dispatch:
+    children: int
+    children_total: int
+    depth: int
+    max_depth: int
+
+
+def _dispatch(catalog: Catalog, task: ResolvedTask, facts: Facts) -> _Dispatch:
+    """How many sub-agents the run may have at once and in all, how deep it nests and how
+    deep they may: the Policy ceilings, else the defaults. A run as deep as sub-agents may
+    nest dispatches nothing."""
+    ceilings = budget_ceilings(catalog)
+    depth = _depth(task, facts)
+    max_depth = _ceiling(ceilings, "depth", DEFAULT_MAX_DEPTH)
+    may = depth < max_depth
+    return _Dispatch(
+        children=_ceiling(ceilings, "children", 0) if may else 0,
+        children_total=_ceiling(ceilings, "children_total", DEFAULT_CHILDREN_TOTAL) if may else 0,
+        depth=depth,
+        max_depth=max_depth,
+    )
+
+
+def _depth(task: ResolvedTask, facts: Facts) -> int:
+    """0 for an operator's run; a child one below its parent's last applied plan, or as
+    deep as the dispatching host says (``spec.parent.depth``), whichever is deeper (a plan
+    recorded under the parent's name meanwhile never makes a chain shallower)."""
+    if task.parent is None:
+        return 0
+    said = task.parent.get("depth") or 1
+    parent = facts.parent_plan
+    # A parent plan of an older format has no depth: it was an operator's run.
+    above = int(parent["budget"].get("depth", 0)) + 1 if parent is not None else 1
+    return max(said, above)
+
+
+def _ceiling(ceilings: Mapping[str, Ceiling], key: str, default: int) -> int:
+    ceiling = ceilings.get(key)
+    return int(ceiling.limit) if ceiling is not None else default
 
 
 def _budget_knobs(catalog: Catalog) -> dict[str, Any]:

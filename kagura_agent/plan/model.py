@@ -313,6 +313,9 @@ class Budget(TypedDict):
     cost_usd: float | None
     disk_bytes: int
     children: int  # sub-agents the run may have running at once (Policy ceilings.children)
+    children_total: int  # sub-agents it may ask for in all (Policy ceilings.children_total)
+    depth: int  # how deep this run nests below an operator's (0: it is the operator's)
+    max_depth: int  # how deep sub-agents may nest (Policy ceilings.depth)
     source: BudgetSource
     forecast: Forecast | None
     parent: ParentBudget | None
@@ -594,7 +597,10 @@ DESCRIPTIONS: dict[str, str] = {
     "budget.wall_seconds": "Wall-time limit.",
     "budget.cost_usd": "Cost limit, or null.",
     "budget.disk_bytes": "Most the run may add to the project root; past it the run stops.",
-    "budget.children": "Sub-agents the run's brain may have running at once (Policy `ceilings.children`; 0: it may not dispatch).",
+    "budget.children": "Sub-agents the run's brain may have running at once (Policy `ceilings.children`; 0: it may not dispatch, also when the run is as deep as sub-agents may nest).",
+    "budget.children_total": "Sub-agents the run's brain may ask for over the whole run, refused ones included (Policy `ceilings.children_total`; 0 when it may not dispatch).",
+    "budget.depth": "How deep this run nests below an operator's: 0 for an operator's run, 1 for its child, and so on.",
+    "budget.max_depth": "How deep sub-agents may nest (Policy `ceilings.depth`): a run this deep may not dispatch; a child planned deeper is refused (`dispatch-depth`).",
     "budget.tokens": "Input plus output tokens the run may use (learnt from history; no engine enforces it, the run notes an overrun), or null.",
     "budget.source": "`task`, `brain`, `default`, `history` (any dimension learnt from history) or `parent` (a dispatched child's limit cut to what its parent had left).",
     "budget.parent": "A dispatched child: the most its parent lets it take, each limit of this budget cut to it; null for any other run.",
@@ -667,7 +673,8 @@ DESCRIPTIONS: dict[str, str] = {
     "refusals": "Why apply refuses the plan; empty when it may run (warnings never refuse).",
     "refusals[].code": (
         "Stable code: `floor`, `policy-deny`, `capability-denied`, `shared-tenancy`,"
-        " `project-unwritable`, `parent-not-applied`, `child-widens-parent`, …"
+        " `project-unwritable`, `parent-not-applied`, `child-widens-parent`, `budget-ceiling`,"
+        " `dispatch-depth`, …"
     ),
     "refusals[].message": "What is refused, for the operator.",
     "refusals[].source": "Where it comes from: manifest file, capability category or plan path.",

@@ -126,7 +126,9 @@ def _budget_line(budget: Budget) -> str:
     if budget.get("disk_bytes"):
         parts.append(f"{format_size(budget['disk_bytes'])} disk")
     if budget["children"]:
-        parts.append(f"{budget['children']} sub-agents at once")
+        parts.append(f"{budget['children']} sub-agents at once, {budget['children_total']} in all")
+    if budget["depth"]:
+        parts.append(f"a sub-agent {budget['depth']} deep (at most {budget['max_depth']})")
     text = ", ".join(parts) + f" (from {budget['source']})"
     parent = budget["parent"]
     if parent is not None:
