@@ -25,6 +25,7 @@ from kagura_agent.errors import RefusedError, ValidationError
 from kagura_agent.membrane.leases import Broker, LeaseRequest
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.plan.build import Compiled, compile_tasks
+from kagura_agent.plan.history import record_applied
 from kagura_agent.state import StateStore, state_location
 
 FP = "sha256:" + "a" * 64
@@ -316,6 +317,30 @@ def test_a_wall_extension_stops_at_the_ceiling(tmp_path: Path, state_dir: Path) 
         amender.budget("wall_seconds", 180)
     # A later capability amendment keeps the extended budget.
     assert amender.plan["budget"]["wall_seconds"] == 90
+
+
+def test_a_sub_agents_budget_is_never_extended_past_what_its_parent_left_it(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    folder = manifest_set(tmp_path)
+    project = make_project(tmp_path)
+    parent_task = write_task(project, "top", {"brain": "script", "steps": ["true"]})
+    [parent] = compile_tasks(str(folder), [str(parent_task)])
+    with StateStore() as store:
+        record_applied(store, parent.plan, "2026-12-01T00:00:00Z")
+    left = {"turns": 3, "wall_time": "300s"}
+    spec = {"brain": "script", "steps": ["true"], "parent": {"task": "top", "budget": left}}
+    sub = make_project(project, "sub")
+    [child] = compile_tasks(str(folder), [str(write_task(sub, "sub", spec))])
+    assert child.plan["applyable"], child.plan["refusals"]
+    budget = child.plan["budget"]
+    assert (budget["turns"], budget["wall_seconds"]) == (3, 300)
+    amender = Amender(child, child.plan)
+    # The parent's 10m would allow more; what it left this child is the most.
+    with pytest.raises(Refused, match="budget wall_seconds is at what its parent left it, 5m"):
+        amender.budget("wall_seconds", 600)
+    with pytest.raises(Refused, match="budget turns is at what its parent left it, 3"):
+        amender.budget("turns", 6)
 
 
 def test_a_plan_its_manifests_no_longer_reproduce_cannot_be_amended(

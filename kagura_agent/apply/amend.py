@@ -152,6 +152,12 @@ class Amender:
             raise Refused(f"budget {key} cannot be extended mid-run")
         limits: Mapping[str, Any] = self.plan["budget"]
         current = float(limits[key] or 0)
+        # A sub-agent never grows past what its parent left it (plan/budget.py).
+        parent = (limits["parent"] or {}).get(key)
+        if parent is not None and wanted > parent:
+            wanted = float(parent)
+            if wanted <= current:
+                raise Refused(f"budget {key} is at what its parent left it, {_shown(key, wanted)}")
         ceiling = budget_ceilings(self.catalog).get(EXTENDABLE[key])
         if ceiling is not None:
             wanted = min(wanted, ceiling.limit)
