@@ -49,6 +49,8 @@ for _first in "tTfF":
 _SCALAR = yaml.constructor.SafeConstructor()
 
 MAX_DEPTH = 64
+# libyaml's own nesting limit (1000 levels), met in flow collections it scans ahead.
+_NESTING_REFUSED = "exceeded maximum nesting depth"
 MAX_NODES = 100_000
 MAX_CHARS = 4 * 1024 * 1024
 
@@ -128,9 +130,15 @@ def load_documents(text: str, file: str) -> tuple[list[YamlDoc], list[Diagnostic
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        problems.append(
-            Diagnostic(file, line, col, "$", f"YAML syntax error: {exc.problem or exc}")
-        )
+        problem = str(exc.problem or exc)
+        if _NESTING_REFUSED in problem:
+            # libyaml (bundled with PyYAML since 6.0.4) refuses deep flow nesting while
+            # scanning ahead, before our event-stream check sees a collection: the same
+            # refusal, said the same way whichever layer made it.
+            problem = f"YAML nesting is deeper than {MAX_DEPTH} levels"
+            problems.append(Diagnostic(file, line, col, "$", problem))
+        else:
+            problems.append(Diagnostic(file, line, col, "$", f"YAML syntax error: {problem}"))
     except yaml.reader.ReaderError as exc:
         # Raised before parsing (a control character, invalid UTF-8): locate it from the
         # character offset, and keep the message on one line like every diagnostic.
