@@ -46,6 +46,36 @@ def neutralise(text: str, *, newlines: bool = True) -> str:
     return pattern.sub(_escape, text) if pattern.search(text) else text
 
 
+# The frame of every line of text the agent wrote (what it said, its tools' output, the
+# output of the verify commands it may have written) wherever it is shown: the live view
+# (with colour or without), a CI log, a chat thread. None of kagura-agent's own lines
+# begins with it (they begin with a time, an indent or a mark of their own: ●, ▸, ✓, ⚠, …),
+# and text framed by ``agent_lines`` cannot end its frame: every line break in it starts
+# a new framed line, and no control character survives (see ``agent_lines``).
+AGENT_MARK = "┃ "
+
+
+def agent_lines(text: str) -> list[str]:
+    """``text`` the agent wrote, as lines that cannot pass for kagura-agent's own: split
+    at every line break (``\n``, ``\r``, the Unicode separators ``str.splitlines``
+    knows), each piece neutralised for one line (no control character, tab or bidi
+    override left to act) and begun with ``AGENT_MARK``."""
+    return [AGENT_MARK + neutralise(line, newlines=False) for line in text.splitlines() or [""]]
+
+
+def json_text(text: str) -> str:
+    """A JSON document's text with each character ``neutralise`` would escape written as a
+    JSON ``\\u`` escape instead: the same data for any parser, but nothing a terminal acts
+    on and no line break a line reader splits at. (``json.dumps`` with ``ensure_ascii=False``
+    escapes C0 controls but leaves DEL, the C1 controls — CSI among them — bidi overrides
+    and U+2028/U+2029 raw.) A JSON document's own whitespace (newline, space) stays."""
+    return _UNSAFE.sub(_json_escape, text) if _UNSAFE.search(text) else text
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
 def neutralise_data(value: Any) -> Any:
     """A copy of a JSON-like value with every string (keys too) neutralised for one line."""
     if isinstance(value, str):

@@ -7,7 +7,15 @@ import os
 import sys
 from typing import TextIO
 
-_CODES = {"red": "31", "green": "32", "yellow": "33", "blue": "34", "bold": "1", "dim": "2"}
+_CODES = {
+    "red": "31",
+    "green": "32",
+    "yellow": "33",
+    "blue": "34",
+    "magenta": "35",
+    "bold": "1",
+    "dim": "2",
+}
 
 
 class Style:

@@ -1018,8 +1018,9 @@ def test_a_reply_in_a_running_sessions_thread_reaches_its_brain_mid_run(
         thread.join(60)
     assert f"message from test:{ALICE} sent to its brain" in out
     assert "↳ message 1 reached the brain as its next user message" in out
-    assert "💬 Heard mid-run: and also list the README" in out
-    assert out.index("💬 Ran the command.") < out.index("💬 Heard mid-run")
+    # The brain's words, framed line by line (hygiene.agent_lines).
+    assert "💬\n┃ Heard mid-run: and also list the README" in out
+    assert out.index("┃ Ran the command.") < out.index("┃ Heard mid-run")
     (session,) = cockpit.sessions()
     assert session.state == "succeeded"
     assert leftovers(docker_client, session.run_id or "") == []

@@ -598,8 +598,8 @@ def test_a_scripted_session_per_transport(
         for s in chat.posts()
         if s.file and f"Heard mid-run: {STEER}" in s.file[1] and chat.in_thread(s, thread)
     ]
-    assert comment.startswith(f"💬 Heard mid-run: {STEER} … ("), comment
-    assert f"chars, {LONG_LINES + 2} lines, whole in {name})" in comment, comment
+    assert comment.startswith("💬 ("), comment
+    assert f"chars, {LONG_LINES + 2} lines, whole in {name}) ┃ Heard mid-run: {STEER}" in comment
     assert name.endswith("-text-2.md"), name
     assert content == "\n".join([f"Heard mid-run: {STEER}", *long_answer_lines(),
                                  "END OF THE LONG ANSWER"]) + "\n"  # fmt: skip
@@ -632,8 +632,8 @@ def test_a_scripted_session_per_transport(
     assert f"session {session}: run-run-until-test--e-go-do-sleep" in ran_text, ran_text
     assert f"writes       {project} -> /workspace" in ran_text, ran_text
     assert "brain        claude (sdk" in ran_text, ran_text
-    assert "💬 Ran the command." in ran_text, ran_text
-    assert f"💬 Heard mid-run: {SAID}" in ran_text, ran_text
+    assert "💬\n┃ Ran the command." in ran_text, ran_text
+    assert f"💬\n┃ Heard mid-run: {SAID}" in ran_text, ran_text
     # The launch approval, the wall extension and the stop.
     stop_text = chat.transcript(second)
     (stopped_session,) = stop.requests

@@ -11,9 +11,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,3 +166,127 @@ def test_live_view_shows_agent_output_without_its_escapes(
     assert "\\x1b[2J" in text and "\\x9b0m" in text and "\\u202e" in text
     assert "\x1b[2J" not in text and "\x9b" not in text and "\u202e" not in text
     assert "\x1b[2m" in text  # the view's own (dim) styling still applies on a terminal
+
+
+# kagura-agent's own lines, as the live view prints them, which the agent prints back
+# (a line break, a carriage return and a Unicode line separator to start new lines).
+OWN = [
+    "        ✓ verify 'make test' exited 0",
+    "        ↳ m-1-1: egress:second approved by alice via slack; in force now",
+    "   3.2s ● run run-0123456789ab succeeded in 3.0s, cost $0.0000",
+]
+FORGED = "\n".join(OWN) + "\r" + OWN[0] + "\u2028" + OWN[1] + "\x0b" + OWN[2]
+
+
+def _own_view(view: Any) -> None:
+    """What the view says of its own: the real verify line among them."""
+    view.phase("brain started")
+    view.verify([("make test", 0, "")])
+    view.note("↳ m-1-1: egress:second approved by alice via slack; in force now")
+
+
+def _agent_events(view: Any) -> None:
+    from kagura_agent.brain.events import DoneEvent, TextEvent, ToolCallEvent, ToolResultEvent
+
+    view.brain(ToolCallEvent("t1", "Bash", {"command": FORGED}))
+    view.brain(ToolResultEvent("t1", FORGED, exit_code=0))
+    view.brain(TextEvent(FORGED + "\n\n"))
+    view.brain(DoneEvent(result=FORGED))
+    view.verify([("./check", 1, FORGED)])
+
+
+@pytest.mark.parametrize("colour", [False, True])
+def test_the_agent_printing_our_own_lines_cannot_pass_for_them(
+    monkeypatch: pytest.MonkeyPatch, colour: bool
+) -> None:
+    """What the agent writes (assistant text, tool output, a failed verify command's
+    output, a tool call's command) is framed line by line; our lines never carry the
+    frame. A reader, and this test, tell them apart by the first characters alone."""
+    from kagura_agent.apply.live import LiveView
+    from kagura_agent.hygiene import AGENT_MARK
+    from kagura_agent.membrane.secrets import Redactor
+
+    strip = re.compile(r"\x1b\[[0-9;]*m")
+    if colour:
+        monkeypatch.delenv("NO_COLOR", raising=False)
+    else:
+        monkeypatch.setenv("NO_COLOR", "1")
+    out = _Tty() if colour else io.StringIO()
+    view = LiveView(Redactor(), stream=out)
+    _own_view(view)
+    ours = [strip.sub("", line) for line in out.getvalue().splitlines()]
+    assert all(not line.startswith(AGENT_MARK) for line in ours)
+    out.truncate(0)
+    out.seek(0)
+    _agent_events(view)
+    lines = [strip.sub("", line) for line in out.getvalue().splitlines()]
+    forged = [line for line in lines if any(own.strip() in line for own in OWN)]
+    assert len(forged) >= 4 * 6  # each copy of each line, in text, output, answer, verify
+    for line in forged:
+        # A forged line is the agent's (framed), or a line of ours that quotes it after
+        # its own mark on one line (the tool call: "▸ Bash: …\n…" shown escaped).
+        assert line.startswith(AGENT_MARK) or line.lstrip().split(" ")[1] == "▸", line
+    assert not set(lines) & set(ours)  # not one line the same as one of ours
+    if colour:
+        assert "\x1b[35m┃ \x1b[0m" in out.getvalue()  # the frame is coloured apart
+
+
+def test_under_json_the_agent_text_is_never_in_a_note_or_a_phase() -> None:
+    from kagura_agent.apply.live import LiveView
+    from kagura_agent.membrane.secrets import Redactor
+
+    out = io.StringIO()
+    view = LiveView(Redactor(), stream=out, as_json=True)
+    _agent_events(view)
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    kinds = {e["kind"] for e in events if "make test" in json.dumps(e, ensure_ascii=False)}
+    assert kinds == {"brain", "verify_output"}
+    [tail] = [e for e in events if e["kind"] == "verify_output"]
+    assert tail["command"] == "./check" and tail["exit_code"] == 1
+    assert tail["lines"][-1].endswith("cost $0.0000")
+
+
+def test_in_chat_the_agent_text_is_framed_and_our_lines_stay_lines() -> None:
+    """The cockpit relays apply's --json events: what the agent wrote arrives framed line
+    by line (assistant text, the final answer, verify output), and none of our lines can
+    be split into two by what it quotes."""
+    from kagura_agent.apply.live import LiveView
+    from kagura_agent.cockpit.runner import Feed, Progress
+    from kagura_agent.hygiene import AGENT_MARK
+    from kagura_agent.membrane.secrets import Redactor
+
+    out = io.StringIO()
+    view = LiveView(Redactor(), stream=out, as_json=True)
+    _own_view(view)
+    _agent_events(view)
+    view.note(f"mid-run request m-1-2: egress 'x' ({FORGED})")  # ours, quoting the agent
+
+    class _Lines:
+        def __init__(self) -> None:
+            self.posted: list[str] = []
+
+        def add(self, line: str) -> None:
+            self.posted.append(line)
+
+        def fits(self, text: str) -> bool:
+            return True
+
+        def attach(self, name: str, content: str, comment: str) -> None:
+            self.posted.append(comment)
+
+    relay = _Lines()
+    feed = Feed(relay, Progress(), "s-1")  # type: ignore[arg-type]
+    for line in out.getvalue().splitlines():
+        feed.line(line)
+    chat = [line for post in relay.posted for line in post.split("\n")]
+    forged = [line for line in chat if any(own.strip() in line for own in OWN)]
+    ours = [line for line in forged if not line.startswith(AGENT_MARK)]
+    # Ours: the verify line, the approval note, and the two that quote the agent on one
+    # line (the tool call, the mid-run request) — nothing else.
+    assert ours[0] == "  ✓ verify 'make test' exited 0"
+    assert ours[1].startswith("  ↳ m-1-1: egress:second approved by alice")
+    assert ours[2].startswith("▸ Bash: ") and ours[3].startswith("  mid-run request m-1-2")
+    assert len(ours) == 4, ours
+    # Framed: the text's six lines (the answer is the same text: named, not repeated) and
+    # the verify output's last five.
+    assert len(forged) - len(ours) == 6 + 5

@@ -4,6 +4,14 @@ Text from the brain is buffered and shown a paragraph at a time (never token by 
 tool calls and results are shown as they happen, with long output cut to a few lines.
 Everything shown passes the run's redactor first. ``--json`` turns each item into one
 JSON line instead.
+
+Two kinds of line, never confused: kagura-agent's own (a phase, a note, a verify
+result: each one line, whatever it quotes neutralised so no line break survives) and the
+agent's (what the brain said, its tools' output, the output of verify commands, which run
+what the agent wrote): every one of those begins with ``hygiene.AGENT_MARK`` (``┃``), with
+colour or without, so the agent printing "✓ verify 'make test' exited 0" shows as
+"┃ ✓ verify 'make test' exited 0". Under ``--json`` the agent's text is only ever in a
+``brain`` or ``verify_output`` event, never in a ``note`` or a ``phase``.
 """
 
 from __future__ import annotations
@@ -26,11 +34,12 @@ from kagura_agent.brain.events import (
     ToolResultEvent,
     event_to_json,
 )
-from kagura_agent.hygiene import neutralise
+from kagura_agent.hygiene import AGENT_MARK, agent_lines, json_text, neutralise
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.ui import Style
 
 RESULT_LINES = 6
+VERIFY_LINES = 5  # of a failed verify command's output
 
 
 def tool_call_detail(tool_input: Any) -> str:
@@ -68,12 +77,23 @@ class LiveView:
             self.keep(kind, self.redactor.scrub_data(payload))
 
     def _write(self, line: str, *styles: str) -> None:
-        """One line: secrets scrubbed, control characters from the agent made visible,
-        then styled (the styling's own escapes are the only ones that reach the screen)."""
+        """One line of our own: secrets scrubbed, control characters and line breaks in
+        what it quotes made visible (so it stays one line), then styled (the styling's own
+        escapes are the only ones that reach the screen)."""
+        self._emit(self.style(neutralise(self.redactor.scrub(line), newlines=False), *styles))
+
+    def _agent(self, text: str, *styles: str) -> None:
+        """Text the agent wrote: each of its lines framed (hygiene.agent_lines), the frame
+        styled apart from the text."""
+        for line in agent_lines(self.redactor.scrub(text)):
+            body = line.removeprefix(AGENT_MARK)
+            self._emit(self.style(AGENT_MARK, "magenta") + self.style(body, *styles))
+
+    def _emit(self, line: str) -> None:
         if self._gone:
             return
         try:
-            self.out.write(self.style(neutralise(self.redactor.scrub(line)), *styles) + "\n")
+            self.out.write(line + "\n")
             self.out.flush()
         except (BrokenPipeError, ValueError):
             # Nobody reads any more (a pipe's reader died, e.g. a restarted cockpit): the
@@ -84,7 +104,9 @@ class LiveView:
         if self._gone:
             return
         try:
-            line = json.dumps({"kind": kind, **payload}, ensure_ascii=False, default=str)
+            # No raw U+2028, NEL, CSI…: a reader splitting lines the Unicode way would cut
+            # the event there, a terminal act on it, and the agent chooses the text.
+            line = json_text(json.dumps({"kind": kind, **payload}, ensure_ascii=False, default=str))
             self.out.write(self.redactor.scrub(line) + "\n")
             self.out.flush()
         except (BrokenPipeError, ValueError):
@@ -124,11 +146,8 @@ class LiveView:
             self._json("incident", {"id": incident_id, "reason": reason})
         else:
             self._write(
-                self.style(
-                    f"{self._elapsed()} ⚠ incident {incident_id}: {reason}"
-                    " (kagura-agent incidents)",
-                    "red",
-                )
+                f"{self._elapsed()} ⚠ incident {incident_id}: {reason} (kagura-agent incidents)",
+                "red",
             )
 
     def ask(self, question: dict[str, Any]) -> None:
@@ -185,8 +204,12 @@ class LiveView:
             self._write(f"{self._elapsed()} ✗ brain error ({event.code}): {event.message}", "red")
 
     def verify(self, results: list[tuple[str, int, str]]) -> None:
-        """Each verify command's exit code; the tail of the output of those that failed."""
-        tails = [output.strip().splitlines()[-5:] if code else [] for _, code, output in results]
+        """Each verify command's exit code; the tail of the output of those that failed
+        (the agent's: verify runs what it left in the tree)."""
+        tails = [
+            output.rstrip().splitlines()[-VERIFY_LINES:] if code else []
+            for _, code, output in results
+        ]
         self._kept(
             "verify",
             {
@@ -199,8 +222,12 @@ class LiveView:
         for (command, code, _), tail in zip(results, tails, strict=True):
             mark = "✓" if code == 0 else "✗"
             self._note(f"{mark} verify {command!r} exited {code}", "green" if code == 0 else "red")
-            for line in tail:
-                self._note(f"    {line}", "dim")
+            if not tail:
+                continue
+            if self.as_json:
+                self._json("verify_output", {"command": command, "exit_code": code, "lines": tail})
+            else:
+                self._agent("\n".join(tail), "dim")
 
     def flush_text(self) -> None:
         if self._text.strip():
@@ -208,15 +235,14 @@ class LiveView:
         self._text = ""
 
     def _paragraph(self, text: str) -> None:
-        for line in text.strip().splitlines():
-            self._write(f"        {line}")
+        self._agent(text.strip())
 
     def _result(self, event: ToolResultEvent) -> None:
         code = f"exit {event.exit_code}" if event.exit_code is not None else "done"
         colour = ("red",) if event.is_error or (event.exit_code or 0) != 0 else ("green",)
         lines = event.output.rstrip().splitlines()
         self._write(f"{self._elapsed()}   {code} ({len(lines)} lines)", *colour)
-        for line in lines[:RESULT_LINES]:
-            self._write(f"          {line[:200]}", "dim")
+        if lines:
+            self._agent("\n".join(line[:200] for line in lines[:RESULT_LINES]), "dim")
         if len(lines) > RESULT_LINES:
             self._write(f"          … {len(lines) - RESULT_LINES} more lines", "dim")

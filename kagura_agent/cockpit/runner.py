@@ -29,6 +29,7 @@ from kagura_agent.apply.live import tool_call_detail
 from kagura_agent.brain.events import MAX_TEXT_CHARS
 from kagura_agent.clock import iso
 from kagura_agent.hostproc import kagura_argv, kagura_environment, popen
+from kagura_agent.hygiene import agent_lines, neutralise
 from kagura_agent.processes import owner_alive
 from kagura_agent.state import Location, MissingTable, StateStore
 
@@ -71,44 +72,57 @@ def apply_argv(
 
 
 def chat_line(line: str) -> str | None:
-    """What of one stderr line of ``apply --json`` goes to chat as a line (None: nothing;
-    assistant text and the final answer are the :class:`Feed`'s, posted whole)."""
+    """What of one stderr line of ``apply --json`` goes to chat (None: nothing; assistant
+    text and the final answer are the :class:`Feed`'s, posted whole). Our own lines stay
+    one line each, whatever they quote; the agent's text (a failed verify command's output)
+    comes framed line by line (hygiene.agent_lines), so it cannot pass for ours."""
     try:
         item = json.loads(line)
     except ValueError:
-        return line.rstrip() or None  # "error: …" and its hint, from apply itself
+        return _own(line.rstrip()) or None  # "error: …" and its hint, from apply itself
     if not isinstance(item, dict):
         return None
+    return _event_line(item)
+
+
+def _event_line(item: dict[str, Any]) -> str | None:
     kind = item.get("kind")
     if kind == "phase":
-        return f"● {item.get('message', '')}"
+        return _own(f"● {item.get('message', '')}")
     if kind == "note":
-        return f"  {item.get('message', '')}"
+        return _own(f"  {item.get('message', '')}")
+    if kind == "verify_output":
+        return "\n".join(agent_lines("\n".join(map(str, item.get("lines") or []))))
     if kind == "egress":
         if item.get("decision") == "deny":
-            return f"⊘ egress denied {item.get('host')}:{item.get('port')}"
+            return _own(f"⊘ egress denied {item.get('host')}:{item.get('port')}")
         return None
     if kind == "brain":
         return _brain_line(item)
     if kind == "incident":
-        return f"⚠ incident {item.get('id')}: {item.get('reason')} (kagura-agent incidents)"
+        return _own(f"⚠ incident {item.get('id')}: {item.get('reason')} (kagura-agent incidents)")
     # A team run's events, as its runner and the reaper store them (team/runner.py).
     if kind == "runner":
-        return f"● {item.get('message', '')}"
+        return _own(f"● {item.get('message', '')}")
     if kind == "log":
-        return str(item.get("message") or "").rstrip() or None
+        return _own(str(item.get("message") or "").rstrip()) or None
     if kind in ("lost", "abort", "cancelled"):
-        return f"⚠ {item.get('message', '')}"
+        return _own(f"⚠ {item.get('message', '')}")
     return None
+
+
+def _own(line: str) -> str:
+    """One line of ours: a line break in what it quotes shown, not acted on."""
+    return neutralise(line, newlines=False)
 
 
 def _brain_line(item: dict[str, Any]) -> str | None:
     kind = item.get("type")
     if kind == "tool_call":
         detail = tool_call_detail(item.get("input") or {})
-        return f"▸ {item.get('name')}: {detail[:DETAIL_CHARS]}"
+        return _own(f"▸ {item.get('name')}: {detail[:DETAIL_CHARS]}")
     if kind == "error":
-        return f"✗ brain error ({item.get('code')}): {item.get('message')}"
+        return _own(f"✗ brain error ({item.get('code')}): {item.get('message')}")
     return None
 
 
@@ -300,15 +314,17 @@ class Feed:
             if len(text) >= MAX_TEXT_CHARS
             else ""
         )
-        if self.relay.fits(text) and not capped:
-            self.relay.add(f"{label} {text}" if "\n" not in text else f"{label}\n{text}")
+        framed = agent_lines(text)  # the agent's words, framed line by line
+        if self.relay.fits("\n".join(framed)) and not capped:
+            self.relay.add("\n".join([label, *framed]))
             return
-        first = text.splitlines()[0][:120]
         lines = text.count("\n") + 1
         self.relay.attach(
             filename,
-            text + "\n",
-            f"{label} {first} … ({len(text)} chars, {lines} lines, whole in {filename}{capped})",
+            text + "\n",  # a file of the agent's, as it wrote it: a file is not our line
+            # One line, ours, quoting the agent's first line after the frame.
+            f"{label} ({len(text)} chars, {lines} lines, whole in {filename}{capped})"
+            f" {framed[0][:120]}",
         )
 
 
