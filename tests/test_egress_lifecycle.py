@@ -213,6 +213,31 @@ def test_egress_log_cli(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert main(["egress", "log", "nope"]) == 2
 
 
+def test_egress_log_shows_what_the_agent_chose_on_one_line(
+    state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The host, path and method of a request are the agent's: squid logs them %-encoded
+    and the log decodes them; ``egress log`` prints each decision on one line whatever
+    they hold (hygiene.neutralise, as ``memory search`` prints an agent's note)."""
+    from kagura_agent.membrane.egress.policy import load_policy
+
+    store = audit.open_store(StateStore())
+    allow = {"mode": "proxy", "allow": [{"host": "api.github.com"}]}
+    audit.record_run(store, "run-e", "2026-01-01T00:00:00Z", allow)
+    forged = "%0a2026-01-01T00:00:09.000Z%20%20ALLOW%20GET%20%1b[2Jx"
+    log = (
+        "KAGURA1 1767225601.000 172.18.0.3 GET http evil.test 80 403 TCP_DENIED 1 2 -"
+        f" not-allowed 3128 /{forged}\n"
+    )
+    audit.record_events(store, audit.events_from_log(log, load_policy(allow), "run-e"))
+    assert main(["egress", "log", "run-e"]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert len(lines) == 4, lines  # the header, the one decision, the denied summary (2)
+    assert "\x1b" not in text and "evil.test:80/\\x0a2026-01-01T00:00:09.000Z" in lines[1]
+    assert not any(line.startswith("2026-01-01T00:00:09") for line in lines)
+
+
 class _DeadProxy:
     """What salvage reads of a stopped proxy: its log, as Docker streams it."""
 

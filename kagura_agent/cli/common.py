@@ -10,6 +10,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kagura_agent.hygiene import json_text
+
 
 def count(low: int, high: int) -> Callable[[str], int]:
     """An argparse type: a whole number in ``low..high`` (a row count reaches SQL, where
@@ -52,8 +54,8 @@ def add_manifest_option(parser: argparse.ArgumentParser) -> None:
 
 
 def print_json(value: Any) -> None:
-    json.dump(value, sys.stdout, indent=2, ensure_ascii=False)
-    sys.stdout.write("\n")
+    """``value`` as JSON on stdout: characters a terminal would act on are \\u escapes."""
+    sys.stdout.write(json_text(json.dumps(value, indent=2, ensure_ascii=False)) + "\n")
 
 
 def print_ok(body: Mapping[str, Any]) -> None:

@@ -61,6 +61,7 @@ def register(subparsers: Any) -> None:
 
 def _log(args: argparse.Namespace) -> int:
     from kagura_agent.errors import UsageError
+    from kagura_agent.hygiene import neutralise
     from kagura_agent.membrane.egress import audit
     from kagura_agent.state import StateStore
 
@@ -85,12 +86,14 @@ def _log(args: argparse.Namespace) -> int:
             return 0
         print(f"egress decisions of run {run_id}: {len(events)}")
         for e in events:
-            # An allowed request names its entry; one on the injecting port has none.
+            # An allowed request names its entry; one on the injecting port has none. The
+            # host, path and method are the agent's: one line each, whatever they hold.
             why = (e.entry or e.reason) if e.decision == "allow" else e.reason
-            where = f"{e.host}:{e.port}{e.path}"
+            where = neutralise(f"{e.host}:{e.port}{e.path}", newlines=False)
+            method = neutralise(e.method, newlines=False)
             print(
-                f"{e.time}  {e.decision.upper():<5} {e.method:<7} {where:<22}"
-                f" {e.status:>3}  in={e.bytes_in} out={e.bytes_out}  {why}"
+                f"{e.time}  {e.decision.upper():<5} {method:<7} {where:<22}"
+                f" {e.status:>3}  in={e.bytes_in} out={e.bytes_out}  {neutralise(why, newlines=False)}"
             )
         if sum(unstored.values()):
             print(
@@ -106,9 +109,8 @@ def _log(args: argparse.Namespace) -> int:
         if summary:
             print("denied (what the agent tried to reach):")
             for row in summary:
-                print(
-                    f"  {row['count']:>4}x {row['method']} {row['host']}:{row['port']} ({row['reason']})"
-                )
+                denied = f"{row['method']} {row['host']}:{row['port']} ({row['reason']})"
+                print(f"  {row['count']:>4}x {neutralise(denied, newlines=False)}")
         return 0
 
 

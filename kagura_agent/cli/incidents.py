@@ -43,12 +43,14 @@ def _list(args: argparse.Namespace) -> int:
         return 0
     for item in incidents:
         denied = [e for e in item["egress"] if e.get("decision") == "deny"]
-        print(f"{item['id']}  {item['at']}  run {item['run_id']}  task {neutralise(item['task'])}")
-        print(f"  reason   {neutralise(item['reason'])}")
+        print(
+            f"{item['id']}  {item['at']}  run {item['run_id']}  task {neutralise(item['task'], newlines=False)}"
+        )
+        print(f"  reason   {neutralise(item['reason'], newlines=False)}")
         print(f"  actions  {'; '.join(item['actions'])}")
         for event in denied[:10]:
             where = f"{event.get('host')}:{event.get('port')}"
-            print(f"  denied   {neutralise(where)}")
+            print(f"  denied   {neutralise(where, newlines=False)}")
         if len(denied) > 10:
             print(f"  denied   … {len(denied) - 10} more (--json)")
         print(f"  events   {len(item['events'])} (--json)")

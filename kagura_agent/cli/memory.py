@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from kagura_agent.cli.common import add_manifest_option, count, print_ok
+from kagura_agent.hygiene import neutralise
 
 
 def register(subparsers: Any) -> None:
@@ -99,8 +100,15 @@ def _open(args: argparse.Namespace) -> Any:
 
 
 def _line(memory: Any) -> str:
-    flag = " [UNTRUSTED]" if memory.untrusted else ""
-    return f"{memory.id}  {memory.type:<10} {memory.summary}{flag}"
+    """One memory, on one line whatever its summary holds (hygiene.neutralise: the
+    agent's notes are its writing, like the hosts and paths of ``egress log``), the
+    untrusted flag before the summary."""
+    flag = "[UNTRUSTED] " if memory.untrusted else ""
+    return f"{memory.id}  {memory.type:<10} {flag}{_shown(memory.summary)}"
+
+
+def _shown(value: object) -> str:
+    return neutralise(str(value), newlines=False)
 
 
 def _search(args: argparse.Namespace) -> int:
@@ -137,19 +145,24 @@ def _show(args: argparse.Namespace) -> int:
             data = {**memory.to_json(), "edges": [e.to_json() for e in edges]}
             print_ok(data)
             return 0
-        print(f"id:        {memory.id}")
-        print(f"type:      {memory.type}")
-        print(f"summary:   {memory.summary}")
-        print(f"source:    {memory.source.kind} {memory.source.id}")
-        print(f"trust:     {memory.trust}")
+        # Every field on its own line, whatever it holds (an agent's note chose most).
+        flag = "[UNTRUSTED] " if memory.untrusted else ""
+        print(f"id:        {_shown(memory.id)}")
+        print(f"type:      {_shown(memory.type)}")
+        print(f"summary:   {flag}{_shown(memory.summary)}")
+        print(f"source:    {_shown(memory.source.kind)} {_shown(memory.source.id)}")
+        print(f"trust:     {_shown(memory.trust)}")
         print(f"created:   {iso(memory.created)}")
-        print(f"task_kind: {memory.task_kind or '-'}")
-        print(f"tags:      {', '.join(memory.tags) or '-'}")
+        print(f"task_kind: {_shown(memory.task_kind or '-')}")
+        print(f"tags:      {_shown(', '.join(memory.tags) or '-')}")
         print(f"details:   {json.dumps(dict(memory.details), sort_keys=True)}")
         for edge in edges:
             # The edge's evidence and maker (a fix's changes, a brain link's run), if any.
             shown = f"  {json.dumps(dict(edge.details), sort_keys=True)}" if edge.details else ""
-            print(f"edge:      {edge.source_id} -{edge.type}-> {edge.target_id}{shown}")
+            print(
+                f"edge:      {_shown(edge.source_id)} -{_shown(edge.type)}->"
+                f" {_shown(edge.target_id)}{shown}"
+            )
     finally:
         store.close()
     return 0
@@ -171,7 +184,7 @@ def _forget(args: argparse.Namespace) -> int:
     else:
         for tombstone in tombstones:
             why = f" (derived from {tombstone.cascade_of})" if tombstone.cascade_of else ""
-            print(f"forgot {tombstone.memory_id} {tombstone.type}{why}")
+            print(f"forgot {_shown(tombstone.memory_id)} {_shown(tombstone.type)}{why}")
     return 0
 
 
@@ -229,7 +242,8 @@ def _export(args: argparse.Namespace) -> int:
     if args.json:
         print_ok({"memories": memories, "tombstones": tombstones})
     else:
-        # JSON lines: one memory per line, easy to stream into other tools.
+        # JSON lines: one memory per line, easy to stream into other tools (ASCII: every
+        # control character and line separator an escape).
         for memory in memories:
-            print(json.dumps(memory, sort_keys=True))
+            print(json.dumps(memory, sort_keys=True, ensure_ascii=True))
     return 0
