@@ -290,3 +290,30 @@ def test_in_chat_the_agent_text_is_framed_and_our_lines_stay_lines() -> None:
     # Framed: the text's six lines (the answer is the same text: named, not repeated) and
     # the verify output's last five.
     assert len(forged) - len(ours) == 6 + 5
+
+
+def test_in_the_web_console_the_agent_text_is_only_in_agent_entries() -> None:
+    """The run's journal (what the live view showed) read back as the console's timeline:
+    every entry that carries the agent's words is in the agent's tone (its frame on the
+    page) — the final answer and a failed verify command's output too."""
+    from kagura_agent.apply.live import LiveView
+    from kagura_agent.membrane.secrets import Redactor
+    from kagura_agent.web.timeline import journal_entries
+
+    kept: list[dict[str, Any]] = []
+    view = LiveView(Redactor(), stream=io.StringIO())
+    view.keep = lambda kind, item: kept.append(
+        {"at": "2026-01-01T00:00:00Z", "kind": kind, "item": item}
+    )
+    _own_view(view)
+    _agent_events(view)
+    entries = journal_entries(kept)
+    carrying = [e for e in entries if "make test" in e.title + e.detail]
+    assert carrying, entries
+    for entry in carrying:
+        ours = entry.kind == "verify" and "make test" in entry.title + entry.detail.split("\n")[0]
+        assert "agent" in entry.tone.split() or ours, entry
+    [output] = [e for e in entries if e.kind == "verify output"]
+    assert output.tone == "agent" and output.title == "./check"
+    [verify] = [e for e in entries if e.kind == "verify" and "./check" in e.detail]
+    assert verify.detail == "✗ ./check exited 1"  # ours: no output of the agent's in it

@@ -16,7 +16,9 @@ from kagura_agent.apply.live import tool_call_detail
 from kagura_agent.clock import parse_iso
 
 # An entry's tone: how it is marked on the page (a class, never a colour from the data).
-Tone = str  # "info" | "good" | "bad" | "warn" | "agent" | "quiet"
+# Text the agent wrote is only ever in an entry whose tone has "agent" (its frame on the
+# page), never in the detail of one of ours.
+Tone = str  # "info" | "good" | "bad" | "warn" | "agent" | "agent bad" | "quiet"
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,23 @@ def journal_entries(items: Iterable[Mapping[str, Any]]) -> list[Entry]:
     """What the live view showed, as entries."""
     entries = []
     for row in items:
-        entry = _journal_entry(str(row["at"]), str(row["kind"]), row["item"])
+        at, kind, item = str(row["at"]), str(row["kind"]), row["item"]
+        entry = _journal_entry(at, kind, item)
         if entry is not None:
             entries.append(entry)
+        if kind == "verify" and isinstance(item, dict):
+            entries += _verify_output(at, item)
     return entries
+
+
+def _verify_output(at: str, item: Mapping[str, Any]) -> list[Entry]:
+    """A failed verify command's output tail: the agent's (verify runs what it left in the
+    tree), so an entry of its own in the agent's tone, never inside ours."""
+    return [
+        Entry(at, "journal", "verify output", f"{r.get('command')}", str(r["tail"]), "agent")
+        for r in item.get("results") or []
+        if isinstance(r, dict) and r.get("tail")
+    ]
 
 
 def _journal_entry(at: str, kind: str, item: Any) -> Entry | None:
@@ -68,7 +83,7 @@ def _journal_entry(at: str, kind: str, item: Any) -> Entry | None:
         failed = [r for r in results if isinstance(r, dict) and r.get("exit_code") != 0]
         lines = [
             f"{'✓' if r.get('exit_code') == 0 else '✗'} {r.get('command')} exited"
-            f" {r.get('exit_code')}" + (f"\n{r.get('tail')}" if r.get("tail") else "")
+            f" {r.get('exit_code')}"
             for r in results
             if isinstance(r, dict)
         ]
@@ -104,7 +119,7 @@ def _brain_entry(at: str, item: Mapping[str, Any]) -> Entry | None:
             "tool result",
             title,
             str(item.get("output", "")),
-            "bad" if failed else "agent",
+            "agent bad" if failed else "agent",  # the agent's output, failed or not
         )
     if kind == "cost":
         usd = item.get("usd")
@@ -116,7 +131,8 @@ def _brain_entry(at: str, item: Mapping[str, Any]) -> Entry | None:
         title = f"checkpoint: step {item.get('step')} done, {item.get('pending')} pending"
         return Entry(at, "journal", "checkpoint", title, tone="quiet")
     if kind == "done":
-        return Entry(at, "journal", "brain done", "brain finished", str(item.get("result") or ""))
+        result = str(item.get("result") or "")
+        return Entry(at, "journal", "brain done", "brain finished", result, "agent")
     if kind == "error":
         title = f"brain error ({item.get('code', '')})"
         return Entry(at, "journal", "brain error", title, str(item.get("message", "")), "bad")
