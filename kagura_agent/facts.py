@@ -36,6 +36,7 @@ from kagura_agent.memory.factory import section_from_manifest, sqlite_path
 from kagura_agent.memory.model import MemoryStore
 from kagura_agent.memory.postgres import PgMemoryStore
 from kagura_agent.memory.sqlite import SqliteMemoryStore
+from kagura_agent.patterns.checkpoint import load_checkpoint, session_fact, session_owner
 from kagura_agent.patterns.cost_history import history
 from kagura_agent.patterns.failure_learning import known_failures
 from kagura_agent.plan.history import last_applied
@@ -72,6 +73,9 @@ class Facts:
     missing_memories: list[str] = field(default_factory=list)  # context ids not in the store
     # State the read-only look-ups could not read (an older schema): the plan warns.
     state_notes: list[str] = field(default_factory=list)
+    # A named session's checkpoint (patterns/checkpoint.session_fact): where it stands
+    # and what it spent; None without a session, a checkpoint, or one of this task's.
+    checkpoint: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -90,6 +94,7 @@ class Facts:
             "parent_run": self.parent_run,
             "missing_memories": list(self.missing_memories),
             "state_notes": list(self.state_notes),
+            "checkpoint": self.checkpoint,
         }
 
     @classmethod
@@ -139,6 +144,7 @@ class Facts:
             parent_run=data.get("parent_run"),
             missing_memories=list(data.get("missing_memories", [])),
             state_notes=list(data.get("state_notes", [])),
+            checkpoint=data.get("checkpoint"),
         )
 
 
@@ -168,7 +174,12 @@ def gather_facts(
     folder = recipe_path(recipe)
     found: dict[str, Any] = {}
     notes: list[str] = []
-    for part in (_graduation(catalog), _memory_facts(task), _parent_facts(task)):
+    for part in (
+        _graduation(catalog),
+        _memory_facts(task),
+        _parent_facts(task),
+        _session_facts(task),
+    ):
         notes += part.pop("state_notes", [])
         found.update(part)
     return Facts(
@@ -326,6 +337,28 @@ def _parent_facts(task: ResolvedTask) -> dict[str, Any]:
     if parent_plan is None:
         return {}
     return {"parent_plan": parent_plan, "parent_run": _applying_run(parent_plan)}
+
+
+def _session_facts(task: ResolvedTask) -> dict[str, Any]:
+    """A named session's checkpoint, when this task may resume it (its owner's)."""
+    if not task.session:
+        return {}
+    store = StateStore.read_only()
+    if store is None:
+        return {}
+    with store:
+        try:
+            found = load_checkpoint(store, task.session)
+        except SchemaBehind as exc:
+            if exc.current == 0:
+                return {}
+            return {"state_notes": [f"{exc.message}: the session's spending is not known"]}
+        except StateDbError:
+            return {}
+    owner = session_owner(task.project_root, task.kind)
+    if found is None or dict(found.owner) != owner:
+        return {}  # none, or another task's (apply refuses to resume that)
+    return {"checkpoint": session_fact(found)}
 
 
 def _applying_run(plan: Mapping[str, Any]) -> str | None:

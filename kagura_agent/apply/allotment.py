@@ -29,6 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from kagura_agent.membrane.leases import Lease
+from kagura_agent.patterns.spent import LeaseSpent, Spent
 
 # Less than this left of its wall budget, and a parent dispatches nothing: a child needs
 # a container, a proxy and its verify in that time.
@@ -95,11 +96,45 @@ def left(
     """What is left of ``budget`` (the plan's, in force) after the brain's own ``turns``,
     ``usd`` and counted ``calls`` and what its sub-agents ``held``, ``elapsed`` seconds in."""
     limit_turns, limit_usd = budget["turns"], budget["cost_usd"]
-    own = max(turns, calls or 0)
+    spent = run_spent(turns=turns, usd=usd, calls=calls, children=held, elapsed=elapsed)
     return Left(
-        turns=None if not limit_turns else int(limit_turns) - own - held[0],
-        cost_usd=None if limit_usd is None else round(float(limit_usd) - usd - held[1], 6),
-        wall_seconds=min(int(budget["wall_seconds"] - math.ceil(elapsed)), MAX_SECONDS),
+        turns=None if not limit_turns else int(limit_turns) - spent.turns,
+        cost_usd=None if limit_usd is None else round(float(limit_usd) - spent.cost_usd, 6),
+        wall_seconds=min(int(budget["wall_seconds"]) - spent.wall_seconds, MAX_SECONDS),
+    )
+
+
+def run_spent(
+    *,
+    turns: int,
+    usd: float,
+    calls: int | None,
+    children: tuple[int, float],
+    elapsed: float,
+    leases: Iterable[Lease] = (),
+    now: datetime | None = None,
+) -> Spent:
+    """What a run spent so far by the host's count: the larger of the brain's reported
+    ``turns`` and the model ``calls`` counted at the proxy, plus what its sub-agents took
+    (``children``); the reported ``usd`` plus theirs; ``elapsed`` seconds of wall (whole,
+    up); per credential category, the seconds its ``leases`` were held until ``now`` and
+    the renewals they used. What :func:`left` subtracts, and what a session's checkpoint
+    adds up (patterns/spent.py)."""
+    held: dict[str, LeaseSpent] = {}
+    for lease in leases:
+        category = lease.request.category or lease.name
+        until = now if now is not None else lease.broker.clock.now()
+        seconds = max(
+            math.ceil((min(until, lease.budget_ends_at) - lease.started_at).total_seconds()), 0
+        )
+        held[category] = held.get(category, LeaseSpent()).plus(
+            LeaseSpent(seconds, lease.renewals_used)
+        )
+    return Spent(
+        turns=max(turns, calls or 0) + children[0],
+        cost_usd=round(max(usd, 0.0) + children[1], 6),
+        wall_seconds=max(math.ceil(elapsed), 0),
+        leases=held,
     )
 
 

@@ -64,9 +64,11 @@ from kagura_agent.approvals.midrun import Asker, ChatAsker, NobodyAsker, TtyAske
 from kagura_agent.clock import Clock
 from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError, Terminated
 from kagura_agent.membrane.leases import Broker, Lease, LeaseRequest, Sweeper
+from kagura_agent.membrane.leases.broker import Budget as LeaseBudget
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.memory.gate import check_ready
 from kagura_agent.patterns.checkpoint import foreign_checkpoint, session_owner
+from kagura_agent.plan import resume
 from kagura_agent.plan.admission import admit
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore, owner_key
@@ -363,7 +365,10 @@ def _lease(ctx: RunContext, cleanup: contextlib.ExitStack) -> list[Lease]:
         ctx.live.phase(
             f"leasing {entry['provider']}/{entry['scope']} ({entry['ttl_seconds'] // 60}m)"
         )
-        leases.append(broker.acquire(LeaseRequest.from_plan({**entry, "class": klass})))
+        # A resumed session holds it under what is left of its lease budget.
+        left = resume.lease_left(ctx.plan["budget"], entry["category"])
+        request = LeaseRequest.from_plan({**entry, "class": klass})
+        leases.append(broker.acquire(request, LeaseBudget(*left) if left is not None else None))
     return leases
 
 

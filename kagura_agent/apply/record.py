@@ -18,7 +18,7 @@ from kagura_agent.clock import iso
 from kagura_agent.graduation.ledger import record_outcome as graduation_evidence
 from kagura_agent.memory.factory import open_memory
 from kagura_agent.memory.model import MemoryStore, Trust
-from kagura_agent.patterns.checkpoint import clear_checkpoint
+from kagura_agent.patterns.checkpoint import clear_checkpoint, finish_spending
 from kagura_agent.patterns.cost_history import RunCost, record_run
 from kagura_agent.patterns.dispatch import record_output
 from kagura_agent.patterns.failure_learning import record_failure, record_success, run_shape
@@ -129,8 +129,13 @@ def record_result(ctx: RunContext, result: RunResult) -> str | None:
         if close is not None:
             close()
     session = plan["task"]["session"]
-    if success and session and plan["brain"]["engine"] == "script":
-        clear_checkpoint(store, session)
+    if success and session:
+        # The session's work is done: nothing of its budget stays spent. The script brain
+        # has nothing to continue; another engine keeps its brain conversation.
+        if plan["brain"]["engine"] == "script":
+            clear_checkpoint(store, session)
+        else:
+            finish_spending(store, session, clock=clock)
     record_applied(store, plan, iso(clock.now()))
     verdict = "succeeded" if success else "FAILED"
     live.phase(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from kagura_agent.apply.context import BrainOutcome, RunContext
 from kagura_agent.apply.live import LiveView
+from kagura_agent.apply.sessionbook import SessionBook
 from kagura_agent.apply.tripwire import CREDS_WATCH_SECONDS, ContainerTraps
 from kagura_agent.approvals.midrun import ChatAsker
 from kagura_agent.brain.channel import BrainChannel
@@ -36,7 +37,7 @@ from kagura_agent.brain.events import (
 from kagura_agent.brain.plan_turn import turn_from_plan
 from kagura_agent.errors import RefusedError
 from kagura_agent.membrane.leases import Lease, deliver, keep_fresh, withdraw
-from kagura_agent.patterns.checkpoint import Checkpoint, resume, save_checkpoint, session_owner
+from kagura_agent.patterns.checkpoint import resume
 
 RENEW_CHECK_SECONDS = 5.0
 # How often the model calls counted at the proxy are held against the turn budget.
@@ -177,6 +178,7 @@ class _Turn:
 
     async def run(self) -> BrainOutcome:
         checkpoint = resume(self.ctx.store, self.session)
+        self.book = SessionBook(self.ctx, checkpoint, self.leases)
         completed, session_id = 0, None
         if checkpoint is not None:
             self.ctx.live.phase(checkpoint.message())
@@ -213,6 +215,9 @@ class _Turn:
             self.ctx.live.flush_text()
             # The executor's own re-attempts: lease renewals that failed and were retried.
             self.tally.retries += sum(lease.retries for lease in self.leases)
+            # Whatever the outcome: the session keeps what this run spent (a success
+            # clears it once verified, apply/record.py).
+            self.book.save()
         return self.tally.frozen()
 
     def _observe(self, event: BrainEvent) -> None:
@@ -242,27 +247,7 @@ class _Turn:
             tally.error = f"{event.code}: {event.message}"
 
     def _checkpoint(self, step: int, session_id: str | None) -> None:
-        if not self.session:
-            return
-        steps = self.plan["task"]["steps"] or []
-        budget = self.plan["budget"]
-        save_checkpoint(
-            self.ctx.store,
-            Checkpoint(
-                session=self.session,
-                step=step,
-                pending=tuple(steps[step:]),
-                brain_session_id=session_id,
-                budget_left={
-                    "turns": budget["turns"],
-                    "wall_seconds": budget["wall_seconds"],
-                    "cost_usd": budget["cost_usd"],
-                },
-                plan_fingerprint=self.plan["fingerprint"],
-                owner=session_owner(self.plan["task"]["project_root"], self.plan["task"]["kind"]),
-            ),
-            clock=self.ctx.clock,
-        )
+        self.book.save(step, session_id)
 
     async def _watch_calls(self) -> None:
         """Stop the brain once more model calls went through the proxy than its turn

@@ -1,14 +1,18 @@
 """Checkpoint and resume a named session (``--session NAME``).
 
 A checkpoint is the step last completed, the work still pending, the brain's session
-id and the budget granted but not yet spent. It never holds a live credential: leases
-are re-acquired on resume, and a checkpoint whose data carries a credential-looking
-key is refused. Checkpoints live in the state store (one row per session, replaced
+id, what the session spent so far (``spent``: turns, dollars, wall time and lease time by
+the host's count, patterns/spent.py) and what was left of the budget in force when it was
+saved (``budget_left``: that budget less ``spent``). The next run of the session is
+planned from what is left (plan/resume.py) and its leases are minted for the lease time
+left. It never holds a live credential: leases are re-acquired on resume, and a
+checkpoint whose data carries a credential-looking key is refused. Checkpoints live in the state store (one row per session, replaced
 atomically) so a crash between steps loses at most the step in flight.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -18,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
+from kagura_agent.patterns.spent import Spent
 from kagura_agent.state import StateStore
 
 COMPONENT = "checkpoints"
@@ -56,6 +61,8 @@ class Checkpoint:
     saved: datetime | None = None
     # Whose session this is: the project root (real path) and task kind that saved it.
     owner: Mapping[str, str] = field(default_factory=dict)
+    # What the session spent since it last finished (summed over its runs).
+    spent: Spent = field(default_factory=Spent)
 
     @property
     def next_step(self) -> int:
@@ -64,9 +71,17 @@ class Checkpoint:
     def message(self) -> str:
         """The line shown when a session resumes."""
         brain = f", brain session {self.brain_session_id}" if self.brain_session_id else ""
+        spent = self.spent
+        figures = [
+            f"{spent.turns} turns" if spent.turns else "",
+            f"{spent.wall_seconds}s wall" if spent.wall_seconds else "",
+            f"${spent.cost_usd:g}" if spent.cost_usd else "",
+        ]
+        shown = ", ".join(f for f in figures if f)
         return (
             f"resuming session {self.session!r} from step {self.next_step}"
             f" ({len(self.pending)} pending{brain})"
+            + (f"; it spent {shown} so far, this run has what is left" if shown else "")
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -79,6 +94,7 @@ class Checkpoint:
             "plan_fingerprint": self.plan_fingerprint,
             "saved": iso(self.saved) if self.saved else None,
             "owner": dict(self.owner),
+            "spent": self.spent.to_json(),
         }
 
 
@@ -138,6 +154,8 @@ def load_checkpoint(state: StateStore, session: str) -> Checkpoint | None:
         plan_fingerprint=data["plan_fingerprint"],
         saved=parse_iso(data["saved"]) if data["saved"] else None,
         owner=data.get("owner") or {},
+        # A checkpoint saved before sessions counted what they spent: nothing counted.
+        spent=Spent.from_json(data.get("spent")),
     )
 
 
@@ -153,9 +171,30 @@ def clear_checkpoint(state: StateStore, session: str) -> bool:
     return cursor.rowcount > 0
 
 
+def finish_spending(state: StateStore, session: str, *, clock: Clock | None = None) -> None:
+    """The session's work finished: keep its checkpoint (the brain conversation a later
+    run continues) with nothing spent, so that run gets its whole budget."""
+    found = load_checkpoint(state, session)
+    if found is not None and not found.spent.nothing:
+        save_checkpoint(
+            state, dataclasses.replace(found, spent=Spent(), budget_left={}), clock=clock
+        )
+
+
 def session_owner(project_root: str, kind: str) -> dict[str, str]:
     """The identity a session is bound to: the project root's real path and the task kind."""
     return {"project_root": os.path.realpath(project_root), "kind": kind}
+
+
+def session_fact(checkpoint: Checkpoint) -> dict[str, Any]:
+    """What the planner reads of a checkpoint (``Facts.checkpoint``): where the session
+    stands and what it spent, never its pending work or brain conversation."""
+    return {
+        "session": checkpoint.session,
+        "step": checkpoint.step,
+        "saved": iso(checkpoint.saved) if checkpoint.saved else None,
+        "spent": checkpoint.spent.to_json(),
+    }
 
 
 def foreign_checkpoint(

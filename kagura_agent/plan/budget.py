@@ -11,7 +11,8 @@ Where each limit comes from, first match wins per dimension:
 
 and a dispatched child's limits are then cut to what its parent had left for it
 (``spec.parent.budget``, written by the host: apply/allotment.py), and never exceed the
-parent's last applied plan: never the brain's defaults over a parent with less.
+parent's last applied plan: never the brain's defaults over a parent with less. A resumed
+session's limits are last cut to what the session has left (plan/resume.py).
 
 A learnt limit above the one step 3 (or 1) would give — the *default* — is a capability
 the operator grants: ``budget_approvals`` names it ``budget:<dimension>`` and the planner
@@ -38,6 +39,7 @@ from kagura_agent.patterns.cost_history import (
     DIMENSIONS,
     forecast,
 )
+from kagura_agent.plan import resume
 from kagura_agent.plan.model import (
     Budget,
     BudgetSource,
@@ -131,7 +133,10 @@ def plan_budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
             if bound is not None and (limits[dim] is None or limits[dim] > bound):
                 limits[dim] = bound
                 source = "parent"
-    return {
+    session = resume.resumed(facts.checkpoint, task.credentials)
+    if session is not None and resume.cut(limits, session):
+        source = "session"
+    planned: Budget = {
         "turns": limits["turns"],
         "tokens": limits["tokens"],
         "wall_seconds": int(limits["wall_seconds"]),
@@ -145,6 +150,9 @@ def plan_budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
         "forecast": shown,
         "parent": parent,
     }
+    if session is not None:
+        planned["resumed"] = session
+    return planned
 
 
 def _parent_bound(task: ResolvedTask, facts: Facts) -> ParentBudget | None:

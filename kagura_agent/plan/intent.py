@@ -187,7 +187,22 @@ def _budget(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[FactChange]:
         grows = after is None or (before is not None and after > before)
         why = "a larger limit than the saved plan shows" if grows else ""
         changes.append(FactChange(f"budget {key}", before, after, grows, why))
+    # A resumed session's lease budgets are limits too (what apply mints under).
+    old_leases, new_leases = _resumed_leases(old), _resumed_leases(new)
+    for category in sorted(set(old_leases) | set(new_leases)):
+        before, after = old_leases.get(category), new_leases.get(category)
+        if before == after:
+            continue
+        grows = after is None or (before is not None and after > before)
+        why = "more lease time left than the saved plan shows" if grows else ""
+        changes.append(FactChange(f"lease budget left of {category}", before, after, grows, why))
     return changes
+
+
+def _resumed_leases(budget: Mapping[str, Any]) -> dict[str, int]:
+    """Lease seconds left per category of a resumed session's plan (none: no session)."""
+    section = budget.get("resumed") or {}
+    return {lease["category"]: lease["budget_seconds"] for lease in section.get("leases", [])}
 
 
 def _informational(saved: Mapping[str, Any], here: Mapping[str, Any]) -> list[FactChange]:

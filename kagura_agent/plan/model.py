@@ -22,7 +22,7 @@ Tenancy = Literal["self-host", "shared"]
 MountKind = Literal["project", "extra", "protected"]
 MountMode = Literal["ro", "rw"]
 MemoryBackend = Literal["sqlite", "cloud", "postgres"]
-BudgetSource = Literal["task", "brain", "default", "history", "parent"]
+BudgetSource = Literal["task", "brain", "default", "history", "parent", "session"]
 ParentBound = Literal["remaining", "plan"]
 PolicyEffect = Literal["deny", "warn"]
 DiffOp = Literal["+", "-", "~"]
@@ -306,6 +306,28 @@ class ParentBudget(TypedDict):
     bound: ParentBound
 
 
+class SpentFigures(TypedDict):
+    turns: int
+    wall_seconds: int
+    cost_usd: float
+
+
+class ResumedLease(TypedDict):
+    category: str
+    spent_seconds: int
+    spent_renewals: int
+    budget_seconds: int
+    renewals: int
+
+
+class Resumed(TypedDict):
+    session: str
+    step: int
+    saved: str | None
+    spent: SpentFigures
+    leases: list[ResumedLease]
+
+
 class Budget(TypedDict):
     turns: int | None
     tokens: int | None
@@ -319,6 +341,7 @@ class Budget(TypedDict):
     source: BudgetSource
     forecast: Forecast | None
     parent: ParentBudget | None
+    resumed: NotRequired[Resumed]  # only in the plan of a resumed session
 
 
 Approval = TypedDict(
@@ -602,7 +625,21 @@ DESCRIPTIONS: dict[str, str] = {
     "budget.depth": "How deep this run nests below an operator's: 0 for an operator's run, 1 for its child, and so on.",
     "budget.max_depth": "How deep sub-agents may nest (Policy `ceilings.depth`): a run this deep may not dispatch; a child planned deeper is refused (`dispatch-depth`).",
     "budget.tokens": "Input plus output tokens the run may use (learnt from history; no engine enforces it, the run notes an overrun), or null.",
-    "budget.source": "`task`, `brain`, `default`, `history` (any dimension learnt from history) or `parent` (a dispatched child's limit cut to what its parent had left).",
+    "budget.source": "`task`, `brain`, `default`, `history` (any dimension learnt from history), `parent` (a dispatched child's limit cut to what its parent had left) or `session` (a resumed session's limit cut to what it has left).",
+    "budget.resumed": "A named session resumed from its checkpoint: what it spent since it last finished, and what is left (each limit of this budget is the task's less what was spent); absent from any other plan.",
+    "budget.resumed.session": "The session's name.",
+    "budget.resumed.step": "The step its checkpoint completed (the run resumes at the next).",
+    "budget.resumed.saved": "When the checkpoint was saved (ISO 8601, UTC), or null.",
+    "budget.resumed.spent": "What the session's earlier runs spent, by the host's count.",
+    "budget.resumed.spent.turns": "Turns: the larger of those reported and the model calls counted at the proxy, plus its sub-agents'.",
+    "budget.resumed.spent.wall_seconds": "Wall seconds from each brain start to the checkpoint (the host's clock).",
+    "budget.resumed.spent.cost_usd": "Dollars reported, plus its sub-agents'.",
+    "budget.resumed.leases": "Per credential of this plan: lease time and renewals spent, and the lease budget apply mints it under now.",
+    "budget.resumed.leases[].category": "The credential's category, `credential:<provider>/<scope>`.",
+    "budget.resumed.leases[].spent_seconds": "Seconds a lease of it was held by the session's earlier runs.",
+    "budget.resumed.leases[].spent_renewals": "Renewals they used.",
+    "budget.resumed.leases[].budget_seconds": "Lease seconds left: the credential's budget less those spent (what apply mints under).",
+    "budget.resumed.leases[].renewals": "Renewals left.",
     "budget.parent": "A dispatched child: the most its parent lets it take, each limit of this budget cut to it; null for any other run.",
     "budget.parent.turns": "Turns the parent had left for it, or null (no turn limit).",
     "budget.parent.wall_seconds": "Wall seconds the parent had left, or null.",

@@ -27,6 +27,7 @@ from kagura_agent.membrane.floor import floor_violations
 from kagura_agent.memory.factory import section_from_manifest
 from kagura_agent.patterns.dispatch import narrowing_violations
 from kagura_agent.patterns.failure_learning import DEFAULT_HALF_LIFE_SECONDS, failure_trust
+from kagura_agent.plan import resume
 from kagura_agent.plan.budget import budget_approvals, ceiling_refusals, plan_budget
 from kagura_agent.plan.injection import brain_injection
 from kagura_agent.plan.intent import intent_fingerprint
@@ -166,6 +167,7 @@ def compile_plan(
     )
     refusals = _refusals(floor, policy, approvals, tenancy, hardening, unwritable, widened)
     refusals += ceiling_refusals(catalog, draft["budget"])
+    refusals += resume.refusals(draft["budget"], {c["category"]: c["type"] for c in credentials})
     plan: Plan = {
         "format_version": FORMAT_VERSION,
         "inputs": draft["inputs"],

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from kagura_agent.hygiene import neutralise_data
 from kagura_agent.manifest.scopes import is_full_access
+from kagura_agent.plan import resume
 from kagura_agent.plan.admission import Admission, admit
 from kagura_agent.plan.injection import injected_provider
 from kagura_agent.plan.model import (
@@ -91,8 +92,17 @@ def _egress_lines(entry: EgressRule, style: Style, mine: str = "") -> list[str]:
     return lines
 
 
-def _cred_line(cred: Credential, injected: str | None = None) -> str:
+def _cred_line(cred: Credential, injected: str | None = None, budget: Budget | None = None) -> str:
     renew = f", {cred['renewals']} renewals" if cred["renewals"] else ""
+    # A resumed session holds it under what is left of its lease budget.
+    left = resume.lease_left(budget, cred["category"]) if budget is not None else None
+    if left is not None and left != (cred["budget_seconds"], cred["renewals"]):
+        plural = "" if left[1] == 1 else "s"
+        standing_left = (
+            f" (the session has {format_duration(left[0])} and {left[1]} renewal{plural} left)"
+        )
+    else:
+        standing_left = ""
     standing = ", STANDING" if cred["standing"] else ""
     # A scope that narrows nothing, on the operator's word (manifest/scopes.py).
     standing += ", FULL ACCESS" if is_full_access(cred["scope_spec"]) else ""
@@ -101,7 +111,7 @@ def _cred_line(cred: Credential, injected: str | None = None) -> str:
     return (
         f"{cred['provider']}/{cred['scope']} ({cred['type']}, {cred['secret_ref']})"
         f" lease {format_duration(cred['ttl_seconds'])}{renew},"
-        f" budget {format_duration(cred['budget_seconds'])}{standing}{where}"
+        f" budget {format_duration(cred['budget_seconds'])}{standing_left}{standing}{where}"
     )
 
 
@@ -143,6 +153,9 @@ def _budget_line(budget: Budget) -> str:
             "what its parent had left" if parent["bound"] == "remaining" else "its parent's plan"
         )
         text += f"; at most {whose}: {', '.join(m for m in most if m) or 'no limit'}"
+    session = budget.get("resumed")
+    if session is not None:
+        text += "; " + resume.text(session)
     forecast = budget["forecast"]
     if forecast:
         text += "; " + forecast_text(forecast)
@@ -275,7 +288,7 @@ def render_text(plan: Plan, style: Style) -> str:
     for index, cred in enumerate(plan["credentials"]):
         label = "credentials" if index == 0 else ""
         out.append(
-            f"  {label:<11}  {_cred_line(cred, injected_provider(plan))}"
+            f"  {label:<11}  {_cred_line(cred, injected_provider(plan), plan['budget'])}"
             f"  {_tag(cred['class'], style)}{mine(cred)}"
         )
     for index, server in enumerate(plan.get("tool_servers", [])):
@@ -473,7 +486,7 @@ def render_markdown(plan: Plan) -> str:
     if proxy:
         lines.append(f"| egress proxy image | `{proxy['ref']}` {_short(proxy['digest'])} | |")
     for cred in plan["credentials"]:
-        line = _cred_line(cred, injected_provider(plan))
+        line = _cred_line(cred, injected_provider(plan), plan["budget"])
         lines.append(f"| credential | {line}{mine(cred)} | {cred['class']} |")
     for server in plan.get("tool_servers", []):
         lines.append(

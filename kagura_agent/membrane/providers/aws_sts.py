@@ -27,6 +27,7 @@ from kagura_agent.membrane.providers import (
     require_extra,
     require_narrowing,
 )
+from kagura_agent.membrane.providers.traits import TRAITS
 
 _TRANSIENT_CODES = {
     "Throttling",
@@ -57,9 +58,10 @@ def _root_keys(secret: str) -> tuple[str, str]:
 
 class AwsStsProvider:
     kind = "aws-sts"
-    revocable = False
-    min_ttl = 900  # STS refuses DurationSeconds below 15 minutes
-    max_ttl = 3600  # role chaining and most roles cap sessions at 1 hour
+    # revocable, min_ttl, max_ttl: membrane/providers/traits.py (one table for all)
+    revocable = TRAITS["aws-sts"].revocable
+    min_ttl = TRAITS["aws-sts"].min_ttl
+    max_ttl = TRAITS["aws-sts"].max_ttl
 
     def __init__(self, settings: Mapping[str, Any], root_secret: str) -> None:
         boto3 = require_extra("boto3", "aws")

@@ -26,6 +26,7 @@ from kagura_agent.membrane.providers import (
     http_failure,
     require_extra,
 )
+from kagura_agent.membrane.providers.traits import TRAITS
 
 NAME_PREFIX = "kagura-"
 
@@ -49,9 +50,10 @@ def policies_of(scope_spec: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 class CloudflareProvider:
     kind = "cloudflare"
-    revocable = True
-    min_ttl = 60
-    max_ttl = 3600
+    # revocable, min_ttl, max_ttl: membrane/providers/traits.py (one table for all)
+    revocable = TRAITS["cloudflare"].revocable
+    min_ttl = TRAITS["cloudflare"].min_ttl
+    max_ttl = TRAITS["cloudflare"].max_ttl
 
     def __init__(self, settings: Mapping[str, Any], root_secret: str, clock: Clock) -> None:
         self._clock = clock

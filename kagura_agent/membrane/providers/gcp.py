@@ -32,6 +32,7 @@ from kagura_agent.membrane.providers import (
     require_extra,
     require_narrowing,
 )
+from kagura_agent.membrane.providers.traits import TRAITS
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 REVOKE_URL = "https://oauth2.googleapis.com/revoke"
@@ -56,9 +57,10 @@ def _caller_credentials(root_secret: str) -> Any:
 
 class GcpProvider:
     kind = "gcp"
-    revocable = False
-    min_ttl = 60
-    max_ttl = 3600  # generateAccessToken's default ceiling
+    # revocable, min_ttl, max_ttl: membrane/providers/traits.py (one table for all)
+    revocable = TRAITS["gcp"].revocable
+    min_ttl = TRAITS["gcp"].min_ttl
+    max_ttl = TRAITS["gcp"].max_ttl
 
     def __init__(self, settings: Mapping[str, Any], root_secret: str) -> None:
         iam = require_extra("google.cloud.iam_credentials_v1", "gcp")

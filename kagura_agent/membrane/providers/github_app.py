@@ -29,15 +29,17 @@ from kagura_agent.membrane.providers import (
     require_extra,
     require_narrowing,
 )
+from kagura_agent.membrane.providers.traits import TRAITS
 
 API_VERSION = "2022-11-28"
 
 
 class GithubAppProvider:
     kind = "github-app"
-    revocable = False  # not from the ledger alone: see the module docstring
-    min_ttl = 3600
-    max_ttl = 3600
+    # revocable, min_ttl, max_ttl: membrane/providers/traits.py (one table for all)
+    revocable = TRAITS["github-app"].revocable
+    min_ttl = TRAITS["github-app"].min_ttl
+    max_ttl = TRAITS["github-app"].max_ttl
 
     def __init__(self, settings: Mapping[str, Any], root_secret: str) -> None:
         self._httpx = require_extra("httpx", "github")

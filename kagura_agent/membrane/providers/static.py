@@ -15,13 +15,15 @@ from typing import Any
 from kagura_agent.clock import Clock
 from kagura_agent.errors import UsageError
 from kagura_agent.membrane.providers import Bundle, Minted
+from kagura_agent.membrane.providers.traits import TRAITS
 
 
 class StaticProvider:
     kind = "static"
-    revocable = False
-    min_ttl = 1
-    max_ttl = 3600
+    # revocable, min_ttl, max_ttl: membrane/providers/traits.py (one table for all)
+    revocable = TRAITS["static"].revocable
+    min_ttl = TRAITS["static"].min_ttl
+    max_ttl = TRAITS["static"].max_ttl
 
     def __init__(self, settings: Mapping[str, Any], root_secret: str, clock: Clock) -> None:
         self._clock = clock
