@@ -225,7 +225,7 @@ def _manual_proxy(
         labels=LABELS,
     )
     created.append(client.volumes.get(volume))
-    conf = render_squid_conf(load_policy(PLAN["egress"]), ["127.0.0.1/32"], None)
+    conf = render_squid_conf(load_policy(PLAN["egress"]), ["127.0.0.1/32"])
     proxy = client.containers.create(
         image,
         entrypoint=["sh", "-c", script],

@@ -7,10 +7,24 @@ from typing import Any
 from kagura_agent.membrane import build, images
 
 
+def _stale_proxy(ref: str) -> bool:
+    """The proxy image was built from another recipe than this checkout's (its entry
+    script, its Lua module): the tests must exercise this one."""
+    found = images.inspect_image(ref)
+    if found is None:
+        return True
+    labels = (found.get("Config") or {}).get("Labels") or {}
+    recipe = images.recipes_dir() / "egress-proxy"
+    return bool(labels.get(images.LABEL_RECIPE_DIGEST) != images.recipe_digest(recipe))
+
+
 def ensure_egress_images(client: Any) -> dict[str, str]:
-    """Refs of kagura/base (agent and upstreams) and kagura/egress-proxy, building them if absent."""
+    """Refs of kagura/base (agent and upstreams) and kagura/egress-proxy, building them if
+    absent (the proxy also when its recipe changed)."""
     wanted = {"base": images.image_ref("base"), "egress-proxy": images.image_ref("egress-proxy")}
     missing = [name for name, ref in wanted.items() if images.local_image_digest(ref) is None]
+    if "egress-proxy" not in missing and _stale_proxy(wanted["egress-proxy"]):
+        missing.append("egress-proxy")
     if missing:
         build.build(client, missing, log=lambda _name, _line: None)
     return {"base": wanted["base"], "proxy": wanted["egress-proxy"]}

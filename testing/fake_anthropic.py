@@ -26,8 +26,8 @@ from typing import Any, Protocol
 from kagura_agent.apply.context import EgressSink
 from kagura_agent.apply.docker import DockerApplyRuntime
 from kagura_agent.clock import Clock
+from kagura_agent.membrane.egress.modelport import Injection
 from kagura_agent.membrane.egress.session import EgressSession
-from kagura_agent.membrane.egress.squid import Injection
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 

@@ -36,8 +36,8 @@ from kagura_agent.apply.context import ContainerState, EgressSink
 from kagura_agent.brain.events import BrainEvent, DoneEvent, event_to_json
 from kagura_agent.brain.streams import DuplexStream, StreamClosed
 from kagura_agent.clock import Clock
+from kagura_agent.membrane.egress.modelport import Injection
 from kagura_agent.membrane.egress.session import AgentNetworkConfig
-from kagura_agent.membrane.egress.squid import Injection
 from kagura_agent.membrane.hardening import LABEL_ROLE, LABEL_RUN
 from kagura_agent.membrane.runtime import ContainerError
 from kagura_agent.plan.model import Plan
@@ -102,6 +102,7 @@ class MemoryEgress:
         runtime.volumes[self.volume] = {LABEL_RUN: run_id}
         self.events: list[dict[str, object]] = []
         self.reloads: list[dict[str, Any]] = []
+        self.call_limits: list[int | None] = []
         self.closed = False
 
     def agent_network_config(self) -> AgentNetworkConfig:
@@ -113,6 +114,10 @@ class MemoryEgress:
             port=3128,
             environment={"HTTP_PROXY": url, "HTTPS_PROXY": url},
         )
+
+    def limit_model_calls(self, turns: int | None) -> None:
+        """A turn budget extended mid-run (the real proxy's caps follow it)."""
+        self.call_limits.append(turns)
 
     def decide(self, event: dict[str, object]) -> None:
         """The proxy reports one decision (as EgressSession's collector thread does)."""

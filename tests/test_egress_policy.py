@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 from pathlib import Path
 
 import pytest
@@ -280,19 +281,49 @@ def test_squid_renderer_refuses_a_host_that_bypassed_the_normaliser() -> None:
     assert "\nx y" not in render_squid_conf(policy, ["127.0.0.1/32"])
 
 
-def test_an_injected_credential_is_a_plain_token_and_never_in_squid_conf() -> None:
-    from kagura_agent.membrane.egress.squid import Injection, injection_line
+def test_an_injected_credential_is_a_plain_token_and_in_no_configuration() -> None:
+    from kagura_agent.membrane.egress.modelport import (
+        CallLimits,
+        Injection,
+        ModelCallPolicy,
+        check_secret,
+        render_nginx_conf,
+    )
 
     injection = Injection(host="api.anthropic.com")
-    assert injection_line(injection, "sk-ant-abc_123") == (
-        'request_header_add x-api-key "sk-ant-abc_123" via_inject\n'
-    )
+    check_secret("sk-ant-abc_123")
     for bad in ('a"b', "a\nhttp_access allow all", "a b", ""):
         with pytest.raises(RefusedError, match="plain token"):
-            injection_line(injection, bad)
-    policy = load_policy({"mode": "proxy", "allow": [{"host": "allowed.test"}]})
-    conf = render_squid_conf(policy, ["127.0.0.1/32"], injection)
-    assert "include /run/squid/inject.conf" in conf and "sk-ant" not in conf
-    assert "cache_peer api.anthropic.com parent 443 0" in conf and " tls" in conf
-    # The agent's own header is dropped before the proxy's is added.
-    assert "request_header_access x-api-key deny via_inject" in conf
+            check_secret(bad)
+    conf = render_nginx_conf(injection)
+    policy = ModelCallPolicy().lua_config(injection)
+    limits = CallLimits.for_budget(30, 4).to_json()
+    assert not any("sk-ant" in text for text in (conf, policy, limits))
+    # The upstream's certificate is checked against the system's CAs, by its name.
+    assert "server api.anthropic.com:443;" in conf and "proxy_ssl_verify on;" in conf
+    assert "proxy_ssl_name api.anthropic.com;" in conf and "proxy_buffering off;" in conf
+    assert "proxy_pass https://model_api$kagura_target;" in conf
+    with pytest.raises(RefusedError):
+        render_nginx_conf(Injection(host="evil.test;\n  include /etc/passwd"))
+    assert json.loads(limits) == {
+        "turn": 30,
+        "side": 30,
+        "free": 120,
+        "files": None,
+        "concurrency": 4,
+    }
+    assert json.loads(CallLimits.for_budget(None, 2).to_json())["turn"] is None
+    config = json.loads(
+        ModelCallPolicy(betas=("claude-code", "web-search-2025-03-05")).lua_config(injection)
+    )
+    assert (config["betas"], config["beta_families"]) == (
+        ["web-search-2025-03-05"],
+        ["claude-code"],
+    )
+    for bad_policy in (
+        ModelCallPolicy(betas=("a b",)),
+        ModelCallPolicy(server_tools=("teleport",)),
+        ModelCallPolicy(mcp_servers=("evil test",)),
+    ):
+        with pytest.raises(RefusedError):
+            bad_policy.lua_config(injection)

@@ -529,10 +529,13 @@ CANARY_KEY = "sk-ant-canary-" + "Q7" * 20
 def test_the_anthropic_key_is_injected_at_the_proxy_and_never_in_the_agent(
     docker_client: Any, egress_images: dict[str, str], state_dir: Any
 ) -> None:
-    from kagura_agent.membrane.egress.squid import Injection
+    from kagura_agent.membrane.egress.modelport import Injection
 
     run_id = f"test-inject-{time.monotonic_ns()}"
-    plan = {"egress": {"mode": "proxy", "allow": [{"host": "allowed.test", "port": 8443}]}}
+    plan = {
+        "egress": {"mode": "proxy", "allow": [{"host": "allowed.test", "port": 8443}]},
+        "budget": {"turns": 10},
+    }
     injection = Injection(host="api.anthropic.test", port=8080, tls=False)
     # squid resolves and probes its peer when it starts: the fake API must be reachable
     # by then. It lives on a test network the proxy joins before squid starts.

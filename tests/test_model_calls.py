@@ -9,7 +9,6 @@ allows, so the run stops at the budget and its record shows what was counted.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -114,16 +113,23 @@ CALLS = 6  # model calls the agent makes; the engine reports 1 turn
 TOKENS = 2  # token counting calls (free): never counted
 
 
+CALLS_SCRIPT = """\
+import os, sys, urllib.request as u
+base = os.environ["ANTHROPIC_BASE_URL"]
+body = b'{"model": "m", "max_tokens": 8, "messages": [], "tools": [{"name": "t"}]}'
+for path in ["/v1/messages"] * int(sys.argv[1]) + ["/v1/messages/count_tokens"] * int(sys.argv[2]):
+    try:
+        u.urlopen(u.Request(base + path, data=body, method="POST")).read()
+    except Exception as exc:  # refused past the budget: the next call is still tried
+        print(path, exc)
+"""
+
+
 def _posts(calls: int) -> str:
-    """Python the agent runs: ``calls`` model calls, then the free token counting calls,
-    through ANTHROPIC_BASE_URL (the injecting port) with no key of its own."""
-    return (
-        "import os, urllib.request as u;"
-        " base = os.environ['ANTHROPIC_BASE_URL'];"
-        " post = lambda path: u.urlopen(u.Request(base + path, data=b'{}', method='POST')).read();"
-        f" [post('/v1/messages') for _ in range({calls})];"
-        f" [post('/v1/messages/count_tokens') for _ in range({TOKENS})]"
-    )
+    """The command the agent runs: ``calls`` model calls with tools (turns, as the CLI
+    makes them), then the free token counting calls, through ANTHROPIC_BASE_URL (the
+    injecting port) with no key of its own; a refused call does not stop the next."""
+    return f"python3 calls.py {calls} {TOKENS}"
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +148,8 @@ def _apply(tmp_path: Path, images: tuple[str, str], calls: int, turns: int, afte
         },
     )
     project = make_project(tmp_path)
-    posts = _posts(calls)
-    prompt = f'run: python3 -c "{posts}"\nafter: {after}\nusage: 1 10 10 0.001'
+    (project / "calls.py").write_text(CALLS_SCRIPT)
+    prompt = f"run: {_posts(calls)}\nafter: {after}\nusage: 1 10 10 0.001"
     spec = {"image": "agent-test", "brain": "claude", "prompt": prompt}
     task = write_task(
         project, "counted", {**spec, "egress": ["anthropic"], "budget": {"turns": turns}}
@@ -161,29 +167,24 @@ def test_a_brain_that_under_reports_its_turns_is_stopped_at_the_proxy_count(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
-    plan, base_image = _apply(tmp_path, images, CALLS, turns=3, after="sleep 30")
+    plan, base_image = _apply(tmp_path, images, CALLS, turns=3, after="sleep 90")
     with fake_anthropic(docker_client, base_image, TEST_LABEL) as fake:
         result = apply_plan(plan, ApplyOptions(as_json=True), FakeAnthropicRuntime(fake))
         requests = fake.requests()
-    # Every call reached the fake API with the operator's key, which the agent never held.
-    assert len(requests) == CALLS + TOKENS
+    # No more model calls reached the model than the budget allows: the port counted
+    # each when it started and refused the rest (the free token counts pass).
+    turns = [line for line in requests if line.endswith(" /v1/messages")]
+    assert len(turns) == 3 and len(requests) == 3 + TOKENS, requests
     assert all(f'KEYS ["{API_KEY}"] /v1/messages' in line for line in requests), requests
-    # The engine said one turn (or nothing yet); the host counted six and stopped it.
+    # The engine said one turn (or nothing yet); the host counted three and stopped it.
     assert result.outcome == "failed"
-    # Stopped once past the budget: by then the count was 4..6 (the log is followed live).
-    stopped = re.fullmatch(
-        r"budget: (\d) model calls counted at the proxy of a 3-turn budget, not extended",
-        result.brain_error or "",
-    )
-    assert stopped is not None and 3 < int(stopped.group(1)) <= CALLS, result.brain_error
-    assert result.model_calls == CALLS and result.turns < CALLS
-    assert result.wall_seconds < 25  # stopped, not waited out (the engine sleeps 30 s)
+    assert result.brain_error == (
+        "budget: 3 model calls counted at the proxy of a 3-turn budget, not extended"
+    ), result.brain_error
+    assert result.model_calls == 3 and result.turns < 3
+    assert result.wall_seconds < 60  # stopped, not waited out (the engine sleeps 90 s)
     row = run_row(state_dir, result.run_id)
-    assert (row["outcome"], row["model_calls"], row["turns"]) == (
-        "failed",
-        CALLS,
-        result.turns,
-    )
+    assert (row["outcome"], row["model_calls"], row["turns"]) == ("failed", 3, result.turns)
     assert leftovers(docker_client, result.run_id) == []
 
 
@@ -202,3 +203,75 @@ def test_a_brain_within_its_turn_budget_is_untouched_and_both_figures_are_kept(
     assert result.outcome == "success", result.brain_error
     assert (result.model_calls, result.turns) == (1, 1)
     assert run_row(state_dir, result.run_id)["model_calls"] == 1
+
+
+# --- each of the turn budget's three checks, on the proxy's count alone ------------------
+
+
+def _port_line(status: str, reason: str = "-", server: str = "172.30.0.2") -> str:
+    """A line as the injecting port writes it (modelport.py): its class in the status field."""
+    code = 200 if status != "MODEL_DENIED" else 403
+    return (
+        f"KAGURA1 1767225600.000 127.0.0.1 POST http api.anthropic.com 443 {code} {status}"
+        f" 300 900 {server} {reason} 3129 /v1/messages"
+    )
+
+
+def _fed(*lines: str) -> ModelCalls:
+    calls = ModelCalls()
+    for event in _events(*lines):
+        calls.feed(event)
+    return calls
+
+
+class _Limits:
+    """The run's proxy as MidRun sees it: what the turn cap was set to."""
+
+    def __init__(self) -> None:
+        self.turns: list[int | None] = []
+
+    def reload(self, egress: dict[str, Any]) -> None:
+        raise AssertionError("no egress grant here")
+
+    def limit_model_calls(self, turns: int | None) -> None:
+        self.turns.append(turns)
+
+
+def test_the_port_counts_turns_side_calls_and_refusals_apart() -> None:
+    calls = _fed(
+        *[_port_line("MODEL_TURN")] * 3,
+        _port_line("MODEL_SIDE"),
+        _port_line("MODEL_FREE"),
+        _port_line("MODEL_DENIED", "budget", "-"),
+        _port_line("MODEL_DENIED", "server-tool", "-"),
+    )
+    assert (calls.count, calls.of("side"), calls.of("free"), calls.refused_at) == (3, 1, 1, 3)
+
+
+def test_each_turn_budget_check_holds_on_the_proxy_count_alone(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    import asyncio
+
+    from test_brain_budget import _midrun
+
+    ceiling = {"kind": "Policy", "metadata": {"name": "cap"}, "spec": {"ceilings": {"turns": 5}}}
+    midrun, _, _ = _midrun(tmp_path, "approved", ceiling, turns=3)
+    # The engine reports nothing; the proxy counted 3 turn calls of a 3-turn budget.
+    midrun.calls = _fed(*[_port_line("MODEL_TURN")] * 3)
+    counted = "3 model calls counted at the proxy of a 3-turn budget"
+    # 1. the live check on the brain's next tool call
+    assert midrun.past_budget() == counted
+    # 2. the watch of the count: at the cap the brain may end its turn; once the port
+    #    refuses it a call past the cap, it is stopped whatever its engine says.
+    assert midrun.past_counted() is None
+    midrun.calls = _fed(*[_port_line("MODEL_TURN")] * 3, _port_line("MODEL_DENIED", "budget"))
+    assert midrun.past_counted() == counted
+    # 3. an extension is reckoned from the proxy's count: 5 turns granted, 2 left; the
+    #    port's cap moves to 5 before the grant is in force.
+    midrun.egress = _Limits()
+    answer = asyncio.run(midrun.extend_budget("turns", 0, 0.0, "Reached maximum turns (3)"))
+    assert answer["granted"] and answer["turns"] == 2, answer
+    assert midrun.egress.turns == [5]
+    # A refusal from before the extension is no reason to stop under the new cap.
+    assert midrun.past_counted() is None

@@ -37,7 +37,7 @@ from kagura_agent.brain.channel import BrainChannel, ChannelLimits
 from kagura_agent.brain.streams import DuplexStream
 from kagura_agent.clock import iso
 from kagura_agent.errors import KaguraError, Terminated
-from kagura_agent.membrane.egress.squid import ANTHROPIC_API
+from kagura_agent.membrane.egress.modelport import ANTHROPIC_API
 from kagura_agent.membrane.hardening import LABEL_ROLE, LABEL_RUN
 from kagura_agent.membrane.leases import Lease
 from kagura_agent.membrane.placeholders import held_absent

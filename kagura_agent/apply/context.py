@@ -25,8 +25,8 @@ from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.midrun import MidRun
 from kagura_agent.brain.streams import DuplexStream
 from kagura_agent.clock import Clock, SystemClock
+from kagura_agent.membrane.egress.modelport import Injection
 from kagura_agent.membrane.egress.session import AgentNetworkConfig
-from kagura_agent.membrane.egress.squid import Injection
 from kagura_agent.plan.build import Compiled
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
@@ -78,6 +78,10 @@ class EgressRun(Protocol):
 
     def reload(self, egress: dict[str, Any]) -> None:
         """Put an amended plan's egress section in force, keeping the proxy running."""
+        ...
+
+    def limit_model_calls(self, turns: int | None) -> None:
+        """Cap the key-injecting port's calls at an extended turn budget."""
         ...
 
     def close(self) -> None:

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from kagura_agent.apply.context import ContainerState, EgressSink
 from kagura_agent.brain.streams import DockerAttachStream, DuplexStream
 from kagura_agent.clock import Clock
+from kagura_agent.membrane.egress.modelport import Injection
 from kagura_agent.membrane.egress.session import AgentNetworkConfig, EgressSession
-from kagura_agent.membrane.egress.squid import Injection
 from kagura_agent.membrane.egress.sweep import sweep_orphans
 from kagura_agent.membrane.runtime import DockerRuntime, docker_errors
 from kagura_agent.plan.model import Plan

@@ -97,6 +97,8 @@ def amendments(store: StateStore, run_id: str) -> list[dict[str, Any]]:
 class Egress(Protocol):
     def reload(self, egress: dict[str, Any]) -> None: ...
 
+    def limit_model_calls(self, turns: int | None) -> None: ...
+
 
 class Channel(Protocol):
     async def send_credentials(self, lease: str, bundle: Any) -> None: ...
@@ -177,10 +179,13 @@ class MidRun:
         return None
 
     def past_counted(self) -> str | None:
-        """Why the brain must stop whatever its engine says: more model calls went through
-        the proxy than the turn budget in force allows."""
+        """Why the brain must stop whatever its engine says: the proxy counted as many
+        model calls as the turn budget in force allows and refused the next one (or, from
+        a proxy that did not cap them, more went through than it allows)."""
         limit, calls = self.plan["budget"]["turns"], self.model_calls or 0
-        return _counted(calls, limit) if limit and calls > limit else None
+        refused_at = None if self.calls is None else self.calls.refused_at
+        tried_past = refused_at is not None and refused_at >= limit
+        return _counted(calls, limit) if limit and (calls > limit or tried_past) else None
 
     @property
     def plan(self) -> Any:
@@ -357,6 +362,17 @@ class MidRun:
                 said = self._answered(request, "budget", name, reason, amendment, answer)
                 self.live.note(f"{what} budget not extended ({said}): the run stops")
                 return {"granted": False, "message": said}
+            if limit == "turns" and self.egress is not None:
+                # The key-injecting port caps the calls at the turn budget: it moves first.
+                try:
+                    await asyncio.to_thread(self.egress.limit_model_calls, int(new))
+                except KaguraError as exc:
+                    why = f"approved, but the proxy did not take the new cap: {exc.message}"
+                    self._record(
+                        request, "budget", name, reason, "failed", answer.who, why, amendment
+                    )
+                    self.live.note(f"↳ {request}: {why}", "red")
+                    return {"granted": False, "message": why}
             self.amender.accept_budget(amendment)
             said = f"{what} budget extended to {_budget_shown(limit, new)} ({answer.said()})"
             self._record(request, "budget", name, reason, "granted", answer.who, said, amendment)

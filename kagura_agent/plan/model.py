@@ -141,6 +141,25 @@ class ProxyPin(TypedDict):
     pull: str | None
 
 
+class ModelCallsSection(TypedDict):
+    """The key-injecting port's model-call policy (present when the brain's key is
+    injected): what a call may ask the provider to reach, and how calls are capped."""
+
+    upstream: str  # https://host:port the calls go to, with the operator's key
+    credential: str  # the credential provider whose key is injected
+    paths: list[str]  # "METHOD /path" the port offers
+    server_tools: list[str]  # server-side tool families allowed (web_search, ...)
+    mcp_servers: list[str]  # hosts of MCP connectors the provider may reach
+    url_sources: bool  # sources the provider fetches by URL
+    files: bool  # the Files API and file references
+    betas: list[str]  # anthropic-beta families (or exact names) allowed
+    concurrency: int  # calls under way at once
+    side_calls_per_turn: int  # calls without tools, per turn of the budget
+    free_calls_per_turn: int  # token counts, per turn of the budget
+    tunnel: list[str]  # policies that also allow the model host on the forward port
+    grants: list[dict[str, Any]]  # what each policy allowed: {policy, allows, layer}
+
+
 class EgressSection(TypedDict):
     mode: EgressMode
     allow: list[EgressRule]
@@ -148,6 +167,7 @@ class EgressSection(TypedDict):
     policies: list[str]
     pool: NotRequired[bool]
     proxy: NotRequired[ProxyPin | None]  # None when mode is none
+    model_calls: NotRequired[ModelCallsSection]
 
 
 class CredentialBase(TypedDict):

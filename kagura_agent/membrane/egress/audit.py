@@ -1,6 +1,8 @@
 """Every allow and deny decision of a run's proxy, as structured events.
 
-squid writes one ``KAGURA1`` line per request to stdout (see squid.LOG_FORMAT). The host
+squid writes one ``KAGURA1`` line per request to stdout (see squid.LOG_FORMAT), and so
+does the key-injecting port (modelport.py: its refusals carry the model-call policy's
+reason, its allowed calls how they were counted in the status field). The host
 parses each line, names the allowlist entry that matched (computed here from the plan's
 allowlist, with the same semantics squid was configured with), stores it in the state
 store and hands it to the run's event stream. ``seq`` is the line's index in the proxy's
@@ -28,8 +30,9 @@ from typing import Any
 from urllib.parse import unquote
 
 from kagura_agent.manifest.hosts import is_ip_literal
+from kagura_agent.membrane.egress.modelport import INJECT_PORT, MODEL_REASONS
 from kagura_agent.membrane.egress.policy import EgressPolicy
-from kagura_agent.membrane.egress.squid import DENY_REASONS, INJECT_PORT, LOG_TAG
+from kagura_agent.membrane.egress.squid import DENY_REASONS, LOG_TAG
 from kagura_agent.state import StateStore
 from kagura_agent.state_sql import Migration, with_rowid
 
@@ -56,6 +59,7 @@ REASONS = frozenset(
     {
         "",
         *DENY_REASONS,
+        *MODEL_REASONS,
         NOT_FORWARDED,
         *("host-not-listed", "port-not-listed", "scheme-not-allowed"),
         *("injected", "allowed", "allowed-without-matching-entry"),

@@ -60,7 +60,8 @@ FORBIDDEN_RANGES: tuple[str, ...] = (
 _ENTRY_KEYS = {"host", "port", "scheme", "policy", "source", "layer", "allow_addresses"}
 # "pool" says whether a warm session may serve the run (pool.py); it changes no rule.
 # "proxy" is the image the proxy runs (plan egress.proxy), not part of the allowlist.
-_SECTION_KEYS = {"mode", "allow", "allow_addresses", "policies", "pool", "proxy"}
+# model_calls: the key-injecting port's policy (modelport.ModelCallPolicy reads it).
+_SECTION_KEYS = {"mode", "allow", "allow_addresses", "policies", "pool", "proxy", "model_calls"}
 _SCHEMES = ("https", "http")
 
 

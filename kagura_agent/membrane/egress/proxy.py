@@ -24,6 +24,8 @@ PROXY_TMPFS = {
     "/tmp": _TMPFS + "16777216",
     "/var/spool/squid": _TMPFS + "16777216",
     "/var/log/squid": _TMPFS + "1048576",
+    # nginx of the key-injecting port: its files, and request bodies past 1 MiB.
+    "/run/kagura-inject": _TMPFS + "83886080",
 }
 # Where the socket volume is mounted: read-write in the proxy (socat creates the socket),
 # read-only in the agent (connecting to a socket needs no write access to the mount).

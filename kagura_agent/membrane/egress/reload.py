@@ -27,7 +27,7 @@ from typing import Any
 
 from kagura_agent.errors import SetupError
 from kagura_agent.membrane.egress.policy import EgressPolicy, Network, load_policy
-from kagura_agent.membrane.egress.squid import READY_MARKER, Injection, render_squid_conf
+from kagura_agent.membrane.egress.squid import READY_MARKER, render_squid_conf
 from kagura_agent.membrane.runtime import docker_errors
 
 CONF = "/run/squid/squid.conf"
@@ -110,7 +110,6 @@ def reload_allowlist(
     client: Any,
     proxy: Any,
     egress: Mapping[str, Any],
-    injection: Injection | None,
     *,
     user: str,
     host: tuple[Network, ...],
@@ -123,6 +122,6 @@ def reload_allowlist(
     configuration is refused or squid does not come back in ``timeout``.
     """
     policy = load_policy(egress).on_host(host)
-    conf = render_squid_conf(policy, ["127.0.0.1/32"], injection)
+    conf = render_squid_conf(policy, ["127.0.0.1/32"])
     start_reload(client, proxy.id, conf, user=user, timeout=timeout)()
     return policy

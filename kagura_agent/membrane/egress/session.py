@@ -38,6 +38,15 @@ from kagura_agent.errors import SetupError
 from kagura_agent.membrane import images
 from kagura_agent.membrane.egress import audit, forwarder, owner, pool
 from kagura_agent.membrane.egress.hostaddrs import docker_host_addresses
+from kagura_agent.membrane.egress.modelport import (
+    INJECT_PORT,
+    CallLimits,
+    Injection,
+    ModelCallPolicy,
+    check_secret,
+    render_nginx_conf,
+    set_limits,
+)
 from kagura_agent.membrane.egress.policy import EgressPolicy, load_policy
 from kagura_agent.membrane.egress.proxy import (
     AGENT_SOCKET_DIR,
@@ -51,13 +60,7 @@ from kagura_agent.membrane.egress.proxy import (
     wait_for_ready,
 )
 from kagura_agent.membrane.egress.reload import reload_allowlist, start_reload
-from kagura_agent.membrane.egress.squid import (
-    INJECT_PORT,
-    PROXY_PORT,
-    Injection,
-    injection_line,
-    render_squid_conf,
-)
+from kagura_agent.membrane.egress.squid import PROXY_PORT, render_squid_conf
 from kagura_agent.membrane.egress.sweep import (
     remove_network,
     remove_volume_if_unused,
@@ -175,6 +178,10 @@ def start_forwarder(
                 raw.close()
 
 
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
 def _safe(run_id: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_.-]", "-", run_id)[:48]
 
@@ -207,7 +214,9 @@ class EgressSession:
         self._complete = False  # the collector read the proxy's log to its end
         self._volume_pending = False
         self.injection: Injection | None = None
-        self._inject_line = ""
+        self.model_policy = ModelCallPolicy()
+        self.call_limits: CallLimits | None = None
+        self._secret = ""
         self._extra_networks: tuple[str, ...] = ()
         self.warm = False  # a pooled session (pool.py), claimed for this run
         self.pooled_name = ""
@@ -272,8 +281,16 @@ class EgressSession:
         if injection is not None:
             if not injection_secret:
                 raise SetupError("a credential injection needs its secret")
+            check_secret(injection_secret)
             session.injection = injection
-            session._inject_line = injection_line(injection, injection_secret)
+            session._secret = injection_secret
+            # The plan's model-call policy, and caps from its turn budget: in force from
+            # the first call (modelport.py).
+            section = plan["egress"].get("model_calls")
+            session.model_policy = ModelCallPolicy.from_plan(section)
+            session.call_limits = CallLimits.for_budget(
+                plan["budget"]["turns"], session.model_policy.concurrency
+            )
         audit.record_run(store, run_id, iso((clock or SystemClock()).now()), plan["egress"])
         # The plan's pinned proxy image (egress.proxy) by ID, so a retag never changes it.
         pin = plan["egress"].get("proxy")
@@ -306,7 +323,7 @@ class EgressSession:
         try:
             if pinned and self.client.api.inspect_container(pooled.proxy_id)["Image"] != pinned:
                 raise SetupError(f"pooled session {pooled.name} runs another proxy image")
-            conf = render_squid_conf(self.policy, ["127.0.0.1/32"], None)
+            conf = render_squid_conf(self.policy, ["127.0.0.1/32"])
             self._wait_pooled = start_reload(
                 self.client, pooled.proxy_id, conf, user=PROXY_USER, timeout=10.0
             )
@@ -347,13 +364,19 @@ class EgressSession:
         # address pool is public puts it in no forbidden range): read them again.
         self.policy = self.policy.on_host(docker_host_addresses())
         # socat connects from the proxy's own loopback: that is the only client squid takes.
-        conf = render_squid_conf(self.policy, ["127.0.0.1/32"], self.injection)
+        conf = render_squid_conf(self.policy, ["127.0.0.1/32"])
         environment = {
-            "KAGURA_SQUID_CONF_B64": base64.b64encode(conf.encode()).decode(),
+            "KAGURA_SQUID_CONF_B64": _b64(conf),
             "KAGURA_EGRESS_SOCKET": f"{PROXY_SOCKET_DIR}/{SOCKET_NAME}",
         }
-        if self.injection is not None:
-            environment["KAGURA_EGRESS_INJECT_SOCKET"] = f"{PROXY_SOCKET_DIR}/{INJECT_SOCKET_NAME}"
+        if self.injection is not None and self.call_limits is not None:
+            # nginx's configuration, the policy and the limits: no secret in any of them.
+            environment |= {
+                "KAGURA_EGRESS_INJECT_SOCKET": f"{PROXY_SOCKET_DIR}/{INJECT_SOCKET_NAME}",
+                "KAGURA_INJECT_CONF_B64": _b64(render_nginx_conf(self.injection)),
+                "KAGURA_INJECT_POLICY_B64": _b64(self.model_policy.lua_config(self.injection)),
+                "KAGURA_INJECT_LIMITS_B64": _b64(self.call_limits.to_json()),
+            }
         socket_mount = docker.types.Mount(
             PROXY_SOCKET_DIR, self.socket_volume, type="volume", no_copy=True
         )
@@ -412,11 +435,11 @@ class EgressSession:
         sock = getattr(wrapper, "_sock", wrapper)
         try:
             self.proxy.start()
-            sock.sendall(self._inject_line.encode())
+            sock.sendall(self._secret.encode() + b"\n")
             sock.shutdown(socket.SHUT_WR)
         finally:
             sock.close()
-            self._inject_line = ""
+            self._secret = ""
 
     def _wait_ready(self, timeout: float) -> None:
         wait_for_ready(self.client, self.proxy.id, f"run {self.run_id}", timeout)
@@ -448,10 +471,19 @@ class EgressSession:
         """A mid-run grant: ``egress`` (the amended plan's section) in force, the proxy and
         its open connections kept (reload.py)."""
         policy = reload_allowlist(
-            self.client, self.proxy, egress, self.injection, user=PROXY_USER, host=self.policy.host
+            self.client, self.proxy, egress, user=PROXY_USER, host=self.policy.host
         )
         with self._lock:
             self.policy = policy
+
+    def limit_model_calls(self, turns: int | None) -> None:
+        """A turn budget extended mid-run: the injecting port's caps follow it (the calls
+        counted so far stay counted). Nothing to do for a run without an injection."""
+        if self.call_limits is None or self.proxy is None:
+            return
+        limits = CallLimits.for_budget(turns, self.model_policy.concurrency)
+        set_limits(self.client, self.proxy.id, limits, user=PROXY_USER)
+        self.call_limits = limits
 
     # --- audit -------------------------------------------------------------------------
 

@@ -14,21 +14,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from kagura_agent.errors import RefusedError
 from kagura_agent.manifest.hosts import is_squid_safe
 from kagura_agent.membrane.egress.policy import AllowEntry, EgressPolicy, Network
 
 PROXY_PORT = 3128
-INJECT_PORT = 3129
-INJECT_INCLUDE = "/run/squid/inject.conf"
 LOG_TAG = "KAGURA1"
 READY_MARKER = "Accepting HTTP Socket connections"
 
 # Fields are separated by single spaces; the ones a client controls are URL-encoded (%#).
-# The last two (the proxy port the request came in on, the URL path) tell the model calls
-# through the injecting port apart (apply/modelcalls.py); lines without them still parse.
+# The last two are the proxy port the request came in on and the URL path; the injecting
+# port (modelport.py) writes lines of the same shape, so the audit reads both alike.
 LOG_FORMAT = (
     f"{LOG_TAG} %ts.%03tu %>a %#>rm %#>rs %#>rd %>rP %>Hs %Ss %>st %<st %<a %#{{kagura_reason}}note"
     " %>lp %#>rp"
@@ -40,14 +37,8 @@ _IP_LITERAL_RES = (
 )
 # Anything but printable ASCII, newline and tab: a stray \r or NUL would split a directive.
 _CONTROL = re.compile(r"[^\x20-\x7e\n\t]")
-_TOKEN = re.compile(r"[A-Za-z0-9._~+/=:-]{1,4096}")
-_HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")
 # The reasons squid annotates a denial with (kagura_reason), the only notes it logs.
-DENY_REASONS = ("client", "ip-literal", "private-address", "not-allowed", "not-model-call")
-# What the injecting port passes: the Messages API's two calls, as Claude Code needs of a
-# gateway (a query allowed). Nothing else gets the key: not a batch (many calls in one
-# request, counted once), not the organisation's files or batches, not telemetry.
-MODEL_CALL_PATH = r"^/v1/messages(/count_tokens)?(\?.*)?$"
+DENY_REASONS = ("client", "ip-literal", "private-address", "not-allowed")
 
 _HEADER = """\
 # Rendered by kagura-agent from the launch plan's egress section; do not edit.
@@ -87,65 +78,11 @@ def _domain_acl(name: str, entry: AllowEntry) -> str:
     return f"acl {name} dstdomain -n {entry.host}"
 
 
-@dataclass(frozen=True)
-class Injection:
-    """An upstream HTTP API whose credential the proxy adds, so the agent never holds it.
-
-    The agent talks plain HTTP to ``http://127.0.0.1:INJECT_PORT`` (its forwarder relays
-    that to the proxy's second socket); squid, as a reverse proxy, sends each request to
-    ``host:port`` (over TLS when ``tls``) with ``header`` set to the secret, dropping any
-    value the agent sent. The secret is not in squid.conf: it reaches the proxy on its
-    stdin and lands in ``INJECT_INCLUDE`` on the proxy's tmpfs (see the entry script).
-    """
-
-    host: str
-    port: int = 443
-    tls: bool = True
-    header: str = "x-api-key"
-
-
-# The Anthropic API, whose key the proxy injects for the default Claude brain.
-ANTHROPIC_API = Injection(host="api.anthropic.com", port=443, tls=True, header="x-api-key")
-
-
-def injection_line(injection: Injection, secret: str) -> str:
-    """The one squid.conf line that carries the secret (written to INJECT_INCLUDE only)."""
-    if not _TOKEN.fullmatch(secret):
-        raise RefusedError("the injected credential is not a plain token; refused")
-    return f'request_header_add {injection.header} "{secret}" via_inject\n'
-
-
-def _injection_lines(injection: Injection) -> list[str]:
-    if not is_squid_safe(injection.host) or not _HEADER_NAME.fullmatch(injection.header):
-        raise RefusedError(f"injection upstream {injection.host!a} cannot be configured")
-    tls = " tls" if injection.tls else ""
-    return [
-        f"# credential injection: 127.0.0.1:{INJECT_PORT} -> {injection.host}:{injection.port}",
-        f"http_port 127.0.0.1:{INJECT_PORT} accel defaultsite={injection.host} no-vhost"
-        " name=inject",
-        "acl via_inject myportname inject",
-        f"cache_peer {injection.host} parent {injection.port} 0 no-query no-digest"
-        f" originserver name=inject_peer{tls}",
-        "cache_peer_access inject_peer allow via_inject",
-        "cache_peer_access inject_peer deny all",
-        "never_direct allow via_inject",
-        f"request_header_access {injection.header} deny via_inject",
-        f"include {INJECT_INCLUDE}",
-        f"acl model_call_path urlpath_regex {MODEL_CALL_PATH}",
-        "acl model_call_method method POST",
-        "http_access deny via_inject !model_call_method why_not_model_call",
-        "http_access deny via_inject !model_call_path why_not_model_call",
-        "http_access allow agents via_inject",
-    ]
-
-
 def _ranges(nets: Sequence[Network]) -> str:
     return " ".join(str(n) for n in nets)
 
 
-def render_squid_conf(
-    policy: EgressPolicy, client_networks: Sequence[str], injection: Injection | None = None
-) -> str:
+def render_squid_conf(policy: EgressPolicy, client_networks: Sequence[str]) -> str:
     """squid.conf for ``policy``; only clients from ``client_networks`` may use the proxy."""
     if not client_networks:
         raise ValueError("render_squid_conf needs the run's internal network range")
@@ -160,8 +97,6 @@ def render_squid_conf(
         *(f"acl ip_literal dstdom_regex -n -i {r}" for r in _IP_LITERAL_RES),
         "http_access deny !agents why_client",
     ]
-    if injection is not None:
-        lines += _injection_lines(injection)
     lines += [
         "http_access deny ip_literal why_ip_literal",
     ]

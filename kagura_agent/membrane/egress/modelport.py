@@ -1,0 +1,321 @@
+"""The key-injecting port: nginx with a model-call policy, beside squid in the egress proxy.
+
+The agent talks plain HTTP to ``http://127.0.0.1:INJECT_PORT`` (its forwarder relays that
+to the proxy's second socket); in the proxy container nginx listens there and runs
+images/egress-proxy/kagura_model_port.lua on every request before it forwards anything:
+the path as sent, the ``anthropic-beta`` values and the JSON body are checked against the
+plan's model-call policy (:class:`ModelCallPolicy`), the call is counted and capped when
+it starts (:class:`CallLimits`), the agent's credentials are dropped and the operator's
+key set, and the key is taken out of every response. squid keeps the forward port.
+
+Why nginx with Lua (Debian's nginx and libnginx-mod-http-lua): squid cannot read request
+bodies, and a model call's body is where the provider is asked to reach out (server-side
+tools, MCP connectors, URLs to fetch). Measured on this project's machine against the
+same streaming fake (docs/egress.md has the figures): nginx adds ~0.3-0.5 ms a call at the
+median, squid's reverse proxy ~1.2-1.4 ms, mitmproxy ~3.5-4 ms with a p99 past 10 ms; and
+nginx passes a stream on as it comes (``proxy_buffering off``).
+
+What is rendered here is the configuration (no secret): nginx.conf, the policy file the
+Lua module reads, and the limits file the host rewrites when a budget is extended
+(:func:`set_limits`). The key arrives on the proxy's stdin, as before (entry.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kagura_agent.errors import RefusedError, SetupError
+from kagura_agent.manifest.hosts import is_squid_safe
+from kagura_agent.membrane.runtime import docker_errors
+
+INJECT_PORT = 3129
+INJECT_DIR = "/run/kagura-inject"
+LIMITS_FILE = f"{INJECT_DIR}/limits.json"
+# The reasons the port gives a refusal in its log line (kagura_model_port.lua).
+MODEL_REASONS = (
+    "not-model-call",
+    "upgrade",
+    "beta",
+    "body",
+    "server-tool",
+    "mcp",
+    "url-source",
+    "file-reference",
+    "budget",
+    "concurrency",
+    "limits",
+)
+# How each allowed call was counted, in the log line's status field.
+CALL_KINDS = ("MODEL_TURN", "MODEL_SIDE", "MODEL_FREE", "MODEL_FILES")
+# How many model calls may be under way at once when no policy says otherwise: the CLI
+# runs a few sub-agents side by side; a flood of parallel calls is no agent's need.
+DEFAULT_CONCURRENCY = 4
+# Calls without tools (a title, a summary, a check) each turn may make: counted apart
+# from the turns, capped at this many per turn of the budget.
+SIDE_CALLS_PER_TURN = 1
+# Token counting is free of charge; still capped, at this many per turn.
+FREE_CALLS_PER_TURN = 4
+# The paths the port offers; a policy with files adds the Files API's.
+MESSAGE_PATHS = ("POST /v1/messages", "POST /v1/messages/count_tokens")
+FILE_PATHS = (
+    "GET /v1/files",
+    "POST /v1/files",
+    "GET /v1/files/{id}",
+    "DELETE /v1/files/{id}",
+    "GET /v1/files/{id}/content",
+)
+# Server-side tools a policy can allow, by family (the API's type without its date).
+SERVER_TOOLS = (
+    "web_search",
+    "web_fetch",
+    "code_execution",
+    "tool_search_tool_regex",
+    "tool_search_tool_bm25",
+)
+# anthropic-beta families that change how the model answers and open no way out: what
+# the bundled Claude Code CLI sends. Anything else is refused unless a policy allows it.
+LOCAL_BETAS = (
+    "claude-code",
+    "interleaved-thinking",
+    "context-1m",
+    "context-management",
+    "structured-outputs",
+    "effort",
+    "prompt-caching-scope",
+    "fast-mode",
+    "redact-thinking",
+    "token-efficient-tools",
+    "fine-grained-tool-streaming",
+    "task-budgets",
+)
+# Betas that open egress by the provider: allowed only with the feature they serve.
+FEATURE_BETAS: Mapping[str, tuple[str, ...]] = {
+    "web_search": ("web-search",),
+    "web_fetch": ("web-fetch",),
+    "code_execution": ("code-execution", "skills"),
+    "tool_search_tool_regex": ("advanced-tool-use",),
+    "tool_search_tool_bm25": ("advanced-tool-use",),
+    "mcp": ("mcp-client",),
+    "files": ("files-api",),
+}
+_TOKEN = re.compile(r"[A-Za-z0-9._~+/=:-]{1,4096}")
+_BETA = re.compile(r"[a-z0-9][a-z0-9-]{0,80}")
+_HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")
+
+
+@dataclass(frozen=True)
+class Injection:
+    """An upstream HTTP API whose credential the proxy adds, so the agent never holds it.
+
+    nginx sends each request that passes the policy to ``host:port`` (over TLS when
+    ``tls``, the certificate checked against the system's CAs) with ``header`` set to the
+    secret, dropping any credential the agent sent. The secret is in no configuration: it
+    reaches the proxy on its stdin and stays on the proxy's tmpfs (entry.sh).
+    """
+
+    host: str
+    port: int = 443
+    tls: bool = True
+    header: str = "x-api-key"
+
+
+# The Anthropic API, whose key the proxy injects for the default Claude brain.
+ANTHROPIC_API = Injection(host="api.anthropic.com", port=443, tls=True, header="x-api-key")
+
+
+@dataclass(frozen=True)
+class ModelCallPolicy:
+    """What a model call may ask the provider to do beyond answering (each is egress by
+    the provider on the agent's behalf), from the plan's ``egress.model_calls``."""
+
+    server_tools: tuple[str, ...] = ()
+    mcp_servers: tuple[str, ...] = ()  # hosts of MCP connectors the provider may reach
+    url_sources: bool = False  # images and documents the provider fetches by URL
+    files: bool = False  # the Files API and file references
+    betas: tuple[str, ...] = field(default=LOCAL_BETAS)
+    concurrency: int = DEFAULT_CONCURRENCY
+
+    @classmethod
+    def from_plan(cls, section: Mapping[str, Any] | None) -> ModelCallPolicy:
+        """The policy of a plan's ``egress.model_calls`` (the default one when absent)."""
+        if section is None:
+            return cls()
+        return cls(
+            server_tools=tuple(section["server_tools"]),
+            mcp_servers=tuple(section["mcp_servers"]),
+            url_sources=bool(section["url_sources"]),
+            files=bool(section["files"]),
+            betas=tuple(section["betas"]),
+            concurrency=int(section["concurrency"]),
+        )
+
+    def lua_config(self, injection: Injection) -> str:
+        """The policy file the Lua module reads at start (no secret in it)."""
+        bad = [b for b in self.betas if not _BETA.fullmatch(b)]
+        bad += [t for t in self.server_tools if t not in SERVER_TOOLS]
+        bad += [h for h in self.mcp_servers if not is_squid_safe(h)]
+        if bad or not _HEADER_NAME.fullmatch(injection.header):
+            raise RefusedError(f"the model-call policy cannot be configured: {bad[:3]}")
+        exact = sorted(b for b in self.betas if re.search(r"-\d{4}-?\d\d-?\d\d$", b))
+        families = sorted(b for b in self.betas if b not in exact)
+        return json.dumps(
+            {
+                "upstream_host": injection.host,
+                "upstream_port": injection.port,
+                "header": injection.header.lower(),
+                "server_tools": sorted(self.server_tools),
+                "mcp_servers": sorted(h.lower() for h in self.mcp_servers),
+                "url_sources": self.url_sources,
+                "files": self.files,
+                "betas": exact,
+                "beta_families": families,
+            },
+            sort_keys=True,
+        )
+
+
+@dataclass(frozen=True)
+class CallLimits:
+    """The caps on model calls, counted when each starts: turn calls (with tools) at the
+    turn budget, side calls (without) and token counts at a few per turn, and all of them
+    at ``concurrency`` under way at once. ``None``: no cap (no turn budget)."""
+
+    turn: int | None
+    side: int | None
+    free: int | None
+    concurrency: int
+
+    @classmethod
+    def for_budget(cls, turns: int | None, concurrency: int) -> CallLimits:
+        if not turns:
+            return cls(None, None, None, concurrency)
+        return cls(turns, turns * SIDE_CALLS_PER_TURN, turns * FREE_CALLS_PER_TURN, concurrency)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "turn": self.turn,
+                "side": self.side,
+                "free": self.free,
+                "files": None,
+                "concurrency": self.concurrency,
+            },
+            sort_keys=True,
+        )
+
+
+def check_secret(secret: str) -> None:
+    """The injected credential goes to the proxy as one line: a plain token only."""
+    if not _TOKEN.fullmatch(secret):
+        raise RefusedError("the injected credential is not a plain token; refused")
+
+
+_NGINX = """\
+# Rendered by kagura-agent from the launch plan; do not edit.
+load_module /usr/lib/nginx/modules/ndk_http_module.so;
+load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
+worker_processes 1;
+daemon off;
+pid {dir}/nginx.pid;
+error_log stderr error;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    server_tokens off;
+    lua_package_path "/usr/local/share/kagura/?.lua;;";
+    lua_shared_dict kagura_calls 1m;
+    init_by_lua_block {{
+        require("kagura_model_port").init("{dir}/policy.json", "{dir}/key")
+    }}
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    # The Messages API takes at most 32 MB a request; bodies past 1 MiB wait on tmpfs.
+    client_max_body_size 32m;
+    client_body_buffer_size 1m;
+    client_header_buffer_size 16k;
+    large_client_header_buffers 4 64k;
+    keepalive_requests 10000;
+    upstream model_api {{
+        server {host}:{port};
+        keepalive 8;
+    }}
+    server {{
+        listen 127.0.0.1:{listen};
+        log_by_lua_block {{ require("kagura_model_port").log() }}
+        location / {{
+            set $kagura_target "";
+            access_by_lua_block {{ require("kagura_model_port").access() }}
+            header_filter_by_lua_block {{ require("kagura_model_port").header_filter() }}
+            body_filter_by_lua_block {{ require("kagura_model_port").body_filter() }}
+            proxy_pass {scheme}://model_api$kagura_target;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host {host};
+            # Responses uncompressed, so no key can hide from the scrubbing in a gzip.
+            proxy_set_header Accept-Encoding "";
+            # A stream is passed on as it comes; the request is read whole first (it is
+            # checked before anything is sent).
+            proxy_buffering off;
+            proxy_request_buffering on;
+            proxy_redirect off;
+            proxy_read_timeout 600s;
+            proxy_send_timeout 600s;
+{tls}        }}
+    }}
+}}
+"""
+_TLS = """\
+            proxy_ssl_server_name on;
+            proxy_ssl_name {host};
+            proxy_ssl_verify on;
+            proxy_ssl_verify_depth 4;
+            proxy_ssl_trusted_certificate /etc/ssl/certs/ca-certificates.crt;
+            proxy_ssl_protocols TLSv1.2 TLSv1.3;
+"""
+
+
+def render_nginx_conf(injection: Injection) -> str:
+    """nginx.conf of the injecting port for ``injection`` (no secret, no policy in it)."""
+    if not is_squid_safe(injection.host) or not 0 < injection.port < 65536:
+        raise RefusedError(f"injection upstream {injection.host!a} cannot be configured")
+    tls = _TLS.format(host=injection.host) if injection.tls else ""
+    return _NGINX.format(
+        dir=INJECT_DIR,
+        host=injection.host,
+        port=injection.port,
+        listen=INJECT_PORT,
+        scheme="https" if injection.tls else "http",
+        tls=tls,
+    )
+
+
+# Written beside the live file and renamed over it (one tmpfs: atomic), so the Lua
+# module never reads half a file.
+_SET_LIMITS = (
+    f'umask 077; printf %s "$KAGURA_LIMITS" > {LIMITS_FILE}.next'
+    f" && mv {LIMITS_FILE}.next {LIMITS_FILE}"
+)
+
+
+def set_limits(client: Any, proxy_id: str, limits: CallLimits, *, user: str) -> None:
+    """Put ``limits`` in force in a running proxy (a budget extended mid-run): the next
+    call is counted against them; the counts so far are kept."""
+    with docker_errors("setting the model-call limits of the egress proxy"):
+        exec_id = client.api.exec_create(
+            proxy_id,
+            ["sh", "-c", _SET_LIMITS],
+            user=user,
+            environment={"KAGURA_LIMITS": limits.to_json()},
+        )["Id"]
+        output = client.api.exec_start(exec_id)
+        code = client.api.exec_inspect(exec_id).get("ExitCode")
+    if code != 0:
+        detail = output.decode(errors="replace")[-300:]
+        raise SetupError(f"the model-call limits were not written: {detail}")
