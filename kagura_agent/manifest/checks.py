@@ -170,7 +170,12 @@ def check_catalog(catalog: Catalog) -> list[Diagnostic]:
 
 def check_egress(manifest: Manifest) -> list[Diagnostic]:
     problems = []
-    for index, entry in enumerate(manifest.spec["allow"]):
+    for index, raw in enumerate(manifest.spec.get("model_calls", {}).get("mcp_servers", [])):
+        _, problem = normalize_host(raw)
+        if problem:
+            at = ("spec", "model_calls", "mcp_servers", index)
+            problems.append(manifest.diag(at, f"MCP server host: {problem}"))
+    for index, entry in enumerate(manifest.spec.get("allow", [])):
         _, problem = normalize_host(entry["host"])
         if problem:
             problems.append(manifest.diag(("spec", "allow", index, "host"), problem))

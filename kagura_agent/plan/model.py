@@ -529,6 +529,36 @@ DESCRIPTIONS: dict[str, str] = {
         "The egress proxy image the run uses, pinned like `image` (null when mode is `none`):"
         " an Image manifest built from `images/egress-proxy` names its tag and repository."
     ),
+    "egress.model_calls": (
+        "Present when the proxy injects the brain's key: the key-injecting port's model-call"
+        " policy. Every model call goes through that port and is checked against it before"
+        " anything is forwarded (docs/egress.md)."
+    ),
+    "egress.model_calls.upstream": "Where the calls go, with the operator's key.",
+    "egress.model_calls.credential": "The credential provider whose key the proxy injects.",
+    "egress.model_calls.paths": "`METHOD /path` the port offers; any other request is refused.",
+    "egress.model_calls.server_tools": (
+        "Server-side tools (by family: `web_search`, `web_fetch`, `code_execution`, ...) a call"
+        " may ask the provider to run; none unless an EgressPolicy's `model_calls` allows it."
+    ),
+    "egress.model_calls.mcp_servers": "Hosts of MCP servers the provider may connect to.",
+    "egress.model_calls.url_sources": "Whether the provider may fetch images and documents by URL.",
+    "egress.model_calls.files": "Whether the Files API and file references are allowed.",
+    "egress.model_calls.betas": (
+        "`anthropic-beta` names or families (without their date) a call may carry; any other"
+        " is refused."
+    ),
+    "egress.model_calls.concurrency": "Model calls under way at once; past it a call gets 429.",
+    "egress.model_calls.side_calls_per_turn": (
+        "Calls without tools (the CLI's side calls) allowed per turn of the budget, counted"
+        " apart from the turns."
+    ),
+    "egress.model_calls.free_calls_per_turn": "Token counts allowed per turn of the budget.",
+    "egress.model_calls.tunnel": (
+        "Policies that also allow the model host on the forward port (a tunnel beside the"
+        " port, unchecked); empty: an allowlist entry for it is left out, with a warning."
+    ),
+    "egress.model_calls.grants": "What each EgressPolicy's `model_calls` allowed: policy, allows, source, layer.",
     "egress.proxy.ref": "Proxy image tag.",
     "egress.proxy.digest": (
         "Proxy image ID when planned; apply starts the proxy from exactly this ID"

@@ -58,6 +58,7 @@ from kagura_agent.plan.model import (
     Tripwires,
     applyable,
 )
+from kagura_agent.plan.modelcalls import model_calls
 from kagura_agent.plan.policy import RuleChecker, evaluate_policies, policy_denials
 from kagura_agent.plan.toolservers import (
     category,
@@ -107,7 +108,11 @@ def compile_plan(
     hardening = _hardening(task, tenancy, facts, egress["mode"])
     brain = _brain(task)
     # A proxy that injects the brain's key is configured at its start: never a pooled one.
-    egress["pool"] = egress["pool"] and brain_injection(brain) is None
+    injected = brain_injection(brain)
+    egress["pool"] = egress["pool"] and injected is None
+    model_warnings: list[str] = []
+    if injected is not None and egress["mode"] == "proxy":
+        egress, model_warnings = model_calls(egress, task.egress, injected)
     egress["proxy"] = _proxy(catalog, facts) if egress["mode"] == "proxy" else None
     image = _image(task.image, facts)
     credentials = [_credential(request) for request in task.credentials]
@@ -164,6 +169,7 @@ def compile_plan(
             for memory_id in facts.missing_memories
         ]
         + list(facts.state_notes)
+        + model_warnings
     )
     refusals = _refusals(floor, policy, approvals, tenancy, hardening, unwritable, widened)
     refusals += ceiling_refusals(catalog, draft["budget"])
@@ -438,7 +444,7 @@ def _egress(policies: list[Manifest], tool_rules: list[EgressRule], pool: bool) 
     seen: set[tuple[str, int, str]] = set()
     addresses: list[str] = []
     for policy in policies:
-        for entry in policy.spec["allow"]:
+        for entry in policy.spec.get("allow", []):
             host, _ = normalize_host(entry["host"])
             assert host is not None  # validated before planning
             schemes: list[Scheme] = ["https", "http"] if entry.get("http") else ["https"]
@@ -471,8 +477,10 @@ def _egress(policies: list[Manifest], tool_rules: list[EgressRule], pool: bool) 
             if cidr not in addresses:
                 addresses.append(cidr)
     allow.sort(key=lambda e: (e["host"], e["port"], e["scheme"]))
+    # A policy of model calls needs the proxy (its key-injecting port) even with no host.
+    calls = any(p.spec.get("model_calls") is not None for p in policies)
     return {
-        "mode": "proxy" if allow else "none",
+        "mode": "proxy" if allow or calls else "none",
         "allow": allow,
         "allow_addresses": addresses,
         "policies": [p.name for p in policies],

@@ -80,6 +80,31 @@ def _own(plan: Plan) -> Callable[[Mapping[str, Any]], str]:
     return suffix
 
 
+def model_call_lines(calls: Mapping[str, Any], turns: int | None) -> list[str]:
+    """What the key-injecting port lets a model call do, and how calls are capped."""
+    lines = [
+        f"{calls['upstream']} through the key-injecting port only"
+        f" (the {calls['credential']} key is added there): {', '.join(calls['paths'])}"
+    ]
+    reach = [
+        f"{', '.join(g['allows'])} (policy {g['policy']})" for g in calls["grants"] if g["allows"]
+    ]
+    if reach:
+        lines.append("the provider may reach for the agent: " + "; ".join(reach))
+    else:
+        lines.append(
+            "the provider reaches nothing for the agent"
+            " (no server-side tools, MCP servers, URL sources or files)"
+        )
+    if turns:
+        side, free = turns * calls["side_calls_per_turn"], turns * calls["free_calls_per_turn"]
+        caps = f"{turns} turn calls (the turn budget), {side} side calls, {free} token counts"
+    else:
+        caps = "no count cap (no turn budget)"
+    lines.append(f"counted when they start: {caps}; {calls['concurrency']} at once")
+    return lines
+
+
 def _egress_lines(entry: EgressRule, style: Style, mine: str = "") -> list[str]:
     """One allowlist entry, with what it costs: address exceptions and wildcard reach."""
     also = f"; {_may_resolve(entry)}" if _may_resolve(entry) else ""
@@ -283,6 +308,11 @@ def render_text(plan: Plan, style: Style) -> str:
         proxy = egress.get("proxy")
         if proxy:
             out.append(f"               proxy image {proxy['ref']}  {_short(proxy['digest'])}")
+        calls = egress.get("model_calls")
+        if calls is not None:
+            first, *rest = model_call_lines(calls, plan["budget"]["turns"])
+            out.append(f"  model calls  {first}")
+            out.extend(f"               {line}" for line in rest)
     if not plan["credentials"]:
         out.append("  credentials  none")
     for index, cred in enumerate(plan["credentials"]):
@@ -485,6 +515,10 @@ def render_markdown(plan: Plan) -> str:
     proxy = plan["egress"].get("proxy")
     if proxy:
         lines.append(f"| egress proxy image | `{proxy['ref']}` {_short(proxy['digest'])} | |")
+    calls = plan["egress"].get("model_calls")
+    if calls is not None:
+        shown = "; ".join(model_call_lines(calls, plan["budget"]["turns"]))
+        lines.append(f"| model calls | {shown} | |")
     for cred in plan["credentials"]:
         line = _cred_line(cred, injected_provider(plan), plan["budget"])
         lines.append(f"| credential | {line}{mine(cred)} | {cred['class']} |")
