@@ -300,7 +300,7 @@ def test_an_injected_credential_is_a_plain_token_and_in_no_configuration() -> No
     limits = CallLimits.for_budget(30, 4).to_json()
     assert not any("sk-ant" in text for text in (conf, policy, limits))
     # The upstream's certificate is checked against the system's CAs, by its name.
-    assert "server api.anthropic.com:443;" in conf and "proxy_ssl_verify on;" in conf
+    assert "server __KAGURA_UPSTREAM_ADDRESS__:443;" in conf and "proxy_ssl_verify on;" in conf
     assert "proxy_ssl_name api.anthropic.com;" in conf and "proxy_buffering off;" in conf
     assert "proxy_pass https://model_api$kagura_target;" in conf
     with pytest.raises(RefusedError):

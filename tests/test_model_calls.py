@@ -89,15 +89,18 @@ def test_a_line_without_port_and_path_still_parses_and_is_never_a_model_call() -
     assert not is_model_call(event)
 
 
-def test_the_injecting_ports_refusals_are_no_burst_of_denied_egress() -> None:
+def test_the_ports_budget_refusals_are_quiet_its_policy_refusals_trip() -> None:
+    """The budget stop and the retry deal with a cap reached; a call that asks the provider
+    to reach out, or for a path that is no model call, is an agent trying a way out (an
+    honest CLI, its optional traffic off, makes none)."""
     trips: list[str] = []
     tripwire = Tripwire({"denied_egress": 3, "window_seconds": 60}, trips.append)
-    refused = {"type": "egress.decision", "decision": "deny", "reason": "not-model-call"}
-    for _ in range(10):
-        tripwire.egress(refused)
+    refused = {"type": "egress.decision", "decision": "deny", "inport": 3129}
+    for reason in ["budget", "concurrency"] * 5:
+        tripwire.egress({**refused, "reason": reason})
     assert trips == []
-    for _ in range(3):
-        tripwire.egress({**refused, "reason": "host-not-listed"})
+    for reason in ("server-tool", "not-model-call", "mcp"):
+        tripwire.egress({**refused, "reason": reason})
     assert len(trips) == 1
 
 

@@ -22,9 +22,11 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -691,3 +693,36 @@ def test_no_more_calls_are_under_way_at_once_than_the_cap(
         assert reply.statuses == [429] and "retry-after: 1" in reply.text.lower(), reply.text
         assert len(port.records()) == 2
         assert "concurrency" in _reasons(port)
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "egress.md"
+DOC_ROW = re.compile(
+    r"^\| `(?P<method>[A-Z]+) (?P<target>\S+)`(?: with (?P<header>header )?`(?P<extra>[^`]+)`)?"
+    r" \| (?P<status>\d+) \| `(?P<reason>[a-z-]+)` \|$",
+    re.M,
+)
+
+
+def _documented() -> list[tuple[bytes, int, str]]:
+    """docs/egress.md's table of refusals, as requests."""
+    rows = []
+    for row in DOC_ROW.finditer(DOC.read_text(encoding="utf-8")):
+        headers, body = {}, dict(CALL)
+        if row["extra"] and row["header"]:
+            name, _, value = row["extra"].partition(": ")
+            headers[name] = value
+        elif row["extra"]:
+            body |= json.loads(row["extra"])
+        raw = request(body, method=row["method"], target=row["target"], headers=headers)
+        rows.append((raw, int(row["status"]), row["reason"]))
+    return rows
+
+
+def test_the_documented_refusals_hold(docker_client: Any, images: dict[str, str]) -> None:
+    rows = _documented()
+    assert len(rows) >= 10
+    with open_port(docker_client, images) as port:
+        replies = port.send_each([raw for raw, _, _ in rows])
+        assert [r.statuses[0] for r in replies] == [status for _, status, _ in rows]
+        assert _reasons(port) == [reason for _, _, reason in rows]
+        assert port.records() == []

@@ -31,7 +31,11 @@ fi
 if [ -n "${KAGURA_INJECT_CONF_B64:-}" ]; then
     inject=/run/kagura-inject
     mkdir -p "$inject/body" "$inject/proxy" "$inject/fastcgi" "$inject/uwsgi" "$inject/scgi"
-    printf '%s' "$KAGURA_INJECT_CONF_B64" | base64 -d >"$inject/nginx.conf"
+    # The upstream's address, resolved now (nginx would not start on a name that does not
+    # resolve); none: loopback, where nothing listens, so calls fail and are logged.
+    address=$(getent ahostsv4 "${KAGURA_INJECT_HOST:-}" 2>/dev/null | awk 'NR == 1 { print $1 }')
+    printf '%s' "$KAGURA_INJECT_CONF_B64" | base64 -d \
+        | sed "s/__KAGURA_UPSTREAM_ADDRESS__/${address:-127.0.0.1}/" >"$inject/nginx.conf"
     printf '%s' "$KAGURA_INJECT_POLICY_B64" | base64 -d >"$inject/policy.json"
     printf '%s' "$KAGURA_INJECT_LIMITS_B64" | base64 -d >"$inject/limits.json"
     unset KAGURA_INJECT_CONF_B64 KAGURA_INJECT_POLICY_B64 KAGURA_INJECT_LIMITS_B64

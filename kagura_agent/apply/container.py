@@ -79,6 +79,9 @@ def run_in_container(
     inside = [lease for lease in leases if lease not in injected]
     secret = injected[0].minted.secrets[0] if injected and injected[0].minted else None
     environment: dict[str, str] = {"ANTHROPIC_API_KEY": PLACEHOLDER} if provider else {}
+    # The CLI's optional traffic off (plan brain.cli_environment): its model calls are all
+    # that leave, through the key-injecting port.
+    environment |= plan["brain"].get("cli_environment", {})
     # Every model call with the injected key passes the proxy: the host counts them there.
     calls = ModelCalls() if secret and plan["egress"]["mode"] == "proxy" else None
 

@@ -3,8 +3,8 @@
 What trips (the plan's ``tripwires``, knobs in the operator's Graduation manifest):
 
 - a burst of denied egress: ``denied_egress`` denials within ``window_seconds`` (the
-  injecting port's refusals of what is not a model call, and what squid answered itself
-  without forwarding anything, do not count: QUIET_DENIALS);
+  key-injecting port's refusals for the budget and the concurrency cap, and what squid
+  answered itself without forwarding anything, do not count: QUIET_DENIALS);
 - a flood of the proxy's log: the agent made the run's proxy log more than
   ``egress_log_bytes`` (default audit.LOG_CEILING; session.py sends ``egress.flood``);
 - the canary (``canary_file``): a decoy credentials file apply plants in the agent's home
@@ -47,10 +47,12 @@ CREDS_DIR = "/run/kagura/creds"
 # How long the decoys are watched after the wipe, before the agent's container stops.
 CREDS_WATCH_SECONDS = 0.5
 _ALPHABET = string.ascii_letters + string.digits
-# Denials that are no sign of a hijack: the injecting port refusing what is not a model
-# call (the Claude CLI sends its own telemetry to its API base URL), and what squid
-# answered itself with an error, forwarding nothing (an upstream that is down).
-QUIET_DENIALS = frozenset({"not-model-call", NOT_FORWARDED})
+# Denials that are no sign of a hijack: the key-injecting port refusing a call past a cap
+# of the budget (the budget stop deals with it) or past the concurrency cap (the CLI
+# retries), and what squid answered itself with an error, forwarding nothing (an upstream
+# that is down). The port's policy refusals do count: with its optional traffic off
+# (plan brain.cli_environment) an honest CLI sends nothing but model calls.
+QUIET_DENIALS = frozenset({"budget", "concurrency", NOT_FORWARDED})
 
 
 class Tripwire:

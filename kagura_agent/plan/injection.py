@@ -13,6 +13,20 @@ from __future__ import annotations
 from kagura_agent.plan.model import BrainSection, Plan
 
 PLACEHOLDER = "injected-at-the-proxy"
+# The Claude Code CLI's documented switches for its optional traffic (its settings and
+# environment-variable reference): telemetry, error reports, update checks, feature flags
+# and the other nonessential requests it would send beside the model calls (measured: a
+# session without them opened 5 CONNECT tunnels to api.anthropic.com; with them none),
+# its feedback survey and its terminal-title calls. What is left is the model calls, which
+# go to ANTHROPIC_BASE_URL: the key-injecting port.
+CLI_ENVIRONMENT = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
+    "CLAUDE_CODE_DISABLE_TERMINAL_TITLE": "1",
+}
 
 
 def injected_provider(plan: Plan) -> str | None:

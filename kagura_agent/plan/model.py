@@ -252,6 +252,8 @@ class BrainSection(TypedDict):
     idle_timeout_seconds: int
     source: str
     layer: Layer
+    # engine sdk: the Claude Code CLI's documented switches apply sets in its environment
+    cli_environment: NotRequired[dict[str, str]]
 
 
 class FixChange(TypedDict):
@@ -638,6 +640,11 @@ DESCRIPTIONS: dict[str, str] = {
     "brain.local_provider": "Local model provider, or null.",
     "brain.endpoint": "Model endpoint, or null.",
     "brain.max_line_bytes": "Largest IPC line accepted.",
+    "brain.cli_environment": (
+        "Engine sdk: the Claude Code CLI's documented switches apply sets in the brain's"
+        " environment, turning off its optional traffic (telemetry, error reports, update"
+        " checks, feature flags, surveys, title calls): its only way out is the model calls."
+    ),
     "brain.idle_timeout_seconds": "Seconds without an event before the brain is stopped.",
     "brain.source": "Manifest file.",
     "brain.layer": "Layer the manifest came from: `packaged` (the defaults) or `operator` (your folder).",

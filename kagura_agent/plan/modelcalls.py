@@ -58,7 +58,7 @@ def model_calls(
             allows.append(tool)
             if tool not in server_tools:
                 server_tools.append(tool)
-            betas += FEATURE_BETAS[tool]
+            betas += FEATURE_BETAS.get(tool, ())
         for raw in spec.get("mcp_servers", []):
             host, _ = normalize_host(raw)
             assert host is not None  # validated before planning

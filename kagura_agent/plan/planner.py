@@ -29,7 +29,7 @@ from kagura_agent.patterns.dispatch import narrowing_violations
 from kagura_agent.patterns.failure_learning import DEFAULT_HALF_LIFE_SECONDS, failure_trust
 from kagura_agent.plan import resume
 from kagura_agent.plan.budget import budget_approvals, ceiling_refusals, plan_budget
-from kagura_agent.plan.injection import brain_injection
+from kagura_agent.plan.injection import CLI_ENVIRONMENT, brain_injection
 from kagura_agent.plan.intent import intent_fingerprint
 from kagura_agent.plan.model import (
     Approval,
@@ -625,7 +625,7 @@ def tmpfs_mounts(user: str, scratch_bytes: int) -> dict[str, str]:
 def _brain(task: ResolvedTask) -> BrainSection:
     spec = task.brain.spec
     auth = spec.get("auth", {"mode": "none"})
-    return {
+    section: BrainSection = {
         "name": task.brain.name,
         "engine": spec["engine"],
         "model": spec.get("model"),
@@ -642,6 +642,9 @@ def _brain(task: ResolvedTask) -> BrainSection:
         "source": task.brain.file,
         "layer": layer_of(task.brain.layer),
     }
+    if spec["engine"] == "sdk":
+        section["cli_environment"] = dict(CLI_ENVIRONMENT)
+    return section
 
 
 def _memory(task: ResolvedTask, facts: Facts, catalog: Catalog) -> MemorySection:

@@ -284,6 +284,9 @@ def render_text(plan: Plan, style: Style) -> str:
     out.append(
         f"  brain        {brain['name']} ({brain['engine']}{model}{mode}) {where}{mine(brain)}"
     )
+    if brain.get("cli_environment"):
+        switches = " ".join(f"{k}={v}" for k, v in brain["cli_environment"].items())
+        out.append(f"               the CLI's optional traffic off: {switches}")
     out.append(
         f"  image        {image['ref']}  {_short(image['digest'])}  {_tag(image.get('class'), style)}"
         + mine(image)

@@ -34,6 +34,10 @@ from kagura_agent.membrane.runtime import docker_errors
 
 INJECT_PORT = 3129
 INJECT_DIR = "/run/kagura-inject"
+# Stands for the upstream's address in nginx.conf; entry.sh resolves the host
+# (KAGURA_INJECT_HOST) when the proxy starts and writes the address there. A host that
+# does not resolve then leaves 127.0.0.1, where nothing listens: calls fail, logged.
+UPSTREAM_ADDRESS = "__KAGURA_UPSTREAM_ADDRESS__"
 LIMITS_FILE = f"{INJECT_DIR}/limits.json"
 # The reasons the port gives a refusal in its log line (kagura_model_port.lua).
 MODEL_REASONS = (
@@ -78,6 +82,10 @@ SERVER_TOOLS = (
 )
 # anthropic-beta families that change how the model answers and open no way out: what
 # the bundled Claude Code CLI sends. Anything else is refused unless a policy allows it.
+# (Measured on Claude Code 2.1.337: claude-code, interleaved-thinking, context-management,
+# per-turn-control, mid-conversation-tool-changes, thinking-token-count, advanced-tool-use
+# (its ToolSearch is a client tool), effort, thinking-display-updates; the rest are the
+# families its source names for the first-party API.)
 LOCAL_BETAS = (
     "claude-code",
     "interleaved-thinking",
@@ -91,14 +99,17 @@ LOCAL_BETAS = (
     "token-efficient-tools",
     "fine-grained-tool-streaming",
     "task-budgets",
+    "per-turn-control",
+    "mid-conversation-tool-changes",
+    "thinking-token-count",
+    "thinking-display-updates",
+    "advanced-tool-use",
 )
 # Betas that open egress by the provider: allowed only with the feature they serve.
 FEATURE_BETAS: Mapping[str, tuple[str, ...]] = {
     "web_search": ("web-search",),
     "web_fetch": ("web-fetch",),
     "code_execution": ("code-execution", "skills"),
-    "tool_search_tool_regex": ("advanced-tool-use",),
-    "tool_search_tool_bm25": ("advanced-tool-use",),
     "mcp": ("mcp-client",),
     "files": ("files-api",),
 }
@@ -242,8 +253,10 @@ http {{
     client_header_buffer_size 16k;
     large_client_header_buffers 4 64k;
     keepalive_requests 10000;
+    # The address is the upstream's, resolved once when the proxy starts (entry.sh): nginx
+    # would refuse to start on a name that does not resolve at that moment.
     upstream model_api {{
-        server {host}:{port};
+        server {address}:{port};
         keepalive 8;
     }}
     server {{
@@ -288,6 +301,7 @@ def render_nginx_conf(injection: Injection) -> str:
     tls = _TLS.format(host=injection.host) if injection.tls else ""
     return _NGINX.format(
         dir=INJECT_DIR,
+        address=UPSTREAM_ADDRESS,
         host=injection.host,
         port=injection.port,
         listen=INJECT_PORT,

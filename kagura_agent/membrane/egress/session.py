@@ -374,6 +374,7 @@ class EgressSession:
             environment |= {
                 "KAGURA_EGRESS_INJECT_SOCKET": f"{PROXY_SOCKET_DIR}/{INJECT_SOCKET_NAME}",
                 "KAGURA_INJECT_CONF_B64": _b64(render_nginx_conf(self.injection)),
+                "KAGURA_INJECT_HOST": self.injection.host,
                 "KAGURA_INJECT_POLICY_B64": _b64(self.model_policy.lua_config(self.injection)),
                 "KAGURA_INJECT_LIMITS_B64": _b64(self.call_limits.to_json()),
             }
