@@ -32,6 +32,7 @@ def diff_plans(old: Mapping[str, Any] | None, new: Plan) -> list[Change]:
     base: Mapping[str, Any] = old or {}
     changes: list[Change] = []
     changes += _keyed("egress", _egress(base), _egress(new))
+    changes += _keyed("provider egress", _provider_egress(base), _provider_egress(new))
     changes += _keyed("credential", _creds(base), _creds(new), absent="narrowed")
     changes += _scope_changes(base, new)
     changes += _keyed("mount", _mounts(base), _mounts(new))
@@ -79,6 +80,17 @@ def _egress(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
         scheme = "" if entry["scheme"] == "https" else f"{entry['scheme']}://"
         key = f"{scheme}{entry['host']}:{entry['port']}"
         out[key] = {"policy": entry["policy"]}
+    return out
+
+
+def _provider_egress(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """What model calls may ask the provider to reach, each with the policy that allows it
+    (the key-injecting port's model-call policy, egress.model_calls)."""
+    calls = plan.get("egress", {}).get("model_calls") or {}
+    out = {}
+    for grant in calls.get("grants", []):
+        for what in grant["allows"]:
+            out[what] = {"policy": grant["policy"]}
     return out
 
 

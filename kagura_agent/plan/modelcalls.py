@@ -77,6 +77,7 @@ def model_calls(
         allows += [f"beta {b}" for b in spec.get("betas", [])]
         if "concurrency" in spec:
             concurrency = max(concurrency or 0, int(spec["concurrency"]))
+            allows.append(f"{spec['concurrency']} calls at once")
         if spec.get("tunnel"):
             tunnel.append(policy.name)
             allows.append(f"a tunnel to {upstream.host}")
