@@ -26,9 +26,12 @@ def test_egress_rows_carry_their_class(capsys: pytest.CaptureFixture[str]) -> No
     text = _markdown(capsys, "examples/dns-change/task.yml")
     rows = [line for line in text.splitlines() if line.startswith("| egress |")]
     assert rows == [
-        "| egress | `https://api.anthropic.com:443` (policy anthropic) | baseline |",
         "| egress | `https://api.cloudflare.com:443` (policy cloudflare-api) | needs-approval |",
     ]
+    # The model host is no forward-port entry: the calls go through the key-injecting port.
+    [calls] = [line for line in text.splitlines() if line.startswith("| model calls |")]
+    assert "https://api.anthropic.com:443 through the key-injecting port only" in calls
+    assert "the provider reaches nothing for the agent" in calls
 
 
 def test_the_approvals_section_names_each_decision_and_the_flags(
