@@ -80,6 +80,22 @@ def _own(plan: Plan) -> Callable[[Mapping[str, Any]], str]:
     return suffix
 
 
+def _cli_scratch(tmpfs: Mapping[str, str]) -> str:
+    """Where the CLI writes in the container: its HOME and /tmp (tmpfs), the workspace."""
+
+    def size(target: str) -> str:
+        found = [o for o in tmpfs.get(target, "").split(",") if o.startswith("size=")]
+        return format_size(int(found[0].removeprefix("size="))) if found else ""
+
+    home, tmp = size("/home/agent"), size("/tmp")
+    if not home or not tmp:
+        return ""
+    return (
+        f"the CLI writes its HOME /home/agent (tmpfs {home}: ~/.claude, its session and"
+        f" settings), /tmp (tmpfs {tmp}) and /workspace; the root is read-only"
+    )
+
+
 def model_call_lines(calls: Mapping[str, Any], turns: int | None) -> list[str]:
     """What the key-injecting port lets a model call do, and how calls are capped."""
     lines = [
@@ -287,6 +303,9 @@ def render_text(plan: Plan, style: Style) -> str:
     if brain.get("cli_environment"):
         switches = " ".join(f"{k}={v}" for k, v in brain["cli_environment"].items())
         out.append(f"               the CLI's optional traffic off: {switches}")
+        scratch = _cli_scratch(plan["hardening"]["tmpfs"])
+        if brain["runtime"] == "container" and scratch:
+            out.append(f"               {scratch}")
     out.append(
         f"  image        {image['ref']}  {_short(image['digest'])}  {_tag(image.get('class'), style)}"
         + mine(image)
