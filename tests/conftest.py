@@ -1,17 +1,70 @@
-"""Shared fixtures.
+"""Shared fixtures, and the markers derived from them (tests/resources.py).
 
-Docker: tests marked ``docker`` use the ``docker_client`` fixture. Where no daemon answers
-they skip with the reason, except when KAGURA_REQUIRE_DOCKER=1 (CI), where they fail.
+Docker: tests use the ``docker_client`` fixture, which marks them ``docker``. Where no
+daemon answers they skip with the reason, except when KAGURA_REQUIRE_DOCKER=1 (CI), where
+they fail. ``docker``, ``postgres`` and ``slow`` are never written by hand: they follow
+from the fixtures a test uses (a hand-written one is a collection error).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import resources
 from resources import missing
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    by_hand = [
+        item.nodeid
+        for item in items
+        if any(item.get_closest_marker(name) for name in resources.MARKERS)
+    ]
+    if by_hand:
+        raise pytest.UsageError(
+            "markers docker, postgres and slow follow from the fixtures a test uses"
+            " (tests/resources.py); written by hand on: " + ", ".join(by_hand[:10])
+        )
+    for item in items:
+        params = dict(getattr(getattr(item, "callspec", None), "params", {}))
+        fixtures = set(getattr(item, "fixturenames", ()))
+        for name in sorted(resources.needs(fixtures, params)):
+            item.add_marker(name)
+        group = resources.group(fixtures)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(scope="session")
+def _docker_tripwire() -> Iterator[resources.Tripwire]:
+    tripwire = resources.Tripwire()
+    yield tripwire
+    tripwire.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_docker_unless_marked(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """A test not marked ``docker`` sees DOCKER_HOST on a tripwire: reaching Docker (in
+    process or from a subprocess it starts) fails it, instead of passing by luck."""
+    if request.node.get_closest_marker("docker") is not None:
+        yield
+        return
+    tripwire = request.getfixturevalue("_docker_tripwire")
+    monkeypatch.setenv("DOCKER_HOST", tripwire.url)
+    before = tripwire.hits
+    yield
+    if tripwire.hits != before:
+        pytest.fail(
+            "this test reached the Docker daemon but does not use the docker_client fixture"
+            " (so it is not marked docker, and the fast tier would run it): add the fixture",
+            pytrace=False,
+        )
 
 
 def _docker_or_reason() -> tuple[Any, str]:
@@ -27,11 +80,26 @@ def _docker_or_reason() -> tuple[Any, str]:
 
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[Any]:
+    resources.refuse_in_fast_tier("Docker")
     client, reason = _docker_or_reason()
     if client is None:
         missing(reason)
     yield client
     client.close()
+
+
+@pytest.fixture()
+def without_docker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test runs as on a machine without Docker Engine (DOCKER_HOST on a socket that
+    does not exist): facts such as image digests are "not there", in every tier."""
+    monkeypatch.setenv("DOCKER_HOST", resources.NO_DOCKER)
+
+
+@pytest.fixture()
+def bench_run(tmp_path: Path) -> Callable[..., str]:
+    """Runs ``python bench/NAME.py`` once in its quick mode (a slow resource: seconds);
+    returns its last line (tests/test_benches.py)."""
+    return lambda name, **env: resources.run_bench(name, tmp_path, env)
 
 
 @pytest.fixture()
@@ -59,6 +127,7 @@ def postgres_server() -> Iterator[Any]:
 
     import postgres
 
+    resources.refuse_in_fast_tier("PostgreSQL")
     yield from postgres.start(os.environ.get("KAGURA_TEST_POSTGRES_URL"))
 
 

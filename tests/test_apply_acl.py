@@ -18,7 +18,7 @@ from kagura_agent.apply import acl
 from kagura_agent.apply.acl import GROUP, GROUP_OBJ, MASK, OTHER, USER_OBJ
 from kagura_agent.apply.setid import CTIME_SLACK
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 U = acl.UNDEFINED_ID
 TEAM = [(USER_OBJ, 7, U), (GROUP_OBJ, 5, U), (GROUP, 7, 4242), (MASK, 7, U), (OTHER, 5, U)]

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from apply_helpers import (
     NOWHERE,
     cli_env,
@@ -103,6 +104,7 @@ def test_canary_never_leaks(tmp_path: Path, state_dir: Path, docker_client: Any)
 QUOTED_CANARY = 'CANARY-"root\\5d1e9a7f3b2c8e4a'  # a quote and a backslash: JSON escapes both
 
 
+@pytest.mark.usefixtures("docker_client")
 def test_a_quoted_canary_printed_and_left_for_verify_never_leaks(
     tmp_path: Path, state_dir: Path
 ) -> None:
@@ -161,6 +163,7 @@ def _shown_nowhere(forms: tuple[str, ...], shown: str, state_dir: Path) -> None:
                 assert form.encode() not in stored.read_bytes(), (form, stored)
 
 
+@pytest.mark.usefixtures("docker_client")
 def test_a_canary_sent_in_a_url_never_reaches_the_egress_log(
     tmp_path: Path, state_dir: Path
 ) -> None:

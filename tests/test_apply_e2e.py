@@ -45,7 +45,7 @@ from kagura_agent.plan import history
 from kagura_agent.state import Location, StateStore, owner_key
 from testing.moto import moto_server
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 ROOT_KEY = "AKIAKAGURAAPPLY00001:apply/root/" + "q" * 29
 RELAY_PORT = 8080

@@ -31,7 +31,7 @@ from apply_helpers import (
 from testing.agent_test_image import ensure_agent_test_image
 from testing.cli_options import option
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 API_KEY = "sk-ant-kagura-canary-" + "k" * 30
 COST_USD = 0.0123  # what the fake claude reports

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from apply_helpers import cli_env, kagura, write_task
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_host_runtime_needs_the_flag_and_then_runs_on_the_host(
     tmp_path: Path, state_dir: Path
 ) -> None:

@@ -79,6 +79,7 @@ def test_plan_refuses_up_front_a_project_root_the_agent_cannot_write(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a root-owned project needs root to create")
+@pytest.mark.usefixtures("without_docker")
 def test_a_root_owned_project_never_runs_the_agent_as_root(tmp_path: Path, state_dir: Path) -> None:
     """The README's hello as root: plan says NO with the fix, apply refuses before Docker."""
     project = _project(tmp_path, 0)

@@ -29,6 +29,7 @@ def _saved_plan(tmp_path: Path, manifests: Path) -> tuple[Path, Path]:
     return task, out
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_stale_saved_plan_names_the_changed_task(
     tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -42,6 +43,7 @@ def test_a_stale_saved_plan_names_the_changed_task(
     assert run_ids(state_dir) == []  # refused before anything ran
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_stale_saved_plan_names_the_changed_manifest(
     tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -56,6 +58,7 @@ def test_a_stale_saved_plan_names_the_changed_manifest(
     assert run_ids(state_dir) == []
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_plan_changed_by_hand_is_refused(
     tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -71,7 +74,6 @@ def test_a_plan_changed_by_hand_is_refused(
     assert run_ids(state_dir) == []
 
 
-@pytest.mark.docker
 def test_a_fresh_saved_plan_applies_exactly(
     docker_client: Any, tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -101,6 +103,7 @@ def test_run_with_an_empty_task_on_stdin_is_a_usage_error(
     assert "task must not be empty" in done.stderr
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_saved_plan_is_fresh_from_another_working_directory(
     tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -120,6 +123,7 @@ def test_a_saved_plan_is_fresh_from_another_working_directory(
         check_saved_plan_fresh(plan)  # no RefusedError
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_plan_made_beside_the_packaged_manifests_is_fresh(
     tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -112,6 +112,7 @@ def _index(runtime: MemoryRuntime, entry: tuple[str, str]) -> int:
 # --- the outcome ----------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_success_runs_the_whole_sequence_in_order(scene: Scene) -> None:
     brain = BrainScript(
         [TextEvent("working\n\n"), CostEvent(usd=0.25, turns=2), DoneEvent(result="done")]
@@ -152,6 +153,7 @@ def test_success_runs_the_whole_sequence_in_order(scene: Scene) -> None:
     assert log.index(("start", "agent")) < [e[0] for e in log].index("start_forwarder")
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_failing_verify_fails_the_run_whatever_the_brain_said(scene: Scene) -> None:
     runtime = MemoryRuntime(
         BrainScript([DoneEvent(result="success - all checks passed")]),
@@ -165,6 +167,7 @@ def test_a_failing_verify_fails_the_run_whatever_the_brain_said(scene: Scene) ->
     _assert_nothing_left(runtime)
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_brain_error_fails_the_run_even_when_verify_passes(scene: Scene) -> None:
     runtime = MemoryRuntime(BrainScript([ErrorEvent(message="gave up", code="engine")]))
     result = _apply(scene, runtime)
@@ -177,6 +180,7 @@ def test_a_brain_error_fails_the_run_even_when_verify_passes(scene: Scene) -> No
     _assert_nothing_left(runtime)
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_brain_crash_fails_the_run_and_still_cleans_up(scene: Scene) -> None:
     runtime = MemoryRuntime(BrainScript([TextEvent("half a thought")], crash=True, exit_code=139))
     result = _apply(scene, runtime)
@@ -189,6 +193,7 @@ def test_a_brain_crash_fails_the_run_and_still_cleans_up(scene: Scene) -> None:
     _assert_nothing_left(runtime)
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_tripwire_stops_the_run_skips_verify_and_records_an_incident(scene: Scene) -> None:
     denied = {"decision": "deny", "host": "evil.test", "port": 443}
     runtime = MemoryRuntime(BrainScript(egress=[denied] * 5))
@@ -233,6 +238,7 @@ POINTS = (
 
 
 @pytest.mark.parametrize("point", POINTS)
+@pytest.mark.usefixtures("without_docker")
 def test_a_docker_error_at_each_point_leaves_nothing_behind(scene: Scene, point: str) -> None:
     runtime = MemoryRuntime(fail_at={point: ContainerError(f"{point}: the daemon said no")})
     with pytest.raises(KaguraError) as raised:
@@ -247,6 +253,7 @@ def test_a_docker_error_at_each_point_leaves_nothing_behind(scene: Scene, point:
     ("exc", "outcome", "code"),
     [(KeyboardInterrupt, "interrupted", 130), (Terminated, "terminated", 143)],
 )
+@pytest.mark.usefixtures("without_docker")
 def test_ctrl_c_or_sigterm_at_each_point_leaves_nothing_behind(
     scene: Scene, point: str, exc: type[BaseException], outcome: str, code: int
 ) -> None:
@@ -259,6 +266,7 @@ def test_ctrl_c_or_sigterm_at_each_point_leaves_nothing_behind(
 
 
 @pytest.mark.parametrize("point", ["create:verify", "start:verify", "exec"])
+@pytest.mark.usefixtures("without_docker")
 def test_verify_that_cannot_run_fails_closed_and_is_recorded(scene: Scene, point: str) -> None:
     runtime = MemoryRuntime(fail_at={point: ContainerError(f"{point}: no")})
     result = _apply(scene, runtime)
@@ -269,6 +277,7 @@ def test_verify_that_cannot_run_fails_closed_and_is_recorded(scene: Scene, point
     _assert_nothing_left(runtime)
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_failing_teardown_is_an_error_but_the_rest_is_still_cleaned(scene: Scene) -> None:
     """The proxy that will not go: the run was recorded, leases and containers are gone,
     and the error reaches the operator (the next start's sweep removes the proxy)."""
@@ -282,6 +291,7 @@ def test_a_failing_teardown_is_an_error_but_the_rest_is_still_cleaned(scene: Sce
         assert db.execute("SELECT COUNT(*) FROM memories").fetchone()[0] >= 1
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_an_agent_container_that_will_not_go_is_an_error_after_the_rest(scene: Scene) -> None:
     runtime = MemoryRuntime(fail_at={"remove:agent": ContainerError("remove: device busy")})
     with pytest.raises(ContainerError):
@@ -294,6 +304,7 @@ def test_an_agent_container_that_will_not_go_is_an_error_after_the_rest(scene: S
     assert _open_leases() == []
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_run_over_its_disk_budget_is_stopped_by_the_host(tmp_path: Path, state_dir: Path) -> None:
     """The brain writes past ``budget.disk`` and then stays silent: the host's disk watch
     kills its container, the run fails with the reason, and verify still decides nothing
@@ -317,6 +328,7 @@ def test_a_run_over_its_disk_budget_is_stopped_by_the_host(tmp_path: Path, state
     assert _runs(state_dir) == [("failed", 1)]
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_next_apply_removes_what_a_dead_run_left(scene: Scene) -> None:
     """A run whose applying process died (its row open, its owner gone) still had its
     container: the next apply removes it and closes the row as crashed, before it starts."""
@@ -338,6 +350,7 @@ def test_the_next_apply_removes_what_a_dead_run_left(scene: Scene) -> None:
     _assert_nothing_left(runtime)
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_verify_container_that_would_not_go_gets_a_second_try(scene: Scene) -> None:
     runtime = MemoryRuntime(fail_at={"remove:verify": ContainerError("remove: device busy")})
     result = _apply(scene, runtime)
@@ -346,6 +359,7 @@ def test_a_verify_container_that_would_not_go_gets_a_second_try(scene: Scene) ->
     _assert_nothing_left(runtime)
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_brains_api_key_stays_with_the_host_and_the_proxy(
     tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:

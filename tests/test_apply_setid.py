@@ -27,7 +27,7 @@ from apply_helpers import (
     write_task,
 )
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 SET_ID = stat.S_ISUID | stat.S_ISGID
 ATTACK = (

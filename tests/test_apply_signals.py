@@ -37,7 +37,7 @@ from apply_helpers import (
 )
 from resources import missing
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 TOKEN = "kagura-apply-canary-" + "t" * 24
 TEST_MANIFESTS: tuple[dict[str, Any], ...] = (

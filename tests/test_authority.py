@@ -292,6 +292,7 @@ def test_no_egress_entry_reaches_metadata_or_loopback_even_from_the_operator(
     assert any("reaches loopback, link-local or cloud metadata" in v for v in plan["floor"])
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_validate_and_doctor_report_the_layers_in_force(
     at_tmp: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

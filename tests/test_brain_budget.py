@@ -206,6 +206,7 @@ def _midrun(tmp_path: Path, outcome: str, *documents: dict[str, Any], **budget: 
 CEILING = {"kind": "Policy", "metadata": {"name": "cap"}, "spec": {"ceilings": {"turns": 5}}}
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_host_doubles_a_turn_budget_to_the_ceiling_then_refuses(
     tmp_path: Path, state_dir: Path
 ) -> None:
@@ -236,6 +237,7 @@ def test_the_host_doubles_a_turn_budget_to_the_ceiling_then_refuses(
     store.close()
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_host_extends_a_dollar_budget_and_silence_refuses(
     tmp_path: Path, state_dir: Path
 ) -> None:
@@ -256,6 +258,7 @@ def test_the_host_extends_a_dollar_budget_and_silence_refuses(
     store.close()
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_budget_the_run_does_not_have_is_refused(tmp_path: Path, state_dir: Path) -> None:
     midrun, asker, store = _midrun(tmp_path, "approved", turns=3)
     answer = asyncio.run(midrun.extend_budget("cost_usd", 3, 1.0, "Reached maximum budget"))

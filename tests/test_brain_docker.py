@@ -25,7 +25,7 @@ from kagura_agent.brain.streams import DockerAttachStream
 from kagura_agent.membrane import images
 from testing.fake_claude import FAKE_DIR
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 SOURCE = Path(__file__).resolve().parents[1] / "kagura_agent"
 IMAGE_PATH = "/opt/fakes:/opt/kagura/bin:/usr/local/bin:/usr/bin:/bin"

@@ -36,6 +36,7 @@ def test_a_cached_pass_is_rechecked_when_a_byte_changes(
     assert "extra.yml:5:3  $.spec.alloW  unknown key 'alloW'" in err
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_an_unwritable_cache_only_costs_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

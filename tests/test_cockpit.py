@@ -273,7 +273,6 @@ def test_a_restart_settles_runs_whose_apply_is_gone(
 # --- through real apply processes and containers ----------------------------------------
 
 
-@pytest.mark.docker
 def test_launch_without_approval_runs_and_reports(
     cockpit_world: Any, docker_client: Any, state_dir: Path
 ) -> None:
@@ -294,7 +293,6 @@ def test_launch_without_approval_runs_and_reports(
     assert f"{session.id}  succeeded" in transport.wait_for(f"{session.id}  succeeded")
 
 
-@pytest.mark.docker
 def test_approval_in_chat_is_logged_and_bound_to_the_plan(
     cockpit_world: Any, docker_client: Any, state_dir: Path
 ) -> None:
@@ -321,7 +319,7 @@ def test_approval_in_chat_is_logged_and_bound_to_the_plan(
     assert leftovers(docker_client, session.run_id or "") == []
 
 
-@pytest.mark.docker
+@pytest.mark.usefixtures("docker_client")
 def test_deny_and_silence_run_nothing(cockpit_world: Any, state_dir: Path) -> None:
     transport, start, base, _ = cockpit_world
     task = _task(base, "denied", ["true"], egress=["docs"])
@@ -339,7 +337,7 @@ def test_deny_and_silence_run_nothing(cockpit_world: Any, state_dir: Path) -> No
     assert run_ids(state_dir) == []
 
 
-@pytest.mark.docker
+@pytest.mark.usefixtures("docker_client")
 def test_a_plan_changed_after_the_request_is_refused_by_apply(
     cockpit_world: Any, state_dir: Path
 ) -> None:
@@ -357,7 +355,6 @@ def test_a_plan_changed_after_the_request_is_refused_by_apply(
     assert run_ids(state_dir) == []
 
 
-@pytest.mark.docker
 def test_kill_interrupts_the_run_and_nothing_is_left(
     cockpit_world: Any, docker_client: Any, state_dir: Path
 ) -> None:
@@ -407,6 +404,7 @@ def test_serve_refuses_a_transport_it_cannot_serve(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_request_the_chat_never_showed_still_lapses(cockpit_world: Any, state_dir: Path) -> None:
     transport, start, base, _ = cockpit_world
 
@@ -423,7 +421,6 @@ def test_a_request_the_chat_never_showed_still_lapses(cockpit_world: Any, state_
     assert run_ids(state_dir) == []
 
 
-@pytest.mark.docker
 def test_a_run_outlives_a_killed_cockpit_and_the_next_one_adopts_it(
     cockpit_world: Any, docker_client: Any, state_dir: Path
 ) -> None:
@@ -458,7 +455,6 @@ def test_a_run_outlives_a_killed_cockpit_and_the_next_one_adopts_it(
     assert leftovers(docker_client, run_id) == []
 
 
-@pytest.mark.docker
 def test_run_text_from_chat_is_a_one_off_task_with_the_llm_brain(
     cockpit_world: Any, docker_client: Any, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -544,7 +540,7 @@ def test_a_chat_launch_of_a_task_file_carrying_a_provider_is_refused(
     assert run_ids(state_dir) == []
 
 
-@pytest.mark.docker
+@pytest.mark.usefixtures("docker_client")
 def test_a_launch_that_needs_approval_always_shows_the_buttons(
     cockpit_world: Any, state_dir: Path
 ) -> None:
@@ -566,7 +562,6 @@ def test_a_launch_that_needs_approval_always_shows_the_buttons(
 # --- issue 13: kill from chat, output, concurrency ---------------------------------------
 
 
-@pytest.mark.docker
 def test_the_stop_button_stops_a_run_and_the_thread_is_told_what_it_left(
     tmp_path: Path, state_dir: Path, docker_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -612,6 +607,7 @@ def test_the_stop_button_stops_a_run_and_the_thread_is_told_what_it_left(
     assert CANARY not in out
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_kill_denies_a_pending_request(cockpit_world: Any, state_dir: Path) -> None:
     transport, start, base, _ = cockpit_world
     task = _task(base, "pending", ["true"], egress=["docs"])
@@ -626,7 +622,6 @@ def test_kill_denies_a_pending_request(cockpit_world: Any, state_dir: Path) -> N
     assert "nothing ran" in out
 
 
-@pytest.mark.docker
 def test_ten_sessions_at_once_all_finish_and_same_root_ones_never_write_together(
     cockpit_world: Any, docker_client: Any, state_dir: Path
 ) -> None:
@@ -894,7 +889,7 @@ def test_graduation_proposals_are_asked_in_the_operators_channel_and_logged_as_t
     assert (log["egress:npm"].outcome, log["egress:npm"].who) == ("timeout", "nobody")
 
 
-@pytest.mark.docker
+@pytest.mark.usefixtures("docker_client")
 def test_a_run_that_makes_a_category_eligible_gets_its_proposal_approved_from_chat(
     cockpit_world: Any, state_dir: Path
 ) -> None:
@@ -971,7 +966,6 @@ def test_a_graduation_proposal_the_chat_did_not_take_is_asked_again(
     )
 
 
-@pytest.mark.docker
 def test_a_reply_in_a_running_sessions_thread_reaches_its_brain_mid_run(
     cockpit_world: Any, docker_client: Any, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1026,7 +1020,6 @@ def test_a_reply_in_a_running_sessions_thread_reaches_its_brain_mid_run(
     assert leftovers(docker_client, session.run_id or "") == []
 
 
-@pytest.mark.docker
 def test_a_session_whose_root_is_inside_a_running_ones_is_queued(
     cockpit_world: Any, docker_client: Any, state_dir: Path
 ) -> None:

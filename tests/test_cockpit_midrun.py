@@ -35,7 +35,7 @@ from kagura_agent.membrane.egress.owner import COMPONENT_OUTBOUND, LABEL_COMPONE
 from kagura_agent.membrane.hardening import LABEL_RUN
 from kagura_agent.state import StateStore
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 MIDTOKEN = "kagura-cockpit-midrun-token-" + "q" * 20
 FILE_TOKEN = {

@@ -72,7 +72,7 @@ from kagura_agent.membrane.hardening import LABEL_RUN
 from kagura_agent.state import StateStore
 from kagura_agent.units import format_duration
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 SLACK_BOT, SLACK_APP = "xoxb-script-canary-bot-41c2", "xapp-script-canary-app-9d0e"
 DISCORD_TOKEN = "MTEwMC5zY3JpcHQ.discord-script-canary.0b7d"

@@ -19,7 +19,7 @@ from apply_helpers import leftovers, run_ids
 
 from testing.concurrent_applies import run_concurrent
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 RUNS = 5
 

@@ -27,7 +27,7 @@ from apply_helpers import (
 
 from testing.agent_test_image import ensure_agent_test_image
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 API_KEY = "sk-ant-kagura-forecast-" + "k" * 30
 

@@ -53,7 +53,7 @@ from kagura_agent.membrane.hardening import LABEL_RUN
 from kagura_agent.plan import planfile
 from kagura_agent.team import queue
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 RELABELLED = "kagura/egress-proxy-test:relabelled"
 PRIVATE = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]

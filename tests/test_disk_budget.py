@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from apply_helpers import (
     cli_env,
     kagura,
@@ -141,7 +140,6 @@ def _stopped_at_the_budget(
     assert leftovers(docker_client, run_id) == []
 
 
-@pytest.mark.docker
 def test_a_3_gib_write_is_stopped_at_the_budget(
     docker_client: Any, tmp_path: Path, state_dir: Path
 ) -> None:
@@ -149,7 +147,6 @@ def test_a_3_gib_write_is_stopped_at_the_budget(
     _stopped_at_the_budget(docker_client, tmp_path, state_dir, "disk-hog", spec)
 
 
-@pytest.mark.docker
 def test_a_3_gib_write_from_verify_is_stopped_at_the_budget(
     docker_client: Any, tmp_path: Path, state_dir: Path
 ) -> None:
@@ -158,7 +155,6 @@ def test_a_3_gib_write_from_verify_is_stopped_at_the_budget(
     _stopped_at_the_budget(docker_client, tmp_path, state_dir, "verify-hog", spec)
 
 
-@pytest.mark.docker
 def test_creating_empty_files_without_end_is_stopped_at_the_budget(
     docker_client: Any, tmp_path: Path, state_dir: Path
 ) -> None:
@@ -183,7 +179,6 @@ def test_creating_empty_files_without_end_is_stopped_at_the_budget(
     assert leftovers(docker_client, run_id) == []
 
 
-@pytest.mark.docker
 def test_writing_to_a_deleted_file_is_stopped_at_the_budget(
     docker_client: Any, tmp_path: Path, state_dir: Path
 ) -> None:

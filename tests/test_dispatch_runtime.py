@@ -45,7 +45,7 @@ from kagura_agent.clock import SystemClock
 from kagura_agent.state import StateStore
 from testing.agent_test_image import ensure_agent_test_image
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 API_KEY = "sk-ant-kagura-dispatch-" + "d" * 30
 

@@ -121,7 +121,6 @@ def _rss_kib() -> int:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
 
 
-@pytest.mark.docker
 def test_a_flooding_agent_is_stopped_at_the_log_ceiling(docker_client: Any, state_dir: Any) -> None:
     images = ensure_egress_images(docker_client)
     run_id = f"test-flood-{time.monotonic_ns()}"

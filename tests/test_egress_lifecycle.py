@@ -59,7 +59,6 @@ def _start_child(run_id: str, state: Path | None = None) -> subprocess.Popen[str
     return child
 
 
-@pytest.mark.docker
 def test_ctrl_c_removes_proxy_network_and_socket_volume(
     docker_client: Any, egress_images: dict[str, str], state_dir: Path
 ) -> None:
@@ -71,7 +70,6 @@ def test_ctrl_c_removes_proxy_network_and_socket_volume(
     assert _objects(docker_client, run_id) == []
 
 
-@pytest.mark.docker
 def test_kill_9_leftovers_are_swept_on_next_start(
     docker_client: Any, egress_images: dict[str, str], state_dir: Path
 ) -> None:
@@ -97,7 +95,6 @@ def test_kill_9_leftovers_are_swept_on_next_start(
     assert _objects(docker_client, live) == []
 
 
-@pytest.mark.docker
 def test_two_state_directories_on_one_daemon_never_sweep_each_other(
     docker_client: Any,
     egress_images: dict[str, str],

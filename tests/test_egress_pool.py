@@ -121,7 +121,6 @@ def upstream(docker_client: Any) -> Any:
         container.remove(force=True)
 
 
-@pytest.mark.docker
 def test_a_warm_session_carries_nothing_of_one_run_to_the_next(
     docker_client: Any, upstream: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -216,7 +215,6 @@ def test_a_warm_session_carries_nothing_of_one_run_to_the_next(
     assert leftovers(docker_client, run_a) == [] and leftovers(docker_client, run_b) == []
 
 
-@pytest.mark.docker
 def test_a_pooled_proxy_killed_while_idle_is_replaced(
     docker_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -238,7 +236,6 @@ def test_a_pooled_proxy_killed_while_idle_is_replaced(
     assert _pool_objects(docker_client) == {}
 
 
-@pytest.mark.docker
 def test_kill_9_of_an_apply_with_a_warm_session_leaves_nothing_after_the_next_start(
     docker_client: Any, tmp_path: Path
 ) -> None:
@@ -364,6 +361,7 @@ def test_who_answers_for_a_pooled_session(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_plan_says_whether_a_run_may_get_a_warm_session(tmp_path: Path) -> None:
     """Packaged: yes (size 2); an operator Policy with size 0: no. (A brain whose key the
     proxy injects gets no: the golden plan sdk-api-key shows ``"pool": false``.)"""

@@ -19,7 +19,7 @@ from kagura_agent.membrane.egress.proxy import PROXY_USER
 from kagura_agent.membrane.egress.squid import READY_MARKER, render_squid_conf
 from kagura_agent.membrane.runtime import ContainerError
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 # The proxy tests' own fixtures: a started session, an upstream and a no-network agent.
 egress_images = proxy_tests.egress_images
 world = proxy_tests.world

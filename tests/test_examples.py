@@ -103,6 +103,7 @@ def test_examples_show_their_point(at_root: Path, capsys: pytest.CaptureFixture[
     assert "0.16.1" in prompt and "{{" not in prompt
 
 
+@pytest.mark.usefixtures("docker_client")  # the digests Docker reports
 def test_examples_plan_with_real_facts(at_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Without --facts the real gather runs (Docker digest when reachable, else unresolved)."""
     for example in EXAMPLES:

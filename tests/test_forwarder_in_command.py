@@ -32,7 +32,7 @@ from apply_helpers import (
 
 from kagura_agent.processes import namespace_processes
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 PROBE = """python3 - > forwarder.json <<'EOF'
 import json, os, socket

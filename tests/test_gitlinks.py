@@ -180,7 +180,6 @@ def test_a_run_that_leaves_submodules_alone_changes_nothing(tmp_path: Path) -> N
     assert _git(root / "lib", "status", "--short").stdout.strip() == "?? work.txt"
 
 
-@pytest.mark.docker
 def test_an_agent_planting_a_submodule_repository_is_stopped(
     docker_client: Any, tmp_path: Path, state_dir: Path
 ) -> None:
@@ -236,7 +235,6 @@ def test_a_root_planted_as_a_repository_is_no_repository_after_the_run(tmp_path:
     assert (repo / "HEAD").exists()
 
 
-@pytest.mark.docker
 def test_an_agent_planting_its_root_as_a_repository_is_stopped(
     docker_client: Any, tmp_path: Path, state_dir: Path
 ) -> None:
@@ -262,7 +260,6 @@ def test_an_agent_planting_its_root_as_a_repository_is_stopped(
     assert leftovers(docker_client, run_id) == []
 
 
-@pytest.mark.docker
 def test_a_planted_root_repository_cannot_hold_the_run_open(
     docker_client: Any, tmp_path: Path, state_dir: Path
 ) -> None:

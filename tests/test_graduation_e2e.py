@@ -151,7 +151,7 @@ def _entry(plan: dict[str, Any], category: str) -> dict[str, Any]:
     return found
 
 
-@pytest.mark.docker
+@pytest.mark.usefixtures("docker_client")
 def test_verified_week_graduates_and_one_failure_demotes(scene: Scene) -> None:
     cat = scene.category
     manifests = ("--manifests", str(scene.manifests))
@@ -275,7 +275,7 @@ def _untrusted_memory() -> str:
     return memory.id
 
 
-@pytest.mark.docker
+@pytest.mark.usefixtures("docker_client")
 def test_brain_claiming_success_earns_no_evidence(scene: Scene) -> None:
     clock = FixedClock(datetime(2030, 1, 1, tzinfo=UTC))
     assert _apply(scene, "a", clock).exit_code == 0
@@ -293,7 +293,7 @@ def test_brain_claiming_success_earns_no_evidence(scene: Scene) -> None:
     assert _entry(_plan(scene, "b"), scene.category)["evidence"] == 0
 
 
-@pytest.mark.docker
+@pytest.mark.usefixtures("docker_client")
 def test_approval_for_one_plan_is_refused_for_another(scene: Scene) -> None:
     from kagura_agent.approvals import record_decision
     from kagura_agent.state import StateStore
@@ -348,6 +348,7 @@ def _graduate(category: str) -> None:
         store.close()
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_recalling_untrusted_memories_loses_graduated_trust(
     tmp_path: Path, state_dir: Path
 ) -> None:
@@ -369,7 +370,7 @@ def test_recalling_untrusted_memories_loses_graduated_trust(
     assert plan["memory"]["untrusted_inputs"] == ["context.include_untrusted"]
 
 
-@pytest.mark.docker
+@pytest.mark.usefixtures("docker_client")
 @pytest.mark.parametrize(
     ("step", "code"),
     [("kill -9 $PPID", "crash"), ("exit 3", "step-failed")],
@@ -395,7 +396,7 @@ def test_brain_error_with_passing_verify_is_a_recorded_failure(
     assert "'brain finished without error' exited 1" in status["last_reset_reason"]
 
 
-@pytest.mark.docker
+@pytest.mark.usefixtures("docker_client")
 def test_interactive_approval_timeout_denies_and_yes_approves(scene: Scene) -> None:
     cat = scene.category
     leader, follower = pty.openpty()  # apply asks only on a terminal

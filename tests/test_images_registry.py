@@ -38,7 +38,7 @@ from kagura_agent.plan import planfile
 from kagura_agent.team import queue
 from testing.egress_images import ensure_egress_images
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 HELLO = {"steps": ["echo pulled > out.txt"], "verify": ["grep -q pulled out.txt"]}
 
 

@@ -108,6 +108,7 @@ def _plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, obje
     return data
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_plan_json_has_one_shape_for_one_task_and_many(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -131,6 +132,7 @@ def test_plan_json_has_one_shape_for_one_task_and_many(
     assert one["changed"] is True
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_show_json_is_the_same_object(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

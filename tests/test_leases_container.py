@@ -33,7 +33,7 @@ from kagura_agent.membrane.leases import Broker, LeaseRequest, deliver, keep_fre
 from kagura_agent.state import StateStore
 from testing.moto import moto_server
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 SOURCE = Path(__file__).resolve().parents[1] / "kagura_agent"
 ROOT = {

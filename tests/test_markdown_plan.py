@@ -22,6 +22,7 @@ def _at_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("KAGURA_AGENT_STATE_DIR", str(tmp_path / "state"))
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_egress_rows_carry_their_class(capsys: pytest.CaptureFixture[str]) -> None:
     text = _markdown(capsys, "examples/dns-change/task.yml")
     rows = [line for line in text.splitlines() if line.startswith("| egress |")]
@@ -34,6 +35,7 @@ def test_egress_rows_carry_their_class(capsys: pytest.CaptureFixture[str]) -> No
     assert "the provider reaches nothing for the agent" in calls
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_approvals_section_names_each_decision_and_the_flags(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -47,11 +49,13 @@ def test_the_approvals_section_names_each_decision_and_the_flags(
     )
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_baseline_plan_says_nothing_needs_approval(capsys: pytest.CaptureFixture[str]) -> None:
     text = _markdown(capsys, "examples/hello/task.yml")
     assert "#### Approvals\n\nNothing to approve: every capability is baseline." in text
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_denied_capability_is_listed(capsys: pytest.CaptureFixture[str]) -> None:
     text = _markdown(
         capsys,

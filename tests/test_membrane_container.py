@@ -19,7 +19,7 @@ from kagura_agent.membrane.build import build
 from kagura_agent.membrane.images import image_ref, local_image_digest
 from kagura_agent.membrane.runtime import DockerRuntime
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from kagura_agent.errors import ExitCode, RefusedError
 from kagura_agent.membrane import attach, build, images
 from kagura_agent.membrane.runtime import DockerRuntime, check_image_digest, daemon_isolation_report
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 
 def _ensure(client: Any, name: str) -> str:

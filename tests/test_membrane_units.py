@@ -201,6 +201,7 @@ def test_check_mount_refuses_sockets_and_docker_sock(tmp_path: Path) -> None:
         assert check_mount("/var/run/docker.sock", str(tmp_path), writable=False) is not None
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_shared_tenancy_needs_sandbox_runtime(tmp_path: Path) -> None:
     with pytest.raises(RefusedError, match="gVisor or Kata"):
         isolation.check_tenancy(make_plan(tmp_path, tenancy="shared")["hardening"])

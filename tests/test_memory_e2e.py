@@ -29,7 +29,7 @@ import yaml
 from kagura_agent.brain.plan_turn import turn_from_plan
 from kagura_agent.membrane.hardening import LABEL_RUN
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT_UID = 1000

@@ -74,6 +74,7 @@ def _plan(root: Path, env: dict[str, str]) -> dict[str, Any]:
     return plan
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_agents_error_text_is_stored_untrusted_and_shown_quoted(
     project: tuple[Path, dict[str, str]], state_dir: Path
 ) -> None:

@@ -152,7 +152,6 @@ def test_memtool_explore_and_link_through_the_channel(
     ]
 
 
-@pytest.mark.docker
 def test_the_sdk_brain_explores_and_links_in_a_real_run(
     docker_client: Any, tmp_path: Path, state_dir: Path
 ) -> None:

@@ -43,7 +43,7 @@ from kagura_agent.membrane.hardening import LABEL_RUN
 from kagura_agent.state import StateStore
 from testing.agent_test_image import ensure_agent_test_image
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 API_KEY = "sk-ant-kagura-midrun-" + "m" * 30
 TOKEN = "kagura-midrun-token-" + "t" * 24

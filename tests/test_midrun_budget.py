@@ -30,7 +30,7 @@ from kagura_agent.approvals import history
 from kagura_agent.state import StateStore
 from testing.agent_test_image import ensure_agent_test_image
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 
 @pytest.fixture(scope="module")

@@ -209,6 +209,7 @@ def egress_policy(name: str, host: str) -> dict[str, Any]:
     return {"kind": "EgressPolicy", "metadata": {"name": name}, "spec": {"allow": [{"host": host}]}}
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_amendments_come_from_the_manifests_only(tmp_path: Path, state_dir: Path) -> None:
     c = compiled(
         tmp_path,
@@ -238,6 +239,7 @@ def test_amendments_come_from_the_manifests_only(tmp_path: Path, state_dir: Path
         amender.capability("egress", "second.example.com")
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_host_asked_for_is_granted_through_the_narrowest_policy_allowing_it(
     tmp_path: Path, state_dir: Path
 ) -> None:
@@ -266,6 +268,7 @@ def test_a_host_asked_for_is_granted_through_the_narrowest_policy_allowing_it(
     assert amender.capability("egress", "api.example.com").category == "egress:b-wild"
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_policy_denial_is_a_refusal_not_a_question(tmp_path: Path, state_dir: Path) -> None:
     deny = {
         "kind": "Policy",
@@ -300,6 +303,7 @@ def test_a_policy_denial_is_a_refusal_not_a_question(tmp_path: Path, state_dir: 
         Amender(c, c.plan).capability("egress", "second")
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_wall_extension_stops_at_the_ceiling(tmp_path: Path, state_dir: Path) -> None:
     ceiling = {
         "kind": "Policy",
@@ -319,6 +323,7 @@ def test_a_wall_extension_stops_at_the_ceiling(tmp_path: Path, state_dir: Path) 
     assert amender.plan["budget"]["wall_seconds"] == 90
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_sub_agents_budget_is_never_extended_past_what_its_parent_left_it(
     tmp_path: Path, state_dir: Path
 ) -> None:
@@ -343,6 +348,7 @@ def test_a_sub_agents_budget_is_never_extended_past_what_its_parent_left_it(
         amender.budget("turns", 6)
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_plan_its_manifests_no_longer_reproduce_cannot_be_amended(
     tmp_path: Path, state_dir: Path
 ) -> None:
@@ -405,6 +411,7 @@ def _lease_run(tmp_path: Path, outcome: Any) -> tuple[Any, Any, Any, StubAsker, 
     return midrun, lease, clock, asker, store
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_lease_budget_about_to_run_out_is_extended_when_approved(
     tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -436,6 +443,7 @@ def test_a_lease_budget_about_to_run_out_is_extended_when_approved(
     store.close()
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_an_unanswered_lease_budget_lets_the_lease_run_out(
     tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -457,6 +465,7 @@ class NoProxy:
         raise AssertionError("a denied request reloaded the proxy")
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_what_the_brain_writes_into_a_request_is_stored_scrubbed(
     tmp_path: Path, state_dir: Path
 ) -> None:

@@ -161,7 +161,6 @@ def _apply(tmp_path: Path, images: tuple[str, str], calls: int, turns: int, afte
     return plan, base_image
 
 
-@pytest.mark.docker
 def test_a_brain_that_under_reports_its_turns_is_stopped_at_the_proxy_count(
     docker_client: Any,
     images: tuple[str, str],
@@ -191,7 +190,6 @@ def test_a_brain_that_under_reports_its_turns_is_stopped_at_the_proxy_count(
     assert leftovers(docker_client, result.run_id) == []
 
 
-@pytest.mark.docker
 def test_a_brain_within_its_turn_budget_is_untouched_and_both_figures_are_kept(
     docker_client: Any,
     images: tuple[str, str],

@@ -76,6 +76,7 @@ def _malformed_saved_plan(tmp_path: Path, damage: Callable[[dict[str, Any]], Non
 
 @pytest.mark.parametrize(("damage", "message"), MALFORMED, ids=lambda v: getattr(v, "__name__", ""))
 @pytest.mark.parametrize("command", ["show", "apply", "against"])
+@pytest.mark.usefixtures("without_docker")
 def test_a_malformed_saved_plan_is_a_located_error(
     command: str,
     damage: Callable[[dict[str, Any]], None],

@@ -112,6 +112,7 @@ def _unlock(state: Path) -> None:
         path.chmod(0o644)
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_permission_bits_bind_the_commands(read_only_state: Path, tmp_path: Path) -> None:
     """The control: under the same privileges a write into the state dir is refused."""
     done = subprocess.run(
@@ -122,6 +123,7 @@ def test_permission_bits_bind_the_commands(read_only_state: Path, tmp_path: Path
     assert done.returncode != 0 and "PermissionError" in done.stderr, done.stderr
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_plan_validate_show_on_a_read_only_state_dir(read_only_state: Path, tmp_path: Path) -> None:
     before = _snapshot(read_only_state)
     saved = tmp_path / "saved.json"
@@ -140,6 +142,7 @@ def test_plan_validate_show_on_a_read_only_state_dir(read_only_state: Path, tmp_
     assert _snapshot(read_only_state) == before
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_no_state_dir_is_not_created(tmp_path: Path) -> None:
     absent = tmp_path / "no-state"
     saved = tmp_path / "saved.json"
@@ -149,6 +152,7 @@ def test_no_state_dir_is_not_created(tmp_path: Path) -> None:
         assert not absent.exists(), args
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_an_older_schema_is_read_fail_closed_and_not_migrated(
     tmp_path: Path, state_dir: Path
 ) -> None:
@@ -170,6 +174,7 @@ def test_an_older_schema_is_read_fail_closed_and_not_migrated(
     assert versions["graduation"] == 1
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_store_a_writer_holds_open_is_read_through_its_wal(
     tmp_path: Path, state_dir: Path
 ) -> None:

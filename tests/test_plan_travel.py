@@ -126,6 +126,7 @@ def test_weaker_isolation_and_a_larger_budget_refuse_a_tighter_one_does_not(
     assert not change.capability
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_hand_edits_are_refused_whichever_part_they_touch(tmp_path: Path, state_dir: Path) -> None:
     manifests = manifest_set(tmp_path)
     task = write_task(make_project(tmp_path), "edited", HELLO)
@@ -164,7 +165,6 @@ def test_hand_edits_are_refused_whichever_part_they_touch(tmp_path: Path, state_
     assert run_ids(state_dir) == []
 
 
-@pytest.mark.docker
 def test_a_plan_made_with_one_state_dir_applies_with_another(
     docker_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

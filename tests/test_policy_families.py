@@ -126,6 +126,7 @@ def test_a_registrable_domain_under_a_public_suffix_is_fine(
     assert main(["validate", "--manifests", "ops", "task.yml"]) == 0, capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_repeated_plan_does_not_load_the_suffix_list_again(tmp_path: Path) -> None:
     """The packaged set has a wildcard (*.amazonaws.com): the first plan checks it against
     the list, later plans answer from the pass cache and stay fast."""

@@ -96,6 +96,7 @@ def test_pre_commit_accepts_the_hooks_file() -> None:
     assert [hook["id"] for hook in HOOKS] == ["kagura-validate", "kagura-plan"]
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_hooks_pass_a_valid_repository(repo: Path) -> None:
     done = _pre_commit(repo, "run", "--all-files")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -111,6 +112,7 @@ def test_kagura_validate_fails_a_mistyped_task(repo: Path) -> None:
     assert "tasks/typo.task.yml:6:3  $.spec.egres  unknown key 'egres'" in done.stdout
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_kagura_plan_fails_a_task_whose_plan_is_not_applyable(repo: Path) -> None:
     (repo / "tasks" / "share.task.yml").write_text(
         TASK.format(name="share", extra="  egress: [paste]\n")

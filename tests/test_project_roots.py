@@ -200,6 +200,7 @@ def _docs_workspace() -> dict[str, Any]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+@pytest.mark.usefixtures("without_docker")
 def test_a_declared_workspace_root_lifts_only_the_soft_rules(
     tmp_path: Path, env: dict[str, str]
 ) -> None:

@@ -37,6 +37,7 @@ def _plan(project: Path, capsys: pytest.CaptureFixture[str], *argv: str) -> dict
     return plan
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_task_file_and_manifest_folder_in_the_root_are_mounted_read_only(
     tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -162,6 +163,7 @@ def test_git_metadata_is_read_only_unless_the_operator_allows_it(
     assert protected("--manifests", str(ops)) == ["/workspace/task.yml"]
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_inputs_that_do_not_exist_yet_are_protected_as_placeholders(
     tmp_path: Path,
     state_dir: Path,

@@ -101,6 +101,7 @@ def _readme_apply_line() -> list[str]:
     return shlex.split(line.split("#")[0])[1:]
 
 
+@pytest.mark.usefixtures("docker_client")
 def test_readme_approval_example_passes_the_approvals(tmp_path: Path, env: dict[str, str]) -> None:
     """As written it gets past approvals (it stops at the Cloudflare secret, unset here)."""
     project = tmp_path / "examples" / "dns-change"
@@ -112,6 +113,7 @@ def test_readme_approval_example_passes_the_approvals(tmp_path: Path, env: dict[
     assert "no approval" not in done.stderr
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_partial_approval_names_the_missing_flag(tmp_path: Path, env: dict[str, str]) -> None:
     project = tmp_path / "examples" / "dns-change"
     shutil.copytree(ROOT / "examples" / "dns-change", project)

@@ -103,6 +103,7 @@ def _review(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_comment_body(repo: Path) -> None:
     _write(repo, "manifests/mirror.yml", MIRROR.format(host="mirror2.example.com"))
     _git(repo, "commit", "-q", "-am", "move the mirror")
@@ -133,6 +134,7 @@ def test_nothing_to_plan_says_so(repo: Path) -> None:
     )
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_broken_task_is_reported_in_the_comment(repo: Path) -> None:
     _write(repo, "tasks/broken.task.yml", TASK.format(name="broken", extra="  egres: [x]\n"))
     _git(repo, "add", "-A")

@@ -16,7 +16,7 @@ from apply_helpers import REPO, cli_env, leftovers, make_project, manifest_set, 
 
 from testing.agent_test_image import ensure_agent_test_image
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 API_KEY = "sk-ant-kagura-canary-" + "r" * 30
 

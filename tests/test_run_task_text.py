@@ -12,6 +12,7 @@ from kagura_agent.manifest.adhoc import write_adhoc_task
 from kagura_agent.plan.build import plan_tasks
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_template_syntax_in_the_text_is_kept_verbatim(
     state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -25,6 +26,7 @@ def test_template_syntax_in_the_text_is_kept_verbatim(
     assert plan["task"]["project_root"] == str(project.resolve())
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_one_off_tasks_written_at_the_same_instant_are_two_files(
     state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

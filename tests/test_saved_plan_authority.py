@@ -77,6 +77,7 @@ def _apply(plan: Path, env: dict[str, str], cwd: Path) -> subprocess.CompletedPr
     return _kagura(["apply", "--json", str(plan)], env, cwd)
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_plan_written_where_a_run_could_write_is_refused(
     tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -133,6 +134,7 @@ def test_a_plan_written_where_a_run_could_write_is_refused(
     assert "run-agent1" not in error["message"] and "host" in error["message"], error["message"]
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_manifest_folder_a_run_could_write_is_no_operator_folder(
     tmp_path: Path, state_dir: Path
 ) -> None:
@@ -157,6 +159,7 @@ def test_a_manifest_folder_a_run_could_write_is_no_operator_folder(
         assert "run-agent2" in done.stderr and "egress.yml" in done.stderr, done.stderr
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_task_file_a_run_could_write_is_no_operators_request(
     tmp_path: Path, state_dir: Path
 ) -> None:
@@ -183,6 +186,7 @@ def test_a_task_file_a_run_could_write_is_no_operators_request(
     assert again.returncode == 0, again.stderr
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_state_choice_a_run_could_write_chooses_no_store(tmp_path: Path, state_dir: Path) -> None:
     """The State manifest is read before anything else, from ``./manifests`` wherever the
     operator stands, and names the store that holds graduation, approvals and the lease

@@ -73,6 +73,7 @@ def test_foreign_checkpoint_names_the_owner(tmp_path: Path, state_dir: Path) -> 
         assert "names no owner" in str(foreign_checkpoint(store, "legacy", mine))
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_another_task_cannot_resume_the_session(tmp_path: Path, state_dir: Path) -> None:
     alpha, beta = _plan(tmp_path, "alpha", "shared"), _plan(tmp_path, "beta", "shared")
     _interrupted(alpha)
@@ -88,6 +89,7 @@ def test_another_task_cannot_resume_the_session(tmp_path: Path, state_dir: Path)
     assert kept is not None and kept.brain_session_id == "brain-conversation-of-alpha"
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_owner_resumes_its_session(tmp_path: Path, state_dir: Path) -> None:
     alpha = _plan(tmp_path, "alpha", "mine")
     _interrupted(alpha)

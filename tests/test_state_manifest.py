@@ -78,7 +78,6 @@ def test_commands_without_manifests_read_the_default_folders_state(
         assert not (state_dir / "state.db").exists()
 
 
-@pytest.mark.docker
 def test_apply_with_manifests_and_its_children_use_that_folders_state(
     folder: Path, tmp_path: Path, state_dir: Path, postgres_server: Any, docker_client: Any
 ) -> None:

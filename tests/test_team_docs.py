@@ -22,7 +22,7 @@ from team_helpers import queue_url, wait_registered  # noqa: F401 - the fixture
 
 from kagura_agent.state import StateStore
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 
 def state_manifest() -> str:

@@ -35,7 +35,7 @@ from team_helpers import (  # noqa: F401 - fixtures
 from kagura_agent.team import queue
 from testing.fake_cloudflare import ROOT_TOKEN
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 APPEND = "echo applied >> applied.txt; sleep 1"
 

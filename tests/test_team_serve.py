@@ -25,7 +25,7 @@ from test_team_runners import cloudflare_provider
 from kagura_agent.team import queue
 from testing.fake_cloudflare import ROOT_TOKEN
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 
 class Serve:

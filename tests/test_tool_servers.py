@@ -103,6 +103,7 @@ def _tool_world(tmp_path: Path, *, baseline: bool) -> tuple[Path, Path]:
     return manifests, task
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_apply_refuses_an_unapproved_tool_server(tmp_path: Path, state_dir: Path) -> None:
     manifests, task = _tool_world(tmp_path, baseline=False)
     env = cli_env(state_dir, ANTHROPIC_API_KEY="sk-ant-unused-" + "x" * 30)
@@ -117,6 +118,7 @@ def test_apply_refuses_an_unapproved_tool_server(tmp_path: Path, state_dir: Path
     assert plan["tool_servers"][0]["class"] == "baseline", plan["tool_servers"]
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_documented_example_plans_as_the_docs_show(tmp_path: Path, state_dir: Path) -> None:
     docs, task = example()
     manifests = manifest_set(
@@ -134,6 +136,7 @@ def test_the_documented_example_plans_as_the_docs_show(tmp_path: Path, state_dir
     assert done.returncode == 6 and "toolserver:notes" in done.stderr, done.stderr
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_policy_can_deny_a_tool_server(tmp_path: Path, state_dir: Path) -> None:
     docs, task = example()
     stdio_only = {
@@ -280,6 +283,7 @@ def test_the_brains_own_server_names_are_reserved() -> None:
     assert set(RESERVED_NAMES) == {MEMORY_SERVER, DISPATCH_SERVER}
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_an_http_tool_server_cannot_reach_loopback_or_metadata(
     tmp_path: Path, state_dir: Path
 ) -> None:
@@ -305,6 +309,7 @@ def test_an_http_tool_server_cannot_reach_loopback_or_metadata(
     assert "127.0.0.0/8" in floor and "169.254.169.254/32" in floor, plan["floor"]
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_one_off_run_asks_for_tool_servers_by_name(
     tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -328,6 +333,7 @@ def test_a_one_off_run_asks_for_tool_servers_by_name(
     assert plan["image"]["name"] == "mcp-tools"
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_graduation_baseline_can_grant_a_tool_server(tmp_path: Path, state_dir: Path) -> None:
     manifests, task = _tool_world(tmp_path, baseline=False)
     (manifests / "zz-baseline.yml").write_text(

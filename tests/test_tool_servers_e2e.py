@@ -46,7 +46,7 @@ from kagura_agent.membrane.hardening import LABEL_RUN
 from testing.agent_test_image import MCP_SERVER, ensure_agent_test_image
 from testing.cli_options import option
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 REPO = Path(__file__).resolve().parents[1]
 API_KEY = "sk-ant-kagura-canary-" + "t" * 30

@@ -31,7 +31,7 @@ from apply_helpers import (
 
 from kagura_agent.clock import FixedClock
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 TOKEN = "kagura-tripwire-canary-" + "w" * 24
 EXFIL = (

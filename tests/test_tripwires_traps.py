@@ -39,7 +39,7 @@ from test_cockpit import cockpit_world  # noqa: F401 - the fixture
 from test_tripwires import MANIFESTS as EGRESS_MANIFESTS
 from test_tripwires import TOKEN, _graduate
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 ROOT = Path(__file__).resolve().parents[1]
 
 CANARY = "/home/agent/.git-credentials"

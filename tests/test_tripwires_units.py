@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from apply_helpers import cli_env, kagura, make_project, manifest_set, write_task
 
 from kagura_agent.apply.inotify import Watcher, describe
@@ -115,6 +116,7 @@ def test_the_canary_value_in_egress_or_output_trips() -> None:
     assert list(tripwire.egress_log) == [event]
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_documented_knobs_plan_as_documented(tmp_path: Path, state_dir: Path) -> None:
     page = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
     [block] = [b for b in re.findall(r"```yaml\n(.*?)```", page, re.S) if "canary_file" in b]

@@ -32,7 +32,7 @@ from apply_helpers import (
 
 from testing.agent_test_image import ensure_agent_test_image
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 PROBES = Path(__file__).parent / "probes"
 CANARY_PREFIX = "kagura-verify-canary-"

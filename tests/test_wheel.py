@@ -19,7 +19,7 @@ CLEAN_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [
@@ -56,22 +56,24 @@ def _run(env_dir: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[st
             "PATH": "/usr/bin:/bin",
             "HOME": str(cwd / "home"),
             "KAGURA_AGENT_STATE_DIR": str(cwd / "state"),
+            # The test's Docker (tests/conftest.py: none, unless it uses docker_client).
+            **{k: v for k, v in os.environ.items() if k == "DOCKER_HOST"},
         },
     )
 
 
-def test_wheel_carries_schemas_and_default_manifests(installed: Path, tmp_path: Path) -> None:
-    version = _run(installed, "--version", cwd=tmp_path)
+def test_wheel_carries_schemas_and_default_manifests(installed_wheel: Path, tmp_path: Path) -> None:
+    version = _run(installed_wheel, "--version", cwd=tmp_path)
     assert version.returncode == 0 and "kagura-agent" in version.stdout
-    schema = _run(installed, "schema", "EgressPolicy", "--path", cwd=tmp_path)
+    schema = _run(installed_wheel, "schema", "EgressPolicy", "--path", cwd=tmp_path)
     assert schema.returncode == 0
     assert "/site-packages/kagura_agent/data/schemas/egresspolicy.json" in schema.stdout
-    valid = _run(installed, "validate", cwd=tmp_path)
+    valid = _run(installed_wheel, "validate", cwd=tmp_path)
     assert valid.returncode == 0, valid.stderr
     assert "site-packages/kagura_agent/data/manifests" in valid.stdout
 
 
-def test_wheel_plans_a_task_outside_the_checkout(installed: Path, tmp_path: Path) -> None:
+def test_wheel_plans_a_task_outside_the_checkout(installed_wheel: Path, tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()
     project.chmod(0o777)  # the agent (uid 1000 when we are root) may write it
@@ -80,32 +82,36 @@ def test_wheel_plans_a_task_outside_the_checkout(installed: Path, tmp_path: Path
         "apiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: outside}\n"
         "spec: {steps: [echo hi > hi.txt], verify: [test -f hi.txt]}\n"
     )
-    result = _run(installed, "plan", "--json", str(task), cwd=tmp_path)
+    result = _run(installed_wheel, "plan", "--json", str(task), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["plans"][0]["plan"]["applyable"] is True
     assert str(ROOT) not in result.stdout
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_wheel_lists_and_finds_the_image_recipes_outside_the_checkout(
-    installed: Path, tmp_path: Path
+    installed_wheel: Path, tmp_path: Path
 ) -> None:
     from kagura_agent.membrane.images import recipe_digest
 
-    listing = _run(installed, "images", "list", "--json", cwd=tmp_path)
+    listing = _run(installed_wheel, "images", "list", "--json", cwd=tmp_path)
     assert listing.returncode == 0, listing.stderr
     rows = {row["name"]: row for row in json.loads(listing.stdout)["images"]}
     assert list(rows) == ["base", "python", "agent", "egress-proxy"]
     # The packaged recipes are the checkout's, byte for byte.
     for name, row in rows.items():
         assert row["recipe_digest"] == recipe_digest(ROOT / "images" / name)
-    plan = _run(installed, "plan", "--json", str(ROOT / "examples/hello/task.yml"), cwd=tmp_path)
+    plan = _run(
+        installed_wheel, "plan", "--json", str(ROOT / "examples/hello/task.yml"), cwd=tmp_path
+    )
     assert plan.returncode == 0, plan.stderr
     recipe = json.loads(plan.stdout)["plans"][0]["plan"]["image"]
     assert recipe["recipe_digest"] == recipe_digest(ROOT / "images" / "agent"), recipe
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_wheel_synthesises_a_buildable_source_for_the_agent_image(
-    installed: Path, tmp_path: Path
+    installed_wheel: Path, tmp_path: Path
 ) -> None:
     """Outside a checkout the agent image's wheelhouse is built from the installed package."""
     out = tmp_path / "src"
@@ -117,7 +123,7 @@ def test_wheel_synthesises_a_buildable_source_for_the_agent_image(
         "    shutil.copytree(root, sys.argv[1])\n"
     )
     made = subprocess.run(
-        [str(installed / "bin" / "python"), "-c", script, str(out)],
+        [str(installed_wheel / "bin" / "python"), "-c", script, str(out)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
