@@ -45,6 +45,9 @@ import yaml
 
 from kagura_agent.membrane import images
 
+# KAGURA_BENCH_QUICK=1 (CI, tests/test_benches.py): one iteration at small sizes, to show
+# the bench still runs and ends with its RESULT line; its numbers mean nothing then.
+QUICK = os.environ.get("KAGURA_BENCH_QUICK") == "1"
 REPO = Path(__file__).resolve().parents[1]
 POLICY = {
     "apiVersion": "kagura.dev/v1",
@@ -209,7 +212,7 @@ def _summary(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=1 if QUICK else 7)
     parser.add_argument("--cold", action="store_true", help="cold applies only (no pool)")
     args = parser.parse_args()
     ref = images.image_ref("agent")
@@ -241,7 +244,7 @@ def main() -> None:
             cold, warm, runs = [], [], []
             cold_phases: dict[str, list[float]] = defaultdict(list)
             warm_phases: dict[str, list[float]] = defaultdict(list)
-            for _ in range(max(5, args.runs)):
+            for _ in range(args.runs if QUICK else max(5, args.runs)):
                 if keeper is not None:
                     # Off the clock: the keeper has an idle session (a pool that keeps up).
                     _wait_idle(state, keeper)

@@ -44,11 +44,16 @@ def _project(base: Path, name: str, steps: int) -> Path:
     return task
 
 
+# KAGURA_BENCH_QUICK=1 (CI, tests/test_benches.py): one iteration at small sizes, to show
+# the bench still runs and ends with its RESULT line; its numbers mean nothing then.
+QUICK = os.environ.get("KAGURA_BENCH_QUICK") == "1"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--samples", type=int, default=60)
+    parser.add_argument("--runs", type=int, default=1 if QUICK else 10)
+    parser.add_argument("--steps", type=int, default=3 if QUICK else 150)
+    parser.add_argument("--samples", type=int, default=3 if QUICK else 60)
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="kagura-bench-cockpit-"))
     os.environ["KAGURA_AGENT_STATE_DIR"] = str(base / "state")

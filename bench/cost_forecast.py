@@ -41,11 +41,16 @@ sys.path.insert(0, str(REPO))
 
 from testing.agent_test_image import ensure_agent_test_image  # noqa: E402 - after the path
 
+# KAGURA_BENCH_QUICK=1 (CI, tests/test_benches.py): one iteration at small sizes, to show
+# the bench still runs and ends with its RESULT line; its numbers mean nothing then.
+QUICK = os.environ.get("KAGURA_BENCH_QUICK") == "1"
 # The sleep is the task's own work, long enough that apply's fixed overhead (proxy,
 # container, verify: ~10 s, noisy on a loaded machine) does not dominate the wall time.
 CENTRE = {"turns": 12, "input_tokens": 40_000, "output_tokens": 6_000, "usd": 0.30, "sleep": 20.0}
+if QUICK:  # the fewest runs that make a forecast (budget_min_runs), and little work
+    CENTRE = {**CENTRE, "turns": 2, "sleep": 1.0}
 SPREAD = 0.2
-HISTORY = 8
+HISTORY = 3 if QUICK else 8
 
 
 def _draw(rng: random.Random) -> dict[str, Any]:

@@ -32,7 +32,10 @@ from kagura_agent.memory.postgres import PgMemoryStore
 from kagura_agent.state_pg import close_pools
 
 ROOT = Path(__file__).resolve().parent.parent
-SIZE = 100_000
+# KAGURA_BENCH_QUICK=1 (CI, tests/test_benches.py): one iteration at small sizes, to show
+# the bench still runs and ends with its RESULT line; its numbers mean nothing then.
+QUICK = os.environ.get("KAGURA_BENCH_QUICK") == "1"
+SIZE = 1000 if QUICK else 100_000
 BATCH = 1000
 
 
