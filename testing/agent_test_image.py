@@ -18,6 +18,7 @@ otherwise reused.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import tarfile
@@ -27,6 +28,8 @@ from typing import Any
 from kagura_agent.membrane import images
 from kagura_agent.membrane.build import CONTAINER_PYTHON
 from testing.fake_claude import FAKE_DIR
+
+LOCK = "/tmp/kagura-agent-test-image.lock"
 
 REPO = Path(__file__).resolve().parents[1]
 LABEL_INPUTS = "dev.kagura.test-inputs"
@@ -126,15 +129,33 @@ def ensure_agent_test_image(client: Any, *, real_cli: bool = False) -> str:
     # One tag per input digest: checkouts testing concurrently on one daemon (worktrees)
     # must not rebuild each other's image under a run (its digest is in the plan).
     ref = f"{test_image_ref()}-{'real-' if real_cli else ''}{digest[:12]}"
+    if _built(client, ref, digest):
+        return ref
+    # Parallel test workers (pytest-xdist) ask at once: one builds, the others wait for it.
+    with open(LOCK, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _built(client, ref, digest):
+            return ref
+        dockerfile = template.format(
+            log=FAKE_LOG,
+            label=LABEL_INPUTS,
+            digest=digest,
+            site=SITE_PACKAGES,
+            recipe=recipe_start(),
+        )
+        _build(client, ref, agent, files, dockerfile)
+    return ref
+
+
+def _built(client: Any, ref: str, digest: str) -> bool:
     try:
         labels = client.images.get(ref).labels or {}
     except Exception:  # docker.errors.ImageNotFound: build it
         labels = {}
-    if labels.get(LABEL_INPUTS) == digest:
-        return ref
-    dockerfile = template.format(
-        log=FAKE_LOG, label=LABEL_INPUTS, digest=digest, site=SITE_PACKAGES, recipe=recipe_start()
-    )
+    return labels.get(LABEL_INPUTS) == digest
+
+
+def _build(client: Any, ref: str, agent: str, files: dict[str, Path], dockerfile: str) -> None:
     client.images.build(
         fileobj=_context(files, dockerfile),
         custom_context=True,
@@ -144,4 +165,3 @@ def ensure_agent_test_image(client: Any, *, real_cli: bool = False) -> str:
         forcerm=True,
         network_mode="none",
     )
-    return ref

@@ -5,6 +5,7 @@ forwarder. Nothing is ever sent beyond these containers and the test's own liste
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -22,7 +23,7 @@ from kagura_agent.state import StateStore
 from testing.egress_images import ensure_egress_images, start_forwarder
 from testing.fake_anthropic import SCRIPT as FAKE_ANTHROPIC_SCRIPT
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 TEST_LABEL = {"dev.kagura.test": "egress"}
 PRIVATE = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
@@ -139,27 +140,32 @@ def _leftovers(client: Any, run_id: str) -> list[str]:
     return found + [n.name for n in client.networks.list(filters={"label": label})]
 
 
-@pytest.fixture()
-def world(docker_client: Any, egress_images: dict[str, str], state_dir: Any) -> Iterator[World]:
+@contextlib.contextmanager
+def _world(
+    client: Any, egress_images: dict[str, str], store: StateStore | None = None
+) -> Iterator[World]:
+    """A run's proxy with an upstream behind it and an agent container in front."""
     run_id = f"test-{time.monotonic_ns()}"
     events: list[dict[str, Any]] = []
-    session = EgressSession.start(docker_client, {"egress": PLAN_EGRESS}, run_id, events.append)
+    session = EgressSession.start(
+        client, {"egress": PLAN_EGRESS}, run_id, events.append, store=store
+    )
     created: list[Any] = []
     try:
-        upstream = docker_client.containers.create(
+        upstream = client.containers.create(
             egress_images["base"],
             ["python3", "-c", UPSTREAM],
             labels=TEST_LABEL,
             network=session.outbound_network,
             networking_config={
-                session.outbound_network: docker_client.api.create_endpoint_config(aliases=ALIASES)
+                session.outbound_network: client.api.create_endpoint_config(aliases=ALIASES)
             },
         )
         created.append(upstream)
         net = session.agent_network_config()
-        agent = docker_client.containers.create(
+        agent = client.containers.create(
             egress_images["base"],
-            ["sleep", "600"],
+            ["sleep", "3600"],
             labels=TEST_LABEL,
             user="1000:1000",
             cap_drop=["ALL"],
@@ -173,13 +179,36 @@ def world(docker_client: Any, egress_images: dict[str, str], state_dir: Any) -> 
         agent.start()
         start_forwarder(agent, net)
         _wait_log(upstream, "ready")
-        yield World(docker_client, session, upstream, agent, events)
+        yield World(client, session, upstream, agent, events)
     finally:
         for container in created:
             container.remove(force=True)
         session.close()
         session.close()  # a test may have closed it while the agent still mounted the socket
-    assert _leftovers(docker_client, run_id) == []
+    assert _leftovers(client, run_id) == []
+
+
+@pytest.fixture()
+def world(docker_client: Any, egress_images: dict[str, str], state_dir: Any) -> Iterator[World]:
+    """A world of the test's own: for tests that close, kill or count what it saw."""
+    with _world(docker_client, egress_images) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def probe_world(
+    docker_client: Any,
+    egress_images: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[World]:
+    """One world for the tests that only probe it (they close, kill and count nothing):
+    started once, on one pytest-xdist worker (tests/resources.py GROUPS)."""
+    store = StateStore(tmp_path_factory.mktemp("probe-state") / "state.db")
+    try:
+        with _world(docker_client, egress_images, store) as made:
+            yield made
+    finally:
+        store.close()
 
 
 def _status(output: str) -> str:
@@ -251,29 +280,29 @@ def test_plain_http_only_where_an_entry_says_so(world: World) -> None:
     assert reasons == ["scheme-not-allowed", "allowed", "scheme-not-allowed"]
 
 
-def test_wildcard_allows_subdomains_not_the_domain_itself(world: World) -> None:
-    code, out = world.through_proxy("http://a.wild.test:8443/")
+def test_wildcard_allows_subdomains_not_the_domain_itself(probe_world: World) -> None:
+    code, out = probe_world.through_proxy("http://a.wild.test:8443/")
     assert code == 0 and _status(out) == "200", out
-    code, out = world.through_proxy("http://wild.test:8443/")
+    code, out = probe_world.through_proxy("http://wild.test:8443/")
     assert "response 403" in out
 
 
-def test_direct_tcp_from_the_agent_fails(world: World) -> None:
-    ip = world.upstream_ip()
-    code, out = world.sh(f"curl -sS --noproxy '*' --connect-timeout 3 http://{ip}:8443/ 2>&1")
+def test_direct_tcp_from_the_agent_fails(probe_world: World) -> None:
+    ip = probe_world.upstream_ip()
+    code, out = probe_world.sh(f"curl -sS --noproxy '*' --connect-timeout 3 http://{ip}:8443/ 2>&1")
     assert code != 0, out
     probe = (
         f"import socket; s = socket.socket(); s.settimeout(3); print(s.connect_ex(('{ip}', 8443)))"
     )
-    code, out = world.sh(f'python3 -c "{probe}"')
+    code, out = probe_world.sh(f'python3 -c "{probe}"')
     assert out.strip() != "0", out
 
 
-def test_dns_lookup_from_the_agent_fails(world: World) -> None:
+def test_dns_lookup_from_the_agent_fails(probe_world: World) -> None:
     for name in ("allowed.test", "unlisted.test"):
-        code, out = world.sh(f"getent hosts {name}")
+        code, out = probe_world.sh(f"getent hosts {name}")
         assert code != 0 and out == "", out
-    code, out = world.sh(
+    code, out = probe_world.sh(
         "python3 -c \"import socket; socket.getaddrinfo('allowed.test', 443)\" 2>&1"
     )
     assert code != 0 and "gaierror" in out
@@ -327,30 +356,30 @@ def test_proxy_that_exits_at_start_is_a_setup_error(
     assert _leftovers(docker_client, run_id) == []
 
 
-def test_tunnel_carries_large_bodies_intact_through_the_socket(world: World) -> None:
+def test_tunnel_carries_large_bodies_intact_through_the_socket(probe_world: World) -> None:
     expected = hashlib.sha256(bytes(range(251)) * 33421).hexdigest()
-    code, out = world.sh(
+    code, out = probe_world.sh(
         "curl -sS -p --max-time 20 http://allowed.test:8443/big | sha256sum | cut -d' ' -f1"
     )
     assert (code, out.strip()) == (0, expected)
     # Several at once: each connection is its own pair of relays.
-    code, out = world.sh(
+    code, out = probe_world.sh(
         "for i in 1 2 3 4; do (curl -sS -p --max-time 20 http://allowed.test:8443/big"
         " | sha256sum | cut -d' ' -f1) & done; wait"
     )
     assert (code, out.split()) == (0, [expected] * 4)
 
 
-def test_components_are_labelled(world: World) -> None:
-    label = f"dev.kagura.run={world.session.run_id}"
-    nets = world.client.networks.list(filters={"label": label})
+def test_components_are_labelled(probe_world: World) -> None:
+    label = f"dev.kagura.run={probe_world.session.run_id}"
+    nets = probe_world.client.networks.list(filters={"label": label})
     assert sorted(n.attrs["Labels"][LABEL_COMPONENT] for n in nets) == ["egress-outbound"]
-    volumes = world.client.api.volumes(filters={"label": label})["Volumes"]
+    volumes = probe_world.client.api.volumes(filters={"label": label})["Volumes"]
     assert [v["Labels"][LABEL_COMPONENT] for v in volumes] == ["egress-socket"]
-    world.agent.reload()
-    assert world.agent.attrs["HostConfig"]["NetworkMode"] == "none"
-    (mount,) = world.agent.attrs["Mounts"]
-    assert (mount["Name"], mount["RW"]) == (world.session.socket_volume, False)
+    probe_world.agent.reload()
+    assert probe_world.agent.attrs["HostConfig"]["NetworkMode"] == "none"
+    (mount,) = probe_world.agent.attrs["Mounts"]
+    assert (mount["Name"], mount["RW"]) == (probe_world.session.socket_volume, False)
 
 
 def _raw_reasons(world: World) -> list[tuple[str, str]]:
@@ -390,9 +419,9 @@ def test_suffix_and_prefix_attacks_on_a_wildcard_are_denied(world: World) -> Non
     ]
 
 
-def test_the_proxy_container_is_hardened_itself(world: World) -> None:
-    world.session.proxy.reload()
-    attrs = world.session.proxy.attrs
+def test_the_proxy_container_is_hardened_itself(probe_world: World) -> None:
+    probe_world.session.proxy.reload()
+    attrs = probe_world.session.proxy.attrs
     host = attrs["HostConfig"]
     assert host["CapDrop"] == ["ALL"] and not host.get("CapAdd")
     assert host["ReadonlyRootfs"] is True
@@ -403,7 +432,7 @@ def test_the_proxy_container_is_hardened_itself(world: World) -> None:
     assert attrs["Config"]["User"] == "13:13"
     assert host["NetworkMode"] != "host" and not host.get("Binds")
     # And from inside: no capability in any set, and the root is really read-only.
-    result = world.session.proxy.exec_run(
+    result = probe_world.session.proxy.exec_run(
         [
             "sh",
             "-c",
@@ -484,12 +513,12 @@ def _interface_address(name: str) -> str:
     return sockets.inet_ntoa(packed[20:24])
 
 
-def test_no_route_but_the_proxy_host_listeners_are_unreachable(world: World) -> None:
+def test_no_route_but_the_proxy_host_listeners_are_unreachable(probe_world: World) -> None:
     """Listeners the host binds on 0.0.0.0, on the run network's gateway and on docker0:
     a plain container reaches them (the control); the agent reaches none of them."""
     import socket as sockets
 
-    outbound = world.client.networks.get(world.session.outbound_network)
+    outbound = probe_world.client.networks.get(probe_world.session.outbound_network)
     gateway = outbound.attrs["IPAM"]["Config"][0]["Gateway"]
     docker0 = _interface_address("docker0")
     listeners = []
@@ -509,17 +538,17 @@ def test_no_route_but_the_proxy_host_listeners_are_unreachable(world: World) -> 
             "    print(ip, port, s.connect_ex((ip, port)))\n"
         )
         argv = ["python3", "-c", probe, *(f"{ip}:{port}" for ip, port in targets)]
-        control = world.upstream.exec_run(argv).output.decode().split("\n")
+        control = probe_world.upstream.exec_run(argv).output.decode().split("\n")
         assert all(line.endswith(" 0") for line in control if line), control
-        result = world.agent.exec_run(argv).output.decode().split("\n")
+        result = probe_world.agent.exec_run(argv).output.decode().split("\n")
         codes = [line.rsplit(" ", 1)[1] for line in result if line]
         assert len(codes) == len(targets) and "0" not in codes, result
     finally:
         for listener in listeners:
             listener.close()
     # Loopback is the agent's only interface; the proxy path still works.
-    assert world.sh("ls /sys/class/net")[1].split() == ["lo"]
-    code, out = world.through_proxy("http://allowed.test:8443/")
+    assert probe_world.sh("ls /sys/class/net")[1].split() == ["lo"]
+    code, out = probe_world.through_proxy("http://allowed.test:8443/")
     assert code == 0 and _status(out) == "200", out
 
 
