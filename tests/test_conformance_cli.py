@@ -30,7 +30,7 @@ from testing.agent_test_image import ensure_agent_test_image
 from testing.egress_images import ensure_egress_images
 from testing.fake_messages_api import key_marker
 
-pytestmark = [pytest.mark.docker, pytest.mark.conformance]
+pytestmark = [pytest.mark.usefixtures("docker_client"), pytest.mark.conformance]
 
 
 @pytest.fixture(scope="module")

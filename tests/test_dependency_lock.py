@@ -205,7 +205,6 @@ def test_the_wheelhouse_names_the_sdk_and_the_cli_it_bundles(tmp_path: Path) -> 
     }
 
 
-@pytest.mark.docker
 def test_the_agent_image_bakes_what_the_lock_pins_and_the_plan_shows_it(
     docker_client: Any, tmp_path: Path
 ) -> None:

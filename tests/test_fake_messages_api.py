@@ -278,7 +278,6 @@ cat /w/cli.out; echo; echo "FILE $(cat /w/out.txt | tr '\\n' ' ')"; echo "RECORD
 """
 
 
-@pytest.mark.docker
 def test_the_bundled_cli_completes_a_scripted_task_against_it(docker_client: Any) -> None:
     """The real CLI (in the agent image, no network but its own loopback) streams three
     turns, recovers from a 529, really writes and edits a file, and reports the turns."""

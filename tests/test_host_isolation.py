@@ -203,7 +203,6 @@ def _git_init(folder: Path) -> None:
     subprocess.run(["git", "init", "-q", str(folder)], check=True)
 
 
-@pytest.mark.docker
 def test_a_dispatch_from_a_running_agent_imports_nothing_it_wrote(
     docker_client: Any, tmp_path: Path, state_dir: Path, marks: Path
 ) -> None:
@@ -268,7 +267,6 @@ def test_a_host_runtime_brain_and_its_verify_import_nothing_from_the_root(
     assert (project / "host.txt").read_text() == "ran\n"
 
 
-@pytest.mark.docker
 def test_a_serve_launch_imports_nothing_from_where_serve_runs(
     docker_client: Any, tmp_path: Path, state_dir: Path, marks: Path
 ) -> None:
@@ -319,7 +317,6 @@ def test_a_serve_launch_imports_nothing_from_where_serve_runs(
     assert "succeeded" in out, out[-4000:]
 
 
-@pytest.mark.docker
 @pytest.mark.timeout(600)
 def test_a_team_runners_job_imports_nothing_from_where_it_or_the_plan_was_made(
     docker_client: Any, tmp_path: Path, state_dir: Path, marks: Path, postgres_server: Any
