@@ -1,5 +1,5 @@
 """User mistakes that used to end in a traceback (exit 1, "task failed") are located
-errors with exit 2, through the real CLI in a subprocess.
+errors with exit 2, through the real CLI (its main, in process: testing/inprocess.py).
 
 - ``plan -o`` into a path that cannot be written;
 - ``cpus: .nan`` / ``.inf`` in an Image (NaN passed the schema's range checks, then
@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from kagura_agent.plan.planner import fingerprint
+from testing.inprocess import run_main
 
 REPO = Path(__file__).resolve().parent.parent
 FACTS = {"image_digests": {}, "graduation": {"version": 0}}
@@ -42,14 +43,7 @@ def cli(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
         "NO_COLOR": "1",
     }
     env.pop("KAGURA_AGENT_MANIFESTS", None)
-    return subprocess.run(
-        [sys.executable, "-m", "kagura_agent", *argv],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    return run_main(argv, cwd=cwd, env=env)
 
 
 def refused(proc: subprocess.CompletedProcess[str], fragment: str) -> None:

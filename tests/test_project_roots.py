@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+from testing.inprocess import run_main
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "membrane.md"
 
@@ -56,14 +58,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 def _cli(
     command: str, task: Path, env: dict[str, str], *more: str
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kagura_agent", command, *more, str(task)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
+    return run_main([command, *more, str(task)], cwd=REPO, env=env)
 
 
 def _refused(task: Path, env: dict[str, str], reason: str) -> None:
