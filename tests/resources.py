@@ -54,7 +54,10 @@ GROUPS = {
     "registry": "daemon2",
     "dockerd2": "daemon2",
     "probe_world": "egress-probes",
+    # A wheel built and installed into a fresh virtualenv (~1 min): once, on one worker.
+    "installed_wheel": "wheel",
 }
+# (A module whose tests all read one module-scoped run marks itself with xdist_group.)
 
 
 def missing(reason: str) -> NoReturn:

@@ -32,7 +32,8 @@ from apply_helpers import (
 
 from testing.agent_test_image import ensure_agent_test_image
 
-pytestmark = pytest.mark.usefixtures("docker_client")
+# Every test reads the one apply of the module's ``run`` fixture: one worker runs them all.
+pytestmark = [pytest.mark.usefixtures("docker_client"), pytest.mark.xdist_group("verify-isolation")]
 
 PROBES = Path(__file__).parent / "probes"
 CANARY_PREFIX = "kagura-verify-canary-"
