@@ -2,8 +2,8 @@
 
 Docker: tests use the ``docker_client`` fixture, which marks them ``docker``. Where no
 daemon answers they skip with the reason, except when KAGURA_REQUIRE_DOCKER=1 (CI), where
-they fail. ``docker``, ``postgres`` and ``slow`` are never written by hand: they follow
-from the fixtures a test uses (a hand-written one is a collection error).
+they fail. ``docker``, ``postgres`` and ``slow`` follow from the fixtures a test uses; one
+written by hand that its fixtures do not give fails the test.
 """
 
 from __future__ import annotations
@@ -16,27 +16,36 @@ import pytest
 import resources
 from resources import missing
 
+# A marker written by hand that the test's fixtures do not give it (it would lie to the
+# fast tier): the test fails at setup, saying so.
+_LYING = pytest.StashKey[list[str]]()
+
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    by_hand = [
-        item.nodeid
-        for item in items
-        if any(item.get_closest_marker(name) for name in resources.MARKERS)
-    ]
-    if by_hand:
-        raise pytest.UsageError(
-            "markers docker, postgres and slow follow from the fixtures a test uses"
-            " (tests/resources.py); written by hand on: " + ", ".join(by_hand[:10])
-        )
     for item in items:
         params = dict(getattr(getattr(item, "callspec", None), "params", {}))
         fixtures = set(getattr(item, "fixturenames", ()))
-        for name in sorted(resources.needs(fixtures, params)):
+        needed = resources.needs(fixtures, params)
+        by_hand = {name for name in resources.MARKERS if item.get_closest_marker(name)}
+        item.stash[_LYING] = sorted(by_hand - needed)
+        for name in sorted(needed - by_hand):
             item.add_marker(name)
         group = resources.group(fixtures)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(autouse=True)
+def _markers_follow_fixtures(request: pytest.FixtureRequest) -> None:
+    lying = request.node.stash.get(_LYING, [])
+    if lying:
+        pytest.fail(
+            f"marked {', '.join(lying)} by hand, but its fixtures do not need it: markers"
+            " follow from the fixtures a test uses (tests/resources.py); use the fixture"
+            " (docker_client, postgres_server, bench_run, ...) instead of the mark",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,9 @@ A test's markers come from the fixtures it uses, never from a hand-written mark
   such as ``state_target`` that starts the server on demand);
 - ``slow``: it uses a resource that costs seconds without either (``SLOW_FIXTURES``).
 
+A hand-written marker its fixtures do not give fails the test at setup (it would lie to
+the fast tier); one they give is harmless.
+
 The fast tier (``bash scripts/test.sh --fast``) runs what carries none of them. A test
 that reaches a resource without its fixture fails loudly instead of being counted fast:
 every test that is not marked ``docker`` sees DOCKER_HOST on a tripwire socket (a
