@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Benches that need nothing running (a few seconds each in quick mode).
-PLAIN = ["graduation_snapshot", "leases", "recall", "setid_walk"]
+PLAIN = ["graduation_snapshot", "leases", "recall", "setid_walk", "web"]
 # Benches that start containers (images built: CI's setup builds them), or read image
 # facts from Docker (plan_latency: plan gathers them).
 DOCKER = [

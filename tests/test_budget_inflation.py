@@ -27,7 +27,7 @@ from testing.agent_test_image import ensure_agent_test_image
 from testing.egress_images import ensure_egress_images
 from testing.fake_anthropic import FakeAnthropicRuntime, fake_anthropic
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 API_KEY = "sk-ant-kagura-inflate-" + "i" * 30
 TEST_LABEL = {"dev.kagura.test": "budget-inflation"}

@@ -47,7 +47,6 @@ def _apply(project: Path, manifests: Path, state_dir: Path, spec: dict[str, Any]
     return kagura(["apply", "--yes", "--json", "--manifests", str(manifests), str(task)], env)
 
 
-@pytest.mark.docker
 def test_run_2_imports_nothing_run_1_wrote_into_the_workspace(
     docker_client: Any, tmp_path: Path, state_dir: Path
 ) -> None:
@@ -127,7 +126,6 @@ def test_the_entrypoints_check_names_relative_and_writable_import_paths(
     assert writable_import_paths() == ["''", "lib", str(tmp_path)]
 
 
-@pytest.mark.docker
 def test_an_entrypoint_started_in_the_workspace_refuses_to_serve(
     docker_client: Any, tmp_path: Path
 ) -> None:

@@ -123,7 +123,6 @@ def _dispatch(name: str) -> str:
     return f"{MEMTOOL} {shlex.quote('do ' + name)} --name {name} --step {step} > {name}.json"
 
 
-@pytest.mark.docker
 def test_children_are_planned_from_what_the_parent_has_left_and_the_family_stays_within_it(
     docker_client: Any, tmp_path: Path, state_dir: Path
 ) -> None:

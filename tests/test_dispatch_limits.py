@@ -13,7 +13,6 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-import pytest
 from apply_helpers import cli_env, kagura, last_json, make_project, manifest_set, write_task
 
 from kagura_agent.apply.dispatch import _may_not_dispatch
@@ -121,7 +120,6 @@ def _manifests(tmp_path: Path, docker_client: Any, *extra: dict[str, Any]) -> Pa
     return manifest_set(tmp_path, image, *extra)
 
 
-@pytest.mark.docker
 def test_a_chain_of_sub_agents_stops_at_the_depth_ceiling(
     docker_client: Any, tmp_path: Path, state_dir: Path
 ) -> None:
@@ -146,7 +144,6 @@ def test_a_chain_of_sub_agents_stops_at_the_depth_ceiling(
     assert (budget["depth"], budget["max_depth"], budget["children"]) == (2, 2, 0)
 
 
-@pytest.mark.docker
 def test_a_fan_out_stops_at_the_children_total_ceiling(
     docker_client: Any, tmp_path: Path, state_dir: Path
 ) -> None:

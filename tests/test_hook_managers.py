@@ -80,7 +80,6 @@ def _plant(marks: Path, names: list[str]) -> str:
 
 
 @needs_pre_commit
-@pytest.mark.docker
 def test_modules_shadowing_pre_commit_are_moved_aside_and_the_next_commit_runs_pre_commit(
     docker_client: Any, tmp_path: Path, state_dir: Path
 ) -> None:
@@ -158,7 +157,6 @@ AGENT_WRITES = [
 ]
 
 
-@pytest.mark.docker
 def test_lefthook_overcommit_simple_git_hooks_and_named_scripts(
     docker_client: Any, tmp_path: Path, state_dir: Path
 ) -> None:
