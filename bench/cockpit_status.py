@@ -52,8 +52,10 @@ QUICK = os.environ.get("KAGURA_BENCH_QUICK") == "1"
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=1 if QUICK else 10)
-    parser.add_argument("--steps", type=int, default=3 if QUICK else 150)
-    parser.add_argument("--samples", type=int, default=3 if QUICK else 60)
+    parser.add_argument("--steps", type=int, default=40 if QUICK else 150)
+    parser.add_argument(
+        "--samples", type=int, default=10 if QUICK else 60
+    )  # 10: the least it reports
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="kagura-bench-cockpit-"))
     os.environ["KAGURA_AGENT_STATE_DIR"] = str(base / "state")

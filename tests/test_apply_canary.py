@@ -37,7 +37,9 @@ def _cmdlines() -> str:
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+                found.append(
+                    (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                )
             except OSError:
                 continue
     return "\n".join(found)

@@ -30,8 +30,10 @@ DOCKER = [
     "launch_overhead",
     "plan_latency",
 ]
-# Benches on PostgreSQL (memory_pg uses the tests' server; team_scale starts its own).
-POSTGRES = ["memory_pg", "team_scale"]
+# Benches on PostgreSQL (memory_pg uses the tests' server), and on both (team_scale's
+# runners apply in containers; it starts its own PostgreSQL).
+POSTGRES = ["memory_pg"]
+DOCKER_POSTGRES = ["team_scale"]
 RESULT = re.compile(r"RESULT (?P<name>[a-z0-9_]+)((?: [a-z0-9_]+=[^\s=]+)+)")
 
 
@@ -43,7 +45,7 @@ def _check(name: str, last: str) -> None:
 
 def test_every_bench_is_run() -> None:
     found = sorted(p.stem for p in (ROOT / "bench").glob("*.py"))
-    assert found == sorted(PLAIN + DOCKER + POSTGRES)
+    assert found == sorted(PLAIN + DOCKER + POSTGRES + DOCKER_POSTGRES)
 
 
 @pytest.mark.parametrize("name", PLAIN)
@@ -61,3 +63,10 @@ def test_a_postgres_bench_runs(
     name: str, bench_run: Callable[..., str], postgres_server: Any
 ) -> None:
     _check(name, bench_run(name, KAGURA_TEST_POSTGRES_URL=postgres_server.url))
+
+
+@pytest.mark.parametrize("name", DOCKER_POSTGRES)
+def test_a_docker_and_postgres_bench_runs(
+    name: str, bench_run: Callable[..., str], docker_client: Any, postgres_server: Any
+) -> None:
+    _check(name, bench_run(name))

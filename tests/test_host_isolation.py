@@ -246,6 +246,7 @@ def test_a_dispatch_from_a_running_agent_imports_nothing_it_wrote(
     assert (project / "child" / "child.txt").read_text() == "child\n"
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_host_runtime_brain_and_its_verify_import_nothing_from_the_root(
     tmp_path: Path, state_dir: Path, marks: Path
 ) -> None:
@@ -374,6 +375,7 @@ def test_a_team_runners_job_imports_nothing_from_where_it_or_the_plan_was_made(
     assert (project / "out.txt").read_text() == "job\n"
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_review_and_plan_base_run_git_importing_nothing(
     tmp_path: Path, state_dir: Path, marks: Path
 ) -> None:
@@ -420,6 +422,7 @@ def kagura_on_path(folder: Path) -> dict[str, str]:
     return {"PATH": f"{folder}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_docs_example_runs_a_shadowed_root_on_the_host(tmp_path: Path, state_dir: Path) -> None:
     block = _docs_block("## No host process runs what the agent wrote")
     env = cli_env(state_dir, TMPDIR=str(tmp_path), **kagura_on_path(tmp_path / "bin"))

@@ -87,6 +87,7 @@ def test_cloud_memory_manifest_is_used_with_its_token_reference(
     assert not (state_dir / "memory.db").exists()  # the embedded store was never opened
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_postgres_memory_manifest_uses_the_team_state_database(
     tmp_path: Path,
     state_dir: Path,

@@ -177,6 +177,7 @@ def test_the_state_target_fixture_runs_both(state_target: Location) -> None:
         assert store.dialect == ("sqlite" if isinstance(state_target, Path) else "postgres")
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_doctor_names_the_state_store(
     pg_url: str, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -73,6 +73,7 @@ def test_wheel_carries_schemas_and_default_manifests(installed_wheel: Path, tmp_
     assert "site-packages/kagura_agent/data/manifests" in valid.stdout
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_wheel_plans_a_task_outside_the_checkout(installed_wheel: Path, tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()
