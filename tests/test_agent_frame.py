@@ -15,7 +15,7 @@ from apply_helpers import cli_env, kagura, make_project, manifest_set, write_tas
 from kagura_agent.cockpit.runner import Feed, Progress
 from kagura_agent.hygiene import AGENT_MARK
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 # Lines apply prints of its own, as a terminal without colour shows them.
 OWN = [

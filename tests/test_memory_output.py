@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from apply_helpers import cli_env, kagura, make_project, manifest_set, write_task
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 # A note that clears the screen and forges a trusted-looking search result on its own
 # line (id, type, summary: no [UNTRUSTED]), with C1 CSI, a bidi override and U+2028.
