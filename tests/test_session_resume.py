@@ -33,7 +33,7 @@ from kagura_agent.patterns.checkpoint import load_checkpoint
 from kagura_agent.state import StateStore
 from kagura_agent.units import format_duration
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 TOKEN = "kagura-resume-canary-" + "r" * 24
 LEASE = "credential:token/use"
