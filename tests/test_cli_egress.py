@@ -30,7 +30,7 @@ from conformance import (
 from testing.agent_test_image import ensure_agent_test_image
 from testing.egress_images import ensure_egress_images
 
-pytestmark = [pytest.mark.docker, pytest.mark.conformance]
+pytestmark = [pytest.mark.usefixtures("docker_client"), pytest.mark.conformance]
 
 TURNS = 30
 

@@ -37,7 +37,7 @@ from kagura_agent.membrane.egress.session import EgressSession
 from testing.egress_images import ensure_egress_images, start_forwarder
 from testing.fake_messages_api import fake_messages_api_container, key_marker
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 CANARY = "sk-ant-canary-port-" + "Z9" * 20
 ATTACKER = "sk-ant-attacker-" + "A1" * 20
