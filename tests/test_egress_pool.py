@@ -69,15 +69,17 @@ def _manifests(base: Path) -> Path:
     return folder
 
 
-def _pool_objects(client: Any) -> dict[str, list[str]]:
-    """Session name -> its containers, networks and volumes still in Docker."""
+def _pool_objects(client: Any, base: Path) -> dict[str, list[str]]:
+    """Session name -> its containers, networks and volumes still in Docker, of the pool
+    in ``base`` only (the daemon is shared: other tests and checkouts keep pools too)."""
     label = pool.LABEL_POOL
+    mine = [label, f"{pool.LABEL_POOL_DIR}={base}"]
     found: dict[str, list[str]] = {}
-    for c in client.api.containers(all=True, filters={"label": label}):
+    for c in client.api.containers(all=True, filters={"label": mine}):
         found.setdefault(c["Labels"][label], []).append(f"container {c['Names'][0]}")
-    for n in client.api.networks(filters={"label": label}):
+    for n in client.api.networks(filters={"label": mine}):
         found.setdefault(n["Labels"][label], []).append(f"network {n['Name']}")
-    for v in client.api.volumes(filters={"label": label}).get("Volumes") or []:
+    for v in client.api.volumes(filters={"label": mine}).get("Volumes") or []:
         found.setdefault(v["Labels"][label], []).append(f"volume {v['Name']}")
     return found
 
@@ -202,7 +204,9 @@ def test_a_warm_session_carries_nothing_of_one_run_to_the_next(
         assert {(e.host, e.decision) for e in events_a} == {("alpha.test", "allow")}
         # A's and B's sessions are destroyed (in the background) ...
         used = {warm_a.split(":", 1)[1], warm_b.split(":", 1)[1]}
-        _wait("the used sessions removed", lambda: not used & set(_pool_objects(docker_client)))
+        _wait(
+            "the used sessions removed", lambda: not used & set(_pool_objects(docker_client, base))
+        )
         # ... and the idle sessions left never held either run's allowlist or credential.
         for session in _idle(base):
             conf = docker_client.api.exec_create(session.proxy_id, ["cat", "/run/squid/squid.conf"])
@@ -211,7 +215,7 @@ def test_a_warm_session_carries_nothing_of_one_run_to_the_next(
             assert "alpha.test" not in text and "beta.test" not in text
             config = docker_client.api.inspect_container(session.proxy_id)["Config"]
             assert SECRET_A not in json.dumps(config)
-    assert _pool_objects(docker_client) == {}
+    assert _pool_objects(docker_client, base) == {}
     assert leftovers(docker_client, run_a) == [] and leftovers(docker_client, run_b) == []
 
 
@@ -227,13 +231,13 @@ def test_a_pooled_proxy_killed_while_idle_is_replaced(
 
         def replaced() -> list[pool.PooledSession]:
             fresh = [s for s in _idle(base) if s.name != victim.name]
-            return fresh if victim.name not in _pool_objects(docker_client) else []
+            return fresh if victim.name not in _pool_objects(docker_client, base) else []
 
         (fresh,) = _wait("a replacement", replaced)
         state = docker_client.api.inspect_container(fresh.proxy_id)["State"]
         assert state["Running"]
         assert victim.name not in {e.name for e in pool.entries(base)}
-    assert _pool_objects(docker_client) == {}
+    assert _pool_objects(docker_client, base) == {}
 
 
 def test_kill_9_of_an_apply_with_a_warm_session_leaves_nothing_after_the_next_start(
@@ -271,13 +275,13 @@ def test_kill_9_of_an_apply_with_a_warm_session_leaves_nothing_after_the_next_st
             lambda: [e for e in pool.entries(base) if e.state == pool.CLAIMED],
         )
         name = claimed[0].name
-        assert name in _pool_objects(docker_client)
+        assert name in _pool_objects(docker_client, base)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         # The keeper dies the same way: nothing answers for any pooled session now.
         keeper.send_signal(signal.SIGKILL)
         keeper.wait(timeout=30)
-        assert name in _pool_objects(docker_client)  # nobody cleaned up after SIGKILL
+        assert name in _pool_objects(docker_client, base)  # nobody cleaned up after SIGKILL
 
         # The next start: an ordinary apply (no keeper, so a cold session).
         root_next = make_project(tmp_path, "next")
@@ -287,7 +291,7 @@ def test_kill_9_of_an_apply_with_a_warm_session_leaves_nothing_after_the_next_st
         )
         assert done.returncode == 0, done.stderr[-3000:]
         assert _session_of(state, last_json(done.stdout)["run_id"]) == "cold"
-        assert _pool_objects(docker_client) == {}  # the claimed session and the idle one
+        assert _pool_objects(docker_client, base) == {}  # the claimed session and the idle one
         assert leftovers(docker_client, run_id) == []  # the agent's container
         assert pool.entries(base) == []
         # A static secret cannot be revoked: its row stays in view as lapsing (as after
