@@ -28,6 +28,7 @@ DOCKER = [
     "cost_forecast",
     "egress_throughput",
     "launch_overhead",
+    "model_calls",
     "plan_latency",
 ]
 # Benches on PostgreSQL (memory_pg uses the tests' server), and on both (team_scale's
