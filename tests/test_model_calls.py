@@ -249,6 +249,7 @@ def test_the_port_counts_turns_side_calls_and_refusals_apart() -> None:
     assert (calls.count, calls.of("side"), calls.of("free"), calls.refused_at) == (3, 1, 1, 3)
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_each_turn_budget_check_holds_on_the_proxy_count_alone(
     tmp_path: Path, state_dir: Path
 ) -> None:

@@ -47,6 +47,7 @@ def _plan(tmp_path: Path, egress: list[str], *documents: dict[str, Any]) -> Any:
     return plan
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_packaged_policy_reaches_the_model_through_the_port_and_nothing_more(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path
 ) -> None:
@@ -66,6 +67,7 @@ def test_the_packaged_policy_reaches_the_model_through_the_port_and_nothing_more
     assert "30 turn calls (the turn budget), 30 side calls, 120 token counts; 4 at once" in text
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_policy_that_lets_the_provider_reach_out_is_egress_the_plan_shows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path
 ) -> None:
@@ -91,6 +93,7 @@ def test_a_policy_that_lets_the_provider_reach_out_is_egress_the_plan_shows(
     assert "web-search" in config["beta_families"]
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_tunnel_to_the_model_host_is_left_out_unless_a_policy_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path
 ) -> None:

@@ -59,6 +59,7 @@ def _events(state_dir: Path, run_id: str) -> list[tuple[str, dict[str, Any]]]:
     return [(str(kind), json.loads(item)) for kind, item in rows]
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_run_keeps_what_its_live_view_showed_scrubbed(plan: Plan, state_dir: Path) -> None:
     brain = BrainScript(
         [

@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from kagura_agent.brain.events import CostEvent, DoneEvent, ToolCallEvent, ToolResultEvent
 from kagura_agent.clock import SystemClock, iso
 from kagura_agent.state import StateStore
@@ -15,6 +17,7 @@ from kagura_agent.web.queries import Notes, RunFilter
 from testing.web_scene import Scene, apply_run, proxy_decisions, squid_line
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_the_console_reads_a_run_on_either_backend(
     tmp_path: Path, state_target: Path | str
 ) -> None:
