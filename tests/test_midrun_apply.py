@@ -371,6 +371,48 @@ def test_a_forged_approval_for_another_plan_is_ignored_and_silence_denies(
     assert any(d.outcome == "approved" and d.fingerprint != row["fingerprint"] for d in log)
 
 
+def test_identical_requests_ask_once_and_a_denied_one_is_not_asked_again(
+    docker_client: Any, agent_image: str, upstream: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    """25 identical request_access calls (the red team's: 27 questions), then the same
+    policy asked for by its host: one question, denied; every other call is refused
+    without asking, saying why, and recorded as refused."""
+    prompt = "\n".join(
+        [
+            f"run: {WAIT_UPSTREAM}",
+            *[access("egress", "second", f"please ({n})") for n in range(25)],
+            access("egress", "second.test", "by its host this time"),
+            f"after: {fetch('second.test')}",
+        ]
+    )
+    proc, operator, project = start(tmp_path, state_dir, agent_image, prompt, lambda ask: "deny")
+    try:
+        attach_upstream(docker_client, upstream, state_dir, proc, project)
+        result = finish(proc, operator)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert result.get("outcome") == "success", "".join(operator.raw)
+    assert [a["category"] for a in operator.asks] == ["egress:second"], operator.asks
+    said = "\n".join(  # what the brain said (its final answer repeats it)
+        str(i.get("text")) for i in operator.lines if i.get("type") == "text"
+    )
+    assert said.count("Access said: [error] refused: denied by test:operator") == 1, said
+    assert (
+        said.count(
+            "Access said: [error] refused: nobody was asked: egress:second was denied by"
+            " test:operator via test (answered by the test) earlier in this run: not asked again"
+        )
+        == 25
+    ), said
+    assert "hello from second.test" not in said
+    [run_id] = run_ids(state_dir)
+    with StateStore(state_dir / "state.db") as store:
+        rows = amendments(store, run_id)
+    assert [r["outcome"] for r in rows] == ["denied"] + ["refused"] * 25, rows
+    assert rows[-1]["name"] == "second.test" and "not asked again" in rows[-1]["detail"]
+
+
 def test_the_wall_budget_is_extended_when_approved(
     agent_image: str, tmp_path: Path, state_dir: Path
 ) -> None:

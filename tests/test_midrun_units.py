@@ -509,3 +509,125 @@ def test_a_scope_name_differing_only_in_case_or_whitespace_is_refused(
     with pytest.raises(ValidationError) as caught:
         compiled(tmp_path, provider, credentials=[{"provider": "token", "scope": "read"}])
     assert any("scopes" in str(d) for d in caught.value.diagnostics), caught.value.diagnostics
+
+
+class _CountingAsker:
+    """Answers every question the same way after a pause; counts what it was asked."""
+
+    def __init__(self, approved: bool) -> None:
+        self.approved = approved
+        self.asked: list[Question] = []
+
+    async def ask(self, store: StateStore, question: Question, clock: Any) -> Answer:
+        self.asked.append(question)
+        await asyncio.sleep(0.05)
+        outcome = "approved" if self.approved else "denied"
+        return Answer(self.approved, outcome, "slack:U1", "slack")
+
+
+def _q(category: str, fingerprint: str = FP, request: str = "m-run-1") -> Question:
+    return Question(request, category, fingerprint, "grant it?", 5.0)
+
+
+def test_identical_pending_questions_are_put_once(state_dir: Path) -> None:
+    """25 identical requests at once: one question, one answer for all 25."""
+    from kagura_agent.approvals.midrun import Questions
+
+    asker = _CountingAsker(approved=True)
+    questions = Questions()
+
+    async def scenario(store: StateStore) -> list[Answer]:
+        return await asyncio.gather(
+            *(questions.ask(asker, store, _q("egress:second"), SystemClock()) for _ in range(25))
+        )
+
+    with StateStore() as store:
+        answers = asyncio.run(scenario(store))
+        assert len(asker.asked) == 1 and all(a.approved for a in answers)
+        # Approved: the same question again is the same answer, unasked.
+        again = asyncio.run(questions.ask(asker, store, _q("egress:second"), SystemClock()))
+        assert again.approved and len(asker.asked) == 1
+
+
+def test_a_denied_category_is_not_asked_again_this_run(state_dir: Path) -> None:
+    from kagura_agent.approvals.midrun import NotAsked, Questions
+
+    asker = _CountingAsker(approved=False)
+    questions = Questions()
+    with StateStore() as store:
+        first = asyncio.run(questions.ask(asker, store, _q("egress:second"), SystemClock()))
+        assert not first.approved
+        # Another plan, another request id: the same category stays denied, unasked —
+        # for a request the budget questions apply raises itself too.
+        for limited in (True, False):
+            with pytest.raises(NotAsked, match="egress:second was denied by slack:U1 via slack"):
+                asyncio.run(
+                    questions.ask(
+                        asker,
+                        store,
+                        _q("egress:second", OTHER, "m-run-2"),
+                        SystemClock(),
+                        limited=limited,
+                    )
+                )
+        assert len(asker.asked) == 1 and questions.not_asked == 2
+
+
+def test_the_agents_questions_are_rate_limited(state_dir: Path) -> None:
+    """Three questions in five minutes; the fourth is refused unasked until the first
+    leaves the window. A budget question apply raises itself is not counted."""
+    from kagura_agent.approvals.midrun import QUESTION_WINDOW, NotAsked, Questions
+
+    now = [1000.0]
+    asker = _CountingAsker(approved=True)
+    questions = Questions(monotonic=lambda: now[0])
+    with StateStore() as store:
+        for category in ("egress:a", "egress:b", "egress:c"):
+            asyncio.run(questions.ask(asker, store, _q(category), SystemClock()))
+        with pytest.raises(NotAsked, match="asked its operator 3 questions in the last 300s"):
+            asyncio.run(questions.ask(asker, store, _q("egress:d"), SystemClock()))
+        budget = _q("budget:wall_time")
+        assert asyncio.run(
+            questions.ask(asker, store, budget, SystemClock(), limited=False)
+        ).approved
+        now[0] += QUESTION_WINDOW + 1
+        assert asyncio.run(questions.ask(asker, store, _q("egress:d"), SystemClock())).approved
+    assert [q.category for q in asker.asked] == [
+        "egress:a", "egress:b", "egress:c", "budget:wall_time", "egress:d"
+    ]  # fmt: skip
+
+
+def test_a_run_calling_request_access_in_a_loop_is_bounded(tmp_path: Path, state_dir: Path) -> None:
+    """Refused requests ask nobody but each is a line and a record: past MAX_REQUESTS a
+    run's are refused without either (said once), so a loop of them neither floods the
+    live view nor grows the state store without end."""
+    from kagura_agent.apply import midrun as midrun_module
+
+    c = compiled(tmp_path)
+    out = io.StringIO()
+    store = StateStore()
+    midrun = MidRun(
+        store=store,
+        run_id="run-loop",
+        live=LiveView(Redactor(), stream=out, as_json=True),
+        clock=FixedClock(datetime.now(UTC)),
+        asker=StubAsker("denied"),
+        amender=Amender(c, c.plan),
+        timeout=30,
+    )
+    limit = midrun_module.MAX_REQUESTS
+
+    async def loop() -> list[tuple[bool, str]]:
+        return [await midrun.request("egress", "nowhere.test", "again") for _ in range(limit + 50)]
+
+    try:
+        said = asyncio.run(loop())
+        rows = amendments(store, "run-loop")
+    finally:
+        store.close()
+    assert not any(granted for granted, _ in said)
+    assert said[-1][1] == f"refused: this run made the {limit} requests it may"
+    assert len(rows) == limit
+    notes = [json.loads(line)["message"] for line in out.getvalue().splitlines()]
+    assert sum("mid-run request" in n and "nowhere.test" in n for n in notes) == limit
+    assert sum("the rest are refused without being shown or recorded" in n for n in notes) == 1

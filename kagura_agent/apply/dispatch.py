@@ -45,7 +45,7 @@ from kagura_agent.apply.child_request import ChildRequest, Refused, make_workdir
 from kagura_agent.apply.context import RunContext
 from kagura_agent.apply.parentdeath import child_environment
 from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_prompt
-from kagura_agent.approvals.midrun import Asker, Question, ask_operator
+from kagura_agent.approvals.midrun import Asker, NotAsked, Question, Questions
 from kagura_agent.clock import iso
 from kagura_agent.errors import KaguraError, ValidationError
 from kagura_agent.hostproc import kagura_argv, kagura_environment, popen
@@ -185,7 +185,8 @@ class ChildDispatcher:
         self._held.reserve(record.number, limits["turns"], limits["cost_usd"])
         since = self.ctx.clock.now()
         if self.ctx.midrun is not None:
-            await self._ask(child_plan, record.number, self.ctx.midrun.asker)
+            midrun = self.ctx.midrun
+            await self._ask(child_plan, record.number, midrun.asker, midrun.questions)
         else:
             await _in_thread(self._approve, child_plan)
         plan_path = task_path.with_suffix(".plan.json")
@@ -278,7 +279,7 @@ class ChildDispatcher:
         path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
         return path
 
-    async def _ask(self, child_plan: Plan, number: int, asker: Asker) -> None:
+    async def _ask(self, child_plan: Plan, number: int, asker: Asker, questions: Questions) -> None:
         """Ask where the run asks its mid-run questions (approvals/midrun.py): the serve
         cockpit's thread (Approve / Deny, the decision in the approval log), the parent's
         terminal, or nobody (refused, saying so). Bound to the child plan's intent."""
@@ -302,7 +303,10 @@ class ChildDispatcher:
                     f" ({reasons[category]})",
                     timeout=self.ctx.approval_timeout,
                 )
-                answer = await ask_operator(asker, self.ctx.store, question, self.ctx.clock)
+                try:
+                    answer = await questions.ask(asker, self.ctx.store, question, self.ctx.clock)
+                except NotAsked as exc:
+                    raise Refused([f"{category}: nobody was asked: {exc}"], fingerprint) from None
                 if not answer.approved:
                     raise Refused([f"{category} was not approved: {answer.said()}"], fingerprint)
 

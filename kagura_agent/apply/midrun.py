@@ -1,7 +1,8 @@
 """Grants while a run goes on: the brain's capability requests and budget extensions.
 
     brain ── capability-request ──▶ MidRun.request ── Amender (manifests only) ── Refused?
-                                        │ ask_operator(Question bound to the amended plan)
+                                        │ Questions.ask (Question bound to the amended plan:
+                                        │ asked once, a denied category not again, rated)
                                         ▼ approved
                     egress: the proxy's allowlist reloads in place (connections kept)
                     credential: the broker mints the lease, it is pushed over the channel
@@ -13,7 +14,10 @@
                                           engine (it goes on in the same session); else stop
 
 One amendment at a time: each is compiled from the plan in force, so two approvals
-never race. Every request and its outcome go into the run's record (``run_amendments``)
+never race. What reaches the operator is bounded (approvals/midrun.Questions): the same
+question is put once, a category denied stays denied for the run without asking again,
+the agent's questions are rate limited, and past MAX_REQUESTS requests a run's are
+refused without a line or a record each. Every request and its outcome go into the run's record (``run_amendments``)
 and every decision into the approval log, bound to the amended plan's fingerprint.
 """
 
@@ -29,7 +33,7 @@ from kagura_agent.apply.allotment import Allotments
 from kagura_agent.apply.amend import Amender, Amendment, Refused
 from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.modelcalls import ModelCalls
-from kagura_agent.approvals.midrun import Answer, Asker, Question
+from kagura_agent.approvals.midrun import Answer, Asker, NotAsked, Question, Questions
 from kagura_agent.brain.protocol import BRAIN_BUDGETS
 from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import KaguraError
@@ -46,6 +50,10 @@ WALL_LEAD_MIN, WALL_LEAD_MAX = 10.0, 300.0
 LEASE_LEAD = timedelta(minutes=2)
 # The container must hear about an approved extension before its own deadline fires.
 ANSWER_MARGIN = 2.0
+# Capability requests one run may make (each is shown and recorded); past it they are
+# refused unshown and unrecorded, said once: an agent calling request_access in a loop
+# neither floods the live view nor grows the state store without end.
+MAX_REQUESTS = 100
 
 MIGRATIONS = (
     """
@@ -137,6 +145,11 @@ class MidRun:
         self._numbers = itertools.count(1)
         self._one_at_a_time = asyncio.Lock()
         self._lease_asked: set[str] = set()  # leases asked about once already
+        # Every question to the operator passes here: the same one pending or approved is
+        # not asked again, a denied category not again this run, the agent's are rate
+        # limited (approvals/midrun.Questions). The run's sub-agents' questions too.
+        self.questions = Questions()
+        self._requests = 0
         # The brain's turns and dollars as the host counted them from its events.
         self.spent_turns = 0
         self.spent_usd = 0.0
@@ -197,6 +210,15 @@ class MidRun:
     # --- capability requests (the channel's CapabilityServer) ---------------------------
 
     async def request(self, kind: str, name: str, reason: str) -> tuple[bool, str]:
+        self._requests += 1
+        if self._requests > MAX_REQUESTS:
+            if self._requests == MAX_REQUESTS + 1:
+                self.live.note(
+                    f"mid-run requests: this run made {MAX_REQUESTS}, the most it may; the"
+                    " rest are refused without being shown or recorded",
+                    "yellow",
+                )
+            return False, f"refused: this run made the {MAX_REQUESTS} requests it may"
         request = self._request_id()
         # The brain wrote both, and may have written a credential it holds: scrubbed before
         # anyone is shown them (a terminal's prompt prints the question as is) or they are
@@ -222,7 +244,13 @@ class MidRun:
                 f"The brain asks for {amendment.category} mid-run: {reason}",
                 self.timeout,
             )
-            answer = await self.asker.ask(self.store, question, self.clock)
+            try:
+                answer = await self.questions.ask(self.asker, self.store, question, self.clock)
+            except NotAsked as exc:
+                why = str(exc)
+                self._record(request, kind, name, reason, "refused", "kagura-agent", why)
+                self.live.note(f"↳ {request} refused: {why}")
+                return False, f"nobody was asked: {why}"
             if not answer.approved:
                 return False, self._answered(request, kind, name, reason, amendment, answer)
             try:
@@ -298,7 +326,7 @@ class MidRun:
                 f"The {reason}. Extend it to {format_duration(int(new))}? Silence stops the run.",
                 max(min(self.timeout, left - ANSWER_MARGIN), 1.0),
             )
-            answer = await self.asker.ask(self.store, question, self.clock)
+            answer = await self._ask_for_host(question)
             if not answer.approved:
                 said = self._answered(request, "budget", name, reason, amendment, answer)
                 self.live.note(f"wall budget not extended ({said}): the run stops when it runs out")
@@ -357,7 +385,7 @@ class MidRun:
                 f" {reason}). Extend it to {_budget_shown(limit, new)}? Silence stops the run.",
                 self.timeout,
             )
-            answer = await self.asker.ask(self.store, question, self.clock)
+            answer = await self._ask_for_host(question)
             if not answer.approved:
                 said = self._answered(request, "budget", name, reason, amendment, answer)
                 self.live.note(f"{what} budget not extended ({said}): the run stops")
@@ -426,7 +454,7 @@ class MidRun:
                 f" with {entry['renewals']} renewals? Silence stops the run.",
                 max(min(self.timeout, left - ANSWER_MARGIN), 1.0),
             )
-            answer = await self.asker.ask(self.store, question, self.clock)
+            answer = await self._ask_for_host(question)
             if not answer.approved:
                 said = self._answered(request_id, "budget", category, reason, amendment, answer)
                 self.live.note(
@@ -445,6 +473,16 @@ class MidRun:
             self.live.note(f"↳ {request_id}: {said}")
 
     # --- shared ------------------------------------------------------------------------
+
+    async def _ask_for_host(self, question: Question) -> Answer:
+        """A question apply raises itself (a budget running out): not counted against the
+        agent's rate; a category denied before is denied again unasked."""
+        try:
+            return await self.questions.ask(
+                self.asker, self.store, question, self.clock, limited=False
+            )
+        except NotAsked as exc:
+            return Answer(False, "denied", "kagura-agent", "midrun", str(exc))
 
     def _question(self, request: str, amendment: Amendment, ask: str, timeout: float) -> Question:
         fp = amendment.plan["fingerprint"]

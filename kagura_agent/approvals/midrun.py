@@ -1,7 +1,9 @@
 """Asking an operator while a run goes on: one question, bound to one plan fingerprint,
 denied when nobody answers in time.
 
-Both mid-run capability requests and budget extensions go through :func:`ask_operator`.
+Mid-run capability requests, sub-agents' approvals and budget extensions go through one
+:class:`Questions` per run (the same question asked once, a denied category not again,
+the agent's questions rate limited), then its :class:`Asker`.
 The question names the category and the fingerprint of the *amended* plan; whatever the
 answer, it is recorded in the approval log against exactly that fingerprint. Who can
 answer depends on how apply runs:
@@ -25,6 +27,8 @@ A silence past the timeout is recorded as ``timeout`` and denies.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -75,9 +79,103 @@ class Asker(Protocol):
     async def ask(self, store: StateStore, question: Question, clock: Clock) -> Answer: ...
 
 
-async def ask_operator(asker: Asker, store: StateStore, question: Question, clock: Clock) -> Answer:
-    """Ask ``question``; never raises for a missing answer (that is a recorded timeout)."""
-    return await asker.ask(store, question, clock)
+# A run's agent may put at most this many questions to its operator in any WINDOW (the
+# requests it makes: capabilities, sub-agents); past it, nobody is asked until the oldest
+# question leaves the window. Budget extensions apply raises itself are not counted.
+QUESTIONS_PER_WINDOW = 3
+QUESTION_WINDOW = 300.0  # seconds
+
+
+class NotAsked(Exception):
+    """The operator is not asked (the message says why): a category denied earlier in
+    the run, or the run's questions past their rate."""
+
+
+class Questions:
+    """Every mid-run question of one run passes here on its way to the operator.
+
+    - The same question (category and plan fingerprint) pending or approved is not asked
+      again: a caller while it is pending waits for its answer; after an approval the
+      answer is the approval (recorded in the log against that very fingerprint).
+    - A category denied (or left unanswered) is not asked again for the rest of the run:
+      ``NotAsked`` says by whom and when it was denied.
+    - The agent's questions are rate limited: ``QUESTIONS_PER_WINDOW`` in
+      ``QUESTION_WINDOW`` seconds; past it ``NotAsked``, and its request is refused.
+
+    So 25 identical requests put one question, and a denied one stays denied unasked."""
+
+    def __init__(
+        self,
+        *,
+        per_window: int = QUESTIONS_PER_WINDOW,
+        window: float = QUESTION_WINDOW,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.per_window = per_window
+        self.window = window
+        self._monotonic = monotonic
+        self._asked: deque[float] = deque()  # when the agent's questions were put
+        self._approved: dict[tuple[str, str], Answer] = {}
+        self._denied: dict[str, str] = {}  # category -> what the answer said
+        self._pending: dict[tuple[str, str], asyncio.Future[Answer]] = {}
+        self.not_asked = 0  # requests refused here, unasked
+
+    def check(self, category: str, *, limited: bool = True) -> None:
+        """Raise NotAsked when a question of ``category`` would not be put now."""
+        said = self._denied.get(category)
+        if said is not None:
+            raise NotAsked(f"{category} was {said} earlier in this run: not asked again")
+        if not limited:
+            return
+        now = self._monotonic()
+        while self._asked and self._asked[0] <= now - self.window:
+            self._asked.popleft()
+        if len(self._asked) >= self.per_window:
+            wait = self._asked[0] + self.window - now
+            raise NotAsked(
+                f"this run asked its operator {len(self._asked)} questions in the last"
+                f" {self.window:.0f}s, the most it may; ask again in {wait:.0f}s"
+            )
+
+    async def ask(
+        self,
+        asker: Asker,
+        store: StateStore,
+        question: Question,
+        clock: Clock,
+        *,
+        limited: bool = True,
+    ) -> Answer:
+        """``asker``'s answer to ``question``, or one given before (see the class);
+        ``limited``: an agent's request, counted against the rate. Raises NotAsked."""
+        key = (question.category, question.fingerprint)
+        if key in self._approved:
+            return self._approved[key]
+        pending = self._pending.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        try:
+            self.check(question.category, limited=limited)
+        except NotAsked:
+            self.not_asked += 1
+            raise
+        if limited:
+            self._asked.append(self._monotonic())
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self._pending[key] = future
+        try:
+            answer = await asker.ask(store, question, clock)
+        except BaseException:
+            future.cancel()
+            raise
+        finally:
+            del self._pending[key]
+        if answer.approved:
+            self._approved[key] = answer
+        else:
+            self._denied[question.category] = answer.said()
+        future.set_result(answer)
+        return answer
 
 
 def record_answer(
