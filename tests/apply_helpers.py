@@ -46,6 +46,22 @@ def write_task(project: Path, name: str, spec: dict[str, Any]) -> Path:
     return path
 
 
+def plan_for_root(base: Path, root: Path) -> Any:
+    """The planner's plan (never a hand-built dict) of a one-step script task whose project
+    root is ``root``, from the shipped manifests; its file lies in ``base``, outside the
+    root. For tests that open a run's row without applying (needs ``without_docker``)."""
+    from kagura_agent.plan.build import compile_tasks
+
+    folder = base / "plan-for-root"
+    folder.mkdir(parents=True, exist_ok=True)
+    task = folder / "task.yml"
+    document = {"apiVersion": "kagura.dev/v1", "kind": "Task", "metadata": {"name": "t"}}
+    spec = {"brain": "script", "steps": ["true"], "project_root": str(root)}
+    task.write_text(yaml.safe_dump({**document, "spec": spec}, sort_keys=False))
+    [compiled] = compile_tasks(str(REPO / "manifests"), [str(task)])
+    return compiled.plan
+
+
 def manifest_set(base: Path, *documents: dict[str, Any]) -> Path:
     """The shipped manifests plus ``documents`` (each a full manifest) in one folder."""
     folder = base / "manifests"

@@ -12,9 +12,9 @@ import struct
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
+from apply_helpers import plan_for_root
 
 from kagura_agent.apply import acl
 from kagura_agent.apply.acl import (
@@ -212,8 +212,9 @@ class _NoContainers:
         raise AssertionError("nothing to remove")
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_after_kill_9_the_sweep_uses_the_acls_recorded_when_the_run_opened(
-    root: Path, state_dir: Path
+    root: Path, tmp_path: Path, state_dir: Path
 ) -> None:
     """The dead run's row holds the record: the next apply's sweep keeps the team's folder
     ACLs (its ctime changed) and removes the one the run added."""
@@ -223,8 +224,7 @@ def test_after_kill_9_the_sweep_uses_the_acls_recorded_when_the_run_opened(
     _set(shared, acl.DEFAULT, team)
     time.sleep(CTIME_SLACK + 1.1)
     clock = FixedClock(datetime.now(UTC).replace(microsecond=0))
-    row: Any = {"task": {"name": "t", "session": None, "project_root": str(root)}}
-    row["fingerprint"] = "sha256:" + "0" * 64
+    row = plan_for_root(tmp_path, root)
     with StateStore() as store:
         open_run(store, row, "run-dead", clock, root_acl=acl.snapshot(str(root)))
         with store.transaction() as conn:

@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apply_helpers import AGENT_UID, cli_env, kagura, leftovers, manifest_set, run_ids, write_task
+from apply_helpers import (
+    AGENT_UID,
+    cli_env,
+    kagura,
+    leftovers,
+    manifest_set,
+    plan_for_root,
+    run_ids,
+    write_task,
+)
 
 from kagura_agent.apply.gitlinks import check_gitlinks, check_root_repository, snapshot
 from kagura_agent.apply.runs import open_run, sweep_dead_runs
@@ -296,6 +305,7 @@ class _NoContainers:
         raise AssertionError("nothing to remove")
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_after_kill_9_the_next_applys_sweep_moves_it_aside_and_says_so(
     tmp_path: Path, state_dir: Path
 ) -> None:
@@ -304,8 +314,7 @@ def test_after_kill_9_the_next_applys_sweep_moves_it_aside_and_says_so(
     root = _superproject(tmp_path)
     marker = tmp_path / "PWNED"
     clock = FixedClock(datetime.now(UTC).replace(microsecond=0))
-    row: Any = {"task": {"name": "t", "session": None, "project_root": str(root)}}
-    row["fingerprint"] = "sha256:" + "0" * 64
+    row = plan_for_root(tmp_path, root)
     with StateStore() as store:
         open_run(store, row, "run-dead", clock)
         with store.transaction() as conn:

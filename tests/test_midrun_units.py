@@ -597,6 +597,7 @@ def test_the_agents_questions_are_rate_limited(state_dir: Path) -> None:
     ]  # fmt: skip
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_run_calling_request_access_in_a_loop_is_bounded(tmp_path: Path, state_dir: Path) -> None:
     """Refused requests ask nobody but each is a line and a record: past MAX_REQUESTS a
     run's are refused without either (said once), so a loop of them neither floods the

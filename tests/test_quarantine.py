@@ -10,9 +10,9 @@ import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
+from apply_helpers import plan_for_root
 
 from kagura_agent.apply.quarantine import lift, refuse_quarantined
 from kagura_agent.apply.runs import open_run, sweep_dead_runs
@@ -43,12 +43,12 @@ def _immutable(path: Path, on: bool) -> None:
     subprocess.run(["chattr", "+i" if on else "-i", str(path)], check=True)
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_after_kill_9_the_sweep_quarantines_a_root_it_cannot_finish(
-    root: Path, state_dir: Path
+    root: Path, tmp_path: Path, state_dir: Path
 ) -> None:
     clock = FixedClock(datetime.now(UTC).replace(microsecond=0))
-    plan: Any = {"task": {"name": "t", "session": None, "project_root": str(root)}}
-    plan["fingerprint"] = "sha256:" + "0" * 64
+    plan = plan_for_root(tmp_path, root)
     with StateStore() as store:
         open_run(store, plan, "run-dead", clock)
         with store.transaction() as conn:
