@@ -247,6 +247,7 @@ def test_script_brain_with_egress_and_sts_lease(
 
 def _expected_host_config(plan: dict[str, Any]) -> dict[str, Any]:
     h = plan["hardening"]
+    most = plan["budget"]["disk_bytes"] + 1024**2
     return {
         "CapDrop": ["ALL"],
         "CapAdd": h["cap_add"] or None,
@@ -257,7 +258,11 @@ def _expected_host_config(plan: dict[str, Any]) -> dict[str, Any]:
         "Memory": h["memory_bytes"],
         "MemorySwap": h["memory_bytes"],
         "NanoCpus": h["nano_cpus"],
-        "Ulimits": [{"Name": "nofile", "Soft": h["nofile"], "Hard": h["nofile"]}],
+        "Ulimits": [
+            {"Name": "nofile", "Soft": h["nofile"], "Hard": h["nofile"]},
+            # No single file past the disk budget (and 1 MiB): the kernel refuses it.
+            {"Name": "fsize", "Soft": most, "Hard": most},
+        ],
         # The kagura entrypoint is the container's init (it reaps and forwards signals),
         # so no Docker init process holds the brain channel.
         "Init": False,

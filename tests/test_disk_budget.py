@@ -1,11 +1,13 @@
 """A run's writes to its project root are bounded by the task's ``budget.disk``.
 
 From inside a real container the step writes 3 GiB into the project root; with a
-64 MiB budget the run is stopped with the reason, and the root stays near the budget.
+64 MiB budget the run is stopped with the reason, and the root stays near the budget —
+also while another host process writes to the same file system all through the run.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -25,15 +27,32 @@ from apply_helpers import (
     write_task,
 )
 
+from kagura_agent.apply.cgroupio import Freezer, WriteMeter, cgroup_dir
 from kagura_agent.apply.diskwatch import DiskWatch, tree_bytes
+from kagura_agent.membrane import images
 
 BUDGET = 64 * 1024**2
 
 
+def _own_writes() -> int:
+    """What this process has written (its /proc/self/io): the writer here is the test."""
+    with open("/proc/self/io", encoding="ascii") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("write_bytes"))
+
+
 def test_the_watch_fires_once_past_the_budget(tmp_path: Path) -> None:
+    """Metered by the writer's own count: other processes on this shared disk (which may
+    free space as fast as the test writes) do not decide it."""
     fired: list[str] = []
     (tmp_path / "old").write_bytes(b"x" * 4 * 1024**2)  # there before: not counted
-    watch = DiskWatch(tmp_path, 1024**2, fired.append, poll_seconds=0.01, scan_seconds=0.01)
+    watch = DiskWatch(
+        tmp_path,
+        1024**2,
+        fired.append,
+        poll_seconds=0.01,
+        scan_seconds=0.01,
+        meter=_own_writes,
+    )
     watch.start()
     try:
         (tmp_path / "small").write_bytes(b"x" * 512 * 1024)
@@ -121,10 +140,17 @@ time.sleep(60)
 
 
 def _stopped_at_the_budget(
-    docker_client: Any, tmp_path: Path, state_dir: Path, name: str, spec: dict[str, Any]
-) -> None:
-    """Apply ``spec`` (which writes 3 GiB to ``big``) with a 64 MiB disk budget: the run
-    fails with the reason, ``big`` stays near the budget, and nothing is left behind."""
+    docker_client: Any,
+    tmp_path: Path,
+    state_dir: Path,
+    name: str,
+    spec: dict[str, Any],
+    *,
+    most: int = 512 * 1024**2,
+) -> int:
+    """Apply ``spec`` (which writes 3 GiB to ``big*``) with a 64 MiB disk budget: the run
+    fails with the reason, ``big*`` stays near the budget (below ``most``), and nothing is
+    left behind. Returns what was written."""
     manifests = manifest_set(tmp_path)
     project = make_project(tmp_path)
     task = write_task(project, name, {"budget": {"disk": "64m", "wall_time": "5m"}, **spec})
@@ -132,12 +158,15 @@ def _stopped_at_the_budget(
     done = kagura(["apply", "--yes", "--manifests", str(manifests), str(task)], cli_env(state_dir))
     assert done.returncode == 1, done.stderr[-3000:]
     assert "past its disk budget of 64 MiB" in done.stderr, done.stderr[-3000:]
-    written = (project / "big").stat().st_blocks * 512
-    print(f"stopped after {written / 1024**2:.0f} MiB in {time.monotonic() - started:.1f}s")
-    assert BUDGET < written < 512 * 1024**2, written  # near the budget, far from 3 GiB
+    written = sum(f.stat().st_blocks * 512 for f in project.glob("big*"))
+    print(f"stopped after {written / 1024**2:.1f} MiB in {time.monotonic() - started:.1f}s")
+    # Near the budget, far from 3 GiB (its last file may end a little short of it: the
+    # root's folders and inodes count too).
+    assert BUDGET - 16 * 1024**2 < written < most, written
     [run_id] = run_ids(state_dir)
     assert run_row(state_dir, run_id)["outcome"] == "failed"
     assert leftovers(docker_client, run_id) == []
+    return written
 
 
 def test_a_3_gib_write_is_stopped_at_the_budget(
@@ -145,6 +174,76 @@ def test_a_3_gib_write_is_stopped_at_the_budget(
 ) -> None:
     spec = {"steps": ["head -c 3G /dev/zero > big", "true"], "verify": ["true"]}
     _stopped_at_the_budget(docker_client, tmp_path, state_dir, "disk-hog", spec)
+
+
+# 1 GiB as 64 files of 16 MiB: none past the budget on its own (the kernel's limit on a
+# file's size is not what stops it), after a pause for the other process to get going.
+MANY = "sleep 3; for i in $(seq 1 64); do head -c 16M /dev/zero > big$i; done"
+
+
+def _other_process(folder: str, stop: Any) -> None:
+    """Another host process on the same file system, until ``stop``: it writes all the
+    time (a 64 MiB file, rewritten 4 MiB at a time) and frees space faster than a run
+    can fill it (a 4 GiB file allocated first, cut by 15 MiB every 50 ms) — so the file
+    system shrinks while the run writes."""
+    reserve = os.path.join(folder, "reserve")
+    with open(reserve, "wb") as handle:
+        os.posix_fallocate(handle.fileno(), 0, 4 << 30)
+    size = 4 << 30
+    chunk = b"\1" * (4 << 20)
+    with open(os.path.join(folder, "churn"), "wb") as churn:
+        while not stop.is_set() and size > 0:
+            churn.seek((size // len(chunk)) % 16 * len(chunk))
+            churn.write(chunk)
+            churn.flush()
+            os.fsync(churn.fileno())
+            size = max(0, size - (15 << 20))
+            os.truncate(reserve, size)
+            stop.wait(0.05)
+
+
+def test_the_budget_holds_while_another_process_writes_to_the_same_disk(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    """The file system's growth says nothing of the run while another process writes to
+    and frees space on the same disk: before, the root was measured only when the file
+    system had grown past the budget (once a second at most while it stood there), and
+    here it never did — the run wrote its whole 1 GiB past a 64 MiB budget. What the
+    run's own processes write (apply/cgroupio.WriteMeter) stops it near the budget."""
+    other = tmp_path / "other"
+    other.mkdir()
+    stop = multiprocessing.Event()
+    writer = multiprocessing.Process(target=_other_process, args=(str(other), stop))
+    writer.start()
+    try:
+        time.sleep(2)  # the other process is at work before the run starts
+        spec = {"steps": [MANY], "verify": ["true"]}
+        written = _stopped_at_the_budget(
+            docker_client, tmp_path, state_dir, "busy-disk", spec, most=BUDGET + 32 * 1024**2
+        )
+    finally:
+        stop.set()
+        writer.join(60)
+    print(f"{(written - BUDGET) / 1024**2:.1f} MiB past the budget")
+
+
+def test_one_file_past_the_budget_is_refused_by_the_kernel(
+    docker_client: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    """fallocate makes a file's blocks in one call, faster than any watch could see them
+    (before, 3 GiB were on the host's disk when the watch stopped the run): the
+    container's limit on a file's size (the budget and 1 MiB) refuses it."""
+    manifests = manifest_set(tmp_path)
+    project = make_project(tmp_path)
+    spec = {
+        "budget": {"disk": "64m", "wall_time": "5m"},
+        "steps": ["! fallocate -l 3G big", "true"],  # SIGXFSZ: it fails
+        "verify": ["test ! -s big"],
+    }
+    task = write_task(project, "fallocate", spec)
+    done = kagura(["apply", "--yes", "--manifests", str(manifests), str(task)], cli_env(state_dir))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (project / "big").stat().st_blocks == 0
 
 
 def test_a_3_gib_write_from_verify_is_stopped_at_the_budget(
@@ -182,11 +281,16 @@ def test_creating_empty_files_without_end_is_stopped_at_the_budget(
 def test_writing_to_a_deleted_file_is_stopped_at_the_budget(
     docker_client: Any, tmp_path: Path, state_dir: Path
 ) -> None:
-    """The step deletes its file, then writes 3 GiB to it and holds it open: the tree stays
-    empty while the host's disk fills. It is stopped near the budget all the same."""
+    """The step deletes its files, then writes 3 GiB to them (32 MiB each: none past the
+    limit on a file's size) and holds them open: the tree stays empty while the host's
+    disk fills. It is stopped near the budget all the same."""
     write = (
-        "import os, time\nf = open('big', 'wb')\nos.unlink('big')\nblock = bytes(1 << 20)\n"
-        "for _ in range(3072): f.write(block)\nf.flush()\nos.fsync(f.fileno())\ntime.sleep(30)"
+        "import os, time\nblock = bytes(1 << 20)\nheld = []\n"
+        "for i in range(96):\n"
+        "    f = open(f'big{i}', 'wb'); os.unlink(f'big{i}'); held.append(f)\n"
+        "    for _ in range(32): f.write(block)\n"
+        "    f.flush()\n"
+        "time.sleep(30)"
     )
     manifests = manifest_set(tmp_path)
     project = make_project(tmp_path)
@@ -204,3 +308,83 @@ def test_writing_to_a_deleted_file_is_stopped_at_the_budget(
     assert time.monotonic() - started < 25, "stopped near the budget, not at the step's end"
     [run_id] = run_ids(state_dir)
     assert leftovers(docker_client, run_id) == []
+
+
+def _container(docker_client: Any, folder: Path, script: str) -> Any:
+    """A container of the agent image running ``script`` as the agent's uid, ``folder``
+    mounted at /w (labelled for this test, removed by the caller)."""
+    return docker_client.containers.run(
+        images.image_ref("agent"),
+        ["sh", "-c", script],
+        entrypoint=[],
+        user="1000:1000",
+        volumes={str(folder): {"bind": "/w", "mode": "rw"}},
+        network_mode="none",
+        labels={"dev.kagura.test": "disk-budget"},
+        detach=True,
+    )
+
+
+def _init(container: Any) -> int:
+    container.reload()
+    return int(container.attrs["State"]["Pid"])
+
+
+def test_the_meter_counts_every_process_of_a_container_and_never_falls(
+    docker_client: Any, tmp_path: Path
+) -> None:
+    """Each ``head`` writes 4 MiB and is reaped by the shell: its bytes move into the
+    shell's count, and a process gone keeps its last reading."""
+    folder = make_project(tmp_path)
+    script = "for i in 1 2 3 4 5 6; do head -c 4M /dev/zero > /w/f$i; sleep 0.2; done; sleep 30"
+    container = _container(docker_client, folder, script)
+    try:
+        init = _init(container)
+        meter = WriteMeter(lambda: [init])
+        readings = []
+        deadline = time.monotonic() + 30
+        while len(list(folder.glob("f*"))) < 6 and time.monotonic() < deadline:
+            readings.append(meter.read())
+            time.sleep(0.02)
+        time.sleep(0.3)
+        readings.append(meter.read())
+    finally:
+        container.remove(force=True)
+    values = [r for r in readings if r is not None]
+    assert len(values) == len(readings)  # every process readable (the test runs as root)
+    assert values == sorted(values)
+    assert values[-1] >= 24 * 1024**2
+
+
+def test_held_containers_write_nothing_and_die_where_they_are_held(
+    docker_client: Any, tmp_path: Path
+) -> None:
+    folder = make_project(tmp_path)
+    container = _container(
+        docker_client, folder, "while true; do head -c 64k /dev/zero >> /w/log; done"
+    )
+    try:
+        init = _init(container)
+        freezer = Freezer(lambda: [init])
+        while not (folder / "log").exists():
+            time.sleep(0.01)
+        with freezer.hold() as held:
+            assert held
+            size = (folder / "log").stat().st_size
+            time.sleep(0.3)
+            assert (folder / "log").stat().st_size == size  # nothing written while held
+            freezer.kill_all()
+        container.wait(timeout=30)
+        assert (folder / "log").stat().st_size == size  # nor after: killed where it stood
+    finally:
+        container.remove(force=True)
+
+
+def test_a_pid_that_is_no_containers_is_never_frozen() -> None:
+    """Not this process's own cgroup (nor a hierarchy's root): apply must never freeze
+    or kill its own host's processes for a pid that was no container's init."""
+    assert cgroup_dir(os.getpid(), "freezer") is None
+    freezer = Freezer(lambda: [os.getpid()])
+    with freezer.hold() as held:
+        assert held is False
+    assert WriteMeter(lambda: [os.getpid()]).read() is None

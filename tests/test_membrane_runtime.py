@@ -79,7 +79,11 @@ def test_docker_inspect_equals_plan(
     assert host["PidsLimit"] == h["pids_limit"]
     assert host["Memory"] == host["MemorySwap"] == h["memory_bytes"]
     assert host["NanoCpus"] == h["nano_cpus"]
-    assert host["Ulimits"] == [{"Name": "nofile", "Soft": h["nofile"], "Hard": h["nofile"]}]
+    most = plan["budget"]["disk_bytes"] + 1024**2  # no file past the disk budget
+    assert host["Ulimits"] == [
+        {"Name": "nofile", "Soft": h["nofile"], "Hard": h["nofile"]},
+        {"Name": "fsize", "Soft": most, "Hard": most},
+    ]
     assert host["Init"] is h["init"]
     assert host["PidMode"] == ""  # private PID namespace
     assert host["IpcMode"] == h["ipc_mode"]

@@ -31,7 +31,11 @@ def test_container_kwargs_maps_every_hardening_field(tmp_path: Path) -> None:
     assert kw["pids_limit"] == 99
     assert kw["mem_limit"] == kw["memswap_limit"] == 512 * 1024 * 1024
     assert kw["nano_cpus"] == 1_000_000_000
-    assert kw["ulimits"] == [{"name": "nofile", "soft": 321, "hard": 321}]
+    disk = plan["budget"]["disk_bytes"] + 1024**2
+    assert kw["ulimits"] == [
+        {"name": "nofile", "soft": 321, "hard": 321},
+        {"name": "fsize", "soft": disk, "hard": disk},  # no file past the disk budget
+    ]
     assert kw["init"] is True and kw["stop_timeout"] == 10
     assert kw["network_mode"] == "none" and kw["ipc_mode"] == "private"
     assert kw["runtime"] == "runc" and kw["working_dir"] == "/"

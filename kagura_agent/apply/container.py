@@ -16,6 +16,7 @@ import signal
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+from kagura_agent.apply.cgroupio import Freezer, WriteMeter
 from kagura_agent.apply.context import (
     ApplyRuntime,
     BrainOutcome,
@@ -333,22 +334,39 @@ def _watch_disk(ctx: RunContext, runtime: ApplyRuntime, containers: list[str]) -
     """The run's writes to the project root, bounded by ``budget.disk_bytes``; past it,
     every container in ``containers`` (the agent's, then verify's) is stopped."""
 
+    known: dict[str, int] = {}  # a container's init keeps its pid: asked of Docker once
+
+    def inits() -> list[int]:
+        for container_id in list(containers):
+            if container_id not in known:
+                with contextlib.suppress(KaguraError):
+                    if pid := runtime.state(container_id).pid:
+                        known[container_id] = pid
+        return list(known.values())
+
+    freezer = Freezer(inits)
+
     def over(reason: str) -> None:
+        freezer.kill_all()  # called while they are held: none runs again
         _stop_now(runtime, list(containers), ctx.live, reason)
 
+    meter = WriteMeter(inits)
+
     def holders() -> list[int]:
-        """Every process of the run's containers (a deleted file they hold counts)."""
-        pids: list[int] = []
-        for container_id in list(containers):
-            try:
-                init = runtime.state(container_id).pid
-            except KaguraError:
-                continue
-            pids += list(namespace_processes(init) or {}) if init else []
+        """Every process of the run's containers (a deleted file they hold counts): their
+        cgroups' members, else each PID namespace's (a walk of all of /proc)."""
+        pids = meter.pids()
+        if pids:
+            return pids
+        for init in inits():
+            pids += list(namespace_processes(init) or {})
         return pids
 
     budget = ctx.plan["budget"]["disk_bytes"]
-    return DiskWatch(ctx.plan["task"]["project_root"], budget, over, holders=holders).start()
+    root = ctx.plan["task"]["project_root"]
+    return DiskWatch(
+        root, budget, over, holders=holders, meter=meter.read, hold=freezer.hold
+    ).start()
 
 
 def _close_egress(egress: EgressRun, denials: Denials, live: LiveView) -> None:

@@ -82,6 +82,23 @@ def _check_floor(plan: Plan) -> None:
         raise _refuse("; ".join(broken))
 
 
+# How far one file may pass the disk budget before the kernel refuses it: enough for the
+# disk watch to see the budget passed and name it as the reason the run was stopped.
+FSIZE_SLACK = 1024**2
+
+
+def _ulimits(nofile: int, disk_bytes: int) -> list[dict[str, Any]]:
+    """Open files; and no single file much larger than the run's disk budget, however it
+    grows (written, allocated with fallocate, extended with truncate): the kernel refuses
+    it (EFBIG) at once, where the host's disk watch (apply/diskwatch.py) would see an
+    allocation only after it was made."""
+    found: list[dict[str, Any]] = [{"name": "nofile", "soft": nofile, "hard": nofile}]
+    if disk_bytes > 0:
+        most = disk_bytes + FSIZE_SLACK
+        found.append({"name": "fsize", "soft": most, "hard": most})
+    return found
+
+
 def labels(plan: Plan, run_id: str) -> dict[str, str]:
     """The labels every container of this run carries (and that list/sweep filter on)."""
     task = plan["task"]
@@ -158,7 +175,7 @@ def container_kwargs(
         # Same as mem_limit: no swap, so the memory limit is a hard OOM boundary.
         "memswap_limit": int(h["memory_bytes"]),
         "nano_cpus": int(h["nano_cpus"]),
-        "ulimits": [{"name": "nofile", "soft": nofile, "hard": nofile}],
+        "ulimits": _ulimits(nofile, plan["budget"]["disk_bytes"]),
         # The kagura entrypoint is its own init (brain/guard.py): Docker's would be a
         # process the agent's tools can ptrace, holding the brain channel's pipes.
         "init": h["init"] and not (role == "agent" and command is None),
