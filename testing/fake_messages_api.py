@@ -368,6 +368,10 @@ class _State:
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Each SSE event goes out when written, as from the real API: with Nagle's algorithm
+    # a small event waited for the peer's delayed ACK (~40 ms), which is the fake's, not
+    # the code's under test (bench/model_calls measured it on every call).
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
