@@ -726,3 +726,40 @@ def test_the_documented_refusals_hold(docker_client: Any, images: dict[str, str]
         assert [r.statuses[0] for r in replies] == [status for _, status, _ in rows]
         assert _reasons(port) == [reason for _, _, reason in rows]
         assert port.records() == []
+
+
+def test_files_pass_only_where_a_policy_allows_them(
+    docker_client: Any, images: dict[str, str]
+) -> None:
+    policy = {
+        "server_tools": [],
+        "mcp_servers": [],
+        "url_sources": False,
+        "files": True,
+        "betas": ["claude-code", "files-api"],
+        "concurrency": 4,
+    }
+    beta = {"anthropic-beta": "files-api-2025-04-14"}
+    with open_port(docker_client, images, model_calls=policy) as port:
+        passed = [
+            request(method="GET", target="/v1/files", headers=beta),
+            request(method="GET", target="/v1/files/file_011abc/content", headers=beta),
+            request(method="DELETE", target="/v1/files/file_011abc", headers=beta),
+            request(_call(messages=_user(FILE_DOC)), headers=beta),
+        ]
+        refused = [
+            request(method="GET", target="/v1/files/../messages/batches", headers=beta),
+            request(method="PUT", target="/v1/files/file_011abc", headers=beta),
+            request(method="POST", target="/v1/messages/batches", headers=beta),
+            request(_call(messages=_user(URL_IMAGE)), headers=beta),
+        ]
+        replies = port.send_each(passed + refused)
+        # The fake answers the Files API with 404: what matters is that it got them.
+        assert [r.statuses[0] for r in replies[4:]] == [403, 403, 403, 403]
+        paths = [r["path"] for r in port.records()]
+        assert paths == [
+            "/v1/files",
+            "/v1/files/file_011abc/content",
+            "/v1/files/file_011abc",
+            "/v1/messages?beta=true",
+        ]
