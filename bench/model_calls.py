@@ -14,9 +14,9 @@ processes hits both alike.
 - ``proxy_added_p50_ms`` / ``proxy_added_p99_ms``: each proxied call (request sent to
   the end of the stream) is paired with a direct one made right after it by the same
   client; the median and 99th percentile of the difference. Target: p99 at most 5 ms.
-- ``ttfb_ratio``: with a slow stream (events 50 ms apart), the median time to the first
-  streamed byte proxied / direct. A port that buffered the stream would show ~the whole
-  stream's time here; one that passes it on shows ~1.
+- ``ttfb_ratio``: with a slow stream (it starts after 200 ms, then events 50 ms apart,
+  ~0.7 s in all), the median time to the first streamed byte proxied / direct. A port
+  that buffered the stream would show ~3.5 here; one that passes it on shows ~1.
 
 Prints the figures, then:
 
@@ -50,6 +50,7 @@ LABEL = {"dev.kagura.bench": "model_calls"}
 HOST = "api.anthropic.test"
 KEY = "sk-ant-bench-" + "b" * 40
 SLOW_DELAY = 0.05
+SLOW_STALL = 0.2  # the model "thinks" before its answer starts, as the real one does
 # The client: ``n`` calls on one kept-alive connection; prints one line per call:
 # seconds to the first body byte, seconds to the end of the stream.
 CLIENT = r"""
@@ -134,10 +135,14 @@ def world(client: Any) -> Iterator[tuple[Any, Any]]:
     socket volume, socat and nginx in the proxy)."""
     refs = ensure_egress_images(client)
     # Past the last scripted turn every call gets ``then``: a fast stream, or (BENCH slow)
-    # one whose events come 50 ms apart.
+    # one that starts after 200 ms and whose events come 50 ms apart.
     script = {
         "conversations": [
-            {"match": "BENCH slow", "turns": [], "then": {"text": "y" * 240, "delay": SLOW_DELAY}}
+            {
+                "match": "BENCH slow",
+                "turns": [],
+                "then": {"text": "y" * 240, "stall": SLOW_STALL, "delay": SLOW_DELAY},
+            }
         ],
         "default": {"text": "x" * 240},
     }
@@ -206,7 +211,7 @@ def main() -> None:
         "proxied": statistics.median(p[0] * 1000 for p in slow_pairs),
         "direct": statistics.median(p[2] * 1000 for p in slow_pairs),
     }
-    stream_ms = SLOW_DELAY * 1000 * 10
+    stream_ms = (SLOW_STALL + SLOW_DELAY * 10) * 1000
     print(f"request body {len(fast) // 1024} KiB, {args.calls} calls a path, each proxied call")
     print("paired with a direct one right after it on the same client")
     for name, values in (("direct", direct), ("proxied", proxied)):
