@@ -176,7 +176,9 @@ def test_an_operator_folder_without_policies_still_enforces_the_membrane(
         encoding="utf-8",
     )
     (base / "task.yml").write_text(_task("", "  egress: [paste]\n  steps: [ls]\n")[4:])
-    assert main(["plan", "--json", "--facts", str(facts), "--manifests", "ops", "task.yml"]) == 0
+    assert (
+        main(["plan", "--json", "--facts", str(facts), "--manifests", "ops", "task.yml"]) == 6
+    )  # refused: plan exits 6
     plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
     assert plan["applyable"] is False
     denied = [r["policy"] for r in plan["policy"] if not r["passed"] and r["effect"] == "deny"]
@@ -245,13 +247,13 @@ def test_the_floor_holds_even_for_an_operator_image_without_policies(
     _ops_with(base, image)
     (base / "task.yml").write_text(_task("", "  image: fat\n  steps: [ls]\n")[4:])
     argv = ["--facts", str(facts), "--manifests", "ops", "task.yml"]
-    assert main(["plan", "--json", *argv]) == 0
+    assert main(["plan", "--json", *argv]) == 6  # refused: plan exits 6
     plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
     assert plan["applyable"] is False
     assert any(expected in v for v in plan["floor"]), plan["floor"]
-    assert main(["plan", *argv]) == 0
+    assert main(["plan", *argv]) == 6
     assert "FLOOR " in capsys.readouterr().out
-    assert main(["plan", "--format", "markdown", *argv]) == 0
+    assert main(["plan", "--format", "markdown", *argv]) == 6
     assert "**floor**" in capsys.readouterr().out
 
 
@@ -286,7 +288,7 @@ def test_no_egress_entry_reaches_metadata_or_loopback_even_from_the_operator(
     _ops_with(base, egress)
     (base / "task.yml").write_text(_task("", "  egress: [metadata]\n  steps: [ls]\n")[4:])
     argv = ["--facts", str(facts), "--manifests", "ops", "task.yml"]
-    assert main(["plan", "--json", *argv]) == 0
+    assert main(["plan", "--json", *argv]) == 6  # refused: plan exits 6
     plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
     assert plan["applyable"] is False
     assert any("reaches loopback, link-local or cloud metadata" in v for v in plan["floor"])
@@ -349,7 +351,9 @@ def test_no_policy_file_of_the_operator_folder_is_silently_dropped(
     else:
         (ops / "House.YML").write_text(HOUSE_DENY.replace("NAME", "house"))
     (base / "task.yml").write_text(_task("", "  egress: [example]\n  steps: [ls]\n")[4:])
-    assert main(["plan", "--json", "--facts", str(facts), "--manifests", "ops", "task.yml"]) == 0
+    assert (
+        main(["plan", "--json", "--facts", str(facts), "--manifests", "ops", "task.yml"]) == 6
+    )  # refused: plan exits 6
     plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
     denied = [r["policy"] for r in plan["policy"] if not r["passed"] and r["effect"] == "deny"]
     assert denied == ["house/no-example"]

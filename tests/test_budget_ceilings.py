@@ -41,8 +41,10 @@ def _plan(
         (base / "ops").mkdir(exist_ok=True)
         (base / "ops" / "ceilings.yml").write_text(ops, encoding="utf-8")
         argv[1:1] = ["--manifests", "ops"]
-    assert main(argv) == 0, capsys.readouterr().err
-    plan: dict[str, Any] = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
+    code = main(argv)
+    out, err = capsys.readouterr()
+    plan: dict[str, Any] = json.loads(out)["plans"][0]["plan"]
+    assert code == (0 if plan["applyable"] else 6), err  # plan exits 6 when apply would refuse
     return plan
 
 
@@ -70,7 +72,7 @@ def test_a_task_over_every_packaged_ceiling_is_refused_on_each(
         "budget disk 5000 GiB",
     ]
     assert all("Policy membrane (packaged)" in m for m in messages)
-    assert main(["plan", "--facts", "facts.json", "task.yml"]) == 0
+    assert main(["plan", "--facts", "facts.json", "task.yml"]) == 6
     text = capsys.readouterr().out
     assert "refused: budget disk 5000 GiB is over the ceiling 20g" in text
     assert "applyable    NO" in text

@@ -123,12 +123,12 @@ def test_widening_is_rendered_and_refused_by_apply(
     facts_file = tmp_path / "facts.json"
     facts_file.write_text(json.dumps({"parent_plan": parent_plan}), encoding="utf-8")
     args = [str(child_task), "--manifests", MANIFESTS, "--facts", str(facts_file)]
-    assert main(["plan", *args]) == 0
+    assert main(["plan", *args]) == 6  # refused: plan exits 6
     out = capsys.readouterr().out
     assert "parent       task parent; context memories: mem-a, mem-b" in out
     assert "WIDENS the parent: egress https://api.github.com:443" in out
     assert "applyable    NO" in out
-    assert main(["plan", "--format", "markdown", *args]) == 0
+    assert main(["plan", "--format", "markdown", *args]) == 6
     assert "| parent | task `parent` (egress https://api.github.com:443" in capsys.readouterr().out
 
     from kagura_agent.apply.executor import ApplyOptions, refuse_unapplyable

@@ -38,8 +38,10 @@ def example_args(example: str) -> list[str]:
 def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
     code = main(["plan", "--json", *argv])
     out, err = capsys.readouterr()
-    assert code == 0, err
     result = json.loads(out)
+    # A plan apply would refuse (denied-paste) makes plan exit 6, its JSON still printed.
+    refused = not all(entry["admission"]["applyable"] for entry in result["plans"])
+    assert code == (6 if refused else 0), err
     assert result["ok"] is True and result["errors"] == []
     plans = [entry["plan"] for entry in result["plans"]]
     return plans[0] if len(plans) == 1 else plans
@@ -109,7 +111,8 @@ def test_examples_plan_with_real_facts(at_root: Path, capsys: pytest.CaptureFixt
     for example in EXAMPLES:
         code = main(["plan", *example_args(example)])
         out, err = capsys.readouterr()
-        assert code == 0, err
+        # Not applyable (a policy denies it, a checkout the agent cannot write): exit 6.
+        assert code == (6 if "applyable    NO" in out else 0), err
         assert out.count("Plan for task ") == 1
 
 

@@ -112,7 +112,7 @@ def test_an_image_adding_one_forbidden_capability_is_refused_with_no_policy_at_a
         assert main(["validate", "--manifests", "ops", "task.yml"]) == 2
         assert "$.spec.hardening.cap_add[0]" in capsys.readouterr().err
         return
-    assert main(["plan", "--json", *argv]) == 0
+    assert main(["plan", "--json", *argv]) == 6  # refused: plan exits 6
     [entry] = json.loads(capsys.readouterr().out)["plans"]
     plan = entry["plan"]
     assert plan["policy"] == []  # no policy to refuse it: only the floor does
@@ -121,7 +121,7 @@ def test_an_image_adding_one_forbidden_capability_is_refused_with_no_policy_at_a
     assert plan["applyable"] is False and entry["admission"]["applyable"] is False
     with pytest.raises(RefusedError, match=_floor_says(cap)):
         refuse_unapplyable(plan, ApplyOptions())
-    assert main(["plan", *argv]) == 0
+    assert main(["plan", *argv]) == 6
     text = capsys.readouterr().out
     assert f"FLOOR {_floor_says(cap)}" in text and "applyable    NO" in text
 

@@ -89,7 +89,8 @@ def run(root: Path, *argv: str) -> tuple[int, str, str]:
 
 
 def check_outcome(code: int, out: str, err: str, *, plan: bool) -> None:
-    assert code in (0, 2), (code, out, err)
+    # 6: planned, and not applyable (plan refuses what apply would refuse).
+    assert code in ((0, 2, 6) if plan else (0, 2)), (code, out, err)
     assert "Traceback" not in out + err
     if code == 2:
         lines = [line for line in err.splitlines() if line.strip()]
@@ -103,6 +104,8 @@ def check_outcome(code: int, out: str, err: str, *, plan: bool) -> None:
         data = json.loads(out)
         plans = [entry["plan"] for entry in data["plans"]]
         assert plans and data["ok"] is True
+        refused = not all(entry["admission"]["applyable"] for entry in data["plans"])
+        assert code == (6 if refused else 0), (code, err)
         for one in plans:
             assert one["format_version"] == 1
             assert one["fingerprint"].startswith("sha256:")

@@ -127,12 +127,14 @@ def test_permission_bits_bind_the_commands(read_only_state: Path, tmp_path: Path
 def test_plan_validate_show_on_a_read_only_state_dir(read_only_state: Path, tmp_path: Path) -> None:
     before = _snapshot(read_only_state)
     saved = tmp_path / "saved.json"
-    plan = _kagura(["plan", TASK, "-o", str(saved)], read_only_state, tmp_path)
+    plan = _kagura(
+        ["plan", "--allow-unapplyable", TASK, "-o", str(saved)], read_only_state, tmp_path
+    )
     assert plan.returncode == 0, plan.stderr
     # It read the store: the last applied plan (no changes) and the known failure.
     assert "no changes against the last applied plan" in plan.stdout, plan.stdout
     assert "echo: disk full" in plan.stdout, plan.stdout
-    as_json = _kagura(["plan", TASK, "--json"], read_only_state, tmp_path)
+    as_json = _kagura(["plan", "--allow-unapplyable", TASK, "--json"], read_only_state, tmp_path)
     assert as_json.returncode == 0, as_json.stderr
     compiled = json.loads(as_json.stdout)["plans"][0]["plan"]
     assert not any("older than" in w for w in compiled["warnings"])
@@ -146,7 +148,11 @@ def test_plan_validate_show_on_a_read_only_state_dir(read_only_state: Path, tmp_
 def test_no_state_dir_is_not_created(tmp_path: Path) -> None:
     absent = tmp_path / "no-state"
     saved = tmp_path / "saved.json"
-    for args in (["plan", TASK, "-o", str(saved)], ["validate", TASK], ["show", str(saved)]):
+    for args in (
+        ["plan", "--allow-unapplyable", TASK, "-o", str(saved)],
+        ["validate", TASK],
+        ["show", str(saved)],
+    ):
         done = _kagura(args, absent, tmp_path)
         assert done.returncode == 0, (args, done.stderr)
         assert not absent.exists(), args
@@ -161,7 +167,7 @@ def test_an_older_schema_is_read_fail_closed_and_not_migrated(
     _make_state(state_dir, old_schema=True)
     before = _snapshot(_lock(state_dir))
     try:
-        done = _kagura(["plan", TASK, "--json"], state_dir, tmp_path)
+        done = _kagura(["plan", "--allow-unapplyable", TASK, "--json"], state_dir, tmp_path)
         assert done.returncode == 0, done.stderr
         warnings = json.loads(done.stdout)["plans"][0]["plan"]["warnings"]
         assert any("graduation schema v1" in w for w in warnings), warnings
@@ -189,7 +195,7 @@ def test_a_store_a_writer_holds_open_is_read_through_its_wal(
         assert names == [STATE_FILE, STATE_FILE + "-shm", STATE_FILE + "-wal"]
         main_file = (state_dir / STATE_FILE).read_bytes()
         done = subprocess.run(
-            [sys.executable, "-m", "kagura_agent", "plan", TASK],
+            [sys.executable, "-m", "kagura_agent", "plan", "--allow-unapplyable", TASK],
             env={**os.environ, "KAGURA_AGENT_STATE_DIR": str(state_dir), "NO_COLOR": "1"},
             cwd=REPO,
             capture_output=True,

@@ -32,7 +32,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--require-applyable",
         action="store_true",
-        help="exit 6 when any plan is not applyable (the kagura-plan pre-commit hook)",
+        help="exit 6 when any plan is not applyable (the default; kept for existing hooks)",
+    )
+    parser.add_argument(
+        "--allow-unapplyable",
+        action="store_true",
+        help="exit 0 (or 5) even when a plan is not applyable: show refused plans without"
+        " failing, e.g. in a review job that posts them",
     )
     parser.add_argument("--facts", metavar="FILE", help=argparse.SUPPRESS)
     parser.set_defaults(handler=run)
@@ -79,12 +85,20 @@ def run(args: argparse.Namespace) -> int:
         planfile.save(plans[0], Path(args.out))
         print(f"saved plan to {args.out}", file=sys.stderr)
     refused = [p["task"]["name"] for p in plans if not admit(p).applyable]
-    if args.require_applyable and refused:
+    if refused and not args.allow_unapplyable:
         from kagura_agent.errors import RefusedError
 
-        raise RefusedError(
-            "not applyable: " + ", ".join(refused), hint="the plan above says why (DENY, refused)"
+        # apply would refuse these: so does plan (exit 6), whatever the diff says.
+        error = RefusedError(
+            "not applyable: " + ", ".join(refused),
+            hint="the plan above says why (DENY, refused); --allow-unapplyable exits 0",
         )
+        if fmt != "json":
+            raise error
+        # The envelope printed above is the answer (each plan's admission says why): no
+        # second JSON document on stdout, the reason on stderr.
+        print(error.render(), file=sys.stderr)
+        return int(error.exit_code)
     if args.detailed_exitcode and any_changes:
         return int(ExitCode.CHANGES)
     return 0

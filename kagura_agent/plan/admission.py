@@ -8,7 +8,9 @@ docker.sock mount, with its fingerprints recomputed so that it loads, it still s
 ``"applyable": true`` and ``"floor": []``. So:
 
 1. the membrane floor (membrane/floor.py) is recomputed from the plan's hardening, mounts
-   and egress — the plan's own ``floor`` list is only what the planner found;
+   and egress — the plan's own ``floor`` list is only what the planner found — and so is
+   whether each credential's lease can be minted at all (membrane/lifetimes.py: a budget
+   shorter than the provider's shortest credential is exhausted before it starts);
 2. the refusals the planner recorded (policy denials, denied capabilities, tenancy, an
    unwritable root, ceilings) are kept: they need the manifests to recompute, and an edit
    can only remove them — ``apply`` of a saved plan re-plans it from its inputs first
@@ -27,9 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kagura_agent.membrane.floor import floor_violations
+from kagura_agent.membrane.lifetimes import lifetime_refusals
 from kagura_agent.plan.model import Refusal
 
 FLOOR_SOURCE = "membrane floor"
+# Refusals admit recomputes from the plan itself (a recorded one is replaced, not kept).
+RECOMPUTED = ("floor", "lease-lifetime")
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,8 @@ def admit(plan: Mapping[str, Any]) -> Admission:
         {"code": "floor", "message": f"membrane floor: {broken}", "source": FLOOR_SOURCE}
         for broken in floor
     ]
-    recorded = [r for r in plan.get("refusals") or [] if r.get("code") != "floor"]
+    refusals += lifetime_refusals(list(plan.get("credentials") or []))
+    recorded = [r for r in plan.get("refusals") or [] if r.get("code") not in RECOMPUTED]
     refusals += [
         {
             "code": str(r.get("code", "")),

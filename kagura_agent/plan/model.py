@@ -768,7 +768,8 @@ DESCRIPTIONS: dict[str, str] = {
     "refusals[].code": (
         "Stable code: `floor`, `policy-deny`, `capability-denied`, `shared-tenancy`,"
         " `project-unwritable`, `parent-not-applied`, `child-widens-parent`, `budget-ceiling`,"
-        " `dispatch-depth`, …"
+        " `dispatch-depth`, `lease-lifetime` (a credential's budget is shorter than anything"
+        " its provider mints), …"
     ),
     "refusals[].message": "What is refused, for the operator.",
     "refusals[].source": "Where it comes from: manifest file, capability category or plan path.",

@@ -24,6 +24,7 @@ from kagura_agent.manifest.scopes import is_full_access
 from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.membrane.egress.audit import LOG_CEILING
 from kagura_agent.membrane.floor import floor_violations
+from kagura_agent.membrane.lifetimes import lifetime_refusals
 from kagura_agent.memory.factory import section_from_manifest
 from kagura_agent.patterns.dispatch import narrowing_violations
 from kagura_agent.patterns.failure_learning import DEFAULT_HALF_LIFE_SECONDS, failure_trust
@@ -174,6 +175,7 @@ def compile_plan(
     refusals = _refusals(floor, policy, approvals, tenancy, hardening, unwritable, widened)
     refusals += ceiling_refusals(catalog, draft["budget"])
     refusals += resume.refusals(draft["budget"], {c["category"]: c["type"] for c in credentials})
+    refusals += lifetime_refusals(list(credentials))
     plan: Plan = {
         "format_version": FORMAT_VERSION,
         "inputs": draft["inputs"],

@@ -25,6 +25,7 @@ from kagura_agent.clock import Clock, SystemClock, iso
 from kagura_agent.errors import KaguraError, RefusedError, SetupError
 from kagura_agent.membrane.endpoints import check_endpoints
 from kagura_agent.membrane.leases.ledger import Ledger, Owner, new_id
+from kagura_agent.membrane.lifetimes import first_lease_seconds
 from kagura_agent.membrane.providers import (
     Bundle,
     CredentialProvider,
@@ -35,8 +36,6 @@ from kagura_agent.membrane.providers import (
 from kagura_agent.membrane.secrets import Redactor, resolve
 from kagura_agent.state import StateStore
 
-LEASE_MIN_SECONDS = 15 * 60
-LEASE_MAX_SECONDS = 60 * 60
 RENEW_MARGIN = timedelta(minutes=5)
 # How far past the budget's end a provider's expiry may lie (its clock against ours).
 OUTLIVE_TOLERANCE = timedelta(minutes=1)
@@ -273,8 +272,7 @@ class Lease:
         # round, not int: microseconds after started_at must not cost a whole second
         # (a 15m budget holding one 15m lease would be refused as 899 s < 900 s).
         remaining = round((self.budget_ends_at - self.broker.clock.now()).total_seconds())
-        wanted = max(LEASE_MIN_SECONDS, min(LEASE_MAX_SECONDS, self.request.ttl_seconds))
-        return min(wanted, remaining)
+        return first_lease_seconds(self.request.ttl_seconds, remaining)
 
     def _mint_next(self) -> None:
         broker = self.broker
@@ -293,8 +291,10 @@ class Lease:
             message = broker.redactor.scrub(str(exc))
             broker.ledger.record_failure(grant, message, poison=False, next_attempt_at=None)
             # Intent stays open when the failure is ambiguous (the mint may have landed);
-            # the sweeper finds and revokes it. A definite refusal closes the row.
-            if not exc.transient:
+            # the sweeper finds and revokes it. A definite refusal closes the row, and so
+            # does a request that never reached the provider (no credential can exist: left
+            # open, a provider the sweeper cannot revoke would show it "lapsing" for its ttl).
+            if not exc.transient or exc.unsent:
                 broker.ledger.close(grant, "failed", note=message)
             raise SetupError(f"could not mint credential {self.name}: {message}") from None
         broker.redactor.add(*minted.sensitive_values())

@@ -68,10 +68,15 @@ class ProviderError(Exception):
     never from a response body that could echo a token.
     """
 
-    def __init__(self, message: str, *, transient: bool, gone: bool = False) -> None:
+    def __init__(
+        self, message: str, *, transient: bool, gone: bool = False, unsent: bool = False
+    ) -> None:
         super().__init__(message)
         self.transient = transient
         self.gone = gone  # the credential no longer exists (revoking it again is a no-op)
+        # The request never reached the provider (no connection was made: the name did not
+        # resolve, the connection was refused or timed out): nothing can have been minted.
+        self.unsent = unsent
 
 
 class CredentialProvider(Protocol):

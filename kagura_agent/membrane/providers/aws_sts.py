@@ -152,7 +152,15 @@ class AwsStsProvider:
             botocore_exceptions.ConnectionError,
             botocore_exceptions.ReadTimeoutError,
         ) as exc:
-            raise ProviderError(f"sts {operation}: {type(exc).__name__}", transient=True) from None
+            # No connection made (the endpoint could not be reached): nothing was minted.
+            unsent = isinstance(
+                exc,
+                botocore_exceptions.EndpointConnectionError
+                | botocore_exceptions.ConnectTimeoutError,
+            )
+            raise ProviderError(
+                f"sts {operation}: {type(exc).__name__}", transient=True, unsent=unsent
+            ) from None
         except botocore_exceptions.BotoCoreError as exc:
             raise ProviderError(f"sts {operation}: {type(exc).__name__}", transient=False) from None
 

@@ -126,7 +126,10 @@ class GithubAppProvider:
         try:
             return self._client.request(method, path, headers=headers, json=body)
         except self._httpx.HTTPError as exc:
-            raise ProviderError(f"{method} {path}: {type(exc).__name__}", transient=True) from None
+            unsent = isinstance(exc, self._httpx.ConnectError | self._httpx.ConnectTimeout)
+            raise ProviderError(
+                f"{method} {path}: {type(exc).__name__}", transient=True, unsent=unsent
+            ) from None
 
 
 # GitHub's access levels, narrowest first.
