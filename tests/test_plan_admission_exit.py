@@ -31,6 +31,9 @@ from kagura_agent.plan.admission import admit
 from kagura_agent.state import StateStore
 from testing.keys import rsa_pair
 
+# Plans here need no image facts, and every refusal comes before Docker is reached.
+pytestmark = pytest.mark.usefixtures("without_docker")
+
 GITHUB = {
     "kind": "CredentialProvider",
     "metadata": {"name": "gh"},
