@@ -145,6 +145,38 @@ def test_budget_seconds_exhausted_fails_closed(
     assert cloudflare.live_tokens() == []
 
 
+def test_a_short_lease_is_held_to_its_budget_not_cut_by_the_renewal_margin(
+    broker: Broker, cloudflare: FakeCloudflare, clock: FixedClock
+) -> None:
+    """A 2-minute budget (a resumed session's remainder, a sub-agent's share, a short
+    grant): before, the 5-minute renewal margin made its only credential due at once and
+    the first tick exhausted it; a short credential was renewed on every tick."""
+    lease = broker.acquire(
+        LeaseRequest.from_plan(entry(cloudflare, budget_seconds=120, renewals=0))
+    )
+    assert lease.last and lease.held_until == lease.started_at + timedelta(seconds=110)
+    clock.advance(timedelta(seconds=5))
+    assert lease.tick() is None and not lease.closed
+    clock.advance(timedelta(seconds=104))  # 109 s: its last 11 seconds
+    assert lease.tick() is None and not lease.closed
+    clock.advance(timedelta(seconds=1))
+    with pytest.raises(RefusedError, match="its last credential ends"):
+        lease.tick()
+    assert cloudflare.live_tokens() == []
+    # Its budget extended (an operator approved it mid-run): the short credential is
+    # renewed a third of its life before it expires, for the rest of the new budget.
+    lease = broker.acquire(LeaseRequest.from_plan(entry(cloudflare, budget_seconds=120)))
+    first = lease.minted
+    lease.budget = Budget(300, 1)
+    assert not lease.last and lease.held_until == lease.started_at + timedelta(seconds=290)
+    clock.advance(timedelta(seconds=79))
+    assert lease.tick() is None  # a 120 s credential: renewed 40 s before its end
+    clock.advance(timedelta(seconds=2))
+    assert lease.tick() is not None and lease.minted is not first
+    assert lease.expires_at == lease.budget_ends_at and lease.last
+    lease.release()
+
+
 def test_lease_never_outlives_its_budget(
     broker: Broker, cloudflare: FakeCloudflare, clock: FixedClock
 ) -> None:

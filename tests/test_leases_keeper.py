@@ -67,10 +67,15 @@ def test_renewals_are_pushed_and_exhaustion_wipes_then_refuses(
 
     async def scenario() -> None:
         await deliver(channel, lease)
-        # Everything is due at once: the first tick renews (pushed), the second exhausts.
+        # Inside the renewal margin: the first tick renews (pushed). The renewed credential
+        # is the last its budget allows: it is held to its end, then exhausted (wiped).
         clock.advance(timedelta(minutes=11))
+        keeper = asyncio.create_task(keep_fresh(channel, [lease], poll_seconds=0.01))
+        await asyncio.sleep(0.5)
+        assert not keeper.done() and lease.renewals_used == 1 and not lease.closed
+        clock.advance(lease.expires_at - clock.now() - timedelta(seconds=9))
         with pytest.raises(RefusedError, match="budget exhausted"):
-            await keep_fresh(channel, [lease], margin=timedelta(hours=1), poll_seconds=0)
+            await asyncio.wait_for(keeper, 30)
 
     asyncio.run(scenario())
     kinds = [(kind, lease_id) for kind, lease_id, _ in channel.calls]

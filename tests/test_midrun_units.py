@@ -420,7 +420,11 @@ def test_a_lease_budget_about_to_run_out_is_extended_when_approved(
     assert (lease.budget.seconds, lease.budget.renewals) == (900, 0)
     asyncio.run(midrun.check_leases())
     assert asker.asked == []  # 15 minutes left: not yet
-    clock.advance(timedelta(minutes=9))  # its one lease ends in 6 minutes, no renewals left
+    clock.advance(timedelta(minutes=12))  # 3 minutes left, no renewals: held to its end
+    assert lease.tick() is None and not lease.closed
+    asyncio.run(midrun.check_leases())
+    assert asker.asked == []  # asked 2 minutes before it fails closed
+    clock.advance(timedelta(minutes=1))
     asyncio.run(midrun.check_leases())
     [question] = asker.asked
     assert question.category == "budget:credential:token/use"
@@ -428,6 +432,7 @@ def test_a_lease_budget_about_to_run_out_is_extended_when_approved(
         "~ credential token:use renewals 0 → 1\n~ credential token:use budget 15m → 30m"
         in question.text
     )
+    assert "runs out in 110s" in question.text
     assert (lease.budget.seconds, lease.budget.renewals) == (1800, 1)
     clock.advance(timedelta(minutes=2))
     assert lease.tick() is not None  # renewed inside the extended budget, not exhausted
@@ -438,7 +443,12 @@ def test_a_lease_budget_about_to_run_out_is_extended_when_approved(
         "test:op",
     )
     asyncio.run(midrun.check_leases())
-    assert len(asker.asked) == 1  # asked once per lease
+    assert len(asker.asked) == 1  # asked once per budget
+    # The extended budget nears its end in turn: asked again before it fails closed.
+    clock.advance(lease.held_until - clock.now() - timedelta(seconds=100))
+    asyncio.run(midrun.check_leases())
+    assert len(asker.asked) == 2 and lease.budget.seconds == 2700
+    assert [row["outcome"] for row in amendments(store, "run-units")] == ["granted", "granted"]
     lease.release()
     store.close()
 
@@ -449,14 +459,36 @@ def test_an_unanswered_lease_budget_lets_the_lease_run_out(
 ) -> None:
     monkeypatch.setenv("KAGURA_TEST_TOKEN", "kagura-units-token-" + "u" * 20)
     midrun, lease, clock, asker, store = _lease_run(tmp_path, "timeout")
-    clock.advance(timedelta(minutes=9))
+    clock.advance(timedelta(minutes=13))
     asyncio.run(midrun.check_leases())
     assert len(asker.asked) == 1 and lease.budget.seconds == 900
-    clock.advance(timedelta(minutes=2))
+    clock.advance(timedelta(seconds=109))
+    assert lease.tick() is None  # held to its last 10 seconds
+    clock.advance(timedelta(seconds=1))
     with pytest.raises(RefusedError, match="budget exhausted"):
         lease.tick()
     [row] = amendments(store, "run-units")
     assert row["outcome"] == "timeout"
+    store.close()
+
+
+@pytest.mark.usefixtures("without_docker")
+def test_with_nobody_to_ask_a_lease_budget_is_denied_and_runs_out(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """apply with no terminal and outside serve: the question is denied on the record,
+    saying nobody could be asked, and the lease fails closed at its end."""
+    monkeypatch.setenv("KAGURA_TEST_TOKEN", "kagura-units-token-" + "u" * 20)
+    midrun, lease, clock, _, store = _lease_run(tmp_path, "approved")
+    midrun.asker = NobodyAsker()
+    clock.advance(timedelta(minutes=13))
+    asyncio.run(midrun.check_leases())
+    [row] = amendments(store, "run-units")
+    assert (row["outcome"], row["who"]) == ("denied", "nobody")
+    assert "nobody can be asked" in row["detail"]
+    clock.advance(timedelta(seconds=110))
+    with pytest.raises(RefusedError, match="budget exhausted"):
+        lease.tick()
     store.close()
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable, Mapping
-from datetime import timedelta
 from typing import Any, Literal, Protocol
 
 from kagura_agent.apply.allotment import Allotments
@@ -39,15 +38,16 @@ from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import KaguraError
 from kagura_agent.hygiene import neutralise
 from kagura_agent.membrane.leases import Broker, Lease, LeaseRequest, deliver
-from kagura_agent.membrane.leases.broker import RENEW_MARGIN, Budget
+from kagura_agent.membrane.leases.broker import Budget
 from kagura_agent.state import StateStore
 from kagura_agent.units import format_duration
 
 RecordOutcome = Literal["refused", "granted", "denied", "timeout", "failed"]
 # Ask about the wall budget this long before it ends (a third of it, 10 s..5 min).
 WALL_LEAD_MIN, WALL_LEAD_MAX = 10.0, 300.0
-# Ask about a lease's budget this long before the renewal that would exhaust it.
-LEASE_LEAD = timedelta(minutes=2)
+# Ask about a lease's budget this long before it fails closed: a third of the budget,
+# 10 s..2 min (a 1-minute lease is asked about 20 s ahead, an hour's 2 min ahead).
+LEASE_LEAD_MIN, LEASE_LEAD_MAX = 10.0, 120.0
 # The container must hear about an approved extension before its own deadline fires.
 ANSWER_MARGIN = 2.0
 # Capability requests one run may make (each is shown and recorded); past it they are
@@ -144,7 +144,8 @@ class MidRun:
         self.channel: Channel | None = None
         self._numbers = itertools.count(1)
         self._one_at_a_time = asyncio.Lock()
-        self._lease_asked: set[str] = set()  # leases asked about once already
+        # (lease, budget seconds, renewals) asked about: once per budget, again once grown.
+        self._lease_asked: set[tuple[str, int, int]] = set()
         # Every question to the operator passes here: the same one pending or approved is
         # not asked again, a denied category not again this run, the agent's are rate
         # limited (approvals/midrun.Questions). The run's sub-agents' questions too.
@@ -414,27 +415,32 @@ class MidRun:
             await asyncio.sleep(poll_seconds)
 
     async def check_leases(self) -> None:
-        """One pass: each lease whose budget ends (or whose renewals run out) within
-        ``LEASE_LEAD`` of its renewal is asked about, once. Approved: the lease's budget
-        grows by what the plan gave it (its seconds, its renewals + 1), to the ceiling;
-        refused, denied or unanswered: the keeper exhausts it at its renewal, the run stops."""
+        """One pass: each lease that fails closed (its budget or its renewals spent;
+        ``Lease.held_until``) within a third of its budget (10 s..2 min) is asked about,
+        once per budget. Approved: the lease's budget grows by what the plan gave it (its
+        seconds, its renewals + 1), to the ceiling, and the next lease is asked about again
+        before that ends; refused, denied or unanswered: the keeper exhausts it at its end
+        and the run stops."""
         for lease in list(self.leases):
-            if lease.closed or lease.id in self._lease_asked or lease.minted is None:
+            if lease.closed or lease.minted is None:
+                continue
+            asked = (lease.id, lease.budget.seconds, lease.budget.renewals)
+            if asked in self._lease_asked:
                 continue
             now = lease.broker.clock.now()
-            soon = now + RENEW_MARGIN + LEASE_LEAD
-            spent = lease.renewals_used >= lease.budget.renewals and lease.expires_at <= soon
-            if lease.budget_ends_at > soon and not spent:
+            left = (lease.held_until - now).total_seconds()
+            if left > lease_lead(lease.budget.seconds):
                 continue
-            self._lease_asked.add(lease.id)
-            await self._extend_lease(lease, (lease.expires_at - RENEW_MARGIN - now).total_seconds())
+            self._lease_asked.add(asked)
+            await self._extend_lease(lease, left)
 
     async def _extend_lease(self, lease: Lease, left: float) -> None:
         request_id = self._request_id()
         category = lease.request.category
         reason = (
-            f"the lease budget of {category} ({lease.budget.seconds}s, {lease.budget.renewals}"
-            f" renewals, {lease.renewals_used} used) runs out at its next renewal"
+            f"the lease budget of {category} ({format_duration(lease.budget.seconds)},"
+            f" {lease.budget.renewals} renewals, {lease.renewals_used} used) runs out in"
+            f" {max(left, 0):.0f}s"
         )
         async with self._one_at_a_time:
             seconds = lease.budget.seconds + lease.request.budget_seconds
@@ -460,6 +466,13 @@ class MidRun:
                 self.live.note(
                     f"lease budget not extended ({said}): the run stops when it runs out"
                 )
+                return
+            if lease.closed:
+                why = "approved, but the lease had run out before the answer came"
+                self._record(
+                    request_id, "budget", category, reason, "failed", answer.who, why, amendment
+                )
+                self.live.note(f"↳ {request_id}: {why}", "red")
                 return
             lease.budget = Budget(int(entry["budget_seconds"]), int(entry["renewals"]))
             self.amender.accept_lease_budget(amendment, category)
@@ -544,6 +557,11 @@ class MidRun:
                     detail,
                 ),
             )
+
+
+def lease_lead(budget_seconds: float) -> float:
+    """Seconds before a lease fails closed that its extension is asked about."""
+    return min(max(budget_seconds / 3, LEASE_LEAD_MIN), LEASE_LEAD_MAX)
 
 
 def _left(budget: Mapping[str, Any], turns: int, usd: float) -> dict[str, Any]:

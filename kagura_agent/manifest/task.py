@@ -249,11 +249,9 @@ def _credentials(
             continue
         renewals = int(grant.get("renewals", 0))
         budget = parse_duration(grant["budget"]) if "budget" in grant else ttl * (renewals + 1)
-        # A dispatched child's lease is held no longer than its parent's has left (the
-        # host writes that budget; the broker ends the lease there): shorter is expected.
-        if budget < ttl and "budget" not in (task.spec.get("parent") or {}):
-            problems.append(task.diag((*at, "budget"), "budget is shorter than one lease"))
-            continue
+        # A budget shorter than one lease is one shorter lease (the broker ends a lease at
+        # its budget's end); one shorter than its provider can mint is refused by the plan
+        # (membrane/lifetimes.py: lease-lifetime), which knows a dispatched child's too.
         requests.append(CredentialRequest(provider, grant["scope"], ttl, renewals, budget))
     return requests
 

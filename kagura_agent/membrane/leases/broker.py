@@ -6,10 +6,15 @@
     lease.tick()        # heartbeat; renews when due; RefusedError when the budget is spent
     lease.release()     # revoke (where the provider can) and close the row
 
-A lease lasts 15 minutes to 1 hour and is renewed (a fresh mint, then the old one is
-revoked) until the budget's seconds or renewals run out. Then it fails closed: the
-current credential is revoked and RefusedError (exit 6) is raised — never an expired or a
-wider credential.
+A lease lasts 15 minutes to 1 hour (less when its budget is shorter) and is renewed (a
+fresh mint, then the old one is revoked) a while before its credential expires: 5 minutes,
+or a third of a shorter credential's life. The last credential its budget allows (no
+renewal left, or too little of the budget after it for the provider to mint) is held to
+its end — it is the budget, not the renewal margin, that ends a lease — and
+``FINAL_MARGIN`` before that end the lease fails closed: the current credential is wiped
+and revoked and RefusedError (exit 6) is raised — never an expired or a wider
+credential. ``held_until`` says when that will be, so the run can ask an operator to
+extend the budget first (apply/midrun.py).
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ from kagura_agent.membrane.secrets import Redactor, resolve
 from kagura_agent.state import StateStore
 
 RENEW_MARGIN = timedelta(minutes=5)
+# The last credential of a budget is wiped this long before it ends: the keeper polls
+# every few seconds, and the container must never hold it past its budget.
+FINAL_MARGIN = timedelta(seconds=10)
 # How far past the budget's end a provider's expiry may lie (its clock against ours).
 OUTLIVE_TOLERANCE = timedelta(minutes=1)
 MINTABLE_CLASSES = ("baseline", "graduated", "approved")
@@ -199,6 +207,7 @@ class Lease:
     renewals_used: int = 0
     grant: str = ""
     minted: Minted | None = field(default=None, repr=False)
+    minted_at: datetime | None = None  # when the current credential was minted
     closed: bool = False
     retries: int = 0  # failed renewals re-attempted on a later tick (the run's cost history)
 
@@ -222,11 +231,39 @@ class Lease:
             raise RefusedError(f"credential {self.name} is not held (released or exhausted)")
         return self.minted.bundle
 
+    def margin(self, most: timedelta = RENEW_MARGIN) -> timedelta:
+        """How long before its expiry the current credential is renewed: ``most``, or a
+        third of a shorter credential's life (a 1-minute lease is not renewed at once)."""
+        if self.minted_at is None:
+            return most
+        return min(most, (self.expires_at - self.minted_at) / 3)
+
     def due(self, margin: timedelta = RENEW_MARGIN) -> bool:
-        return not self.closed and self.broker.clock.now() >= self.expires_at - margin
+        return not self.closed and self.broker.clock.now() >= self.expires_at - self.margin(margin)
+
+    @property
+    def last(self) -> bool:
+        """Whether the current credential is the last its budget allows: it reaches the
+        budget's end, no renewal is left, or what the budget would leave at the renewal
+        is shorter than the provider mints."""
+        if self.renewals_used >= self.budget.renewals or self.minted is None:
+            return True
+        if self.expires_at >= self.budget_ends_at:
+            return True  # it already reaches the budget's end
+        renewal = self.expires_at - self.margin()
+        shortest = timedelta(seconds=self.broker.provider_for(self.request).min_ttl)
+        return self.budget_ends_at - renewal < shortest
+
+    @property
+    def held_until(self) -> datetime:
+        """When the lease fails closed if its budget does not grow: ``FINAL_MARGIN``
+        before the end of its last credential (while renewals remain: of its budget)."""
+        end = self.expires_at if self.last else self.budget_ends_at
+        return end - FINAL_MARGIN
 
     def tick(self, margin: timedelta = RENEW_MARGIN) -> Minted | None:
-        """Heartbeat; renew when the credential is within ``margin`` of expiring.
+        """Heartbeat; renew when the credential is within ``margin`` (or a third of its
+        life) of expiring, and hold the last one to its end.
 
         Returns the new Minted when it renewed (push its bundle), None otherwise. Raises
         RefusedError when the budget is exhausted (the credential is already revoked).
@@ -234,6 +271,10 @@ class Lease:
         if self.closed:
             return None
         self.broker.ledger.heartbeat(self.id)
+        if self.minted is not None and self.last:
+            if self.broker.clock.now() >= self.expires_at - FINAL_MARGIN:
+                self._exhaust(self._why_last())
+            return None
         if not self.due(margin):
             return None
         try:
@@ -311,6 +352,7 @@ class Lease:
             self._revoke(grant, minted, note=why, strict=False, state="failed")
             raise SetupError(f"could not mint credential {self.name}: {why}")
         self.grant, self.minted = grant, minted
+        self.minted_at = broker.clock.now()
 
     def _revoke(
         self,
@@ -344,6 +386,11 @@ class Lease:
         if not revoked:
             note = f"{note}; not revocable, lapses at {iso(minted.expires_at)}"
         broker.ledger.close(grant, state, note=note)
+
+    def _why_last(self) -> str:
+        if self.renewals_used >= self.budget.renewals:
+            return f"all {self.budget.renewals} renewals used, its last credential ends"
+        return f"its {self.budget.seconds} s budget ends"
 
     def _exhaust(self, why: str) -> NoReturn:
         try:
