@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from kagura_agent.apply.modelcalls import ModelCalls
-from kagura_agent.membrane.egress.modelport import Injection
+from kagura_agent.membrane.egress.modelport import LOCAL_BETAS, Injection
 from kagura_agent.membrane.egress.session import EgressSession
 from testing.egress_images import ensure_egress_images, start_forwarder
 from testing.fake_messages_api import fake_messages_api_container, key_marker
@@ -662,6 +662,39 @@ def test_no_more_calls_reach_the_model_than_the_budget_allows(
             calls.feed(event)
         assert (calls.count, calls.of("side")) == (5, 3)
         assert "budget" in _reasons(port)
+
+
+def test_a_model_call_policy_granted_mid_run_is_in_force_before_it_is_said_to_be(
+    docker_client: Any, images: dict[str, str]
+) -> None:
+    """A mid-run grant (an amended plan's egress, EgressSession.reload) reaches the
+    injecting port too, not only squid: once reload returns, what it allows passes; the
+    calls counted before it stay counted."""
+    search = {"type": "web_search_20250305", "name": "web_search"}
+    beta = {"anthropic-beta": "web-search-2025-03-05"}
+    asked = request(_call(tools=[*TOOLS, search]), headers=beta)
+    with open_port(docker_client, images, turns=3) as port:
+        assert port.send(asked).statuses == [403]
+        assert port.send(request()).statuses == [200]
+        granted = {
+            "mode": "proxy",
+            "allow": [{"host": "allowed.test", "port": 8443}],
+            "model_calls": {
+                "server_tools": ["web_search"],
+                "mcp_servers": [],
+                "url_sources": False,
+                "files": False,
+                "betas": [*LOCAL_BETAS, "web-search"],
+                "concurrency": 2,
+            },
+        }
+        port.session.reload(granted)
+        assert port.send(asked).statuses == [200]
+        assert port.send(request()).statuses == [200]
+        # Three turn calls on a 3-turn budget, across the reload: the fourth is refused.
+        assert port.send(request()).statuses == [403]
+        assert len([r for r in port.records() if r["body"].get("tools")]) == 3
+        assert _reasons(port).count("budget") == 1
 
 
 def test_no_more_calls_are_under_way_at_once_than_the_cap(

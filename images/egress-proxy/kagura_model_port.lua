@@ -98,6 +98,13 @@ function M.init(policy_path, key_path)
         betas = set_of(policy.betas),
         beta_families = set_of(policy.beta_families),
     }
+    -- Say which policy is now loaded (the host waits for it after a mid-run grant).
+    local loaded_path = (policy_path:gsub("policy%.json$", "policy.loaded"))
+    local loaded = io.open(loaded_path, "wb")
+    if loaded then
+        loaded:write(tostring(math.floor(tonumber(policy.generation) or 0)))
+        loaded:close()
+    end
     io.stdout:setvbuf("full")
 end
 

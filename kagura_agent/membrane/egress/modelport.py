@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,10 @@ INJECT_DIR = "/run/kagura-inject"
 # does not resolve then leaves 127.0.0.1, where nothing listens: calls fail, logged.
 UPSTREAM_ADDRESS = "__KAGURA_UPSTREAM_ADDRESS__"
 LIMITS_FILE = f"{INJECT_DIR}/limits.json"
+POLICY_FILE = f"{INJECT_DIR}/policy.json"
+# The Lua module writes the generation of the policy it loaded here (at start and on
+# every reload), so the host knows when a mid-run policy is in force.
+LOADED_FILE = f"{INJECT_DIR}/policy.loaded"
 # The reasons the port gives a refusal in its log line (kagura_model_port.lua).
 MODEL_REASONS = (
     "not-model-call",
@@ -164,8 +169,9 @@ class ModelCallPolicy:
             concurrency=int(section["concurrency"]),
         )
 
-    def lua_config(self, injection: Injection) -> str:
-        """The policy file the Lua module reads at start (no secret in it)."""
+    def lua_config(self, injection: Injection, generation: int = 0) -> str:
+        """The policy file the Lua module reads at start and on a reload (no secret in it);
+        ``generation`` counts the policies a run has had (0: the planned one)."""
         bad = [b for b in self.betas if not _BETA.fullmatch(b)]
         bad += [t for t in self.server_tools if t not in SERVER_TOOLS]
         bad += [h for h in self.mcp_servers if not is_squid_safe(h)]
@@ -184,6 +190,7 @@ class ModelCallPolicy:
                 "files": self.files,
                 "betas": exact,
                 "beta_families": families,
+                "generation": generation,
             },
             sort_keys=True,
         )
@@ -333,3 +340,52 @@ def set_limits(client: Any, proxy_id: str, limits: CallLimits, *, user: str) -> 
     if code != 0:
         detail = output.decode(errors="replace")[-300:]
         raise SetupError(f"the model-call limits were not written: {detail}")
+
+
+# The new policy beside the live file, renamed over it, then nginx reloaded (HUP): the
+# master re-runs the Lua module's init, which reads the policy and writes its generation
+# to LOADED_FILE; open connections finish on the old workers, and the call counts (a
+# shared dictionary) survive the reload.
+_SET_POLICY = (
+    f'umask 077; printf %s "$KAGURA_POLICY" > {POLICY_FILE}.next'
+    f" && mv {POLICY_FILE}.next {POLICY_FILE}"
+    f' && kill -HUP "$(cat {INJECT_DIR}/nginx.pid)"'
+)
+
+
+def set_policy(
+    client: Any,
+    proxy_id: str,
+    policy: ModelCallPolicy,
+    injection: Injection,
+    generation: int,
+    *,
+    user: str,
+    timeout: float = 15.0,
+) -> None:
+    """Put a mid-run model-call policy in force in a running proxy's injecting port, and
+    return only once nginx has loaded it; a SetupError when it did not (the old policy
+    then stays in force: nothing new passes)."""
+    config = policy.lua_config(injection, generation)
+    with docker_errors("putting the model-call policy in force at the injecting port"):
+        exec_id = client.api.exec_create(
+            proxy_id, ["sh", "-c", _SET_POLICY], user=user, environment={"KAGURA_POLICY": config}
+        )["Id"]
+        output = client.api.exec_start(exec_id)
+        code = client.api.exec_inspect(exec_id).get("ExitCode")
+        if code != 0:
+            detail = output.decode(errors="replace")[-300:]
+            raise SetupError(f"the model-call policy was not written: {detail}")
+        deadline = time.monotonic() + timeout
+        while True:
+            exec_id = client.api.exec_create(proxy_id, ["cat", LOADED_FILE], user=user)["Id"]
+            loaded = client.api.exec_start(exec_id).decode(errors="replace").strip()
+            if loaded == str(generation):
+                return
+            if time.monotonic() > deadline:
+                raise SetupError(
+                    "the injecting port did not load the new model-call policy in"
+                    f" {timeout:.0f} s (it loaded generation {loaded or 'none'});"
+                    " the policy in force before still holds"
+                )
+            time.sleep(0.05)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import re
 import socket
 import threading
@@ -46,6 +47,7 @@ from kagura_agent.membrane.egress.modelport import (
     check_secret,
     render_nginx_conf,
     set_limits,
+    set_policy,
 )
 from kagura_agent.membrane.egress.policy import EgressPolicy, load_policy
 from kagura_agent.membrane.egress.proxy import (
@@ -215,6 +217,7 @@ class EgressSession:
         self._volume_pending = False
         self.injection: Injection | None = None
         self.model_policy = ModelCallPolicy()
+        self.model_policy_generation = 0
         self.call_limits: CallLimits | None = None
         self._secret = ""
         self._extra_networks: tuple[str, ...] = ()
@@ -476,6 +479,29 @@ class EgressSession:
         )
         with self._lock:
             self.policy = policy
+        model_policy = ModelCallPolicy.from_plan(egress.get("model_calls"))
+        if (
+            self.injection is not None
+            and self.call_limits is not None
+            and model_policy != self.model_policy
+        ):
+            # What the model provider may reach for the agent changed (a granted server
+            # tool, MCP host, beta): the injecting port takes it before the grant is said
+            # to be in force; until then it keeps refusing what the old policy refused.
+            generation = self.model_policy_generation + 1
+            set_policy(
+                self.client,
+                self.proxy.id,
+                model_policy,
+                self.injection,
+                generation,
+                user=PROXY_USER,
+            )
+            self.model_policy, self.model_policy_generation = model_policy, generation
+            if model_policy.concurrency != self.call_limits.concurrency:
+                limits = dataclasses.replace(self.call_limits, concurrency=model_policy.concurrency)
+                set_limits(self.client, self.proxy.id, limits, user=PROXY_USER)
+                self.call_limits = limits
 
     def limit_model_calls(self, turns: int | None) -> None:
         """A turn budget extended mid-run: the injecting port's caps follow it (the calls
