@@ -15,10 +15,13 @@ from pathlib import Path
 import yaml
 
 from kagura_agent import hostproc
-from kagura_agent.errors import UsageError
+from kagura_agent.errors import KaguraError, UsageError, ValidationError
+from kagura_agent.hygiene import neutralise
 from kagura_agent.inputfile import Unreadable, read_text
 from kagura_agent.manifest.loader import yaml_files
+from kagura_agent.manifest.workspace import load_workspace
 from kagura_agent.plan.diff import Change
+from kagura_agent.plan.manifestdiff import diff_catalogs
 from kagura_agent.plan.model import Plan
 from kagura_agent.plan.render import markdown_with_changes
 
@@ -35,6 +38,21 @@ def changed_files(base: str, cwd: Path) -> list[str]:
     gone from the tree and have nothing to plan), relative to the repository root."""
     out = _git(cwd, "diff", "--name-only", "--diff-filter=d", "-z", f"{base}...HEAD", "--")
     return sorted(name for name in out.split("\0") if name)
+
+
+def removed_task_files(base: str, cwd: Path) -> list[str]:
+    """Task files (at the merge base) the branch deleted, relative to the repository root:
+    a task that no longer runs is a change a reviewer sees."""
+    out = _git(cwd, "diff", "--name-only", "--diff-filter=D", "-z", f"{base}...HEAD", "--")
+    merge_base = _git(cwd, "merge-base", base, "HEAD").strip()
+    removed = []
+    for name in sorted(n for n in out.split("\0") if n):
+        if Path(name).suffix not in (".yml", ".yaml"):
+            continue
+        text = _git(cwd, "show", f"{merge_base}:{name}")
+        if _holds_tasks(text):
+            removed.append(name)
+    return removed
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -57,10 +75,46 @@ def _git(cwd: Path, *args: str) -> str:
 def is_task_file(path: Path) -> bool:
     """A YAML file whose documents are Tasks (our task files hold nothing else)."""
     try:
-        docs = list(yaml.safe_load_all(read_text(path, _MAX_TASK_BYTES)))
-    except (Unreadable, yaml.YAMLError):
+        return _holds_tasks(read_text(path, _MAX_TASK_BYTES))
+    except Unreadable:
+        return False
+
+
+def _holds_tasks(text: str) -> bool:
+    if len(text) > _MAX_TASK_BYTES:
+        return False
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError:
         return False
     return bool(docs) and all(isinstance(d, dict) and d.get("kind") == "Task" for d in docs if d)
+
+
+def manifest_changes(manifests: str | None, base: str) -> tuple[list[Change], str]:
+    """(every manifest added, removed or changed since ``base``, widening first; why the
+    manifest set could not be compared, "" when it was)."""
+    try:
+        head = load_workspace(manifests, []).catalog
+    except KaguraError as exc:
+        return [], f"the manifests do not load: {problem_text(exc)}"
+    try:
+        old = load_workspace(manifests, [], base_rev=base).catalog
+    except KaguraError as exc:
+        return [], f"the manifests at {base} do not load: {problem_text(exc)}"
+    return diff_catalogs(old, head), ""
+
+
+def problem_text(exc: KaguraError, limit: int = 20) -> str:
+    """An error for a comment: a validation error names each problem, file:line:col
+    first (never only "1 validation error")."""
+    if isinstance(exc, ValidationError):
+        shown = [
+            d.render().replace("\n    hint: ", " (hint: ") + (")" if d.hint else "")
+            for d in exc.diagnostics[:limit]
+        ]
+        more = len(exc.diagnostics) - len(shown)
+        return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
+    return exc.message
 
 
 def select_tasks(
@@ -91,17 +145,34 @@ def select_tasks(
 
 
 def comment_body(
-    base: str, sections: Sequence[str], manifest_changes: Sequence[str], problems: Sequence[str]
+    base: str,
+    sections: Sequence[str],
+    manifest_files: Sequence[str],
+    problems: Sequence[str],
+    *,
+    widened: Sequence[str] = (),
+    manifest_diff: Sequence[Change] = (),
+    removed: Sequence[str] = (),
 ) -> str:
-    """The whole comment: marker, summary, one section per planned task."""
+    """The whole comment: marker, what widens a grant (first, open), the manifest diff,
+    problems (each located), tasks removed, one section per planned task."""
     lines = [MARKER, f"## kagura-agent plan against `{base}`", ""]
-    if manifest_changes:
-        lines.append("Changed manifests: " + ", ".join(f"`{m}`" for m in manifest_changes))
+    if widened:
+        lines += [f"### Widened grants ({len(widened)})", "", "```diff"]
+        lines += [neutralise(line, newlines=False) for line in widened]
+        lines += ["```", ""]
+    if manifest_files:
+        lines.append("Changed manifests: " + ", ".join(f"`{m}`" for m in manifest_files))
         lines.append("")
-    if not sections and not problems:
+    if manifest_diff:
+        lines += ["```diff", *(change.render() for change in manifest_diff), "```", ""]
+    if removed:
+        lines.append("Removed task files: " + ", ".join(f"`{name}`" for name in removed))
+        lines.append("")
+    if not sections and not problems and not removed:
         lines.append("No task or manifest change to plan.")
     for problem in problems:
-        lines.append(f"> **error**: {problem}")
+        lines.append(f"> **error**: {neutralise(problem, newlines=False)}")
     if problems:
         lines.append("")
     body = "\n".join(lines) + "\n"

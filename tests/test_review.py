@@ -119,9 +119,11 @@ def test_the_comment_body(repo: Path) -> None:
     assert "| egress | `https://mirror2.example.com:443` (policy mirror" in hello
     assert "| needs-approval |" in hello
     assert "#### Approvals" in hello and "--approve egress:mirror" in hello
-    assert "changes against the manifests at main" in hello
-    assert "+ egress mirror2.example.com:443" in hello
-    assert "- egress mirror.example.com:443" in hello
+    # Against hello as it was at main (no egress then) with main's manifests: the egress
+    # the branch added is new, and it widens what the task gets.
+    assert "**Widens against the task file and manifests at main**" in hello
+    assert "+ egress mirror2.example.com:443 (policy mirror)  (widens)" in hello
+    assert "mirror.example.com" not in hello
 
 
 def test_nothing_to_plan_says_so(repo: Path) -> None:
@@ -141,4 +143,7 @@ def test_a_broken_task_is_reported_in_the_comment(repo: Path) -> None:
     _git(repo, "commit", "-q", "-m", "typo")
     done = _review(repo)
     assert done.returncode == 2
-    assert "> **error**: `tasks/broken.task.yml`: 1 validation error" in done.stdout
+    assert (
+        "> **error**: `tasks/broken.task.yml`: tasks/broken.task.yml:6:3  $.spec.egres"
+        "  unknown key 'egres'"
+    ) in done.stdout

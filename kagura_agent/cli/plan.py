@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kagura_agent.cli.common import add_manifest_option, print_json
 from kagura_agent.errors import ExitCode, UsageError
 from kagura_agent.plan.admission import admit
 from kagura_agent.plan.model import Plan
+
+if TYPE_CHECKING:
+    from kagura_agent.plan.diff import Change
 
 
 def register(subparsers: Any) -> None:
@@ -67,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     fmt = output_format(args)
     any_changes = False
     outputs: list[dict[str, Any]] = []
-    base_plans = _base_plans(args) if args.base else {}
+    base = _base(args, plans) if args.base else None
+    base_plans = base.plans if base else {}
     for plan in plans:
         old, label = _baseline(args, plan, base_plans)
         from kagura_agent.plan.diff import diff_plans
@@ -79,8 +84,13 @@ def run(args: argparse.Namespace) -> int:
             _print_text(plan, changes, label)
         elif fmt == "markdown":
             _print_markdown(plan, changes, label)
+    if base is not None:
+        # A manifest changed or a task gone counts as much as a plan that moved.
+        any_changes = any_changes or bool(base.manifest_changes or base.removed)
+        if fmt != "json":
+            _print_base(base, markdown=fmt == "markdown")
     if fmt == "json":
-        print_json(envelope(outputs))
+        print_json(envelope(outputs, base))
     if args.out:
         planfile.save(plans[0], Path(args.out))
         print(f"saved plan to {args.out}", file=sys.stderr)
@@ -124,28 +134,80 @@ def result_json(plan: Plan, against: str | None, changes: list[Any]) -> dict[str
     }
 
 
-def envelope(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """``plan --json`` and ``show --json``: always this object, however many tasks."""
-    return {
+def envelope(results: list[dict[str, Any]], base: BaseDiff | None = None) -> dict[str, Any]:
+    """``plan --json`` and ``show --json``: always this object, however many tasks (with
+    ``--base``, also what changed in the manifest set and which tasks are gone)."""
+    found: dict[str, Any] = {
         "ok": True,
         "version": RESULT_VERSION,
         "errors": [],
         "changed": any(result["changes"] for result in results),
         "plans": results,
     }
+    if base is not None:
+        found["changed"] = found["changed"] or bool(base.manifest_changes or base.removed)
+        found["base"] = {
+            "rev": base.rev,
+            "manifest_changes": [change.to_json() for change in base.manifest_changes],
+            "removed_tasks": base.removed,
+            "problems": base.problems,
+        }
+    return found
 
 
-def _base_plans(args: argparse.Namespace) -> dict[str, Plan]:
-    """Every task planned against the manifests at ``--base``, once for all tasks."""
-    from kagura_agent.errors import ValidationError
+@dataclass(frozen=True)
+class BaseDiff:
+    """What ``--base REV`` compares against: each task as its file and the manifests
+    were at REV, the manifest set's own changes, the tasks REV had and the work tree
+    does not, and why something could not be compared."""
+
+    rev: str
+    plans: dict[str, Plan]
+    manifest_changes: list[Change]
+    removed: list[str]
+    problems: list[str]
+
+
+def _base(args: argparse.Namespace, plans: list[Plan]) -> BaseDiff:
+    """Every task planned from its file and the manifests at ``--base``."""
+    from kagura_agent import gitops
+    from kagura_agent.errors import KaguraError
     from kagura_agent.plan.build import plan_tasks
 
-    try:
-        found = plan_tasks(args.manifests, args.paths, facts_file=args.facts, base_rev=args.base)
-    except ValidationError as exc:
-        exc.message = f"against the manifests at {args.base}: {exc.message}"
-        raise
-    return {p["task"]["name"]: p for p in found}
+    problems: list[str] = []
+    found: dict[str, Plan] = {}
+    for path in args.paths:
+        try:
+            at_base = plan_tasks(args.manifests, [path], facts_file=args.facts, base_rev=args.base)
+        except UsageError as exc:
+            if "no Task documents" not in exc.message:
+                raise  # not a git revision, not in git: the command cannot answer
+            continue  # no task file there at the base: its tasks are new
+        except KaguraError as exc:
+            problems.append(f"{path} at {args.base} does not plan: {gitops.problem_text(exc)}")
+            continue
+        found.update({p["task"]["name"]: p for p in at_base})
+    changes, problem = gitops.manifest_changes(args.manifests, args.base)
+    problems += [problem] if problem else []
+    names = {p["task"]["name"] for p in plans}
+    removed = sorted(
+        f"{name} ({plan['task']['file']})" for name, plan in found.items() if name not in names
+    )
+    return BaseDiff(args.base, found, changes, removed, problems)
+
+
+def _print_base(base: BaseDiff, *, markdown: bool) -> None:
+    label = f"the manifests at {base.rev}"
+    lines = [f"{'- ' if markdown else '  '}{problem}" for problem in base.problems]
+    if base.manifest_changes:
+        lines.append(f"Manifest changes against {label}:")
+        lines += [f"    {change.render()}" for change in base.manifest_changes]
+    else:
+        lines.append(f"No manifest changes against {label}.")
+    lines += [f"Task removed since {base.rev}: {name}" for name in base.removed]
+    if markdown:
+        lines = ["```", *lines, "```"]
+    print("\n".join(lines))
 
 
 def _baseline(
@@ -157,7 +219,7 @@ def _baseline(
     if args.against:
         return planfile.load(Path(args.against)), f"the saved plan {args.against}"
     if args.base:
-        return base_plans.get(plan["task"]["name"]), f"the manifests at {args.base}"
+        return base_plans.get(plan["task"]["name"]), f"the task and manifests at {args.base}"
     return last_applied(plan["task"]["name"]), "the last applied plan"
 
 

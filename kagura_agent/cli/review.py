@@ -1,8 +1,11 @@
 """kagura-agent review --base REV: the pull-request comment for what a branch changed.
 
 Plans every task file the branch changed (and, when a manifest changed, every task under
-``--tasks``) and prints one markdown comment: each plan with its diff against the plan
-the manifests at REV give. examples/gitops/.github/workflows/kagura-plan.yml posts it.
+``--tasks``) and prints one markdown comment: what widens a grant first (in the manifests
+and in each task's plan), the manifest diff, then each plan with its diff against the
+plan the task file and manifests at REV give. A task or manifest that does not validate
+is named with each problem's file:line:col. examples/gitops/.github/workflows/
+kagura-plan.yml posts it.
 """
 
 from __future__ import annotations
@@ -41,38 +44,58 @@ def run(args: argparse.Namespace) -> int:
     from kagura_agent.manifest.loader import manifests_dir
     from kagura_agent.plan.admission import admit
     from kagura_agent.plan.build import plan_tasks
-    from kagura_agent.plan.diff import diff_plans
+    from kagura_agent.plan.diff import Change, diff_plans
 
     cwd = Path.cwd()
     root = gitops.git_root(cwd)
     changed = gitops.changed_files(args.base, cwd)
-    tasks, manifest_changes = gitops.select_tasks(
+    tasks, manifest_files = gitops.select_tasks(
         changed, root, manifests_dir(args.manifests), [Path(d) for d in args.tasks]
     )
+    removed = gitops.removed_task_files(args.base, cwd)
     sections: list[str] = []
     problems: list[str] = []
     refused: list[str] = []
-    label = f"the manifests at {args.base}"
+    widened: list[str] = []
+    manifest_diff: list[Change] = []
+    if manifest_files:
+        manifest_diff, problem = gitops.manifest_changes(args.manifests, args.base)
+        if problem:
+            problems.append(problem)
+        widened += [f"{change.render()}" for change in manifest_diff if change.widens]
+    label = f"the task file and manifests at {args.base}"
     for task in tasks:
         shown = str(task.relative_to(root)) if task.is_relative_to(root) else str(task)
         try:
             plans = plan_tasks(args.manifests, [str(task)])
         except KaguraError as exc:
-            problems.append(f"`{shown}`: {exc.message}")
+            problems.append(f"`{shown}`: {gitops.problem_text(exc)}")
             continue
         try:
+            # The task file as it was at the base, with the manifests there.
             base = {
                 p["task"]["name"]: p
                 for p in plan_tasks(args.manifests, [str(task)], base_rev=args.base)
             }
         except KaguraError:
-            base = {}  # the manifests at the base do not plan it: everything is new
+            base = {}  # new at the branch, or it did not plan at the base: everything is new
         for plan in plans:
-            old = base.get(plan["task"]["name"])
-            sections.append(gitops.plan_section(plan, diff_plans(old, plan), label))
+            name = plan["task"]["name"]
+            old = base.get(name)
+            changes = diff_plans(old, plan)
+            sections.append(gitops.plan_section(plan, changes, label))
+            widened += [f"{change.render()}  [task {name}]" for change in changes if change.widens]
             if not admit(plan).applyable:
-                refused.append(plan["task"]["name"])
-    body = gitops.comment_body(args.base, sections, manifest_changes, problems)
+                refused.append(name)
+    body = gitops.comment_body(
+        args.base,
+        sections,
+        manifest_files,
+        problems,
+        widened=widened,
+        manifest_diff=manifest_diff,
+        removed=removed,
+    )
     if args.out:
         Path(args.out).write_text(body, encoding="utf-8")
     else:

@@ -61,8 +61,13 @@ def load_workspace(
         )
         sources.extend(own)
         layers.append(_layer("operator", display_path(directory), directory, own))
-    # A path that is (inside) the manifest set is not read again as a task file.
-    sources.extend(read_paths([Path(p) for p in paths], "task", skip=sources.real_paths))
+    # A path that is (inside) the manifest set is not read again as a task file. At a git
+    # revision the task files are read as they were there too: a branch that only edits
+    # a task (a wider egress, a longer budget) must show as a change against the base.
+    if base_rev:
+        sources.extend(_git_task_sources([Path(p) for p in paths], base_rev, directory))
+    else:
+        sources.extend(read_paths([Path(p) for p in paths], "task", skip=sources.real_paths))
     catalog, task_manifests, problems = build_catalog(sources)
     origin = str(directory.resolve()) + (f"@{base_rev}" if base_rev else "")
     catalog = replace(catalog, origin=origin, layers=tuple(layers))
@@ -150,6 +155,45 @@ def _git_sources(directory: Path, rev: str, layer: str) -> Sources:
         sources.extend(read_text_source(text, f"{rev}:{name}", layer))
     if not sources.digests:
         raise UsageError(f"no manifests under {prefix} at git revision {rev}")
+    return sources
+
+
+def _git_task_sources(paths: list[Path], rev: str, manifests: Path) -> Sources:
+    """The task files under ``paths`` as they were at ``rev``, each named as its file in
+    the work tree (so its project root resolves as the head's does). A file that did not
+    exist at ``rev`` is left out: its tasks are new."""
+    sources = Sources()
+    skip = manifests.resolve()
+    for path in paths:
+        folder = path if path.is_dir() else path.parent
+        try:
+            top = Path(_git(folder, "rev-parse", "--show-toplevel").strip()).resolve()
+            where = str(path.resolve().relative_to(top)) if path.exists() else ""
+        except (subprocess.CalledProcessError, ValueError, OSError):
+            raise UsageError(
+                f"cannot read {path} at git revision {rev!r}: it is not in a git repository",
+                hint="--base compares task files and manifests kept in git",
+            ) from None
+        if not where:
+            continue
+        try:
+            listing = _git(top, "ls-tree", "-r", "--name-only", rev, "--", where)
+        except subprocess.CalledProcessError as exc:
+            said = (exc.stderr or "").strip().splitlines()
+            raise UsageError(
+                f"cannot read {path} at git revision {rev!r}: "
+                + (said[0] if said else f"git exited {exc.returncode}")
+            ) from None
+        for name in sorted(listing.splitlines()):
+            file = top / name
+            if path.is_dir():  # a folder's YAML files, hidden entries skipped (yaml_files)
+                inner = Path(name).relative_to(Path(where)).parts
+                if any(part.startswith(".") for part in inner):
+                    continue
+                if not name.lower().endswith(YAML_SUFFIXES) or file.is_relative_to(skip):
+                    continue
+            text = _git(top, "show", f"{rev}:{name}")
+            sources.extend(read_text_source(text, display_path(file), "task"))
     return sources
 
 

@@ -10,48 +10,79 @@ from kagura_agent.hygiene import neutralise
 from kagura_agent.manifest.scopes import is_full_access
 from kagura_agent.plan.admission import admit
 from kagura_agent.plan.model import DiffOp, Plan
-from kagura_agent.units import format_duration
+from kagura_agent.units import format_duration, parse_duration
 
 
 @dataclass(frozen=True)
 class Change:
+    """One change between two plans. ``widens``: the new plan grants more than the old
+    (a destination, a credential or a longer hold of one, a mount, a tool server, a larger
+    budget, another image, weaker hardening, a capability that needs less approval), so a
+    reviewer must look at it first."""
+
     op: DiffOp
     section: str
     text: str
+    widens: bool = False
 
     def render(self) -> str:
         # The text quotes plan values (paths, hosts): shown without control characters.
-        return neutralise(f"{self.op} {self.section} {self.text}", newlines=False)
+        mark = "  (widens)" if self.widens else ""
+        return neutralise(f"{self.op} {self.section} {self.text}{mark}", newlines=False)
 
-    def to_json(self) -> dict[str, str]:
-        return {"op": self.op, "section": self.section, "text": self.text}
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "section": self.section, "text": self.text, "widens": self.widens}
+
+
+# Approval classes, from the one that needs the most to the one that needs nothing.
+_CLASS_ORDER = {"denied": 0, "needs-approval": 1, "approved": 2, "graduated": 2, "baseline": 3}
 
 
 def diff_plans(old: Mapping[str, Any] | None, new: Plan) -> list[Change]:
-    """Changes from ``old`` to ``new``; with no old plan everything is new."""
+    """Changes from ``old`` to ``new``, the ones that widen a grant first; with no old plan
+    everything is new (the plan itself lists what it grants: nothing is marked)."""
+    changes = _changes(old, new)
+    if old is None:
+        return [Change(c.op, c.section, c.text) for c in changes]
+    return sorted(changes, key=lambda change: not change.widens)  # stable: widened first
+
+
+def _changes(old: Mapping[str, Any] | None, new: Plan) -> list[Change]:
     base: Mapping[str, Any] = old or {}
     changes: list[Change] = []
-    changes += _keyed("egress", _egress(base), _egress(new))
-    changes += _keyed("provider egress", _provider_egress(base), _provider_egress(new))
-    changes += _keyed("credential", _creds(base), _creds(new), absent="narrowed")
-    changes += _scope_changes(base, new)
-    changes += _keyed("mount", _mounts(base), _mounts(new))
-    changes += _keyed("tool server", _tool_servers(base), _tool_servers(new))
-    changes += _fields(
-        "image", base.get("image", {}), new["image"], ("ref", "digest", "recipe_digest")
+    changes += _widening(_keyed("egress", _egress(base), _egress(new)), added=True)
+    changes += _widening(
+        _keyed("provider egress", _provider_egress(base), _provider_egress(new)), added=True
     )
-    changes += _fields(
-        "brain",
-        base.get("brain", {}),
-        new["brain"],
-        ("engine", "model", "permission_mode", "runtime"),
+    changes += _widening(
+        _keyed("credential", _creds(base), _creds(new), absent="narrowed"),
+        added=True,
+        longer=("ttl", "renewals", "budget", "access"),
+    )
+    changes += _widening(_scope_changes(base, new), changed=True)
+    changes += _widening(_keyed("mount", _mounts(base), _mounts(new)), added=True, rw=True)
+    changes += _widening(
+        _keyed("tool server", _tool_servers(base), _tool_servers(new)), added=True, changed=True
+    )
+    changes += _widening(
+        _fields("image", base.get("image", {}), new["image"], ("ref", "digest", "recipe_digest")),
+        changed=True,
+    )
+    changes += _brain(
+        _fields(
+            "brain",
+            base.get("brain", {}),
+            new["brain"],
+            ("engine", "model", "permission_mode", "runtime"),
+        )
     )
     if base:
-        changes += _fields(
-            "hardening", base["hardening"], new["hardening"], tuple(new["hardening"])
+        changes += _widening(
+            _fields("hardening", base["hardening"], new["hardening"], tuple(new["hardening"])),
+            changed=True,
         )
         changes += _budget(base["budget"], new["budget"])
-    changes += _keyed("class", _classes(base), _classes(new))
+    changes += _class_changes(_keyed("class", _classes(base), _classes(new)))
     # The verdict apply gives each plan, not the one a (saved, perhaps edited) plan carries.
     was, now = (admit(base).applyable, admit(new).applyable) if base else (None, None)
     if was != now:
@@ -60,18 +91,100 @@ def diff_plans(old: Mapping[str, Any] | None, new: Plan) -> list[Change]:
 
 
 def _budget(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
-    """Budget limits that moved; a limit the history moved says so, with its basis."""
-    changes = _fields(
-        "budget", old, new, ("turns", "tokens", "wall_seconds", "cost_usd", "disk_bytes")
-    )
+    """Budget limits that moved (a larger one, or none any more, widens); a limit the
+    history moved says so, with its basis."""
+    dimensions = ("turns", "tokens", "wall_seconds", "cost_usd", "disk_bytes")
+    changes = []
     forecast = new["forecast"]
     learnt = set(forecast["learnt"]) if forecast else set()
-    for index, change in enumerate(changes):
+    for change in _fields("budget", old, new, dimensions):
         dimension = change.text.split(" ", 1)[0]
+        text = change.text
         if dimension in learnt:
-            text = f"{change.text} (learnt: {forecast['basis']})"
-            changes[index] = Change(change.op, change.section, text)
+            text = f"{text} (learnt: {forecast['basis']})"
+        before, after = old.get(dimension), new.get(dimension)
+        grows = after is None or (before is not None and after > before)
+        changes.append(Change(change.op, change.section, text, widens=grows))
     return changes
+
+
+def _widening(
+    changes: list[Change],
+    *,
+    added: bool = False,
+    changed: bool = False,
+    longer: tuple[str, ...] = (),
+    rw: bool = False,
+) -> list[Change]:
+    """``changes`` with ``widens`` set: an added entry (``added``), any change of an entry
+    kept (``changed``), a kept entry whose ``longer`` field grew, a mount made writable."""
+    marked = []
+    for change in changes:
+        widens = (added and change.op == "+") or (changed and change.op == "~")
+        if change.op == "~" and longer:
+            widens = widens or _grew(change.text, longer)
+        if rw and change.op == "~" and change.text.endswith("→ rw"):
+            widens = True
+        marked.append(Change(change.op, change.section, change.text, widens))
+    return marked
+
+
+def _grew(text: str, fields: tuple[str, ...]) -> bool:
+    """``KEY FIELD BEFORE → AFTER`` (a ``_keyed`` line) where FIELD is one of ``fields``
+    and AFTER is more than BEFORE (durations and counts; access narrowed → FULL)."""
+    head, _, after = text.rpartition(" → ")
+    parts = head.split(" ")
+    if len(parts) < 3 or parts[-2] not in fields:
+        return False
+    before = parts[-1]
+    if parts[-2] == "access":
+        return after == "FULL"
+    return _amount(after) > _amount(before)
+
+
+def _amount(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return float(parse_duration(text))
+    except ValueError:
+        return 0.0
+
+
+def _brain(changes: list[Change]) -> list[Change]:
+    """A brain that leaves the sandbox, skips its permission prompts or becomes an LLM
+    (a script brain holds no model key and calls nothing) widens."""
+    marked = []
+    for change in changes:
+        head, _, after = change.text.rpartition(" → ")
+        field, _, before = head.partition(" ")
+        widens = change.op == "~" and (
+            (field == "runtime" and after == "host")
+            or (field == "permission_mode" and after == "bypassPermissions")
+            or (field == "engine" and before == "script")
+        )
+        marked.append(Change(change.op, change.section, change.text, widens))
+    return marked
+
+
+def _class_changes(changes: list[Change]) -> list[Change]:
+    """A capability that needs less approval than before widens; a new one widens unless
+    it is denied or waits for an approval."""
+    marked = []
+    for change in changes:
+        if change.op == "+":
+            klass = change.text.rsplit("(", 1)[-1].rstrip(")")
+            widens = klass in ("baseline", "graduated", "approved")
+        elif change.op == "~":
+            before, _, after = change.text.rpartition(" → ")
+            was = _CLASS_ORDER.get(before.rsplit(" ", 1)[-1], 0)
+            widens = _CLASS_ORDER.get(after, 0) > was
+        else:
+            widens = False
+        marked.append(Change(change.op, change.section, change.text, widens))
+    return marked
 
 
 def _egress(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:

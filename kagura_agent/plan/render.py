@@ -584,11 +584,18 @@ def _markdown_style(text: str, *_styles: str) -> str:
 
 
 def markdown_with_changes(plan: Plan, changes: Sequence[Change], label: str) -> str:
-    """The markdown plan plus a folded diff (a pull-request comment's section)."""
+    """The markdown plan plus its diff (a pull-request comment's section): what widens a
+    grant shown open, first; the rest folded."""
     text = render_markdown(plan)
-    if changes:
-        text += f"\n<details><summary>{len(changes)} changes against {label}</summary>\n\n```diff\n"
-        text += "".join(change.render() + "\n" for change in changes)
+    wider = [change for change in changes if change.widens]
+    rest = [change for change in changes if not change.widens]
+    if wider:
+        text += f"\n**Widens against {label}** ({len(wider)}):\n\n```diff\n"
+        text += "".join(change.render() + "\n" for change in wider)
+        text += "```\n"
+    if rest:
+        text += f"\n<details><summary>{len(rest)} {'other ' if wider else ''}changes against {label}</summary>\n\n```diff\n"
+        text += "".join(change.render() + "\n" for change in rest)
         text += "```\n</details>\n"
     return text
 
