@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from kagura_agent.membrane.secrets import resolve
 from kagura_agent.memory.factory import section_from_manifest
 from kagura_agent.memory.gate import check_ready
 from kagura_agent.paths import state_dir
-from kagura_agent.plan.planner import agent_can_write
+from kagura_agent.plan.planner import root_access
 from kagura_agent.state import StateStore, describe, state_location
 
 
@@ -77,15 +76,15 @@ def _project_root(explicit: str | None) -> Check:
         info = os.stat(path)
     except OSError as exc:
         return Check("project root", "FAIL", f"{path}: {exc.strerror}")
-    user, writable = agent_can_write([info.st_uid, info.st_gid], info.st_mode & 0o7777)
-    if writable:
-        return Check("project root", "PASS", f"{path}: the agent writes it as {user}")
+    access = root_access([info.st_uid, info.st_gid], info.st_mode & 0o7777, path)
+    if access.writable:
+        return Check("project root", "PASS", f"{path}: the agent writes it as {access.user}")
     status = "FAIL" if explicit else "WARN"
     return Check(
         "project root",
         status,
         f"{path} is owned by uid {info.st_uid} (mode {info.st_mode & 0o777:o}); the agent"
-        f" runs as {user} and could not write it: chown -R {user} {shlex.quote(path)}",
+        f" runs as {access.user} and could not write it: {access.fix}",
     )
 
 

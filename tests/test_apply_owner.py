@@ -53,18 +53,25 @@ def _plan_with_owner(tmp_path: Path, owner: list[int], mode: int) -> dict[str, A
 
 
 @pytest.mark.parametrize(
-    ("owner", "mode", "user", "applyable"),
+    ("owner", "mode", "user", "fix"),
     [
-        ([0, 0], 0o755, "1000:1000", False),  # root's folder: the agent could not write it
-        ([0, 0], 0o777, "1000:1000", True),  # ... unless everyone may write it
-        ([1234, 1234], 0o755, "1234:1234", True),  # the owner's folder: the agent is the owner
-        ([1234, 1234], 0o555, "1234:1234", False),  # read-only even for its owner
-        ([1234, 0], 0o775, "1000:1000", False),  # a root group is never the container's
+        # root's folder: the agent could not write it; chown makes the agent its owner
+        ([0, 0], 0o755, "1000:1000", "chown -R 1000:1000 {p}"),
+        ([0, 0], 0o777, "1000:1000", None),  # ... unless everyone may write it
+        ([0, 0], 0o000, "1000:1000", "chown -R 1000:1000 {p} && chmod u+rwx {p}"),
+        ([1234, 1234], 0o755, "1234:1234", None),  # the owner's folder: the agent is the owner
+        # read-only, or 000 (the agent's own chmod 000), even for its owner: chown changes
+        # nothing there, its mode is what must change
+        ([1234, 1234], 0o555, "1234:1234", "chmod u+rwx {p}"),
+        ([1234, 1234], 0o000, "1234:1234", "chmod u+rwx {p}"),
+        ([1234, 1234], 0o677, "1234:1234", "chmod u+rwx {p}"),  # write without search
+        ([1234, 0], 0o775, "1000:1000", "chown -R 1000:1000 {p}"),  # a root group never is
     ],
 )
 def test_plan_refuses_up_front_a_project_root_the_agent_cannot_write(
-    tmp_path: Path, owner: list[int], mode: int, user: str, applyable: bool
+    tmp_path: Path, owner: list[int], mode: int, user: str, fix: str | None
 ) -> None:
+    applyable = fix is None
     plan = _plan_with_owner(tmp_path, owner, mode)
     assert plan["hardening"]["user"] == user
     assert plan["applyable"] is applyable
@@ -75,7 +82,7 @@ def test_plan_refuses_up_front_a_project_root_the_agent_cannot_write(
         [refusal] = plan["refusals"]
         assert refusal["code"] == "project-unwritable"
         assert refusal["source"] == "$.task.project_root"
-        assert f"fix: chown -R {user} {tmp_path / 'p'}" in refusal["message"]
+        assert refusal["message"].endswith(f"fix: {fix.format(p=tmp_path / 'p')}")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a root-owned project needs root to create")

@@ -111,9 +111,10 @@ def test_a_plan_written_where_a_run_could_write_is_refused(
     assert done.returncode == 6, done.stderr
     [error] = json.loads(done.stdout)["errors"]
     assert "run-agent1" in error["message"] and "plan.json" in error["message"], error
-    # docs/authority.md shows this refusal as it is printed.
+    # docs/authority.md shows this refusal as it is printed (its plan in /srv/repo).
     shown = (REPO / "docs" / "authority.md").read_text().split("### Saved plans", 1)[1]
-    assert f"hint: {error['hint']}" in shown
+    printed = error["hint"].replace(str(project / "plan.json"), "/srv/repo/plan.json")
+    assert f"hint: {printed}" in shown
     assert "error: " + error["message"].split(": ", 1)[0] in shown
 
     # The same for a plan the operator saved elsewhere from the agent's folder and task.

@@ -85,7 +85,11 @@ def refuse_agent_written(plan_file: Path, plan: Plan) -> None:
     """RefusedError (exit 6) when the saved plan's file or its task file changed while a
     run could write it (apply/written.py): a saved plan names its own authority. (The
     manifest files it is re-planned from are checked by every compile.)"""
-    refuse_written("this saved plan", [str(plan_file), str(plan["task"].get("path") or "")])
+    refuse_written(
+        "this saved plan",
+        [str(plan_file), str(plan["task"].get("path") or "")],
+        plan_file=str(plan_file),
+    )
 
 
 def _pin(plan: Plan) -> ImagePin | None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,7 @@ class Written:
     path: str
     run_id: str
     project_root: str
+    followed: bool = True  # the change is the file ``path`` leads to (else ``path`` itself)
 
     def render(self) -> str:
         return f"{self.path} (changed while run {self.run_id} could write {self.project_root})"
@@ -53,10 +56,10 @@ def written_during_runs(store: StateStore, paths: Iterable[str]) -> list[Written
     runs = [(row["run_id"], row["project_root"], *_window(row)) for row in _rows(store)]
     found: list[Written] = []
     for path in dict.fromkeys(paths):
-        for where, ctime in _ctimes(path):
+        for where, ctime, followed in _ctimes(path):
             hit = next(
                 (
-                    Written(path, run_id, root)
+                    Written(path, run_id, root, followed)
                     for run_id, root, start, end in runs
                     if under(where, root) and start <= ctime < end
                 ),
@@ -112,28 +115,55 @@ def _window(row: Any) -> tuple[float, float]:
     return start, end
 
 
-def _ctimes(path: str) -> list[tuple[str, float]]:
-    """(absolute path, ctime) of ``path`` itself (a symlink is a change too) and of the
-    file it resolves to."""
+def _ctimes(path: str) -> list[tuple[str, float, bool]]:
+    """(absolute path, ctime, followed) of ``path`` itself (a symlink is a change too) and
+    of the file it resolves to."""
     found = []
     for where, follow in ((os.path.abspath(path), False), (os.path.realpath(path), True)):
         try:
             info = os.stat(where) if follow else os.lstat(where)
         except OSError:
             continue
-        found.append((where, info.st_ctime))
+        # Not a symlink: the file itself, as ``touch`` (following) reaches it.
+        found.append((where, info.st_ctime, follow or not stat.S_ISLNK(info.st_mode)))
     return found
 
 
-HINT = (
-    "plan again from the operator's manifests and review it; a file you changed"
-    " yourself is yours again once you save it after the run"
-)
+def hint(found: list[Written], plan_file: str | None = None) -> str:
+    """What makes the next command pass, followed as written: a file is the operator's
+    again once it changes after the run (its change time is what is judged), so review
+    them and touch them (``-h``: a symlink itself, when the link is what changed); or
+    keep what the host trusts outside project roots."""
+    if plan_file is not None and any(w.path == plan_file for w in found):
+        # A plan file is JSON no one reviews by eye: made again, it is the operator's.
+        return (
+            f"make the plan again now and review it (`kagura-agent plan -o {shlex.quote(plan_file)}"
+            " TASK`), then apply that"
+        )
+    touched = [w for w in found if w.followed]
+    links = [w for w in found if not w.followed]
+    commands = [
+        f"touch {flag}{' '.join(shlex.quote(w.path) for w in group)}"
+        for flag, group in (("", touched), ("-h ", links))
+        if group
+    ]
+    return (
+        f"review {', '.join(w.path for w in found)}; if yours, `{' && '.join(commands)}`"
+        " (a change after the run is the operator's) and run this again, or keep them"
+        " outside every project root"
+    )
 
 
-def refuse_written(what: str, paths: Iterable[str], where: Location | None = None) -> None:
+def refuse_written(
+    what: str,
+    paths: Iterable[str],
+    where: Location | None = None,
+    *,
+    plan_file: str | None = None,
+) -> None:
     """RefusedError (exit 6) naming the first of ``paths`` a run could have written, by
-    the run history of the store at ``where`` (the configured one by default)."""
+    the run history of the store at ``where`` (the configured one by default);
+    ``plan_file``: the saved plan among ``paths`` (its fix is another)."""
     store = StateStore.read_only(where)
     if store is None:
         return  # no store yet: no run was ever recorded
@@ -143,7 +173,7 @@ def refuse_written(what: str, paths: Iterable[str], where: Location | None = Non
         raise RefusedError(
             f"{what} may be an agent's, not the operator's: "
             + "; ".join(w.render() for w in found[:3]),
-            hint=HINT,
+            hint=hint(found, plan_file),
         )
 
 

@@ -10,6 +10,7 @@ import hashlib
 import json
 import shlex
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kagura_agent import __version__
@@ -525,15 +526,15 @@ def _unwritable_project(
 ) -> str:
     """Why the container user cannot write the project root ("" when it can).
 
-    The agent never runs as root, so a root-owned project root the container user may not
-    write is refused up front with the fix, rather than failing mid-run. Without the mode
-    fact (older facts files) a root owner is only a warning.
+    The agent never runs as root, so a project root the container user may not write (a
+    root-owned checkout; one the agent itself left ``chmod 000``) is refused up front with
+    the command that fixes it, rather than failing mid-run. Without the mode fact (older
+    facts files) a root owner is only a warning.
     """
     owner = facts.project_owner
     if owner is None or brain["runtime"] != "container":
         return ""
     user = hardening["user"]
-    uid, gid = (int(part) for part in user.split(":"))
     mode = facts.project_mode
     if mode is None:
         if owner[0] != 0:
@@ -542,28 +543,54 @@ def _unwritable_project(
             f"the project root is owned by root; the agent runs as {user} and cannot"
             " write it (chown it to a non-root user)"
         )
-    writable = (
-        (uid == owner[0] and mode & 0o200) or (gid == owner[1] and mode & 0o020) or mode & 0o002
-    )
-    if writable:
-        return ""
     root = next((m["source"] for m in mounts if m["kind"] == "project"), "")
+    access = root_access(owner, mode, root)
+    if access.writable:
+        return ""
     who = "root" if owner[0] == 0 else f"uid {owner[0]}"
     return (
         f"{REFUSED}the project root is owned by {who} (mode {mode:o}) and the agent, which"
-        f" never runs as root, runs as {user} and could not write it;"
-        f" fix: chown -R {user} {shlex.quote(root)}"
+        f" never runs as root, runs as {user} and could not write it; fix: {access.fix}"
     )
 
 
-def agent_can_write(owner: list[int], mode: int) -> tuple[str, bool]:
-    """(the container user for a project root with this owner and mode, can it write it)."""
+@dataclass(frozen=True)
+class RootAccess:
+    """What the agent can do with a project root of some owner and mode: the container
+    user it runs as, whether that user can create and change entries in it, and the
+    command that makes it so (run as the root's owner or root; "" when it can)."""
+
+    user: str
+    writable: bool
+    fix: str
+
+
+def root_access(owner: list[int], mode: int, root: str) -> RootAccess:
+    """The container user's access to ``root`` (owned by ``owner``, with ``mode``).
+
+    Writing entries of a directory takes its write *and* search bits, from the one class
+    the kernel picks: the owner's when the user is the owner, else the group's when its
+    group is the directory's, else the others'. The fix, followed as written, makes the
+    next plan pass: ``chmod u+rwx`` when the agent is the owner (it may have taken its own
+    bits away: ``chmod 000 /workspace``), else ``chown -R`` to the user the agent will then
+    run as (the new owner), with ``chmod u+rwx`` when the owner's bits lack it.
+    """
     user = _container_user(Facts(project_owner=owner, project_mode=mode))
     uid, gid = (int(part) for part in user.split(":"))
-    writable = (
-        (uid == owner[0] and mode & 0o200) or (gid == owner[1] and mode & 0o020) or mode & 0o002
-    )
-    return user, bool(writable)
+    if uid == owner[0]:
+        bits = mode >> 6
+    elif gid == owner[1]:
+        bits = mode >> 3
+    else:
+        bits = mode
+    if bits & 0o3 == 0o3:
+        return RootAccess(user, True, "")
+    quoted = shlex.quote(root)
+    owner_ok = (mode >> 6) & 0o7 == 0o7
+    if uid == owner[0]:
+        return RootAccess(user, False, f"chmod u+rwx {quoted}")
+    chown = f"chown -R {user} {quoted}"
+    return RootAccess(user, False, chown if owner_ok else f"{chown} && chmod u+rwx {quoted}")
 
 
 def _container_user(facts: Facts) -> str:
