@@ -92,7 +92,9 @@ def test_a_root_owned_project_never_runs_the_agent_as_root(tmp_path: Path, state
     project = _project(tmp_path, 0)
     project.chmod(0o755)
     task = write_task(project, "rooted", {"steps": ["true"]})
-    done = kagura(["plan", "--json", str(task)], cli_env(state_dir))
+    # A plan that is not applyable exits 6; --allow-unapplyable shows it with exit 0.
+    assert kagura(["plan", "--json", str(task)], cli_env(state_dir)).returncode == 6
+    done = kagura(["plan", "--json", "--allow-unapplyable", str(task)], cli_env(state_dir))
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)["plans"][0]["plan"]
     assert plan["hardening"]["user"] == "1000:1000"
