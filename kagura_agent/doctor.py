@@ -15,7 +15,7 @@ from typing import Any
 
 from kagura_agent.errors import KaguraError
 from kagura_agent.manifest.workspace import layers_summary, load_workspace
-from kagura_agent.membrane.images import list_images
+from kagura_agent.membrane.images import list_images, unreachable_hint
 from kagura_agent.membrane.runtime import connect, daemon_isolation_report
 from kagura_agent.membrane.secrets import resolve
 from kagura_agent.memory.factory import section_from_manifest
@@ -103,7 +103,10 @@ def _brain_credentials(catalog: Any) -> list[Check]:
             continue
         problem = _resolve_problem(provider.spec["secret"])
         if problem:
-            checks.append(Check(name, "WARN", f"provider {provider.name}: {problem}"))
+            # The operator's brain or provider: a run of that brain would fail.
+            own = provider.layer != "packaged" or brain.layer != "packaged"
+            status = "FAIL" if own else "WARN"
+            checks.append(Check(name, status, f"provider {provider.name}: {problem}"))
         else:
             checks.append(Check(name, "PASS", f"provider {provider.name} resolves"))
     return checks
@@ -150,7 +153,7 @@ def _docker() -> list[Check]:
         client = connect(timeout=10)
         report = daemon_isolation_report(client)
     except KaguraError as exc:
-        return [Check("docker engine", "FAIL", exc.message + " (bash scripts/docker-up.sh)")]
+        return [Check("docker engine", "FAIL", f"{exc.message}: {exc.hint or unreachable_hint()}")]
     checks = [Check("docker engine", "PASS", f"runtimes: {', '.join(report['runtimes'])}")]
     mode = "userns-remap" if report["userns_remap"] else "rootless" if report["rootless"] else ""
     checks.append(
@@ -211,13 +214,22 @@ def _extras(catalog: Any) -> list[Check]:
 
 
 def _secrets(catalog: Any) -> list[Check]:
-    """Each provider's secret reference resolves (env, file and keyring alike)."""
+    """Each provider's secret reference resolves (env, file and keyring alike).
+
+    A reference the operator's folder wrote that does not resolve FAILs: it replaces a
+    packaged one (``setup``'s keyring reference over ``env:ANTHROPIC_API_KEY``), so every
+    run that needs it would fail. A packaged provider's unset reference only WARNs: a
+    fresh machine has no AWS or Cloudflare root key, and tasks that do not use them run.
+    """
     checks = []
     for provider in catalog.of("CredentialProvider"):
         ref = provider.spec["secret"]
         problem = _resolve_problem(ref)
-        if problem:
-            detail = f"{problem} (needed only by tasks using it)"
+        if problem and provider.layer != "packaged":
+            detail = f"{problem} (written in {provider.file}, replacing any packaged one)"
+            checks.append(Check(f"secret {provider.name}", "FAIL", detail))
+        elif problem:
+            detail = f"{problem} (packaged; needed only by tasks using it)"
             checks.append(Check(f"secret {provider.name}", "WARN", detail))
         else:
             verb = "is set" if ref.startswith("env:") else "resolves"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -139,9 +141,11 @@ def test_doctor_resolves_keyring_references_and_the_brain_credential(
     try:
         _, report = _run(capsys, "--manifests", str(manifests))
         checks = {c["name"]: c for c in report["checks"]}
-        assert checks["secret anthropic"]["status"] == "WARN"
+        # The operator's folder replaced the packaged reference with one that does not
+        # resolve: every run of that brain would fail, so doctor fails.
+        assert checks["secret anthropic"]["status"] == "FAIL"
         assert "not in the keyring" in checks["secret anthropic"]["detail"]
-        assert checks["brain claude credential"]["status"] == "WARN"
+        assert checks["brain claude credential"]["status"] == "FAIL"
         keyring.set_password("kagura", "anthropic", canary)
         code = main(["doctor", "--json", "--manifests", str(manifests)])
         out = capsys.readouterr().out
@@ -156,3 +160,54 @@ def test_doctor_resolves_keyring_references_and_the_brain_credential(
         assert canary not in out
     finally:
         keyring.set_keyring(previous)
+
+
+def _in_child_as(uid: int, call: Any) -> str:
+    """``call()`` in a forked child running as ``uid`` (root drops to it), its text back."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+            os.write(writer, str(call()).encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader) as stream:
+        text = stream.read()
+    os.waitpid(pid, 0)
+    return text
+
+
+def test_a_user_outside_the_sockets_group_is_told_so_not_that_no_daemon_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from kagura_agent.membrane import images
+
+    # Where another user can reach it (pytest's own tmp folder is root's alone).
+    folder = Path(tempfile.mkdtemp(prefix="kagura-sock-", dir="/tmp"))
+    folder.chmod(0o755)
+    path = folder / "docker.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    path.chmod(0o660 if os.geteuid() == 0 else 0o000)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
+    try:
+        said = _in_child_as(65534, images.unreachable_hint)
+    finally:
+        listener.close()
+        path.unlink()
+        folder.rmdir()
+    assert f"{path} refuses this user" in said and "usermod -aG" in said, said
+    assert "no daemon" not in said and "scripts/" not in said
+    # Nothing listening: start the engine; scripts/docker-up.sh only from a checkout.
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    monkeypatch.setattr(images, "repo_root", lambda: None)
+    said = images.unreachable_hint()
+    assert said.startswith("nothing listens at /nonexistent/docker.sock: start Docker Engine")
+    assert "scripts/" not in said

@@ -36,11 +36,13 @@ def env(tmp_path: Path) -> dict[str, str]:
     }
 
 
-def _interactive(cwd: Path, env: dict[str, str], answers: dict[str, str]) -> tuple[int, str]:
+def _interactive(
+    cwd: Path, env: dict[str, str], answers: dict[str, str], *args: str
+) -> tuple[int, str]:
     """Run setup on a pty; answer each prompt (matched by its text) as it appears."""
     leader, follower = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kagura_agent", "setup"],
+        [sys.executable, "-m", "kagura_agent", "setup", *args],
         stdin=follower,
         stdout=follower,
         stderr=follower,
@@ -74,22 +76,28 @@ def _interactive(cwd: Path, env: dict[str, str], answers: dict[str, str]) -> tup
     return code, seen.decode(errors="replace")
 
 
+PLAIN = "--allow-plaintext-keyring"  # the tests' keyring is keyrings.alt's plain file
+
+
 def test_setup_through_a_pty_then_again(tmp_path: Path, env: dict[str, str]) -> None:
-    code, out = _interactive(tmp_path, env, {"Anthropic API key": CANARY})
+    code, out = _interactive(tmp_path, env, {"Anthropic API key": CANARY}, PLAIN)
     assert code == 4, out  # doctor: no Docker engine here
-    assert "docker: no daemon answers" in out
+    assert "docker: no daemon answers: nothing listens at /nonexistent/docker.sock" in out
     assert "manifests: wrote manifests/operator.yml" in out
-    assert "secrets: stored as keyring:kagura-agent/anthropic" in out
+    assert (
+        "secrets: stored as keyring:kagura-agent/anthropic in keyrings.alt.file.PlaintextKeyring"
+    ) in out
+    assert "a plain file, as --allow-plaintext-keyring allowed" in out
     assert "PASS  secret anthropic                 keyring:kagura-agent/anthropic resolves" in out
     assert "PASS  brain claude credential" in out
     assert CANARY not in out
     starter = (tmp_path / "manifests" / "operator.yml").read_text()
     assert "secret: keyring:kagura-agent/anthropic" in starter and CANARY not in starter
     # Again, keeping everything: the folder is kept, an empty answer keeps the key.
-    code, again = _interactive(tmp_path, env, {"Anthropic API key": ""})
+    code, again = _interactive(tmp_path, env, {"Anthropic API key": ""}, PLAIN)
     assert code == 4
     assert "manifests: manifests/operator.yml exists, kept" in again
-    assert "secrets: unchanged" in again
+    assert "secrets: unchanged (keyring:kagura-agent/anthropic resolves)" in again
     assert "PASS  secret anthropic" in again
     assert (tmp_path / "manifests" / "operator.yml").read_text() == starter
 
@@ -106,6 +114,7 @@ def test_setup_by_flags_alone(tmp_path: Path, env: dict[str, str]) -> None:
             "ops",
             "--anthropic-key-env",
             "MY_KEY",
+            PLAIN,
         ],
         cwd=tmp_path,
         env={**env, "MY_KEY": CANARY},
@@ -116,6 +125,9 @@ def test_setup_by_flags_alone(tmp_path: Path, env: dict[str, str]) -> None:
     )
     assert done.returncode == 4, done.stdout + done.stderr
     assert "manifests: wrote ops/operator.yml" in done.stdout
+    # ops is not what later commands read: setup says so, with the fix.
+    assert "manifests: ops is not the folder commands read by default (manifests)" in done.stdout
+    assert f"export KAGURA_AGENT_MANIFESTS={tmp_path / 'ops'}" in done.stdout
     assert "PASS  secret anthropic" in done.stdout
     assert CANARY not in done.stdout + done.stderr
     missing = subprocess.run(
@@ -127,3 +139,85 @@ def test_setup_by_flags_alone(tmp_path: Path, env: dict[str, str]) -> None:
         timeout=120,
     )
     assert missing.returncode == 3 and "$NOPE is empty or not set" in missing.stderr
+
+
+def _setup(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kagura_agent", "setup", "--yes", *args],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_no_key_given_writes_nothing_and_the_environment_keeps_working(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """Without a terminal and without --anthropic-key-env no key is stored: the packaged
+    env:ANTHROPIC_API_KEY must stay in force (before, a keyring reference replaced it and
+    doctor still said the brain's credential was ready)."""
+    done = _setup(tmp_path, {**env, "ANTHROPIC_API_KEY": CANARY})
+    assert done.returncode == 4, done.stdout + done.stderr  # no Docker engine here
+    assert "secrets: unchanged" not in done.stdout
+    assert (
+        "secrets: no key stored (stdin is not a terminal; --anthropic-key-env NAME stores the"
+        " value of $NAME); the key stays env:ANTHROPIC_API_KEY (set in this shell)"
+    ) in done.stdout
+    assert "manifests: nothing written to manifests" in done.stdout
+    assert not (tmp_path / "manifests").exists()
+    assert "PASS  brain claude credential" in done.stdout
+    assert CANARY not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("backend", "said"),
+    [
+        ("keyring.backends.fail.Keyring", "no OS keyring here (keyring.backends.fail.Keyring)"),
+        (
+            "keyrings.alt.file.PlaintextKeyring",
+            "the keyring backend is keyrings.alt.file.PlaintextKeyring, which keeps the key in"
+            " a plain file",
+        ),
+    ],
+)
+def test_a_key_that_cannot_be_kept_safely_leaves_everything_as_it_was(
+    tmp_path: Path, env: dict[str, str], backend: str, said: str
+) -> None:
+    done = _setup(
+        tmp_path,
+        {**env, "PYTHON_KEYRING_BACKEND": backend, "MY_KEY": CANARY},
+        "--anthropic-key-env",
+        "MY_KEY",
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert said in done.stderr and "nothing was written" in done.stderr
+    assert not (tmp_path / "manifests").exists()  # the packaged env: reference stays
+    assert not list((tmp_path / "data").rglob("*.cfg"))  # no keyring file either
+    assert CANARY not in done.stdout + done.stderr
+
+
+def test_doctor_fails_an_operator_reference_that_does_not_resolve(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    (tmp_path / "manifests").mkdir()
+    (tmp_path / "manifests" / "operator.yml").write_text(
+        (ROOT / "kagura_agent" / "cli" / "setup.py")
+        .read_text()
+        .split('STARTER = """\\\n', 1)[1]
+        .split('"""', 1)[0]
+        .format(service="kagura-agent")
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "kagura_agent", "doctor"],
+        cwd=tmp_path,
+        env={**env, "ANTHROPIC_API_KEY": CANARY},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 4
+    assert "FAIL  secret anthropic" in done.stdout
+    assert "FAIL  brain claude credential" in done.stdout

@@ -10,10 +10,12 @@ daemon's unix socket directly instead of importing docker-py (~150 ms to import)
 
 from __future__ import annotations
 
+import grp
 import hashlib
 import http.client
 import json
 import os
+import pwd
 import socket
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from urllib.parse import quote
 
 from kagura_agent import __version__
 from kagura_agent.errors import SetupError
-from kagura_agent.paths import recipes_root, resource_dir
+from kagura_agent.paths import recipes_root, repo_root, resource_dir
 
 LABEL_RECIPE = "dev.kagura.recipe"
 LABEL_RECIPE_DIGEST = "dev.kagura.recipe-digest"
@@ -160,6 +162,42 @@ def _inspect_image_fast(ref: str, timeout: float) -> dict[str, Any] | None:
 # that times out makes ``apply`` think the saved plan is stale, so the wait is generous.
 # An absent daemon refuses the connection at once; this bounds only a hung one.
 FACT_TIMEOUT_SECONDS = 15.0
+
+
+def unreachable_hint() -> str:
+    """Why the local Docker Engine does not answer, as far as the socket tells, and the
+    fix: a socket this user may not open (not in its group) is not a stopped daemon, and
+    scripts/docker-up.sh is offered only where it exists (a source checkout)."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if not host.startswith("unix://"):
+        return f"check that a Docker Engine listens at DOCKER_HOST={host}"
+    socket_path = host.removeprefix("unix://")
+    if os.path.exists(socket_path) and not os.access(socket_path, os.R_OK | os.W_OK):
+        try:
+            group = grp.getgrgid(os.stat(socket_path).st_gid).gr_name
+        except (KeyError, OSError):
+            group = "docker"
+        user = pwd.getpwuid(os.geteuid()).pw_name if _has_passwd_entry() else str(os.geteuid())
+        return (
+            f"{socket_path} refuses this user ({user}): only its group {group} may use it;"
+            f" add the user to it (usermod -aG {group} {user}, then log in again) or run as"
+            " a member"
+        )
+    start = "start Docker Engine (systemctl start docker, or dockerd)"
+    checkout = repo_root()
+    if checkout is not None and (checkout / "scripts" / "docker-up.sh").is_file():
+        start += f"; in this checkout: bash {checkout / 'scripts' / 'docker-up.sh'}"
+    if not os.path.exists(socket_path):
+        return f"nothing listens at {socket_path}: {start}"
+    return start
+
+
+def _has_passwd_entry() -> bool:
+    try:
+        pwd.getpwuid(os.geteuid())
+    except KeyError:
+        return False
+    return True
 
 
 def daemon_info(timeout: float = FACT_TIMEOUT_SECONDS) -> dict[str, Any] | None:

@@ -16,7 +16,12 @@ from typing import Any
 from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError
 from kagura_agent.membrane import binds, hardening, mounts
 from kagura_agent.membrane.egress import forwarder, owner
-from kagura_agent.membrane.images import image_present, inspect_image, local_image_digest
+from kagura_agent.membrane.images import (
+    image_present,
+    inspect_image,
+    local_image_digest,
+    unreachable_hint,
+)
 from kagura_agent.membrane.isolation import check_tenancy, isolation_report
 from kagura_agent.membrane.placeholders import create_missing
 from kagura_agent.membrane.roots import check_project_root
@@ -69,11 +74,11 @@ def docker_errors(action: str) -> Iterator[None]:
         raise ContainerError(f"{action}: {exc.explanation or exc}") from exc
     except docker.errors.DockerException as exc:
         raise SetupError(
-            f"{action}: Docker Engine unreachable ({exc})", hint="run scripts/docker-up.sh"
+            f"{action}: Docker Engine unreachable ({exc})", hint=unreachable_hint()
         ) from exc
     except (requests.exceptions.ConnectionError, ConnectionError, FileNotFoundError) as exc:
         raise SetupError(
-            f"{action}: Docker Engine unreachable ({exc})", hint="run scripts/docker-up.sh"
+            f"{action}: Docker Engine unreachable ({exc})", hint=unreachable_hint()
         ) from exc
 
 
