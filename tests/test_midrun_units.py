@@ -220,7 +220,7 @@ def test_amendments_come_from_the_manifests_only(tmp_path: Path, state_dir: Path
     by_name = amender.capability("egress", "second")
     assert by_name.category == "egress:second"
     assert [ch.render() for ch in by_name.changes] == [
-        "+ egress second.example.com:443 (policy second)",
+        "+ egress second.example.com:443 (policy second)  (widens)",  # diff marks widening
         "+ class egress:second (needs-approval)",
     ]
     assert by_name.plan["fingerprint"] != c.plan["fingerprint"]
@@ -429,8 +429,8 @@ def test_a_lease_budget_about_to_run_out_is_extended_when_approved(
     [question] = asker.asked
     assert question.category == "budget:credential:token/use"
     assert (
-        "~ credential token:use renewals 0 → 1\n~ credential token:use budget 15m → 30m"
-        in question.text
+        "~ credential token:use renewals 0 → 1  (widens)\n"
+        "~ credential token:use budget 15m → 30m  (widens)" in question.text
     )
     assert "runs out in 110s" in question.text
     assert (lease.budget.seconds, lease.budget.renewals) == (1800, 1)
