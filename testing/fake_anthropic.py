@@ -61,6 +61,11 @@ class Upstream(Protocol):
     @property
     def port(self) -> int: ...
 
+    @property
+    def dns(self) -> bool:
+        """Whether it answers DNS (a sealed proxy then resolves through it)."""
+        ...
+
 
 @dataclass(frozen=True)
 class FakeAnthropic:
@@ -68,6 +73,7 @@ class FakeAnthropic:
     network: str
     address: str
     port: int = PORT
+    dns: bool = False
 
     def requests(self) -> list[str]:
         """The ``KEYS ...`` line of every request it received, in order."""
@@ -126,8 +132,9 @@ class FakeAnthropicRuntime(DockerApplyRuntime):
             injection = Injection(
                 host=HOST, port=self.fake.port, tls=False, header=injection.header
             )
+        resolver = self.fake.address if self.fake.dns else None
         return EgressSession.start(
-            _Sealed(self.client),
+            _Sealed(self.client, resolver),
             plan,
             run_id,
             on_event,
@@ -144,10 +151,15 @@ class FakeAnthropicRuntime(DockerApplyRuntime):
 
 
 class _Sealed:
-    """A Docker client whose new networks are internal (no route off the machine)."""
+    """A Docker client whose new networks are internal (no route off the machine) and whose
+    new containers resolve names through ``resolver`` (the fake's NXDOMAIN server) when
+    given: Docker's resolver never answers a name off an internal network, so squid would
+    wait out its DNS timeout, and a tunnel the real CLI opens to a host would end in the
+    proxy's log only after the run (never, once the proxy is removed)."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, resolver: str | None = None) -> None:
         self._client = client
+        self._resolver = resolver
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -155,6 +167,24 @@ class _Sealed:
     @property
     def networks(self) -> Any:
         return _SealedNetworks(self._client.networks)
+
+    @property
+    def containers(self) -> Any:
+        return _ResolvingContainers(self._client.containers, self._resolver)
+
+
+class _ResolvingContainers:
+    def __init__(self, containers: Any, resolver: str | None) -> None:
+        self._containers = containers
+        self._resolver = resolver
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._containers, name)
+
+    def create(self, image: str, *args: Any, **kwargs: Any) -> Any:
+        if self._resolver is not None:
+            kwargs["dns"] = [self._resolver]
+        return self._containers.create(image, *args, **kwargs)
 
 
 class _SealedNetworks:
@@ -181,12 +211,13 @@ class Route:
     network: str
     address: str
     port: int
+    dns: bool = False
 
 
 def route_env(fake: Upstream) -> dict[str, str]:
     """The environment that makes ``kagura-agent`` processes (``apply``, and the child
     applies a dispatch starts) send the run's model calls to ``fake``."""
-    route = {"network": fake.network, "address": fake.address, "port": fake.port}
+    route = {"network": fake.network, "address": fake.address, "port": fake.port, "dns": fake.dns}
     path = os.pathsep.join([str(ROUTE_DIR), str(ROUTE_DIR.parents[1])])
     return {ROUTE_ENV: json.dumps(route), "PYTHONPATH": path}
 

@@ -21,19 +21,23 @@ The script (JSON) says what the "model" does:
 
 A request with tools is an agent turn of the first conversation whose ``match`` occurs in
 its first user message; its index is the number of assistant messages already in the
-request, so the script needs no state of its own: a retried request gets the same turn, a
+request (not counting the CLI's own stand-ins, SYNTHETIC_ANSWERS), so the script needs no
+state of its own: a retried request gets the same turn, a
 resumed session (``--resume``) carries on where it stopped, and a second process (a
 dispatched child, another run) is its own conversation. Past the last turn, ``then`` (by
 default a short end_turn answer). A request without tools is a side call: answered with
 ``side`` and never consumes a turn. A TURN:
 
     {"thinking": "...",                       # a thinking block first (signed)
-     "text": "... {last_user} {last_tool_result} {turn} ...",
+     "text": "... {last_user} {last_tool_result} {turn} ...",  # (without the CLI's
+                                              #  <system-reminder> blocks)
      "tools": [{"name": "Write", "input": {...}}, ...],   # stop_reason tool_use
      "usage": {"input_tokens": 100, "output_tokens": 20},
      "fail": [429, 529], "retry_after": "0",   # the first attempts of this turn fail so
      "stall": 0.0,                             # seconds before the response starts
      "delay": 0.0,                             # seconds between events (a slow stream)
+     "hold": 0.0,                              # seconds after the last block, before
+                                               # message_delta (the answer is all there)
      "hang": false}                            # message_start, then pings until the
                                                # client goes away
 
@@ -44,8 +48,9 @@ request in ``--record FILE``. The injecting proxy forwards only POSTs to the mod
 paths, so an agent never reaches ``/_fake/``.
 
 Standard library only: ``python3 fake_messages_api.py --port 8080 --script JSON`` runs it
-in a container (``fake_messages_api_container``), ``FakeMessagesApi(script).start()`` on
-loopback in-process.
+in a container (``fake_messages_api_container``, which also answers DNS there: NXDOMAIN
+for every name, the resolver of the sealed proxies of testing.fake_anthropic), and
+``FakeMessagesApi(script).start()`` on loopback in-process.
 """
 
 from __future__ import annotations
@@ -55,7 +60,9 @@ import contextlib
 import hashlib
 import http.server
 import json
+import re
 import secrets
+import socket
 import sys
 import threading
 import time
@@ -164,6 +171,16 @@ def invalid(body: object, betas: str = "") -> str | None:
     return None
 
 
+# What the CLI puts in a conversation as the assistant's without asking the model (after a
+# query stopped with a tool call pending, resumed): not one of the model's turns.
+SYNTHETIC_ANSWERS = ("No response requested.",)
+
+
+def _synthetic(message: dict[str, Any]) -> bool:
+    blocks = _blocks(message)
+    return len(blocks) == 1 and blocks[0].get("text") in SYNTHETIC_ANSWERS
+
+
 def _side_text(body: dict[str, Any], text: str) -> str:
     """A side call's answer: ``text``, or a JSON object of it when the call asks for
     structured output (``output_config.format`` json_schema: every string field is ``text``,
@@ -212,7 +229,7 @@ class Call:
                 break
         return cls(
             conversation=conversation,
-            turn=sum(1 for m in messages if m["role"] == "assistant"),
+            turn=sum(1 for m in messages if m["role"] == "assistant" and not _synthetic(m)),
             agent=bool(body.get("tools")),
             first_user=first,
             last_user=_text_of([b for b in last if b.get("type") == "text"]),
@@ -234,10 +251,15 @@ class Call:
 
     def fill(self, text: str) -> str:
         return (
-            text.replace("{last_user}", self.last_user)
-            .replace("{last_tool_result}", self.last_tool_result)
+            text.replace("{last_user}", _unreminded(self.last_user))
+            .replace("{last_tool_result}", _unreminded(self.last_tool_result))
             .replace("{turn}", str(self.turn))
         )
+
+
+def _unreminded(text: str) -> str:
+    """``text`` without the CLI's ``<system-reminder>`` blocks (budgets left, files changed)."""
+    return re.sub(r"\s*<system-reminder>.*?</system-reminder>\s*", "\n", text, flags=re.S).strip()
 
 
 # --- writing a response -----------------------------------------------------------------
@@ -494,13 +516,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not body.get("stream"):
             self._json(200, whole)
             return
-        self._stream(whole, float(turn.get("delay", 0)), bool(turn.get("hang")))
+        self._stream(
+            whole, float(turn.get("delay", 0)), bool(turn.get("hang")), float(turn.get("hold", 0))
+        )
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
-    def _stream(self, whole: dict[str, Any], delay: float, hang: bool) -> None:
+    def _stream(self, whole: dict[str, Any], delay: float, hang: bool, hold: float) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
@@ -509,6 +533,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         try:
             for event, data in stream_events(whole):
+                if event == "message_delta" and hold:
+                    time.sleep(hold)
                 self._chunk(sse(event, data))
                 if hang:  # message_start sent: hold the stream open until the client leaves
                     while True:
@@ -566,6 +592,7 @@ class FakeMessagesApiContainer:
     network: str
     address: str
     port: int = PORT
+    dns: bool = True  # it answers DNS (NXDOMAIN): a sealed proxy's resolver
 
     def records(self) -> list[dict[str, Any]]:
         """Every request it received, in order (read over its own loopback)."""
@@ -593,7 +620,8 @@ def fake_messages_api_container(
     container = None
     try:
         source = Path(__file__).read_text(encoding="utf-8")
-        command = ["python3", "-c", source, "--port", str(PORT), "--script", json.dumps(script)]
+        command = ["python3", "-c", source, "--port", str(PORT), "--dns"]
+        command += ["--script", json.dumps(script)]
         container = client.containers.run(
             image, command, detach=True, labels=labels, network=network.name
         )
@@ -613,13 +641,45 @@ def fake_messages_api_container(
         network.remove()
 
 
+def answer_nxdomain(query: bytes) -> bytes | None:
+    """The DNS reply "no such name" to ``query`` (its id and question kept), or None."""
+    if len(query) < 12:
+        return None
+    flags = 0x8000 | (query[2] & 0x79) << 8 | 0x0080 | 3  # QR, opcode and RD kept, RA, NXDOMAIN
+    counts = query[4:6] + b"\0\0\0\0\0\0"  # the question; no answer, authority or extra
+    return query[:2] + flags.to_bytes(2, "big") + counts + query[12:]
+
+
+def serve_nxdomain(port: int = 53) -> threading.Thread:
+    """Answer every DNS query on UDP ``port`` with NXDOMAIN, from a daemon thread: the
+    resolver of a sealed proxy (testing.fake_anthropic), so a name no test serves fails at
+    once, as where it does not resolve, instead of waiting out a resolver that never answers
+    (Docker's on an internal network)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("", port))
+
+    def answer() -> None:
+        while True:
+            query, peer = sock.recvfrom(4096)
+            reply = answer_nxdomain(query)
+            if reply is not None:
+                sock.sendto(reply, peer)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="a fake Anthropic Messages API")
     parser.add_argument("--host", default="")
     parser.add_argument("--port", type=int, default=PORT)
     parser.add_argument("--script", default="{}", help="the script, as JSON")
     parser.add_argument("--record", type=Path, help="append each request here (JSON lines)")
+    parser.add_argument("--dns", action="store_true", help="answer NXDOMAIN on UDP 53")
     args = parser.parse_args(argv)
+    if args.dns:
+        serve_nxdomain()
     server = _Server((args.host, args.port), _Handler)
     server.state = _State(json.loads(args.script), args.record)
     print("ready", flush=True)

@@ -133,6 +133,13 @@ def test_the_next_turn_is_read_from_the_history_and_sees_the_tool_result(
     assert text == "It said: File created"
     assert events[-2][1]["delta"]["stop_reason"] == "end_turn"
     assert events[-2][1]["usage"]["output_tokens"] == 7
+    # The CLI's stand-in answer (a resumed session whose tool call never ran) is no turn.
+    interrupted = {**result, "content": "[Tool call interrupted]", "is_error": True}
+    standin = {"role": "assistant", "content": [{"type": "text", "text": "No response requested."}]}
+    body["messages"][-1] = {"role": "user", "content": [interrupted]}
+    body["messages"] += [standin, {"role": "user", "content": "continue"}]
+    events = _events(_post(fake, body))
+    assert events[-2][1]["usage"]["output_tokens"] == 7  # still turn 1
     # Past the script's last turn: a short answer, never an error.
     body["messages"] += [{"role": "assistant", "content": "x"}, {"role": "user", "content": "more"}]
     assert _post(fake, body).status == 200
@@ -313,3 +320,25 @@ def test_the_bundled_cli_completes_a_scripted_task_against_it(docker_client: Any
     assert turns == [0, 1, 1, 2]  # the 529 was retried with the same history
     posts = [r for r in records if r["method"] == "POST"]
     assert {r["headers"]["x-api-key"] for r in posts} == {key_marker(KEY)}
+
+
+def test_its_resolver_says_no_such_name_at_once() -> None:
+    import socket
+
+    from testing.fake_messages_api import serve_nxdomain
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    serve_nxdomain(port)
+    # A query for api.anthropic.com, type A, recursion desired, id 0x1234.
+    name = b"".join(bytes([len(p)]) + p for p in (b"api", b"anthropic", b"com")) + b"\0"
+    query = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00" + name + b"\x00\x01\x00\x01"
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    client.settimeout(5)
+    client.sendto(query, ("127.0.0.1", port))
+    reply = client.recv(4096)
+    assert reply[:2] == b"\x12\x34" and reply[2] & 0x80  # same id, a response
+    assert reply[3] & 0x0F == 3 and reply[6:12] == b"\0" * 6  # NXDOMAIN, no answers
+    assert reply[12:] == query[12:]  # the question echoed
