@@ -7,9 +7,12 @@ go to the injected MemoryClient (in the container: a request to the host); the
 ``dispatch`` tool (a sub-agent the host runs, brain/dispatch_tool.py) goes the same way.
 
 Steering: the prompt goes in as the SDK's streaming input, kept open while the turn runs;
-:meth:`SdkBrain.steer` adds a message to it, which the CLI takes as the next user message
-once it has answered the one before. The turn ends (done) at the result of the last
-message given; a message given after that is refused, never lost silently.
+:meth:`SdkBrain.steer` adds a message to it. The CLI takes it as its next user message: in
+a turn of its own once it has answered the one before, or (the bundled CLI, when the
+message comes while a tool runs) inside the running turn, whose result then lists it. So
+each message carries a uuid and a result answers the ones it lists (``user_message_uuids``;
+a CLI that lists none answers the oldest). The turn ends (done) at the result that answers
+the last message given; a message given after that is refused, never lost silently.
 
 Turn and dollar budgets: the CLI holds a query to ``max_turns`` and ``max_budget_usd``
 and ends it with an ``error_max_turns`` / ``error_max_budget_usd`` result (then exits).
@@ -27,6 +30,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -75,17 +79,16 @@ class SdkBrain:
         self._memory = memory
         self._dispatch = dispatch  # the host's sub-agent dispatch (brain/dispatch_tool.py)
         self._capabilities = capabilities  # mid-run capability requests (brain/capability.py)
-        self._steering: asyncio.Queue[str | None] | None = None  # open while a turn runs
-        self._given = 0  # user messages given to the running turn
-        self._steered: list[str] = []  # those given mid-run, in order
+        # Open while a turn runs: (uuid, text) of each message given mid-run.
+        self._steering: asyncio.Queue[tuple[str, str] | None] | None = None
+        self._messages = _Messages()  # the user messages of the running CLI
 
     def steer(self, text: str) -> tuple[bool, str]:
         """Give the running turn ``text`` as its next user message."""
         if self._steering is None:
             return False, "the turn is ending"
-        self._steering.put_nowait(text)
-        self._given += 1
-        self._steered.append(text)
+        # Counted as given now: a result that comes before the CLI reads it must not end the turn.
+        self._steering.put_nowait((self._messages.give(text, steered=True), text))
         return True, ""
 
     def _resolve_cli(self, turn: Turn) -> str | None:
@@ -186,34 +189,36 @@ class SdkBrain:
         budget ran out ends it without a terminal event (``segment.limited`` says which)."""
         finished = False
         retries = _Retries()
-        inbox: asyncio.Queue[str | None] = asyncio.Queue()
-        self._steering, self._given, self._steered = inbox, 1, []
-        answered = 0
+        inbox: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue()
+        messages = self._messages = _Messages()
+        self._steering = inbox
 
         async def prompts() -> AsyncIterator[dict[str, Any]]:
-            text: str | None = prompt
-            while text is not None:
+            given: tuple[str, str] | None = (messages.give(prompt), prompt)
+            while given is not None:
                 yield {
                     "type": "user",
-                    "message": {"role": "user", "content": text},
+                    "message": {"role": "user", "content": given[1]},
                     "parent_tool_use_id": None,
                     "session_id": "default",  # as the SDK's own client sends (resume is a flag)
+                    "uuid": given[0],  # the result that answers it lists it
                 }
-                text = await inbox.get()
+                given = await inbox.get()
 
         try:
             async for message in sdk.query(prompt=prompts(), options=options):
                 events = _map_message(sdk, message, retries)
                 if isinstance(message, sdk.ResultMessage):
-                    answered += 1
-                    events = spent.counted(events)
+                    messages.answered(message)
+                    made = _turns_made(message, options.max_turns)
+                    events = spent.counted(_with_turns(events, made))
                     if message.subtype in _LIMITS:  # the CLI stops here: ask, not end
-                        segment.stopped(message)
+                        segment.stopped(message, made)
                         # Steered messages the stopped CLI had not come to yet go on.
-                        segment.unanswered = self._steered[answered - 1 :]
+                        segment.unanswered = messages.unanswered_steered()
                         events = [e for e in events if not isinstance(e, ErrorEvent)]
                         finished = True
-                    if answered < self._given and not segment.limited:  # steered: more to answer
+                    if messages.pending() and not segment.limited:  # steered: more to answer
                         events = [e for e in events if not isinstance(e, DoneEvent)]
                     else:  # the last message is answered: close the input, end the query
                         self._steering = None
@@ -244,8 +249,42 @@ CONTINUE_PROMPT = (
 )
 
 
+class _Messages:
+    """The user messages given to one CLI process and which of them a result answered."""
+
+    def __init__(self) -> None:
+        self._order: list[tuple[str, str, bool]] = []  # (uuid, text, steered)
+        self._answered: set[str] = set()
+
+    def give(self, text: str, *, steered: bool = False) -> str:
+        uid = str(uuid.uuid4())
+        self._order.append((uid, text, steered))
+        return uid
+
+    def answered(self, result: Any) -> None:
+        """Mark what ``result`` answered: the messages it lists, or else the oldest one."""
+        listed = getattr(result, "user_message_uuids", None) or []
+        one = getattr(result, "user_message_uuid", None)
+        taken = {u for u in [*listed, one] if isinstance(u, str)} & {u for u, _, _ in self._order}
+        if not taken:
+            oldest = next((u for u, _, _ in self._order if u not in self._answered), None)
+            taken = {oldest} if oldest else set()
+        self._answered |= taken
+
+    def pending(self) -> bool:
+        return any(u not in self._answered for u, _, _ in self._order)
+
+    def unanswered_steered(self) -> list[str]:
+        return [text for u, text, steered in self._order if steered and u not in self._answered]
+
+
 class _Spent:
-    """Turns and dollars of the CLI processes that ended on a budget (each counts its own)."""
+    """Turns and dollars of the CLI processes that ended on a budget.
+
+    The CLI counts turns per process, but its cost is the session's: a ``--resume``d CLI
+    reports what the session cost before it plus its own spending (measured on the bundled
+    CLI 2.1.337, tests/test_conformance_session.py). So the turns of earlier processes are
+    added to a result's, and its cost is taken as it is (the last stopped one is kept)."""
 
     def __init__(self) -> None:
         self.turns = 0
@@ -253,19 +292,15 @@ class _Spent:
 
     def add(self, segment: _Segment) -> None:
         self.turns += segment.turns
-        self.usd += segment.usd
+        self.usd = segment.usd
 
     def counted(self, events: list[BrainEvent]) -> list[BrainEvent]:
-        """The cost event of a result, with what earlier processes spent added (the host's
+        """The cost event of a result, with the turns of earlier processes added (the host's
         tally sees the whole turn)."""
-        if not self.turns and not self.usd:
+        if not self.turns:
             return events
         return [
-            dataclasses.replace(
-                e,
-                turns=None if e.turns is None else e.turns + self.turns,
-                usd=None if e.usd is None else e.usd + self.usd,
-            )
+            dataclasses.replace(e, turns=None if e.turns is None else e.turns + self.turns)
             if isinstance(e, CostEvent)
             else e
             for e in events
@@ -283,12 +318,26 @@ class _Segment:
         self.session_id: str | None = None
         self.unanswered: list[str] = []  # steered messages the CLI never came to
 
-    def stopped(self, message: Any) -> None:
+    def stopped(self, message: Any, turns: int | None) -> None:
         self.limited = _LIMITS[message.subtype]
         self.detail = ", ".join(message.errors or []) or message.subtype
-        self.turns = int(message.num_turns or 0)
+        self.turns = int(turns or 0)
         self.usd = float(message.total_cost_usd or 0.0)
         self.session_id = message.session_id
+
+
+def _turns_made(message: Any, max_turns: int | None) -> int | None:
+    """The turns a result's CLI made: its ``num_turns``, except when it stopped at
+    ``--max-turns``, where the bundled CLI counts the turn it refused to start too
+    (2.1.337: ``num_turns`` 3 after the 2 model calls of ``--max-turns 2``)."""
+    turns = message.num_turns
+    if message.subtype == "error_max_turns" and max_turns and isinstance(turns, int):
+        return min(turns, max_turns)
+    return turns if isinstance(turns, int) else None
+
+
+def _with_turns(events: list[BrainEvent], turns: int | None) -> list[BrainEvent]:
+    return [dataclasses.replace(e, turns=turns) if isinstance(e, CostEvent) else e for e in events]
 
 
 def _left(value: object, kind: type[Any]) -> Any:
