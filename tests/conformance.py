@@ -139,3 +139,43 @@ def summary(decisions: list[dict[str, Any]]) -> list[str]:
 
 def dump(obj: object) -> str:
     return json.dumps(obj, indent=1)[:6000]
+
+
+def launch(
+    folder: Path, task_file: Path, environment: dict[str, str], *, approval_timeout: float = 60
+) -> subprocess.Popen[str]:
+    """apply as serve runs it (``--steer-stdin``): its stdin takes steering and nudges."""
+    more = ("--steer-stdin", "--approval-timeout", str(approval_timeout))
+    return subprocess.Popen(
+        apply_argv(folder, task_file, *more),
+        env=environment,
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def bash(command: str, **turn: Any) -> dict[str, Any]:
+    """A scripted turn: one Bash call."""
+    return {"tools": [{"name": "Bash", "input": {"command": command}}], **turn}
+
+
+def brain(mode: str) -> dict[str, Any]:
+    """The shipped ``claude`` brain with another permission mode, named ``claude-MODE``
+    (lower case). The shipped one (acceptEdits) lets the CLI edit files but refuses most
+    commands (a loop, python3, sleep: "requires approval"; an sdk run has nobody to ask),
+    so the tests whose agent runs programs use ``bypassPermissions``."""
+    spec = {
+        "engine": "sdk",
+        "model": "claude-sonnet-4-5",
+        "permission_mode": mode,
+        "runtime": "container",
+        "auth": {"mode": "api-key", "credential": "anthropic"},
+        "budget": {"turns": 30, "wall_time": "10m", "cost_usd": 2},
+    }
+    return {"kind": "Brain", "metadata": {"name": f"claude-{mode.lower()}"}, "spec": spec}
+
+
+BYPASS = "claude-bypasspermissions"
