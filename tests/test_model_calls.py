@@ -262,8 +262,13 @@ def test_each_turn_budget_check_holds_on_the_proxy_count_alone(
     # The engine reports nothing; the proxy counted 3 turn calls of a 3-turn budget.
     midrun.calls = _fed(*[_port_line("MODEL_TURN")] * 3)
     counted = "3 model calls counted at the proxy of a 3-turn budget"
-    # 1. the live check on the brain's next tool call
-    assert midrun.past_budget() == counted
+    # 1. the live check on the brain's next tool call: the tools of the last allowed call
+    #    are that turn's own (the real CLI runs them, then stops at --max-turns and the
+    #    engine asks for more); past the budget (a proxy that did not cap) it stops.
+    assert midrun.past_budget() is None
+    midrun.calls = _fed(*[_port_line("MODEL_TURN")] * 4)
+    assert midrun.past_budget() == "4 model calls counted at the proxy of a 3-turn budget"
+    midrun.calls = _fed(*[_port_line("MODEL_TURN")] * 3)
     # 2. the watch of the count: at the cap the brain may end its turn; once the port
     #    refuses it a call past the cap, it is stopped whatever its engine says.
     assert midrun.past_counted() is None

@@ -176,12 +176,17 @@ class MidRun:
     def past_budget(self) -> str | None:
         """Why the brain may not go on: a turn or dollar budget in force is spent (turns:
         the larger of the reported turns and the model calls counted at the proxy, plus
-        what its finished sub-agents used; dollars: reported, plus theirs)."""
+        what its finished sub-agents used; dollars: reported, plus theirs).
+
+        Asked at each tool call. The proxy's count passes the budget only past it: the
+        tools of the last allowed call are that turn's own (the CLI runs them before it
+        stops at --max-turns and asks for more), and a call past the budget is refused at
+        the port and stops the brain there (``past_counted``)."""
         budget = self.plan["budget"]
         calls = self.model_calls or 0
         turns, usd = self.children.used
         theirs = f" ({turns} by its sub-agents)" if turns else ""
-        if budget["turns"] and calls > self.spent_turns and calls + turns >= budget["turns"]:
+        if budget["turns"] and calls > self.spent_turns and calls + turns > budget["turns"]:
             return _counted(calls, budget["turns"]) + theirs
         if budget["turns"] and self.spent_turns + turns >= budget["turns"]:
             spent = self.spent_turns + turns
