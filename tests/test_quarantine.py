@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,8 +15,10 @@ from pathlib import Path
 import pytest
 from apply_helpers import plan_for_root
 
-from kagura_agent.apply.quarantine import lift, refuse_quarantined
+from kagura_agent.apply.aftercare import check_again
+from kagura_agent.apply.quarantine import refuse_quarantined
 from kagura_agent.apply.runs import open_run, sweep_dead_runs
+from kagura_agent.apply.setid import CTIME_SLACK
 from kagura_agent.clock import FixedClock
 from kagura_agent.errors import RefusedError
 from kagura_agent.state import StateStore
@@ -89,14 +92,76 @@ def test_after_kill_9_the_sweep_quarantines_a_root_it_cannot_finish(
             refused.value.hint
             == f"check it again and lift the quarantine: kagura-agent aftercare {real}"
         )
-        with pytest.raises(RefusedError, match="stays quarantined: still could not check 1 entry"):
-            lift(store, str(root))
+        with pytest.raises(RefusedError, match="stays quarantined: still could not check 1 "):
+            check_again(store, str(root))
         assert stat.S_IMODE(root.stat().st_mode) == 0o700
         _immutable(stuck, False)
-        lifted = lift(store, str(root))
-        assert lifted.report.complete and lifted.mode == 0o755
+        walk, mode = check_again(store, str(root))
+        assert walk.complete and mode == 0o755
         assert stat.S_IMODE(root.stat().st_mode) == 0o755
         assert stat.S_IMODE(stuck.stat().st_mode) == 0o755
         refuse_quarantined(store, str(root))  # lifted: no refusal
         with pytest.raises(RefusedError, match="is not quarantined"):
-            lift(store, str(root))
+            check_again(store, str(root))
+
+
+def _git(cwd: Path, *args: str) -> None:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "HOME": str(cwd)}
+    env |= {"GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}
+    env["GIT_CONFIG_GLOBAL"] = "/dev/null"
+    done = subprocess.run(
+        ["git", "-c", "protocol.file.allow=always", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.usefixtures("without_docker")
+def test_a_planted_repository_it_cannot_move_aside_quarantines_the_root(
+    root: Path, tmp_path: Path, state_dir: Path
+) -> None:
+    """Not only the setid walk: a submodule whose planted repository cannot be moved aside
+    (its folder immutable) is a check the aftercare could not finish — the operator's
+    next git status would run the agent's configuration. Quarantined, said in red."""
+    source = tmp_path / "lib-src"
+    source.mkdir()
+    _git(source, "init", "-q")
+    _git(source, "commit", "-q", "--allow-empty", "-m", "one")
+    _git(root, "init", "-q")
+    _git(root, "submodule", "add", "-q", str(source), "lib")
+    _git(root, "commit", "-q", "-m", "submodule")
+    time.sleep(CTIME_SLACK + 1.1)
+    clock = FixedClock(datetime.now(UTC).replace(microsecond=0))
+    with StateStore() as store:
+        open_run(store, plan_for_root(tmp_path, root), "run-dead", clock)
+        with store.transaction() as conn:
+            conn.execute("UPDATE runs SET pid_start = 'not-a-process-here'")
+    (root / "lib" / ".git").unlink()
+    planted = root / "lib" / ".git"
+    planted.mkdir()
+    for name in ("objects", "refs"):
+        (planted / name).mkdir()
+    (planted / "HEAD").write_text("ref: refs/heads/main\n")
+    (planted / "config").write_text("[core]\n\tfsmonitor = touch PWNED; false\n")
+    _immutable(root / "lib", True)
+    said: list[tuple[str, str]] = []
+    with StateStore() as store:
+        sweep_dead_runs(
+            store,
+            _NoContainers(),  # type: ignore[arg-type]
+            clock,
+            lambda line, colour: said.append((line, colour)),
+        )
+        red = [line for line, colour in said if colour == "red"]
+        assert red and red[0].startswith(
+            f"QUARANTINED {root.resolve()}: the aftercare could not check 1 entry"
+            " (a submodule or the root's repository: 1)"
+        ), said
+        assert stat.S_IMODE(root.stat().st_mode) == 0o700
+        _immutable(root / "lib", False)
+        check_again(store, str(root))  # now moved aside: lifted
+    assert (root / "lib" / ".git.kagura-refused-1" / "config").exists()
+    assert stat.S_IMODE(root.stat().st_mode) == 0o755

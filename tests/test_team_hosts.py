@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
+from apply_helpers import plan_for_root
 
 from kagura_agent.apply.runs import open_run, sweep_dead_runs
 from kagura_agent.clock import FixedClock
 from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger, Sweeper
-from kagura_agent.plan.model import Plan
 from kagura_agent.processes import owner_alive, this_host
 from kagura_agent.state import StateStore
 from kagura_agent.team.reaper import revoke_run_leases
@@ -93,19 +92,21 @@ class ListingRuntime:
         self.removed.append(container_id)
 
 
+@pytest.mark.usefixtures("without_docker")
 def test_a_run_of_another_host_is_left_to_that_host(
     state_target: Path | str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Its containers and its project root (setuid bits the dead run left) alike."""
     clock = FixedClock(datetime.now(UTC).replace(microsecond=0))
-    task = {"name": "t", "session": None, "project_root": str(tmp_path)}
-    plan: Any = {"task": task, "fingerprint": "sha256:" + "0" * 64}
+    root = tmp_path / "root"
+    root.mkdir()
+    plan = plan_for_root(tmp_path, root)
     monkeypatch.setenv("KAGURA_AGENT_HOST_ID", "host-a")
     with StateStore() as store:
-        open_run(store, Plan(plan), "run-a", clock)
+        open_run(store, plan, "run-a", clock)
         with store.transaction() as conn:
             conn.execute("UPDATE runs SET pid_start = 'not-a-process-here'")
-    planted = tmp_path / "planted"
+    planted = root / "planted"
     planted.write_bytes(b"")
     planted.chmod(0o4755)
     runtime = ListingRuntime()

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from types import FrameType
 
 from kagura_agent.apply import acl
+from kagura_agent.apply.aftercare import tend
 from kagura_agent.apply.amend import Amender
 from kagura_agent.apply.container import Denials, run_in_container
 from kagura_agent.apply.context import (
@@ -43,22 +44,18 @@ from kagura_agent.apply.context import (
 )
 from kagura_agent.apply.docker import DockerApplyRuntime
 from kagura_agent.apply.gitlinks import (
-    PLANTED_REPOSITORY,
     Snapshot,
-    check_gitlinks,
-    check_root_repository,
     snapshot,
 )
-from kagura_agent.apply.hookcheck import HookSnapshot, check_hooks
+from kagura_agent.apply.hookcheck import HookSnapshot
 from kagura_agent.apply.hookcheck import snapshot as hook_snapshot
 from kagura_agent.apply.hostrun import run_on_host
 from kagura_agent.apply.journal import recording
 from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.midrun import MidRun, announce
-from kagura_agent.apply.quarantine import quarantine, refuse_quarantined
+from kagura_agent.apply.quarantine import refuse_quarantined
 from kagura_agent.apply.record import record_result
 from kagura_agent.apply.runs import apply_lock, close_run, new_run_id, open_run, sweep_dead_runs
-from kagura_agent.apply.setid import clear_setid
 from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_prompt
 from kagura_agent.approvals.midrun import Asker, ChatAsker, NobodyAsker, TtyAsker
 from kagura_agent.clock import Clock
@@ -201,36 +198,22 @@ class Aftercare:
 def _aftercare(
     ctx: RunContext, since: int, gitlinks: Snapshot, hooks: HookSnapshot, root_acl: str
 ) -> Aftercare:
-    """The run's last container (agent, verify) is gone: clear the setuid/setgid bits, the
-    write for others and the ACL entries granting others (apply/acl.py) it left in the
-    project root, before the row closes (a kill -9 here leaves it to the next apply's
-    sweep); when that walk cannot check every entry, quarantine the root
-    (apply/quarantine.py) and say why the run failed. Then move aside any submodule
-    repository it planted or changed (apply/gitlinks.py) and anything it wrote that the
-    operator's git hooks would run (apply/hookcheck.py): the operator's next ``git status``
-    or ``git commit`` would run them."""
-    root = ctx.plan["task"]["project_root"]
-    report = clear_setid(root, since, root_acl=root_acl)
-    for line in report.summary():
-        ctx.live.note(line, "yellow")
-    failed = None
-    if not report.complete:
-        closed = quarantine(ctx.store, root, ctx.run_id, since, report, ctx.clock)
-        for line in closed.lines():
-            ctx.live.note(line, "red")
-        failed = f"aftercare: project root quarantined ({closed.reasons})"
-    moved: list[dict[str, str]] = []
-    # The root first: git looking for the gitlinks would find a repository planted there.
-    for check in (check_root_repository, check_gitlinks):
-        planted = check(root, since, gitlinks)
-        for line in planted.summary():
-            ctx.live.note(line, "yellow")
-        moved += [{"path": rel, "to": to, "why": PLANTED_REPOSITORY} for rel, to in planted.moved]
-    hooked = check_hooks(root, since, hooks)
-    for line in hooked.summary():
-        ctx.live.note(line, "red")
-    moved += hooked.to_json()
-    return Aftercare(failed, tuple(moved))
+    """The run's last container (agent, verify) is gone: the aftercare of its project root
+    (apply/aftercare.py) before the row closes (a kill -9 here leaves it to the next
+    apply's sweep); a root it could not check to the end is quarantined and fails the run."""
+    care = tend(
+        ctx.store,
+        ctx.plan["task"]["project_root"],
+        ctx.run_id,
+        since,
+        ctx.clock,
+        root_acl=root_acl,
+        gitlinks=gitlinks,
+        hooks=hooks,
+    )
+    for line, colour in care.lines:
+        ctx.live.note(line, colour)
+    return Aftercare(care.failed, care.moved_aside)
 
 
 def _refuse_foreign_session(store: StateStore, plan: Plan) -> None:

@@ -1,11 +1,12 @@
 """A project root the aftercare could not check to the end: closed to every other user
 until the operator has it checked again.
 
-The aftercare walk (setid.py) must reach every entry of the root and undo what a run must
-not leave there (setuid/setgid bits, write for others, ACL entries granting others). When
-it cannot — its bound of entries or time reached, an I/O error, a directory it may not
-enter, the tree moved under it — something the run left may remain, reachable by any
-local user. Then the root is quarantined, on the host:
+The aftercare (aftercare.py) must reach every entry of the root and undo what a run must
+not leave there (setuid/setgid bits, write for others, ACL entries granting others, a
+planted repository, what the git hooks would run). When it cannot — the walk's bound of
+entries or time reached, an I/O error, a directory it may not enter, the tree moved under
+it, a submodule it could not move aside — something the run left may remain, reachable by
+any local user. Then the root is quarantined, on the host:
 
 - the project root directory itself (nothing below it) loses every permission for group
   and others (setgid and sticky kept) and its access ACL: no other local user can enter
@@ -15,10 +16,11 @@ local user. Then the root is quarantined, on the host:
 - the run is failed (apply's result, the sweep's note), in red, with what to do;
 - apply refuses a quarantined root (exit 6) until it is lifted.
 
-Lifting it is the operator's ``kagura-agent aftercare ROOT`` (``lift``): the same walk from
-the same run's start, with no bound on entries or time. When it reaches and fixes every
-entry, the root gets back the mode and access ACL it had and the record goes; when it
-cannot, it names what it could not reach (fix or remove those, then run it again).
+Lifting it is the operator's ``kagura-agent aftercare ROOT`` (aftercare.check_again):
+the same aftercare from the same run's start, the walk with no bound on entries or time.
+When nothing is left unchecked, the root gets back the mode and access ACL it had
+(``release``) and the record goes; else it names what it could not check (fix or remove
+those, then run it again).
 
 Residue: a process of another user that already had its working directory, or a
 directory open, below the root keeps that access (a directory's mode is checked on path
@@ -35,7 +37,6 @@ from dataclasses import dataclass
 
 from kagura_agent.apply import acl
 from kagura_agent.apply.runtable import MIGRATIONS as RUNS_MIGRATIONS
-from kagura_agent.apply.setid import SetidReport, clear_setid, shown
 from kagura_agent.apply.treewalk import open_root
 from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import RefusedError
@@ -77,7 +78,7 @@ class Quarantine:
         first = (
             f"QUARANTINED {root}: the aftercare could not check {_entries(self.unreached)}"
             f" ({self.reasons}); what the run left there (a setuid file, write for"
-            " others, an ACL) may remain. The run is failed."
+            " others, an ACL, a planted repository) may remain. The run is failed."
         )
         if self.closed and self.mode_before is not None:
             second = (
@@ -94,12 +95,18 @@ class Quarantine:
 
 
 def quarantine(
-    store: StateStore, root: str, run_id: str, since: int, report: SetidReport, clock: Clock
+    store: StateStore,
+    root: str,
+    run_id: str,
+    since: int,
+    unreached: int,
+    reasons: str,
+    clock: Clock,
 ) -> Quarantine:
-    """Close ``root`` to other users and record it (the walk ``report`` was not complete)."""
+    """Close ``root`` to other users and record it: its aftercare left ``unreached``
+    entries unchecked (``reasons``: why, counted, in the aftercare's own words)."""
     store.migrate("quarantine", MIGRATIONS)
     real = os.path.realpath(root)
-    reasons = "; ".join(f"{why}: {n}" for why, n in report.why) or "unknown"
     mode, access, problem = None, None, None
     try:
         fd, added = open_root(real)
@@ -128,11 +135,11 @@ def quarantine(
                 iso(clock.now()),
                 -1 if mode is None else mode,
                 access,
-                report.problems.count,
+                unreached,
                 reasons,
             ),
         )
-    return Quarantine(real, report.problems.count, reasons, mode, problem is None, problem)
+    return Quarantine(real, unreached, reasons, mode, problem is None, problem)
 
 
 def refuse_quarantined(store: StateStore, root: str) -> None:
@@ -154,24 +161,14 @@ def refuse_quarantined(store: StateStore, root: str) -> None:
     )
 
 
-@dataclass(frozen=True)
-class Lifted:
-    """What ``lift`` did: the walk's report, and the mode the root got back (None: it
-    was not quarantined in this state store, and only the walk ran)."""
-
-    report: SetidReport
-    mode: int | None
-
-
-def lift(store: StateStore, root: str) -> Lifted:
-    """Walk ``root`` again, unbounded, from the quarantining run's start; when every entry
-    is reached, give the root back its mode and access ACL and drop the record. Raises
-    RefusedError (naming what it could not reach) when the walk is still not complete."""
+def quarantined_since(store: StateStore, root: str) -> tuple[int, str | None]:
+    """The quarantining run's ctime bound and the ACLs recorded when it opened;
+    RefusedError when ``root`` is not quarantined in this state store."""
     store.migrate("runs", RUNS_MIGRATIONS)
     store.migrate("quarantine", MIGRATIONS)
     real = os.path.realpath(root)
     row = store.conn.execute(
-        "SELECT q.run_id, q.since, q.mode, q.access_acl, r.root_acl FROM quarantines q"
+        "SELECT q.since, r.root_acl FROM quarantines q"
         " LEFT JOIN runs r ON r.run_id = q.run_id WHERE q.project_root = ?",
         (real,),
     ).fetchone()
@@ -182,17 +179,19 @@ def lift(store: StateStore, root: str) -> Lifted:
             hint="pass the root apply named (kagura-agent aftercare PATH), with the same"
             " KAGURA_AGENT_STATE_DIR as that apply",
         )
-    report = clear_setid(
-        real, row["since"], root_acl=row["root_acl"], max_entries=None, max_seconds=None
-    )
-    if not report.complete:
-        raise RefusedError(
-            f"{neutralise(real, newlines=False)} stays quarantined: still could not check"
-            f" {_entries(report.problems.count)}: {shown(report.problems)}",
-            hint="fix or remove those entries (as the root's owner or root), then run"
-            f" kagura-agent aftercare {neutralise(real, newlines=False)} again",
-        )
-    mode = row["mode"]
+    return int(row["since"]), row["root_acl"]
+
+
+def release(store: StateStore, root: str) -> int | None:
+    """Checked to the end: the root gets back the mode and access ACL it had and the
+    record goes. Returns the mode given back (None when it was not known)."""
+    real = os.path.realpath(root)
+    row = store.conn.execute(
+        "SELECT mode, access_acl FROM quarantines WHERE project_root = ?", (real,)
+    ).fetchone()
+    if row is None:
+        return None
+    mode = int(row["mode"])
     try:
         _give_back(real, mode, row["access_acl"])
     except OSError as exc:
@@ -203,7 +202,7 @@ def lift(store: StateStore, root: str) -> Lifted:
         ) from exc
     with store.transaction() as conn:
         conn.execute("DELETE FROM quarantines WHERE project_root = ?", (real,))
-    return Lifted(report, mode if mode >= 0 else None)
+    return mode if mode >= 0 else None
 
 
 def _give_back(root: str, mode: int, access: str | None) -> None:

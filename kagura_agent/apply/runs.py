@@ -19,13 +19,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from kagura_agent.apply.aftercare import tend
 from kagura_agent.apply.context import ApplyRuntime
-from kagura_agent.apply.gitlinks import check_gitlinks, check_root_repository
-from kagura_agent.apply.hookcheck import check_hooks
 from kagura_agent.apply.parentdeath import PARENT_ENV, PARENT_ROOT_ENV
-from kagura_agent.apply.quarantine import quarantine
 from kagura_agent.apply.runtable import MIGRATIONS
-from kagura_agent.apply.setid import clear_setid, ctime_floor
+from kagura_agent.apply.setid import ctime_floor
 from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import RefusedError
 from kagura_agent.membrane.hardening import LABEL_RUN
@@ -141,22 +139,19 @@ def sweep_dead_runs(
             runtime.remove(container_id, force=True)
         # Only once its containers are gone: nothing can set a bit again behind the walk.
         if row["project_root"] is not None and row["setid_since"] is not None:
-            root, since = row["project_root"], row["setid_since"]
-            walked = clear_setid(root, since, root_acl=row["root_acl"])
-            lines = [(line, "yellow") for line in walked.summary(withhold_names=True)]
-            if not walked.complete:
-                closed = quarantine(store, root, row["run_id"], since, walked, clock)
-                lines += [(line, "red") for line in closed.lines()]
-            # The root repository first: see executor._aftercare.
-            for report in (check_root_repository(root, since), check_gitlinks(root, since)):
-                # The agent chose the names, and the run's redactor died with it.
-                lines += [(line, "yellow") for line in report.summary(withhold_names=True)]
-            # What the operator's git hooks would run (no snapshot: a changed package.json
-            # section a hook manager reads is taken for the run's).
-            hooked = check_hooks(root, since)
-            lines += [(line, "red") for line in hooked.summary(withhold_names=True)]
+            # No snapshot: judged by ctime alone; the agent chose the names, and the run's
+            # redactor died with it (counts only).
+            care = tend(
+                store,
+                row["project_root"],
+                row["run_id"],
+                row["setid_since"],
+                clock,
+                root_acl=row["root_acl"],
+                withhold_names=True,
+            )
             if on_note is not None:
-                for line, colour in lines:
+                for line, colour in care.lines:
                     on_note(line, colour)
         close_run(store, row["run_id"], "crashed", -1, clock)
         swept.append(row["run_id"])

@@ -24,13 +24,12 @@ def register(subparsers: Any) -> None:
 
 
 def _aftercare(args: argparse.Namespace) -> int:
-    from kagura_agent.apply.quarantine import lift
+    from kagura_agent.apply.aftercare import check_again
     from kagura_agent.hygiene import neutralise
     from kagura_agent.state import StateStore
 
     with StateStore() as store:
-        lifted = lift(store, args.root)
-    report = lifted.report
+        report, mode = check_again(store, args.root)
     if args.json:
         print_ok(
             {
@@ -39,15 +38,15 @@ def _aftercare(args: argparse.Namespace) -> int:
                 "cleared": report.cleared.count,
                 "world_writable": report.world_writable.count,
                 "acl_removed": report.acl_removed.count,
-                "mode": None if lifted.mode is None else f"{lifted.mode:04o}",
+                "mode": None if mode is None else f"{mode:04o}",
             }
         )
         return 0
     for line in report.summary():
         print(line)
-    mode = "" if lifted.mode is None else f", mode {lifted.mode:04o} given back"
+    given = "" if mode is None else f", mode {mode:04o} given back"
     print(
         f"checked {report.scanned} entries of {neutralise(args.root, newlines=False)}:"
-        f" quarantine lifted{mode}"
+        f" quarantine lifted{given}"
     )
     return 0
