@@ -105,6 +105,14 @@ def runner_processes(base: Path, url: str, names: list[str], concurrency: int) -
             conn.execute("DELETE FROM kagura_team_runners")
 
 
+def _logs(base: Path) -> str:
+    """The last lines of each runner's log."""
+    return "".join(
+        f"== {log.name}\n" + "".join(log.read_text(errors="replace").splitlines(True)[-15:])
+        for log in sorted(base.glob("*.log"))
+    )
+
+
 def _registered(url: str) -> int:
     with connect(url) as conn:
         row = conn.execute("SELECT count(*) AS n FROM kagura_team_runners").fetchone()
@@ -145,7 +153,12 @@ def latency(base: Path, url: str, count: int, concurrency: int) -> list[float]:
             enqueued = queue.run(url, queued.run_id)["enqueued_at"]
             deadline = time.monotonic() + 120
             while (at := _event_at(url, queued.run_id, STARTING)) is None:
-                assert time.monotonic() < deadline, f"{queued.run_id} never started a container"
+                if time.monotonic() > deadline:
+                    raise SystemExit(
+                        f"{queued.run_id} never started a container"
+                        f" ({queue.run(url, queued.run_id)['message']}); the runners said:\n"
+                        + _logs(base)
+                    )
                 time.sleep(0.02)
             start = datetime.fromisoformat(enqueued)
             starts.append((at - start).total_seconds() * 1000)

@@ -45,7 +45,9 @@ def seed(base: Path, env: dict[str, str]) -> dict[str, str]:
     done = subprocess.run(
         [sys.executable, "-m", "testing.web_scene", str(base)],
         cwd=REPO,
-        env=env,
+        # The scene applies against the in-memory runtime: no Docker (its plans see no
+        # image facts, the same on every machine).
+        env={**env, "DOCKER_HOST": "unix:///nonexistent/kagura-bench-no-docker.sock"},
         capture_output=True,
         text=True,
         check=False,

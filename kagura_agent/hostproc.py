@@ -36,7 +36,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-NEUTRAL_CWD = "/"
+from kagura_agent.paths import NEUTRAL_CWD, WORKDIR_ENV
+
 # Which interpreter options make a start isolated: -I alone, or -P, -E and -s together
 # (what -I means, for an interpreter given its options one by one).
 _ISOLATED = ("-I",)
@@ -53,10 +54,6 @@ _HOME_BOOT = (
     "import sys\nhome = sys.argv.pop(1)\nif home not in sys.path:\n    sys.path.insert(0, home)\n"
 )
 _CLI = "from kagura_agent.cli.main import main\nraise SystemExit(main(sys.argv[1:]))\n"
-# The folder a kagura-agent child works for: its parent's working directory. A saved plan
-# names its files relative to the folder it was made in, and a child started in
-# NEUTRAL_CWD re-plans from there (apply/freshness.py) without ever starting in it.
-WORKDIR_ENV = "KAGURA_AGENT_WORKDIR"
 
 
 class UnsafeStart(ValueError):

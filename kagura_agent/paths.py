@@ -8,6 +8,25 @@ from pathlib import Path
 from kagura_agent.errors import SetupError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+# Where the host starts every process (hostproc): a folder no agent writes.
+NEUTRAL_CWD = "/"
+# The folder a kagura-agent child works for: its parent's working directory. The host
+# starts its children in NEUTRAL_CWD, never where an agent may write, and hands them this;
+# what a command reads "from here" (./manifests, a saved plan's task files) it reads from
+# there.
+WORKDIR_ENV = "KAGURA_AGENT_WORKDIR"
+
+
+def workdir() -> Path:
+    """The folder this process works for: while it is in the neutral folder it was
+    started in, the one its kagura-agent parent handed it (:data:`WORKDIR_ENV`, when an
+    existing absolute folder); else its working directory (a process that moved on, such
+    as a re-plan in the folder a saved plan was made in, works for where it went)."""
+    here = Path.cwd()
+    handed = os.environ.get(WORKDIR_ENV, "")
+    if str(here) == NEUTRAL_CWD and os.path.isabs(handed) and os.path.isdir(handed):
+        return Path(handed)
+    return here
 
 
 def state_dir() -> Path:

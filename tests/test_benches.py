@@ -26,6 +26,7 @@ DOCKER = [
     "cockpit_status",
     "concurrency",
     "cost_forecast",
+    "disk_budget",
     "egress_throughput",
     "launch_overhead",
     "model_calls",

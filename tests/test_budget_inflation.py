@@ -46,12 +46,22 @@ LEAN = {
 }
 
 
+# A turn call as the port counts it: a Messages call with tools (a call without is a side
+# call, with caps of its own, and never a turn).
+TURN_BODY = (
+    "{'model': 'claude-sonnet-4-5', 'max_tokens': 64, 'messages': [{'role': 'user',"
+    " 'content': 'go'}], 'tools': [{'name': 'Bash', 'input_schema': {'type': 'object'}}]}"
+)
+
+
 def _posts(calls: int) -> str:
-    """Python the agent runs: ``calls`` model calls through ANTHROPIC_BASE_URL."""
+    """Python the agent runs: ``calls`` model turn calls through ANTHROPIC_BASE_URL."""
     return (
-        "import os, urllib.request as u;"
+        "import json, os, urllib.request as u;"
         " base = os.environ['ANTHROPIC_BASE_URL'];"
-        " post = lambda path: u.urlopen(u.Request(base + path, data=b'{}', method='POST')).read();"
+        f" body = json.dumps({TURN_BODY}).encode();"
+        " post = lambda path: u.urlopen(u.Request(base + path, data=body, method='POST',"
+        " headers={'content-type': 'application/json'})).read();"
         f" [post('/v1/messages') for _ in range({calls})]"
     )
 

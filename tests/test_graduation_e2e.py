@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 
 from kagura_agent.apply.executor import ApplyOptions, RunResult, apply_plan
@@ -97,7 +98,13 @@ def scene(tmp_path: Path, state_dir: Path, docker_client: Any) -> Iterator[Scene
         for container in docker_client.containers.list(
             all=True, filters={"label": f"dev.kagura.task=grad-{name}"}
         ):
-            container.remove(force=True)
+            try:
+                container.remove(force=True)
+            except docker.errors.NotFound:
+                pass  # gone meanwhile
+            except docker.errors.APIError as exc:  # apply's own removal, still under way
+                if "already in progress" not in str(exc):
+                    raise
 
 
 def _plan(scene: Scene, file: str) -> dict[str, Any]:

@@ -175,6 +175,38 @@ def test_an_isolated_child_runs_this_very_package_from_anywhere(tmp_path: Path) 
     assert marks_left(marks) == []
 
 
+def test_a_child_reads_the_operator_folder_of_the_folder_it_works_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child starts in the neutral folder, yet ./manifests is its parent's: a team
+    runner started beside a State manifest naming PostgreSQL records its jobs there."""
+    here = tmp_path / "here"
+    (here / "manifests").mkdir(parents=True)
+    (here / "manifests" / "state.yml").write_text(
+        "apiVersion: kagura.dev/v1\nkind: State\nmetadata: {name: team}\n"
+        "spec: {backend: postgres, url: 'env:KAGURA_TEST_TEAM_DB'}\n"
+    )
+    monkeypatch.setenv("KAGURA_TEST_TEAM_DB", "postgresql://kagura@db.example:5432/kagura")
+    monkeypatch.chdir(here)
+    monkeypatch.delenv("KAGURA_AGENT_MANIFESTS", raising=False)
+    monkeypatch.delenv("KAGURA_AGENT_STATE_URL", raising=False)
+    code = (
+        "import os\nfrom kagura_agent.state import state_location\n"
+        "print(os.getcwd(), state_location())"
+    )
+    done = hostproc.run(
+        hostproc.python_code_argv(code),
+        env=hostproc.kagura_environment(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split() == [
+        hostproc.NEUTRAL_CWD,
+        "postgresql://kagura@db.example:5432/kagura",
+    ]
+
+
 # --- the attack: planted modules, real entry points --------------------------------------
 
 

@@ -94,6 +94,16 @@ CASES: dict[str, tuple[str, int, int, str]] = {
         ),
         6,
         11,
+        "joining values with ~ builds more than",
+    ),
+    # Many values, each within the bounds: the memory guard stops the whole.
+    "growing": (
+        prompt_task(
+            "{% set ns = namespace(l=[]) %}{% for i in range(10000) %}"
+            "{{ ns.l.append(['x' * 1000000]) or '' }}{% endfor %}"
+        ),
+        6,
+        11,
         "rendering used more than",
     ),
     "format-width": (prompt_task("{{ '{:>999999999}'.format(1) }}"), 6, 11, "format field"),

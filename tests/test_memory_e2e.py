@@ -87,9 +87,10 @@ def _kagura(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
     )
 
 
-def _plan_json(task: Path, env: dict[str, str]) -> dict[str, Any]:
+def _plan_json(task: Path, env: dict[str, str], expect: int = 0) -> dict[str, Any]:
+    """The plan of ``task``; ``expect`` 6: plan says it is not applyable."""
     done = _kagura(["plan", "--json", str(task)], env)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == expect, done.stderr
     plan: dict[str, Any] = json.loads(done.stdout)["plans"][0]["plan"]
     return plan
 
@@ -279,7 +280,7 @@ def test_child_runs_narrowed_and_the_parent_recalls_its_output_by_id(
             "steps": ["true"],
         },
     )
-    plan = _plan_json(wider, env)
+    plan = _plan_json(wider, env, expect=6)
     assert plan["applyable"] is False
     assert (
         "egress https://pypi.org:443 is not allowed to the parent"

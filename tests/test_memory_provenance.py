@@ -22,6 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from apply_helpers import make_project
 from golden import golden_plan
 
 from kagura_agent.apply.hostmem import HostMemory, open_host_memory
@@ -49,8 +50,7 @@ def _cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Complete
 
 @pytest.fixture()
 def project(tmp_path: Path, state_dir: Path) -> tuple[Path, dict[str, str]]:
-    root = tmp_path / "project"
-    root.mkdir()
+    root = make_project(tmp_path)  # the agent's own: plan refuses a root it cannot write
     (root / "task.yml").write_text(
         "apiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: build}\n"
         "spec:\n  steps: [make]\n  verify: [make test]\n",

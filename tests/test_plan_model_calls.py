@@ -85,8 +85,8 @@ def test_a_policy_that_lets_the_provider_reach_out_is_egress_the_plan_shows(
     assert "web_search, 8 calls at once (policy web-search)" in text
     assert "MCP server mcp.example.com (policy docs-mcp)" in text
     changes = [c.render() for c in diff_plans(before, plan)]
-    assert "+ provider egress web_search (policy web-search)" in changes
-    assert "+ provider egress MCP server mcp.example.com (policy docs-mcp)" in changes
+    assert "+ provider egress web_search (policy web-search)  (widens)" in changes
+    assert "+ provider egress MCP server mcp.example.com (policy docs-mcp)  (widens)" in changes
     # What the port gets is what the plan says.
     config = json.loads(ModelCallPolicy.from_plan(calls).lua_config(Injection("api.anthropic.com")))
     assert config["server_tools"] == ["web_search"] and config["mcp_servers"] == ["mcp.example.com"]

@@ -220,3 +220,26 @@ def test_an_image_with_a_repository_pins_where_to_pull_it(tmp_path: Path, state_
     assert not [w for w in pushed["warnings"] if "not pushed" in w]
     # Where the image comes from is part of what the operator approves.
     assert pushed["intent"] != unpushed["intent"]
+
+
+@pytest.mark.usefixtures("without_docker")
+@pytest.mark.parametrize("planned_in", ["elsewhere", "checkout"])
+def test_a_plan_made_anywhere_is_fresh_for_a_child_working_for_a_checkout(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch, planned_in: str
+) -> None:
+    """A team runner started in a source checkout hands its children that folder; the
+    packaged manifests are ./manifests there, yet a plan made in a folder above neither
+    the task nor the checkout (its inputs named absolutely or <packaged>/NAME) is fresh."""
+    from kagura_agent.apply.freshness import check_saved_plan_fresh
+    from kagura_agent.paths import NEUTRAL_CWD, WORKDIR_ENV
+
+    checkout = Path(__file__).resolve().parents[1]
+    away = tmp_path / "away"
+    away.mkdir()
+    manifest_set(tmp_path)
+    task = write_task(make_project(tmp_path), "t", HELLO)
+    monkeypatch.chdir(away if planned_in == "elsewhere" else checkout)
+    (plan,) = plan_tasks(str(tmp_path / "manifests"), [str(task)])  # this host's facts
+    monkeypatch.chdir(NEUTRAL_CWD)
+    monkeypatch.setenv(WORKDIR_ENV, str(checkout))
+    assert check_saved_plan_fresh(plan).changes == ()

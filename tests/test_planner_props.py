@@ -242,7 +242,7 @@ def test_base_revision_diff(project: Path, capsys: pytest.CaptureFixture[str]) -
     _git("commit", "-q", "-m", "manifests")
     code, out, err = cli(capsys, *PLAN, "--base", "HEAD", "--detailed-exitcode")
     assert code == 0, err
-    assert "no changes against the manifests at HEAD" in out
+    assert "no changes against the task and manifests at HEAD" in out
     _replace_host("api.cloudflare.com", "dns.cloudflare.example")
     code, out, err = cli(capsys, *PLAN, "--base", "HEAD", "--detailed-exitcode")
     assert code == 5, err

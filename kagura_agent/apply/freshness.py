@@ -10,7 +10,6 @@ the plan compiled here is the one applied (same intent, this host's facts).
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +17,9 @@ from pathlib import Path
 from kagura_agent.apply.written import refuse_written
 from kagura_agent.errors import RefusedError
 from kagura_agent.facts import ImagePin
-from kagura_agent.hostproc import WORKDIR_ENV
 from kagura_agent.membrane.registry import pull_pinned
 from kagura_agent.membrane.runtime import check_image_digest, check_proxy_digest
+from kagura_agent.paths import NEUTRAL_CWD, workdir
 from kagura_agent.plan.build import Compiled, compile_tasks
 from kagura_agent.plan.diff import diff_plans
 from kagura_agent.plan.intent import FactChange, fact_changes, intent_fingerprint, intent_view
@@ -67,7 +66,7 @@ def check_saved_plan_fresh(plan: Plan) -> Localized:
         )
     # Input files are named relative to the folder the plan was made in; re-plan from
     # there, so a plan applied from another working directory is not called stale.
-    with contextlib.chdir(_planned_from(plan["task"])):
+    with contextlib.chdir(_planned_from(plan)):
         current = [
             c
             for c in compile_tasks(
@@ -102,19 +101,23 @@ def _proxy_pin(plan: Plan) -> ImagePin | None:
     return ImagePin(proxy["digest"], proxy["pull"]) if proxy and proxy["digest"] else None
 
 
-def _planned_from(task: TaskSection) -> str:
-    """The working directory ``plan`` ran in: the task's absolute path minus its shown name;
-    else the folder this apply works for (a child started by kagura-agent is handed its
-    parent's working directory: hostproc.WORKDIR_ENV), else its own."""
+def _planned_from(plan: Plan) -> str:
+    """The working directory ``plan`` ran in, as far as its input names tell: the task's
+    absolute path minus its shown name; else, when every input is named absolutely (or as
+    ``<packaged>/NAME``), a folder where they all are again (the neutral folder: nothing
+    is under it); else the folder this apply works for (paths.workdir)."""
+    task: TaskSection = plan["task"]
     path, shown = str(task.get("path") or ""), str(task.get("file") or "")
     if shown and not shown.startswith("/") and path.endswith("/" + shown):
         folder = path[: -len(shown) - 1] or "/"
         if Path(folder).is_dir():
             return folder
-    handed = os.environ.get(WORKDIR_ENV, "")
-    if os.path.isabs(handed) and os.path.isdir(handed):
-        return handed
-    return os.getcwd()
+    names = plan["inputs"].get("files", {})
+    if all(name.startswith(("/", "<packaged>/")) for name in names):
+        # Planned outside the task's folder and the packaged set (a checkout's manifests/
+        # would be named relative to a folder above it).
+        return NEUTRAL_CWD
+    return str(workdir())
 
 
 def check_fresh(saved: Plan, current: Plan) -> list[FactChange]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from kagura_agent.errors import Diagnostic, UsageError
 from kagura_agent.inputfile import Unreadable, read_text
 from kagura_agent.manifest.yamlpos import YamlDoc, load_documents
-from kagura_agent.paths import resource_dir
+from kagura_agent.paths import resource_dir, workdir
 
 YAML_SUFFIXES = (".yml", ".yaml")
 # A manifest or task file is hand-written configuration; anything larger is refused
@@ -69,7 +69,10 @@ def manifests_dir(explicit: str | None) -> Path:
             if not path.is_dir():
                 raise UsageError(f"manifests directory {candidate} {_missing(path)}")
             return path
-    local = Path("manifests")
+    # ./manifests of the folder this process works for (a child the host started in a
+    # neutral folder reads its parent's: paths.workdir).
+    here = workdir()
+    local = Path("manifests") if here == Path.cwd() else here / "manifests"
     if local.is_dir():
         return local
     return packaged_dir()

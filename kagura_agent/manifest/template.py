@@ -83,10 +83,31 @@ def render_prompt(source: str, variables: dict[str, Any]) -> str:
 
 def _environment() -> Any:
     """The sandbox subclass, built on first use (jinja2 is imported lazily)."""
+    from jinja2.compiler import CodeGenerator, Frame
+    from jinja2.nodes import Concat
     from jinja2.sandbox import SandboxedEnvironment
+
+    class BoundedCodeGenerator(CodeGenerator):
+        def visit_Concat(self, node: Concat, frame: Frame) -> None:
+            # ``a ~ b`` is no binop the sandbox intercepts: joined through the check.
+            self.write("environment.checked_concat((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
 
     class BoundedEnvironment(SandboxedEnvironment):
         intercepted_binops = _BINOPS
+        code_generator_class = BoundedCodeGenerator
+
+        @staticmethod
+        def checked_concat(values: tuple[Any, ...]) -> str:
+            parts = [str(value) for value in values]
+            if sum(len(part) for part in parts) > MAX_VALUE:
+                raise TemplateLimit(
+                    f"joining values with ~ builds more than {MAX_VALUE} characters"
+                )
+            return "".join(parts)
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             _check_binop(operator, left, right)
