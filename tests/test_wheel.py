@@ -20,21 +20,17 @@ CLEAN_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 @pytest.fixture(scope="module")
 def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from kagura_agent.membrane.source import package_source
+
     work = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "-q",
-            "-w",
-            str(work / "dist"),
-            str(ROOT),
-        ],
-        check=True,
-    )
+    # Built from a copy, as the image build does: a build writes build/ into its source,
+    # and another build of the checkout at once (an image on another worker) races it.
+    with package_source(work / "src") as source:
+        dist = str(work / "dist")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dist, str(source)],
+            check=True,
+        )
     wheels = list((work / "dist").glob("kagura_agent-*.whl"))
     assert len(wheels) == 1
     env_dir = work / "venv"

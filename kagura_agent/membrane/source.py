@@ -1,9 +1,12 @@
 """A source tree of kagura-agent for ``pip wheel`` (the agent image installs it).
 
-From a checkout that is the checkout. From an installed wheel there is no checkout, so
-a minimal project is written into a temporary folder: the installed package (with its
-packaged schemas, manifests and recipes) plus a pyproject.toml carrying the installed
-distribution's own version, dependencies and extras, read from its metadata.
+From a checkout, a copy of what the build reads (the package, the top-level data folders,
+the top-level files) in a temporary folder: a build writes build/ and *.egg-info into its
+source, and two builds of one folder at once (two image builds, a wheel test) remove each
+other's files. From an installed wheel there is no checkout, so a minimal project is
+written into a temporary folder: the installed package (with its packaged schemas,
+manifests and recipes) plus a pyproject.toml carrying the installed distribution's own
+version, dependencies and extras, read from its metadata.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ from kagura_agent.paths import PACKAGE_DIR, repo_root
 def package_source(scratch: Path) -> Iterator[Path]:
     """Yield a folder ``pip wheel`` can build kagura-agent from."""
     root = repo_root()
-    if root is not None:
-        yield root
-        return
     project = scratch / "kagura-agent-src"
     project.mkdir(parents=True)
+    if root is not None:
+        yield _checkout_copy(root, project)
+        return
     shutil.copytree(
         PACKAGE_DIR,
         project / "kagura_agent",
@@ -35,6 +38,20 @@ def package_source(scratch: Path) -> Iterator[Path]:
     )
     (project / "pyproject.toml").write_text(pyproject_text(_requirements()))
     yield project
+
+
+# What setup.py and pyproject.toml read from a checkout, besides its top-level files.
+CHECKOUT_FOLDERS = ("kagura_agent", "schemas", "manifests", "images", "requirements")
+_NOT_SOURCE = shutil.ignore_patterns("__pycache__", "*.pyc", "wheelhouse")
+
+
+def _checkout_copy(root: Path, project: Path) -> Path:
+    for entry in root.iterdir():
+        if entry.is_file() and not entry.is_symlink():
+            shutil.copy2(entry, project / entry.name)
+    for folder in CHECKOUT_FOLDERS:
+        shutil.copytree(root / folder, project / folder, ignore=_NOT_SOURCE)
+    return project
 
 
 def _requirements() -> list[str]:
