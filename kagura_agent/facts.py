@@ -16,9 +16,9 @@ from typing import Any
 
 from kagura_agent.clock import SystemClock
 from kagura_agent.errors import UsageError
-from kagura_agent.graduation.knobs import Knobs, knobs_from_spec
 from kagura_agent.graduation.ledger import snapshot
 from kagura_agent.graduation.model import GraduationSnapshot
+from kagura_agent.graduation.settings import graduation_settings
 from kagura_agent.inputfile import Unreadable, read_bytes
 from kagura_agent.manifest.catalog import Catalog
 from kagura_agent.manifest.proxyimage import proxy_image
@@ -247,18 +247,11 @@ def _mode(path: str) -> int | None:
         return None
 
 
-def graduation_knobs(catalog: Catalog) -> Knobs:
-    knob_keys = ("min_successes", "min_distinct_tasks", "cooldown", "failure_window")
-    for manifest in catalog.of("Graduation"):
-        return knobs_from_spec({k: v for k, v in manifest.spec.items() if k in knob_keys})
-    return Knobs()
-
-
 def _graduation(catalog: Catalog) -> dict[str, Any]:
     """The graduation snapshot; an absent or older graduation schema is "nothing
     graduated yet" (fail closed), with a note when there was state it could not read."""
 
-    knobs = graduation_knobs(catalog)
+    knobs = graduation_settings(catalog).knobs
     store = StateStore.read_only()
     if store is None:
         return {"graduation": GraduationSnapshot(version=0, knobs=knobs)}

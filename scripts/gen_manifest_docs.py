@@ -215,6 +215,21 @@ def render() -> str:
         "",
         "Kinds: " + ", ".join(f"[{kind}](#{kind.lower()})" for kind in KINDS) + ".",
         "",
+        "## Layers and singleton kinds",
+        "",
+        "A manifest set has two layers: the packaged defaults, and over them the operator's"
+        " folder (`--manifests DIR`, else `$KAGURA_AGENT_MANIFESTS`, else `./manifests`). An"
+        " operator document of the same kind and name replaces the packaged one; an identical"
+        " copy of a packaged document is the packaged one.",
+        "",
+        "Graduation and State are singleton kinds: the operator's folder holds at most one"
+        " document of each, under any name, and a second is an error located at it. The"
+        " operator's Graduation merges over the packaged one key by key: a key of its `spec`"
+        " replaces the packaged value whole (`tripwires`, `baseline` and `budget_floors`"
+        " included), a key it leaves out keeps the packaged value, and a knob neither sets"
+        " has its default. Every command reads the same merged settings: `plan` (baseline,"
+        " tripwires, failure half-life, budget), `graduation`, `serve` and `web`.",
+        "",
     ]
     for kind, schema in schemas.items():
         defs = schema.get("$defs", {})

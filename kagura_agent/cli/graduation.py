@@ -71,10 +71,10 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def _knobs(args: argparse.Namespace) -> Knobs:
     # The same knobs the planner uses: a manifest raising the bar must not be bypassed by
     # approving from the CLI, so an invalid manifest set refuses here as it does in plan.
-    from kagura_agent.facts import graduation_knobs
+    from kagura_agent.graduation.settings import graduation_settings
     from kagura_agent.manifest.workspace import load_workspace
 
-    return graduation_knobs(load_workspace(args.manifests, []).catalog)
+    return graduation_settings(load_workspace(args.manifests, []).catalog).knobs
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from kagura_agent.clock import SystemClock
     from kagura_agent.cockpit.operators import transport_operators
     from kagura_agent.errors import SetupError, UsageError
-    from kagura_agent.facts import graduation_knobs
+    from kagura_agent.graduation.settings import graduation_settings
     from kagura_agent.manifest.workspace import load_workspace
     from kagura_agent.state import state_location
 
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         approver, operators = f"web:{who}", found.ids
     config = ConsoleConfig(
         location=state_location(),
-        knobs=graduation_knobs(catalog),
+        knobs=graduation_settings(catalog).knobs,
         clock=SystemClock(),
         approver=approver,
         operators=operators,

@@ -49,8 +49,8 @@ from kagura_agent.cockpit.runner import (
 )
 from kagura_agent.cockpit.transport import Event, Transport
 from kagura_agent.errors import KaguraError, UsageError
-from kagura_agent.facts import graduation_knobs
 from kagura_agent.graduation import Knobs, approve_graduation, format_duration, proposals
+from kagura_agent.graduation.settings import graduation_settings
 from kagura_agent.hygiene import neutralise
 from kagura_agent.manifest.adhoc import write_adhoc_task
 from kagura_agent.manifest.workspace import load_workspace
@@ -864,7 +864,7 @@ class Cockpit:
 
     def _knobs(self) -> Knobs:
         """The knobs the planner uses (a manifest raising the bar holds here too)."""
-        return graduation_knobs(load_workspace(self.config.manifests, []).catalog)
+        return graduation_settings(load_workspace(self.config.manifests, []).catalog).knobs
 
     def _answer_graduation(self, event: Event, request: str, *, approved: bool) -> None:
         with self._lock:

@@ -58,6 +58,9 @@ class Catalog:
     layers: tuple[MappingProxyType[str, Any], ...] = ()
     # "Kind/name" of every packaged manifest an operator document replaced.
     overrides: tuple[str, ...] = ()
+    # "Kind/name" of every operator document that is an identical copy of a packaged one
+    # (it replaces nothing: readers merging layers take it as the packaged document).
+    copies: tuple[str, ...] = ()
 
     def get(self, kind: str, name: str) -> Manifest | None:
         return self.by_kind.get(kind, MappingProxyType({})).get(name)
@@ -130,6 +133,7 @@ def build_catalog(sources: Sources) -> tuple[Catalog, list[Manifest], list[Diagn
     tasks: list[Manifest] = []
     seen_tasks: dict[str, Manifest] = {}
     overrides: list[str] = []
+    copies: list[str] = []
     # Packaged documents first, then the operator's: a later layer meets an earlier one.
     manifests.sort(key=lambda m: LAYERS.index(m.layer) if m.layer in LAYERS else 1)
     for manifest in manifests:
@@ -154,10 +158,13 @@ def build_catalog(sources: Sources) -> tuple[Catalog, list[Manifest], list[Diagn
             bucket[manifest.name] = manifest
             if manifest.spec != first.spec:  # an identical copy replaces nothing
                 overrides.append(f"{manifest.kind}/{manifest.name}")
+            else:
+                copies.append(f"{manifest.kind}/{manifest.name}")
     catalog = Catalog(
         MappingProxyType({k: MappingProxyType(v) for k, v in index.items()}),
         MappingProxyType(dict(sources.digests)),
         overrides=tuple(overrides),
+        copies=tuple(copies),
     )
     return catalog, tasks, problems
 

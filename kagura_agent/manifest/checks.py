@@ -20,6 +20,14 @@ from kagura_agent.manifest.toolservers import check_tool_server
 from kagura_agent.manifest.yamlpos import Path, YamlDoc, json_path
 
 DEFAULTABLE = ("Brain", "Image", "Memory")
+# Kinds a manifest set holds one of (docs/manifests.md, "Layers and singleton kinds"):
+# the packaged document, merged key by key under the operator's one
+# (graduation/settings.py); two of the operator's own are an error, never merged in file
+# order. The value says why.
+SINGLETONS = {
+    "State": ("the state store is one", "already names it"),
+    "Graduation": ("the graduation knobs are one set", "already sets them; merge the two"),
+}
 
 
 def walk_strings(value: Any, path: Path = ()) -> Iterator[tuple[Path, str, bool]]:
@@ -133,15 +141,7 @@ def check_catalog(catalog: Catalog) -> list[Diagnostic]:
                     hint=f"{defaults[0].name} is already the default",
                 )
             )
-    states = catalog.of("State")
-    for extra in states[1:]:  # the state store is one (manifest/statebackend.py)
-        problems.append(
-            extra.diag(
-                ("kind",),
-                "more than one State manifest: the state store is one",
-                hint=f"State {states[0].name} already names it",
-            )
-        )
+    problems.extend(check_singletons(catalog))
     for egress in catalog.of("EgressPolicy"):
         problems.extend(check_egress(egress))
     for brain in catalog.of("Brain"):
@@ -165,6 +165,29 @@ def check_catalog(catalog: Catalog) -> list[Diagnostic]:
     for server in catalog.of("ToolServer"):
         problems.extend(check_tool_server(server, catalog))
     problems.extend(check_grants(catalog))
+    return problems
+
+
+def check_singletons(catalog: Catalog) -> list[Diagnostic]:
+    """Two documents of a singleton kind in the operator's folder (an identical copy of a
+    packaged document is the packaged one), each extra one located."""
+    problems = []
+    copies = set(catalog.copies)
+    for kind, (why, hint) in SINGLETONS.items():
+        own = [
+            m
+            for m in catalog.of(kind)
+            if m.layer != "packaged" and f"{kind}/{m.name}" not in copies
+        ]
+        for extra in own[1:]:
+            line, _ = own[0].doc.where(("metadata", "name"))
+            problems.append(
+                extra.diag(
+                    ("kind",),
+                    f"more than one {kind} manifest: {why}",
+                    hint=f"{kind} {own[0].name} ({own[0].file}:{line}) {hint}",
+                )
+            )
     return problems
 
 

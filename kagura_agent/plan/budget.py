@@ -29,13 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kagura_agent.facts import Facts
+from kagura_agent.graduation.settings import graduation_settings
 from kagura_agent.manifest.catalog import Catalog
 from kagura_agent.manifest.ceilings import Ceiling, budget_ceilings, over_ceilings
 from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.patterns.cost_history import (
-    DEFAULT_MIN_RUNS,
-    DEFAULT_QUANTILE,
-    DEFAULT_RESERVE,
     DIMENSIONS,
     forecast,
 )
@@ -50,10 +48,6 @@ from kagura_agent.plan.model import (
 )
 from kagura_agent.units import format_duration, parse_duration, parse_size
 
-# Most a learnt limit grows in one run (Graduation ``budget_step``): x1.5 of the limit
-# the newest recorded run was held to, so a run that spends to its limit teaches the next
-# plan at most half as much again, never the ceiling at once.
-DEFAULT_STEP = 1.5
 CEILING_KEYS = {"turns": "turns", "wall_seconds": "wall_time", "cost_usd": "cost_usd"}
 PARENT_DIMENSIONS = ("turns", "wall_seconds", "cost_usd")
 # Without a Policy saying otherwise: children may not dispatch, and a run asks for at most
@@ -76,10 +70,10 @@ def plan_budget(task: ResolvedTask, facts: Facts, catalog: Catalog) -> Budget:
     source: BudgetSource = (
         "task" if explicit else "brain" if task.brain.spec.get("budget") else "default"
     )
-    knobs = _budget_knobs(catalog)
-    min_runs, step = knobs.pop("min_runs"), knobs.pop("step")
+    knobs = graduation_settings(catalog).budget
+    min_runs, step = knobs.min_runs, knobs.step
     runs = (facts.cost_history or {}).get("runs") or []
-    predicted = forecast(runs, **knobs)
+    predicted = forecast(runs, reserve=knobs.reserve, q=knobs.quantile, floors=knobs.floors)
     shown: Forecast | None = None
     if predicted is not None:
         own = {"wall_time" if dim == "wall_seconds" else dim for dim in explicit}
@@ -315,26 +309,3 @@ def _depth(task: ResolvedTask, facts: Facts) -> int:
 def _ceiling(ceilings: Mapping[str, Ceiling], key: str, default: int) -> int:
     ceiling = ceilings.get(key)
     return int(ceiling.limit) if ceiling is not None else default
-
-
-def _budget_knobs(catalog: Catalog) -> dict[str, Any]:
-    """reserve, quantile, floors, min_runs and step from the Graduation manifest (last
-    one wins)."""
-    knobs: dict[str, Any] = {
-        "reserve": DEFAULT_RESERVE,
-        "q": DEFAULT_QUANTILE,
-        "floors": {},
-        "min_runs": DEFAULT_MIN_RUNS,
-        "step": DEFAULT_STEP,
-    }
-    for graduation in catalog.of("Graduation"):
-        spec = graduation.spec
-        knobs["min_runs"] = int(spec.get("budget_min_runs", knobs["min_runs"]))
-        knobs["reserve"] = float(spec.get("reserve", knobs["reserve"]))
-        knobs["q"] = float(spec.get("budget_quantile", knobs["q"]))
-        knobs["step"] = float(spec.get("budget_step", knobs["step"]))
-        floors = dict(spec.get("budget_floors") or {})
-        if "wall" in floors:
-            floors["wall_seconds"] = parse_duration(str(floors.pop("wall")))
-        knobs["floors"] = floors
-    return knobs

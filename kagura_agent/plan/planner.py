@@ -16,6 +16,7 @@ from typing import Any
 from kagura_agent import __version__
 from kagura_agent.facts import Facts
 from kagura_agent.graduation.classify import classify
+from kagura_agent.graduation.settings import graduation_settings
 from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.egresspool import egress_pool_knobs
 from kagura_agent.manifest.hosts import normalize_host
@@ -23,12 +24,11 @@ from kagura_agent.manifest.proxyimage import proxy_image
 from kagura_agent.manifest.schema import schema_version
 from kagura_agent.manifest.scopes import is_full_access
 from kagura_agent.manifest.task import ResolvedTask
-from kagura_agent.membrane.egress.audit import LOG_CEILING
 from kagura_agent.membrane.floor import floor_violations
 from kagura_agent.membrane.lifetimes import lifetime_refusals
 from kagura_agent.memory.factory import section_from_manifest
 from kagura_agent.patterns.dispatch import narrowing_violations
-from kagura_agent.patterns.failure_learning import DEFAULT_HALF_LIFE_SECONDS, failure_trust
+from kagura_agent.patterns.failure_learning import failure_trust
 from kagura_agent.plan import resume
 from kagura_agent.plan.budget import budget_approvals, ceiling_refusals, plan_budget
 from kagura_agent.plan.injection import CLI_ENVIRONMENT, brain_injection
@@ -57,7 +57,6 @@ from kagura_agent.plan.model import (
     Scheme,
     TaskSection,
     Tenancy,
-    Tripwires,
     applyable,
 )
 from kagura_agent.plan.modelcalls import model_calls
@@ -91,7 +90,6 @@ RUN_KAGURA_TMPFS_BYTES = 16 * 1024 * 1024
 TMPFS_FLAGS = "rw,noexec,nosuid,nodev"
 # The hijack canary: a decoy credentials file in the agent's home (a tmpfs in the
 # container) that no tool reads unless told to (git only with credential.helper=store).
-CANARY_PATH = "/home/agent/.git-credentials"
 REFUSED = "refused: "  # _unwritable_project's prefix for a refusal rather than a warning
 
 
@@ -194,7 +192,7 @@ def compile_plan(
         "brain": brain,
         "memory": draft["memory"],
         "budget": draft["budget"],
-        "tripwires": _tripwires(catalog),
+        "tripwires": graduation_settings(catalog).tripwires,
         "floor": floor,
         "policy": policy,
         "approvals": approvals,
@@ -679,7 +677,7 @@ def _brain(task: ResolvedTask) -> BrainSection:
 def _memory(task: ResolvedTask, facts: Facts, catalog: Catalog) -> MemorySection:
     memory = task.memory
     section = section_from_manifest(*((memory.name, memory.spec) if memory else (None, None)))
-    half_life = _failure_half_life(catalog)
+    half_life = graduation_settings(catalog).failure_half_life
     runs = (facts.cost_history or {}).get("runs") or []
     successes = sum(1 for run in runs if run.get("outcome") == "success")
     ages = [float(a) for f in facts.known_failures for a in f.get("ages_seconds") or []]
@@ -697,15 +695,6 @@ def _memory(task: ResolvedTask, facts: Facts, catalog: Catalog) -> MemorySection
             "half_life_seconds": half_life,
         },
     }
-
-
-def _failure_half_life(catalog: Catalog) -> int:
-    """Graduation ``failure_half_life`` (last manifest wins), in seconds."""
-    half_life = DEFAULT_HALF_LIFE_SECONDS
-    for graduation in catalog.of("Graduation"):
-        if "failure_half_life" in graduation.spec:
-            half_life = parse_duration(str(graduation.spec["failure_half_life"]))
-    return half_life
 
 
 def _known_failure(found: Mapping[str, Any], half_life: int) -> KnownFailure:
@@ -733,37 +722,6 @@ def _known_failure(found: Mapping[str, Any], half_life: int) -> KnownFailure:
             for c in found.get("fix_changes") or []
         ]
     return known
-
-
-def _tripwires(catalog: Catalog) -> Tripwires:
-    """The hijack tripwire knobs of the operator's Graduation manifest (last one wins).
-
-    The canary is a decoy credentials file apply plants in the agent's home (a tmpfs in
-    the container, never the operator's project root) with a per-run value; the plan
-    names where.
-    """
-    found: Tripwires = {
-        "denied_egress": 5,
-        "window_seconds": 60,
-        "canary_file": CANARY_PATH,
-        "creds_after_wipe": True,
-        "egress_log_bytes": LOG_CEILING,
-        "source": "default",
-    }
-    for graduation in catalog.of("Graduation"):
-        knobs = graduation.spec.get("tripwires")
-        if knobs:
-            found = {
-                "denied_egress": int(knobs.get("denied_egress", 5)),
-                "window_seconds": parse_duration(str(knobs.get("window", "60s"))),
-                "canary_file": CANARY_PATH if knobs.get("canary_file", True) else None,
-                "creds_after_wipe": bool(knobs.get("creds_after_wipe", True)),
-                "egress_log_bytes": (
-                    parse_size(str(knobs["egress_log"])) if "egress_log" in knobs else LOG_CEILING
-                ),
-                "source": graduation.name,
-            }
-    return found
 
 
 def untrusted_inputs(task: ResolvedTask, facts: Facts) -> list[str]:
@@ -830,9 +788,7 @@ def _classify_all(
     facts: Facts,
     denials: dict[str, str],
 ) -> list[Approval]:
-    graduation_baseline: set[str] = set()
-    for graduation in catalog.of("Graduation"):
-        graduation_baseline.update(graduation.spec.get("baseline", []))
+    graduation_baseline = graduation_settings(catalog).baseline
     requested: list[tuple[str, bool]] = [
         (draft["image"]["category"], bool(task.image.spec.get("baseline", False)))
     ]
