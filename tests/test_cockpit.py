@@ -319,6 +319,59 @@ def test_approval_in_chat_is_logged_and_bound_to_the_plan(
     assert leftovers(docker_client, session.run_id or "") == []
 
 
+def test_a_session_answered_in_the_web_console_starts_from_its_cockpit(
+    cockpit_world: Any, docker_client: Any, state_dir: Path
+) -> None:
+    """The web console answers a waiting session through the store (bound to its id and
+    the plan fingerprint it showed); the cockpit that asked tells the thread and starts
+    an approved one, and a denied one runs nothing."""
+    transport, start, base, _ = cockpit_world
+    task = _task(base, "webbed", ["true"], egress=["docs"])
+    cockpit = start()
+    registry = Registry(state_dir / "state.db", SystemClock())
+    transport.send(f"launch {task}")
+    transport.wait_for("needs approval")
+    (request,) = transport.requests
+    (session,) = cockpit.sessions()
+    shown = session.fingerprint
+    stale = "sha256:" + "0" * 64
+    said = registry.answer_elsewhere(
+        request, fingerprint=stale, approved=True, who="web:alice", via="web"
+    )
+    assert "nothing recorded" in said
+    assert registry.get(request).state == "awaiting-approval"  # type: ignore[union-attr]
+    said = registry.answer_elsewhere(
+        request, fingerprint=shown, approved=True, who="web:alice", via="web"
+    )
+    assert said == f"session {request} approved by web:alice"
+    out = transport.wait_for("(exit 0)")
+    assert f"session {request} approved by web:alice in the web console; applying" in out
+    decisions = approvals.history(StateStore(), category="egress:docs")
+    assert [(d.outcome, d.who, d.via, d.request, d.fingerprint) for d in decisions] == [
+        ("approved", "web:alice", "web", request, shown)
+    ]
+    # Answered: neither the chat nor the console can answer it again.
+    again = registry.answer_elsewhere(
+        request, fingerprint=shown, approved=False, who="web:alice", via="web"
+    )
+    assert again.endswith("nothing to answer")
+    transport.send(f"launch {task}")
+    deadline = time.monotonic() + 60
+    while len(transport.requests) < 2:
+        assert time.monotonic() < deadline, transport.text()
+        time.sleep(0.1)
+    second = transport.requests[-1]
+    assert (
+        registry.answer_elsewhere(
+            second, fingerprint=shown, approved=False, who="web:alice", via="web"
+        )
+        == f"session {second} denied by web:alice"
+    )
+    transport.wait_for(f"session {second} denied by web:alice in the web console; nothing ran")
+    assert sorted(s.state for s in cockpit.sessions()) == ["denied", "succeeded"]
+    assert len(run_ids(state_dir)) == 1
+
+
 @pytest.mark.usefixtures("docker_client")
 def test_deny_and_silence_run_nothing(cockpit_world: Any, state_dir: Path) -> None:
     transport, start, base, _ = cockpit_world

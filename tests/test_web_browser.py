@@ -40,7 +40,9 @@ from kagura_agent.brain.events import (
     ToolCallEvent,
 )
 from kagura_agent.clock import SystemClock, iso
+from kagura_agent.cockpit.registry import Registry, Session, new_session_id
 from kagura_agent.membrane.secrets import Redactor
+from kagura_agent.plan import planfile
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 from testing.web_scene import Scene, proxy_decisions, squid_line
@@ -401,6 +403,102 @@ def test_a_forged_csrf_token_and_a_cross_site_form_are_refused(
     page.locator(f"article.question[data-request='{request}'] button.deny").click()
     thread.join(timeout=20)
     assert [a.outcome for a in answers] == ["denied"]
+
+
+def _waiting_session(world: World, name: str, plan: Plan | None = None) -> Session:
+    """A cockpit session waiting for its first approval, as `serve` leaves it: its plan
+    (the world's unless given) saved beside the store, the row in cockpit_sessions."""
+    plan = plan or world.plan
+    clock = SystemClock()
+    registry = Registry(store_location(world), clock)
+    session_id = new_session_id()
+    plan_path = world.state_dir / f"{name}-{session_id}.json"
+    planfile.save(plan, plan_path)
+    now = iso(clock.now())
+    session = Session(
+        id=session_id,
+        transport="slack",
+        thread="C1:1.1",
+        requested_by="U-alice",
+        task_path=str(plan["task"]["path"]),
+        task_name=plan["task"]["name"],
+        fingerprint=plan["intent"],
+        plan_path=str(plan_path),
+        needs="egress:docs-site",
+        state="awaiting-approval",
+        created_at=now,
+        updated_at=now,
+        asked_at=now,
+    )
+    registry.add(session)
+    return session
+
+
+@pytest.mark.usefixtures("without_docker")
+def test_a_waiting_cockpit_session_is_answered_with_its_plan_in_view(
+    browser: Any, world: World, approving_console: Console, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KAGURA_AGENT_STATE_DIR", str(world.state_dir))
+    # A task the scene applied before: the page shows the plan against that one.
+    again = world.scene.plan("docs-refresh", "docs", ["echo again > out.txt"])
+    session = _waiting_session(world, "approve", again)
+    page = _page(browser, approving_console)
+    page.goto(approving_console.base + "/approvals")
+    shown = page.locator(f"article.session[data-session='{session.id}']")
+    plan_text = shown.locator("pre").inner_text()
+    assert f"Plan for task {session.task_name}" in plan_text, plan_text
+    assert "docs.example.test" in plan_text  # what it would be allowed to reach
+    assert "changes against the last applied plan" in plan_text
+    assert "no plan of this task was applied here before" not in plan_text
+    # A forged fingerprint (a plan other than the one shown) records nothing.
+    said = page.evaluate(
+        """async ([id, csrf]) => {
+            const r = await fetch('/sessions/' + id, {method: 'POST',
+              headers: {'content-type': 'application/x-www-form-urlencoded'},
+              body: 'csrf=' + csrf + '&answer=approve&fingerprint=sha256:00'});
+            return await r.text();
+        }""",
+        [session.id, page.locator("input[name=csrf]").first.get_attribute("value")],
+    )
+    assert "nothing recorded" in said, said
+    forged = page.evaluate(
+        """async (id) => (await fetch('/sessions/' + id, {method: 'POST',
+              headers: {'content-type': 'application/x-www-form-urlencoded'},
+              body: 'csrf=forged&answer=approve&fingerprint=x', redirect: 'manual'})).status""",
+        session.id,
+    )
+    assert forged == 403
+    registry = Registry(store_location(world), SystemClock())
+    assert registry.get(session.id).state == "awaiting-approval"  # type: ignore[union-attr]
+    shown.locator("button.approve").click()
+    who = f"web:{operator_name()}"
+    assert page.locator("p.said").inner_text() == f"session {session.id} approved by {who}"
+    # Queued for its cockpit to start; the decision bound to the session and the plan.
+    assert registry.get(session.id).state == "queued"  # type: ignore[union-attr]
+    with StateStore(store_location(world)) as store:
+        [decision] = [d for d in history(store) if d.request == session.id]
+    assert (decision.who, decision.via, decision.fingerprint, decision.category) == (
+        who,
+        "web",
+        session.fingerprint,
+        "egress:docs-site",
+    )
+    assert page.locator(f"article.session[data-session='{session.id}']").count() == 0
+    denied = _waiting_session(world, "deny")
+    page.goto(approving_console.base + "/approvals")
+    page.locator(f"article.session[data-session='{denied.id}'] button.deny").click()
+    assert page.locator("p.said").inner_text() == f"session {denied.id} denied by {who}"
+    assert registry.get(denied.id).state == "denied"  # type: ignore[union-attr]
+
+
+def test_a_read_only_console_shows_waiting_sessions_without_buttons(
+    browser: Any, world: World, console: Console
+) -> None:
+    session = _waiting_session(world, "readonly")
+    page = _page(browser, console)
+    page.goto(console.base + "/approvals")
+    shown = page.locator(f"article.session[data-session='{session.id}']")
+    assert shown.count() == 1 and shown.locator("button").count() == 0
 
 
 # --- what a browser without the token, and the agent's writing, can do -------------------

@@ -32,6 +32,7 @@ from typing import Any
 
 from kagura_agent.apply.executor import ApplyOptions, refuse_unapplyable
 from kagura_agent.approvals import record_decision
+from kagura_agent.approvals.log import Decision, latest_decision
 from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
 from kagura_agent.cockpit.intents import HELP, Intent, classify
 from kagura_agent.cockpit.midrun import MIDRUN_PREFIX, MidRunDesk
@@ -69,6 +70,8 @@ from kagura_agent.ui import Style
 STOP_WAIT_SECONDS = 120.0
 GRADUATION_PREFIX = "g-"  # request ids of graduation proposals (sessions are s-…)
 GRADUATION_RETRY_SECONDS = 2.0
+# How often serve looks for its sessions answered outside their chat (the web console).
+ANSWER_POLL_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -177,8 +180,17 @@ class Cockpit:
                 if self.propose_graduations(None):
                     return
 
+        def watch_answers() -> None:
+            while not stopped.wait(ANSWER_POLL_SECONDS):
+                try:
+                    self.settle_answered_elsewhere()
+                except Exception as exc:  # the next round tries again
+                    print(f"cockpit: reading answers from the store: {exc}", file=sys.stderr)
+
         asker = threading.Thread(target=ask_graduations, name="cockpit-graduation", daemon=True)
         asker.start()
+        watcher = threading.Thread(target=watch_answers, name="cockpit-answers", daemon=True)
+        watcher.start()
         try:
             self.transport.run(self.handle)
         finally:
@@ -397,6 +409,44 @@ class Cockpit:
             self._start(session)
         else:
             self._say(session.thread, f"session {session_id} denied by {who}; nothing ran")
+
+    def settle_answered_elsewhere(self) -> None:
+        """Sessions this cockpit asks about that were answered outside their chat (the web
+        console: Registry.answer_elsewhere): the thread is told, an approved one starts."""
+        with self._lock:
+            waiting = [s for s in self._timers if not s.startswith(GRADUATION_PREFIX)]
+        for session_id in waiting:
+            session = self.registry.get(session_id)
+            if session is None or session.state not in ("queued", "denied"):
+                continue  # still waiting, or answered in chat (that path says so itself)
+            decision = self._elsewhere(session)
+            if decision is None:
+                continue  # denied in chat or by its timer: not ours to announce
+            with self._lock:
+                timer = self._timers.pop(session_id, None)
+            if timer is None:
+                continue  # settled here meanwhile
+            timer.cancel()
+            where = f"{decision.who} in the {decision.via} console"
+            if session.state == "denied":
+                self._say(session.thread, f"session {session_id} denied by {where}; nothing ran")
+                continue
+            self._say(session.thread, f"session {session_id} approved by {where}; applying")
+            self._start(session)
+
+    def _elsewhere(self, session: Session) -> Decision | None:
+        """The decision that answered ``session`` outside its chat, if one did."""
+        if not session.categories or session.asked_at is None:
+            return None
+        with StateStore(self.state) as store:
+            decision = latest_decision(
+                store,
+                session.fingerprint,
+                session.categories[0],
+                since=parse_iso(session.asked_at),
+                request=session.id,
+            )
+        return decision if decision is not None and decision.via != session.transport else None
 
     def _asker(self, session: Session) -> Callable[[dict[str, Any]], None]:
         """A run's mid-run question (cockpit/midrun.py) → the thread, with Approve / Deny."""

@@ -18,6 +18,8 @@ import secrets
 from dataclasses import dataclass, fields
 from typing import Any
 
+from kagura_agent.approvals import record_decision
+from kagura_agent.approvals.log import Outcome
 from kagura_agent.clock import Clock, iso
 from kagura_agent.state import Location, StateStore
 from kagura_agent.state_sql import Migration, with_rowid
@@ -133,6 +135,45 @@ class Registry:
             params.append(expect)
         with self._store() as store, store.transaction() as conn:
             return conn.execute(sql, params).rowcount == 1
+
+    def answer_elsewhere(
+        self, session_id: str, *, fingerprint: str, approved: bool, who: str, via: str
+    ) -> str:
+        """Answer a session waiting for approval from outside its chat (the web console):
+        bound to the session id and the plan fingerprint the answerer was shown, like a
+        chat button. Approved, the session is ``queued`` for its cockpit to start (a
+        restarted cockpit starts queued sessions too); denied, it ends. The claim is one
+        conditional update, so a chat answer and this one never both count; the decisions
+        are logged after it (a crash in between leaves a queued session without an
+        approval, which apply refuses). Returns what happened, for the answerer."""
+        session = self.get(session_id)
+        if session is None:
+            return f"no session {session_id}"
+        if session.state != "awaiting-approval":
+            return f"session {session_id} is {session.state}; nothing to answer"
+        if session.fingerprint != fingerprint:
+            return (
+                f"session {session_id} asks for plan {session.fingerprint[:19]}…, not the"
+                f" {fingerprint[:19]}… you were shown; nothing recorded"
+            )
+        state = "queued" if approved else "denied"
+        if not self.update(session_id, expect="awaiting-approval", state=state):
+            return f"session {session_id} was answered already"
+        outcome: Outcome = "approved" if approved else "denied"
+        with self._store() as store:
+            for category in session.categories:
+                record_decision(
+                    store,
+                    category=category,
+                    fingerprint=session.fingerprint,
+                    outcome=outcome,
+                    who=who,
+                    via=via,
+                    clock=self.clock,
+                    reason=f"answered in the {via} console",
+                    request=session_id,
+                )
+        return f"session {session_id} {outcome} by {who}"
 
     def get(self, session_id: str) -> Session | None:
         with self._store() as store:

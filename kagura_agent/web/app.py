@@ -288,7 +288,10 @@ class Console:
             else:
                 now = self.config.clock.now()
                 pending = queries.pending_questions(store, notes, now)
-                sessions = queries.waiting_sessions(store, notes)
+                sessions = [
+                    {**found, "plan": _plan_text(store, notes, found)}
+                    for found in queries.waiting_sessions(store, notes)
+                ]
                 log = queries.decisions(store, notes)
         return self.page(
             request,
@@ -301,8 +304,9 @@ class Console:
             notes=notes.lines,
         )
 
-    async def answer(self, request: Request) -> Response:
-        """Approve or deny one mid-run question (``--allow-approvals`` only)."""
+    async def _answer_form(self, request: Request) -> dict[str, str] | Response:
+        """The checked form of an answer (``--allow-approvals``, same origin, CSRF, bounded),
+        or the response refusing it."""
         if self.config.approver is None:
             return PlainTextResponse(
                 "this console is read-only: start it with --allow-approvals to answer",
@@ -317,11 +321,44 @@ class Console:
         form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items() if v}
         if not csrf_ok(session, form.get("csrf", "")):
             return PlainTextResponse("refused: missing or forged CSRF token", status_code=403)
-        answer = form.get("answer")
-        if answer not in ("approve", "deny"):
+        if form.get("answer") not in ("approve", "deny"):
             return PlainTextResponse("answer must be approve or deny", status_code=400)
+        return form
+
+    async def answer(self, request: Request) -> Response:
+        """Approve or deny one mid-run question (``--allow-approvals`` only)."""
+        form = await self._answer_form(request)
+        if isinstance(form, Response):
+            return form
         request_id = request.path_params["request"]
-        return await _in_thread(lambda: self._record(request_id, answer == "approve"))
+        approved = form["answer"] == "approve"
+        return await _in_thread(lambda: self._record(request_id, approved))
+
+    async def answer_session(self, request: Request) -> Response:
+        """Approve or deny a cockpit session waiting for its first approval, bound to the
+        session id and the plan fingerprint the page showed (``--allow-approvals`` only):
+        approved, the session's cockpit starts it."""
+        form = await self._answer_form(request)
+        if isinstance(form, Response):
+            return form
+        session_id = request.path_params["session"]
+        approved = form["answer"] == "approve"
+        fingerprint = form.get("fingerprint", "")
+        approver = self.config.approver
+        assert approver is not None  # checked by _answer_form
+
+        def record() -> Response:
+            from kagura_agent.cockpit.registry import Registry
+
+            try:
+                said = Registry(self.config.location, self.config.clock).answer_elsewhere(
+                    session_id, fingerprint=fingerprint, approved=approved, who=approver, via="web"
+                )
+            except KaguraError as exc:
+                return PlainTextResponse(f"not recorded: {exc.message}", status_code=500)
+            return RedirectResponse("/approvals?" + urlencode({"said": said}), status_code=303)
+
+        return await _in_thread(record)
 
     def _record(self, request_id: str, approved: bool) -> Response:
         notes = Notes()
@@ -479,6 +516,32 @@ def _same_origin(headers: Any, origin: str) -> bool:
     return named is None or named == "null" or named == origin
 
 
+def _plan_text(store: StateStore, notes: Notes, session: dict[str, Any]) -> str:
+    """A waiting session's plan as the cockpit posted it, then its changes against the plan
+    last applied for its task (the cockpit's saved file; or why it cannot be shown)."""
+    from kagura_agent.plan import planfile
+    from kagura_agent.plan.diff import diff_plans
+    from kagura_agent.plan.render import render_text
+    from kagura_agent.ui import Style
+
+    path = str(session.get("plan_path") or "")
+    try:
+        plan = planfile.load(Path(path))
+    except (KaguraError, OSError, ValueError) as exc:
+        return f"(the plan file {path} cannot be shown: {exc})"
+    text = render_text(plan, Style(False)).rstrip()
+    last = queries.last_applied_plan(store, notes, plan["task"]["name"])
+    changes = diff_plans(last, plan) if last is not None else []
+    if last is None:
+        return text + "\n  no plan of this task was applied here before"
+    if not changes:
+        return text + "\n  no changes against the last applied plan"
+    return "\n".join(
+        [text, "  changes against the last applied plan:"]
+        + ["    " + change.render() for change in changes]
+    )
+
+
 def _cursor(text: str) -> tuple[str, str] | None:
     started, bar, run_id = text.partition("|")
     return (started[:64], run_id[:64]) if bar and started and run_id else None
@@ -505,6 +568,7 @@ def create_app(config: ConsoleConfig, sessions: Sessions) -> Any:
             Route("/incidents", console.incidents),
             Route("/approvals", console.approvals),
             Route("/approvals/{request}", console.answer, methods=["POST"]),
+            Route("/sessions/{session}", console.answer_session, methods=["POST"]),
             Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"),
         ]
     )

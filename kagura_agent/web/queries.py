@@ -32,6 +32,7 @@ from kagura_agent.membrane.egress.audit import COMPONENT as EGRESS
 from kagura_agent.membrane.egress.audit import MIGRATIONS as EGRESS_MIGRATIONS
 from kagura_agent.membrane.leases.ledger import COMPONENT as LEASES
 from kagura_agent.membrane.leases.ledger import MIGRATIONS as LEASE_MIGRATIONS
+from kagura_agent.plan.history import MIGRATIONS as PLAN_MIGRATIONS
 from kagura_agent.state import SchemaBehind, StateDbError, StateStore
 from kagura_agent.state_sql import Migration
 
@@ -40,6 +41,7 @@ TIMELINE = 500  # journal items of a run page
 EGRESS_PAGE = 200  # egress decisions of a run page
 CHART_RUNS = 200  # runs of a task kind a chart shows
 FILTER_WINDOW = 1_000  # the newest runs whose outcomes and hosts fill the filters
+
 
 COMPONENTS: dict[str, Sequence[Migration]] = {
     "runs": RUN_MIGRATIONS,
@@ -51,6 +53,7 @@ COMPONENTS: dict[str, Sequence[Migration]] = {
     "approvals": APPROVAL_MIGRATIONS,
     "graduation": GRADUATION_MIGRATIONS,
     "cockpit": SESSION_MIGRATIONS,
+    "plans": PLAN_MIGRATIONS,
 }
 
 RUN_COLUMNS = (
@@ -411,15 +414,26 @@ def question(store: StateStore, notes: Notes, now: datetime, request: str) -> di
 
 
 def waiting_sessions(store: StateStore, notes: Notes, limit: int = 100) -> list[dict[str, Any]]:
-    """Cockpit sessions waiting for an operator's approval (answered in their chat)."""
+    """Cockpit sessions waiting for an operator's approval (in their chat, or here)."""
     if not notes.ready(store, "cockpit"):
         return []
     rows = store.conn.execute(
-        "SELECT id, transport, requested_by, task_name, fingerprint, needs, asked_at"
+        "SELECT id, transport, requested_by, task_name, fingerprint, needs, asked_at, plan_path"
         " FROM cockpit_sessions WHERE state = 'awaiting-approval' ORDER BY created_at LIMIT ?",
         (limit,),
     ).fetchall()
     return [dict(row) for row in rows]
+
+
+def last_applied_plan(store: StateStore, notes: Notes, task: str) -> dict[str, Any] | None:
+    """The plan last applied for ``task`` in this store (what a new plan is shown against)."""
+    if not notes.ready(store, "plans"):
+        return None
+    row = store.conn.execute(
+        "SELECT plan_json FROM applied_plans WHERE task = ?", (task,)
+    ).fetchone()
+    found = _json(row["plan_json"]) if row else None
+    return found if isinstance(found, dict) else None
 
 
 def decisions(store: StateStore, notes: Notes, limit: int = PAGE) -> list[dict[str, Any]]:
