@@ -38,6 +38,17 @@ class Unreadable(UsageError):
         self.too_big = too_big  # the size seen when the file was over the limit
 
 
+def empty_folder(path: str) -> bool:
+    """A real folder (not a link to one) with nothing in it: it holds nothing to read."""
+    try:
+        if os.path.islink(path) or not os.path.isdir(path):
+            return False
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
+
+
 def _not_regular(mode: int) -> str:
     for test, name in _KINDS:
         if test(mode):

@@ -361,9 +361,10 @@ def test_a_session_answered_in_the_web_console_starts_from_its_cockpit(
         assert time.monotonic() < deadline, transport.text()
         time.sleep(0.1)
     second = transport.requests[-1]
+    asked = registry.get(second).fingerprint  # type: ignore[union-attr]
     assert (
         registry.answer_elsewhere(
-            second, fingerprint=shown, approved=False, who="web:alice", via="web"
+            second, fingerprint=asked, approved=False, who="web:alice", via="web"
         )
         == f"session {second} denied by web:alice"
     )

@@ -247,18 +247,42 @@ def test_the_agent_cannot_create_what_the_host_would_trust_next(
     assert sorted(p.name for p in project.iterdir()) == ["notes.txt", "task.yml"]
 
 
+def test_a_plan_made_while_another_run_holds_the_placeholders_is_the_same_plan(
+    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run of the root holds .git and ./manifests as empty folders while it runs; a plan
+    of the same root made meanwhile (serve compiles each launch at once, and a queued
+    session applies after that run) is the plan made before or after it — not one called
+    stale ('differs in mounts') when it applies."""
+    project = make_project(tmp_path)
+    task = write_task(project, "fresh", {"steps": ["ls"]})
+    before = _plan(project, capsys, str(task))
+    with held_absent(before) as made:
+        assert len(made) == 2
+        during = _plan(project, capsys, str(task))
+    after = _plan(project, capsys, str(task))
+    assert during["mounts"] == before["mounts"] == after["mounts"]
+    assert during["intent"] == before["intent"]
+
+
 def test_a_placeholder_that_cannot_be_made_refuses_the_run(
     tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     project = make_project(tmp_path)
     task = write_task(project, "fresh", {"steps": ["ls"]})
     plan = _plan(project, capsys, str(task))
-    (project / ".git").mkdir()  # appeared after the plan
+    (project / ".git").mkdir()  # appeared after the plan, with something in it
+    (project / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     with (
         pytest.raises(RefusedError, match="appeared in the project root after the plan"),
         held_absent(plan),
     ):
         pass
+    (project / ".git" / "HEAD").unlink()
+    # Empty, it holds nothing the plan did not see: held as it is, and left as it was.
+    with held_absent(plan) as made:
+        assert made == [os.path.realpath(project / "manifests")]
+    assert sorted(p.name for p in project.iterdir()) == [".git", "task.yml"]
     (project / ".git").rmdir()
     with held_absent(plan) as made:
         root = os.path.realpath(project)

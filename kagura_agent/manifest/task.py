@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kagura_agent.errors import Diagnostic
+from kagura_agent.inputfile import empty_folder
 from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.gitinputs import git_metadata
 from kagura_agent.manifest.template import TemplateLimit, render_prompt
@@ -413,9 +414,12 @@ def protected_inputs(
             "mode": "ro",
             "protects": what,
         }
-        if not os.path.lexists(top):
+        if not os.path.lexists(top) or empty_folder(top):
             # Not there yet: apply holds it empty and read-only for the run (the agent
-            # cannot create it) and removes it after (apply/placeholders.py).
+            # cannot create it) and removes it after (membrane/placeholders.py). An empty
+            # folder holds nothing either: it is what another run of this root holds right
+            # now (or a kill -9 left), and a plan made meanwhile must be the plan made
+            # before or after it, not one called stale when that run ends.
             mount["placeholder"] = "absent"
         mounts.append(mount)
     return mounts, None

@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterator
 
 from kagura_agent.errors import RefusedError
+from kagura_agent.inputfile import empty_folder
 from kagura_agent.plan.model import Plan
 
 
@@ -40,7 +41,7 @@ def create_missing(plan: Plan) -> list[str]:
         try:
             os.mkdir(source, 0o755)  # never follows a planted symlink
         except FileExistsError:
-            continue  # checked as a mount source next
+            continue  # an empty folder (held_absent checked it): held, left as it was
         except OSError as exc:
             # Unprotected, the agent could create it: no run.
             raise RefusedError(
@@ -54,13 +55,15 @@ def create_missing(plan: Plan) -> list[str]:
 
 @contextlib.contextmanager
 def held_absent(plan: Plan) -> Iterator[list[str]]:
-    """Create every placeholder for the run; remove them (when still empty) on exit.
+    """Create every placeholder for the run; remove those it made (when still empty) on
+    exit. One that exists as an empty folder is held as it is (the planner treats an empty
+    folder as absent: another run of the root may hold it while this plan was made).
 
-    RefusedError when one exists already: it appeared after the plan was made, and the
-    plan did not look at what it holds.
+    RefusedError when one exists with something in it (or as a link or a file): it
+    appeared after the plan was made, and the plan did not look at what it holds.
     """
     for source in placeholders(plan):
-        if os.path.lexists(source):
+        if os.path.lexists(source) and not empty_folder(source):
             raise RefusedError(
                 f"{source} appeared in the project root after the plan was made",
                 hint="plan again: the plan must see what it holds",

@@ -504,7 +504,7 @@ DESCRIPTIONS: dict[str, str] = {
     "mounts": "Bind mounts; the first is always the project root.",
     "mounts[].kind": "`project`, `extra` (a task's read-only mount) or `protected` (a host input inside the project root, mounted read-only over it).",
     "mounts[].protects": "For `protected` mounts: what the host trusts there (this task file, a manifest folder).",
-    "mounts[].placeholder": "For `protected` mounts: true when the path does not exist yet (no `.git`, no `./manifests`); apply holds it as an empty read-only folder for the run, so the agent cannot create it, and removes it after.",
+    "mounts[].placeholder": "For `protected` mounts: true when the path does not exist yet (no `.git`, no `./manifests`) or is an empty folder (one another run of the root holds meanwhile); apply holds it as an empty read-only folder for the run, so the agent cannot create it, and removes what it made after.",
     "mounts[].source": "Host path.",
     "mounts[].target": "Container path.",
     "mounts[].mode": "`ro` or `rw`.",
