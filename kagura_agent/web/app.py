@@ -31,10 +31,15 @@ from starlette.staticfiles import StaticFiles
 
 from kagura_agent.approvals.midrun import record_answer
 from kagura_agent.clock import Clock, parse_iso
+from kagura_agent.cockpit.registry import Registry
 from kagura_agent.errors import KaguraError
 from kagura_agent.graduation.knobs import Knobs
 from kagura_agent.hygiene import neutralise, redact_secrets
+from kagura_agent.plan import planfile
+from kagura_agent.plan.diff import diff_plans
+from kagura_agent.plan.render import render_text
 from kagura_agent.state import Location, StateStore, describe
+from kagura_agent.ui import Style
 from kagura_agent.web import queries, timeline
 from kagura_agent.web.charts import Series, legend, line_chart
 from kagura_agent.web.queries import Notes, RunFilter
@@ -348,8 +353,6 @@ class Console:
         assert approver is not None  # checked by _answer_form
 
         def record() -> Response:
-            from kagura_agent.cockpit.registry import Registry
-
             try:
                 said = Registry(self.config.location, self.config.clock).answer_elsewhere(
                     session_id, fingerprint=fingerprint, approved=approved, who=approver, via="web"
@@ -519,11 +522,6 @@ def _same_origin(headers: Any, origin: str) -> bool:
 def _plan_text(store: StateStore, notes: Notes, session: dict[str, Any]) -> str:
     """A waiting session's plan as the cockpit posted it, then its changes against the plan
     last applied for its task (the cockpit's saved file; or why it cannot be shown)."""
-    from kagura_agent.plan import planfile
-    from kagura_agent.plan.diff import diff_plans
-    from kagura_agent.plan.render import render_text
-    from kagura_agent.ui import Style
-
     path = str(session.get("plan_path") or "")
     try:
         plan = planfile.load(Path(path))
