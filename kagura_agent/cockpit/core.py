@@ -32,7 +32,7 @@ from typing import Any
 
 from kagura_agent.apply.executor import ApplyOptions, refuse_unapplyable
 from kagura_agent.approvals import record_decision
-from kagura_agent.approvals.log import Decision, latest_decision
+from kagura_agent.approvals.log import Decision, Outcome, latest_decision
 from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
 from kagura_agent.cockpit.intents import HELP, Intent, classify
 from kagura_agent.cockpit.midrun import MIDRUN_PREFIX, MidRunDesk
@@ -488,19 +488,8 @@ class Cockpit:
         self._record(session, "timeout", "nobody", why)
         self._say(session.thread, f"session {session_id}: {why}; denied, nothing ran")
 
-    def _record(self, session: Session, outcome: Any, who: str, reason: str) -> None:
-        with StateStore(self.state) as store:
-            for category in session.categories:
-                record_decision(
-                    store,
-                    category=category,
-                    fingerprint=session.fingerprint,
-                    outcome=outcome,
-                    who=who,
-                    via=session.transport,
-                    clock=self.clock,
-                    reason=reason,
-                )
+    def _record(self, session: Session, outcome: Outcome, who: str, reason: str) -> None:
+        self.registry.record(session, outcome, who, session.transport, reason)
 
     def _cancel_timer(self, session_id: str) -> None:
         with self._lock:

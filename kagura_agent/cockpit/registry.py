@@ -160,6 +160,20 @@ class Registry:
         if not self.update(session_id, expect="awaiting-approval", state=state):
             return f"session {session_id} was answered already"
         outcome: Outcome = "approved" if approved else "denied"
+        reason = f"answered in the {via} console"
+        self.record(session, outcome, who, via, reason, request=session_id)
+        return f"session {session_id} {outcome} by {who}"
+
+    def record(
+        self,
+        session: Session,
+        outcome: Outcome,
+        who: str,
+        via: str,
+        reason: str,
+        request: str | None = None,
+    ) -> None:
+        """One decision per category the session needs, on its plan's fingerprint."""
         with self._store() as store:
             for category in session.categories:
                 record_decision(
@@ -170,10 +184,9 @@ class Registry:
                     who=who,
                     via=via,
                     clock=self.clock,
-                    reason=f"answered in the {via} console",
-                    request=session_id,
+                    reason=reason,
+                    request=request,
                 )
-        return f"session {session_id} {outcome} by {who}"
 
     def get(self, session_id: str) -> Session | None:
         with self._store() as store:
