@@ -36,6 +36,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # The fork server (testing/forked.py), if a test used it: ended and reaped here, so
+    # its children's CPU time counts in this process's (pytest-xdist's workers end
+    # without running atexit handlers).
+    import sys
+
+    if "testing.forked" in sys.modules:
+        sys.modules["testing.forked"].shutdown()
+
+
 @pytest.fixture(autouse=True)
 def _markers_follow_fixtures(request: pytest.FixtureRequest) -> None:
     lying = request.node.stash.get(_LYING, [])

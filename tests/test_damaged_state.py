@@ -10,32 +10,26 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from testing import forked
+
 DAMAGED = "the file is damaged or is no kagura-agent store"
 
 
 def cli(state: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """The CLI in a process of its own (forked, testing/forked.py): a store it opened is
+    never one a process opened before."""
     env = {
         **os.environ,
-        "PYTHONPATH": str(REPO),
         "KAGURA_AGENT_STATE_DIR": str(state),
         "KAGURA_AGENT_CACHE_DIR": str(state.parent / "cache"),
         "NO_COLOR": "1",
     }
     env.pop("KAGURA_AGENT_MANIFESTS", None)
-    return subprocess.run(
-        [sys.executable, "-m", "kagura_agent", *argv],
-        cwd=state.parent,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    return forked.run(argv, cwd=state.parent, env=env, timeout=120).text()
 
 
 @pytest.mark.parametrize(

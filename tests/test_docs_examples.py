@@ -9,16 +9,16 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from kagura_agent.cli.main import build_parser
+from kagura_agent.cli.main import cached_parser
+from testing.inprocess import run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -72,13 +72,7 @@ def test_every_yaml_example_validates(page: str, body: str, tmp_path: Path) -> N
     manifests = tmp_path / "manifests"
     shutil.copytree(ROOT / "manifests", manifests)
     (manifests / "zz-example.yml").write_text(body, encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, "-m", "kagura_agent", "validate", "--manifests", str(manifests)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=60,
-    )
+    done = run_main(["validate", "--manifests", str(manifests)], cwd=tmp_path, env=os.environ)
     assert done.returncode == 0, f"{page}:\n{body}\n{done.stdout}{done.stderr}"
 
 
@@ -101,7 +95,7 @@ def _argv(line: str) -> list[str]:
 
 @pytest.mark.parametrize(("page", "line"), COMMANDS, ids=[f"{p}:{c[:50]}" for p, c in COMMANDS])
 def test_every_command_in_the_docs_parses(page: str, line: str) -> None:
-    parser = build_parser()
+    parser = cached_parser()  # the one main() parses with
     try:
         args = parser.parse_args(_argv(line))
     except SystemExit as exc:  # argparse's way of saying "usage error"

@@ -1,9 +1,9 @@
 """Every input is bounded: hostile YAML, prompt templates and huge scalars are refused
 fast, with a located error, through the real CLI.
 
-Each case runs ``python -m kagura_agent validate|plan`` in a subprocess and reads that
-child's peak RSS with ``resource.getrusage(RUSAGE_CHILDREN)`` from a one-shot runner
-process (so the figure is the CLI's own, not the test process's). Before the bounds
+Each case runs ``kagura-agent validate|plan`` in a child process (forked from one that has
+imported the CLI, testing/forked.py) and reads that child's own CPU time and peak RSS
+(``os.wait4``: the CLI's figures, not the test process's). Before the bounds
 a seven-level alias bomb took 36 s and 1.6 GB, ``'a'*3000000000`` 2.9 GB, a nested
 ``range(99999)`` never finished, and a 50 MB scalar 10 s in the secret scan.
 """
@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -24,6 +20,7 @@ import pytest
 from kagura_agent.cli.main import main
 from kagura_agent.hygiene import SECRET_PATTERNS
 from kagura_agent.manifest.template import TemplateLimit, render_prompt
+from testing import forked
 
 REPO = Path(__file__).resolve().parent.parent
 LIMIT_SECONDS = 5.0
@@ -31,7 +28,8 @@ LIMIT_RSS_MIB = 512
 HEAD = "apiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: bounds}\nspec:\n"
 
 # The CLI runs as a child; its own resource usage (os.wait4) gives its peak RSS and the
-# CPU time it used. "Fast" is CPU time, the work the input made the CLI do: wall time also
+# CPU time it used (the imports done before the fork are not counted: the bound is on
+# the work the input makes). "Fast" is CPU time, the work the input made the CLI do: wall time also
 # counts waiting for a core, which on a loaded machine (parallel test workers) is most of
 # it. A child that blocks instead of working is killed at the timeout.
 TIMEOUT = 60
@@ -117,26 +115,14 @@ CASES: dict[str, tuple[str, int, int, str]] = {
 
 
 def run_cli(cwd: Path, *argv: str) -> dict[str, object]:
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kagura_agent", *argv], cwd=cwd, stdout=out, stderr=err
-        )
-        killer = threading.Timer(TIMEOUT, proc.kill)
-        killer.start()
-        try:
-            _pid, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            killer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
-        out.seek(0)
-        err.seek(0)
-        return {
-            "code": proc.returncode,
-            "out": out.read().decode(errors="replace")[-4000:],
-            "err": err.read().decode(errors="replace")[-4000:],
-            "rss_mib": usage.ru_maxrss / 1024,
-            "cpu_s": usage.ru_utime + usage.ru_stime,
-        }
+    done = forked.run(argv, cwd=cwd, env=os.environ, timeout=TIMEOUT)
+    return {
+        "code": done.returncode,
+        "out": done.stdout.decode(errors="replace")[-4000:],
+        "err": done.stderr.decode(errors="replace")[-4000:],
+        "rss_mib": done.maxrss_kib / 1024,
+        "cpu_s": done.cpu_s,
+    }
 
 
 @pytest.mark.parametrize("command", ["validate", "plan"])

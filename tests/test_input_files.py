@@ -1,6 +1,7 @@
 """Every file a command reads because a user named it is read bounded and never blocks:
 a FIFO, a device or a directory where a file is expected is a clear error (exit 2),
-through the real CLI in a subprocess.
+through the real CLI in a child process (forked, testing/forked.py: a read that blocks
+holds only the child, which the timeout kills).
 
 Before (kagura_agent/inputfile.py), a FIFO named *.yml in the manifest folder hung
 validate, plan, graduation and every command that looks for the State manifest (leases,
@@ -16,10 +17,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from testing import forked
 
 REPO = Path(__file__).resolve().parent.parent
 HELLO = (
@@ -33,7 +35,6 @@ TIMEOUT = 30
 def cli(cwd: Path, *argv: str, stdin: bytes = b"", **env: str) -> subprocess.CompletedProcess[str]:
     full = {
         **os.environ,
-        "PYTHONPATH": str(REPO),
         "KAGURA_AGENT_STATE_DIR": str(cwd.parent / "state"),
         "KAGURA_AGENT_CACHE_DIR": str(cwd.parent / "cache"),
         "NO_COLOR": "1",
@@ -41,17 +42,7 @@ def cli(cwd: Path, *argv: str, stdin: bytes = b"", **env: str) -> subprocess.Com
     }
     if "KAGURA_AGENT_MANIFESTS" not in env:
         full.pop("KAGURA_AGENT_MANIFESTS", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "kagura_agent", *argv],
-        cwd=cwd,
-        input=stdin,
-        capture_output=True,
-        env=full,
-        timeout=TIMEOUT,
-    )
-    return subprocess.CompletedProcess(
-        proc.args, proc.returncode, proc.stdout.decode(), proc.stderr.decode()
-    )
+    return forked.run(argv, cwd=cwd, env=full, stdin=stdin, timeout=TIMEOUT).text()
 
 
 def refused(proc: subprocess.CompletedProcess[str], fragment: str) -> None:

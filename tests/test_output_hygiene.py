@@ -1,6 +1,7 @@
 """Inputs never drive the operator's terminal and errors never echo a pasted key.
 
-Through the real CLI (a subprocess, output captured as bytes): a project root whose
+Through the real CLI (a child process, forked from one that imported it: testing/forked.py;
+output captured as the bytes it wrote): a project root whose
 directory name carries ANSI escape sequences is printed by ``plan`` (text, markdown and
 ``validate``) without a single ESC byte; schema errors on a key or value shaped like a
 token show it redacted, in text and in ``--json``.
@@ -12,8 +13,6 @@ import io
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 
 from kagura_agent.errors import Diagnostic, UsageError
 from kagura_agent.hygiene import REDACTED_SECRET, neutralise, neutralise_data
+from testing import forked
 
 REPO = Path(__file__).resolve().parent.parent
 FACTS = {"image_digests": {}, "graduation": {"version": 0}}
@@ -30,15 +30,8 @@ ANTHROPIC = "sk-ant-api03-" + "Q" * 40
 BARE_TOKEN = "Zq8vN3kLw7Tx2Rb9Yp4Hs6Jd"
 
 
-def cli(cwd: Path, *argv: str) -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "kagura_agent", *argv],
-        cwd=cwd,
-        capture_output=True,
-        env=env,
-        timeout=60,
-    )
+def cli(cwd: Path, *argv: str) -> forked.Forked:
+    return forked.run(argv, cwd=cwd, env={**os.environ, "NO_COLOR": "1"}, timeout=60)
 
 
 def hostile_project(tmp_path: Path) -> Path:

@@ -13,10 +13,11 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from testing import forked
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -40,14 +41,7 @@ def _samples() -> list[tuple[str, list[str]]]:
 
 
 def _kagura(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kagura_agent", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return forked.run(args, cwd=cwd, env=env, timeout=120).text()
 
 
 @pytest.fixture()

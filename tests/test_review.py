@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kagura_agent import gitops
+from testing import forked
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = "apiVersion: kagura.dev/v1\nkind: Task\nmetadata: {{name: {name}}}\nspec:\n  steps: [echo hi]\n{extra}"
@@ -93,14 +93,7 @@ def _review(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
         "PYTHONPATH": str(ROOT),
         "KAGURA_AGENT_STATE_DIR": str(repo.parent / "state"),
     }
-    return subprocess.run(
-        [sys.executable, "-m", "kagura_agent", "review", "--base", "main", *args],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return forked.run(["review", "--base", "main", *args], cwd=repo, env=env, timeout=120).text()
 
 
 @pytest.mark.usefixtures("without_docker")

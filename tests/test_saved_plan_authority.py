@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from kagura_agent.paths import repo_root
 from kagura_agent.plan import planfile
 from kagura_agent.plan.build import plan_tasks
 from kagura_agent.state import StateStore
+from testing import forked
 
 REPO = repo_root()
 assert REPO is not None
@@ -63,14 +63,8 @@ def _env(state_dir: Path) -> dict[str, str]:
 
 
 def _kagura(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kagura_agent", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """The CLI in a process of its own (forked from one that imported it)."""
+    return forked.run(args, env=env, cwd=cwd, timeout=120).text()
 
 
 def _apply(plan: Path, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 from apply_helpers import REPO, make_project, write_task
 
 from kagura_agent.state import StateStore
+from testing import forked
 
 STATE = (
     "apiVersion: kagura.dev/v1\nkind: State\nmetadata: {name: team}\n"
@@ -33,14 +33,7 @@ def _env(state_dir: Path, **extra: str) -> dict[str, str]:
 
 
 def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kagura_agent", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return forked.run(args, cwd=cwd, env=env, timeout=300).text()
 
 
 def _components(url: str) -> set[str]:

@@ -9,25 +9,25 @@ gave "table memories already exists", "table lease_grants already exists" and
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kagura_agent.state import URL_ENV, Location, SchemaBehind, StateDbError, StateStore
+from testing import forked
 
-ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = 20
 ROUNDS = 3
 
-# Each process waits for the same start instant, then opens every component's tables the
-# way the commands do, then prints the versions it saw.
+# Each process (forked, testing/forked.py: its own pid, connections and files) imports
+# what the commands import, says it is ready, and waits at the barrier: its standard input
+# is one pipe all of them read, closed by the test once all are ready, so they return
+# together. Then it opens every component's tables the way the commands do and prints the
+# versions it saw.
 CHILD = """
-import sys, time
-start = float(sys.argv[1])
+import socket, sys
 from kagura_agent.state import URL_ENV, Location, SchemaBehind, StateDbError, StateStore
 from kagura_agent.apply import runs
 from kagura_agent.approvals import log
@@ -40,8 +40,9 @@ from kagura_agent.patterns import checkpoint
 from kagura_agent.paths import state_dir
 from kagura_agent.plan import history
 from kagura_agent.cockpit import registry
-while time.time() < start:
-    time.sleep(0.001)
+with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as ready:
+    ready.sendto(b".", sys.argv[1])
+sys.stdin.buffer.read()  # the barrier: end of file when the test closes the pipe
 store = StateStore()
 memory = SqliteMemoryStore(state_dir() / "memory.db")
 graduation.migrate(store)
@@ -57,27 +58,27 @@ print(sorted((r[0], r[1]) for r in rows))
 """
 
 
-def _round(state: Path, url: str | None = None) -> list[subprocess.CompletedProcess[str]]:
-    env = {**os.environ, "KAGURA_AGENT_STATE_DIR": str(state), "PYTHONPATH": str(ROOT)}
+def _round(state: Path, url: str | None = None) -> list[forked.Forked]:
+    env = {**os.environ, "KAGURA_AGENT_STATE_DIR": str(state)}
     env.pop(URL_ENV, None)
     if url is not None:
         env[URL_ENV] = url
-    start = time.time() + 3.0  # every interpreter is up and importing before then
-    children = [
-        subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(start)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(PROCESSES)
-    ]
-    done = []
-    for child in children:
-        out, err = child.communicate(timeout=120)
-        done.append(subprocess.CompletedProcess(child.args, child.returncode, out, err))
-    return done
+    address = str(state.parent / f"{state.name}.ready")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as ready:
+        ready.bind(address)
+        ready.settimeout(120)
+        barrier, release = os.pipe()
+        try:
+            children = [
+                forked.spawn([address], cwd=state.parent, env=env, stdin=barrier, code=CHILD)
+                for _ in range(PROCESSES)
+            ]
+            for _ in children:
+                ready.recv(1)
+        finally:
+            os.close(barrier)
+            os.close(release)  # every child's read returns now
+    return [child.wait(timeout=120) for child in children]
 
 
 @pytest.mark.parametrize("round_", range(ROUNDS))
@@ -87,7 +88,7 @@ def test_twenty_processes_migrate_a_fresh_state_directory_together(
     state = tmp_path / f"state-{round_}"  # does not exist yet: every process creates it
     results = _round(state)
     failed = [r for r in results if r.returncode != 0]
-    assert failed == [], failed[0].stderr
+    assert failed == [], failed[0].stderr.decode()
     seen = {r.stdout for r in results}
     assert len(seen) == 1, seen  # every process saw the same, complete schema
     with StateStore(state / "state.db") as store:
@@ -106,7 +107,7 @@ def test_twenty_processes_migrate_a_fresh_postgres_database_together(
     with postgres_server.fresh_database() as url:
         results = _round(tmp_path / "state", url)
         failed = [r for r in results if r.returncode != 0]
-        assert failed == [], failed[0].stderr
+        assert failed == [], failed[0].stderr.decode()
         assert len({r.stdout for r in results}) == 1
         with StateStore(url) as store:
             versions = dict(store.conn.execute("SELECT component, version FROM schema_versions"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import sys
 from collections.abc import Iterator, Sequence
@@ -69,12 +70,20 @@ def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
     return parser
 
 
+@functools.cache
+def cached_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
+    """``build_parser``, once per process: parsing does not change a parser, and building
+    one costs ~25 ms (argparse looks up translations for each option of each command),
+    which a caller running ``main`` many times in one process (tests) pays every time."""
+    return build_parser(json_errors=json_errors)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from kagura_agent.cli.common import wants_json
 
     words = list(sys.argv[1:] if argv is None else argv)
     json_mode = wants_json(None, words)
-    parser = build_parser(json_errors=json_mode)
+    parser = cached_parser(json_errors=json_mode)
     try:
         _utf8_words(words)
         args = parser.parse_args(words)
