@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -189,6 +190,42 @@ def test_ordinary_templates_render() -> None:
         {"name": "ops"},
     )
     assert text == "Hi ops: 012 cbcb 1,2 1024   7    x"
+
+
+# In the child: a template that works ~0.5 s of CPU. When it has started rendering (its
+# first call), a thread stops the whole process (SIGSTOP); the test holds it stopped 3 s.
+STOPPED_RENDER = """
+import os, signal, threading
+from kagura_agent.manifest.template import render_prompt
+started = threading.Event()
+def stop():
+    started.wait()
+    os.kill(os.getpid(), signal.SIGSTOP)
+def start():
+    started.set()
+    return ""
+threading.Thread(target=stop, daemon=True).start()
+source = "{{ start() }}{% for i in range(50) %}{% for j in range(1000) %}{% endfor %}{% endfor %}done"
+print(render_prompt(source, {"start": start}))
+"""
+
+
+def test_a_template_is_bounded_by_its_work_not_by_waiting_for_a_core() -> None:
+    """The render's time bound is CPU time: a template stopped while it renders (as one is
+    on a loaded machine, waiting for a core) is not refused for the time it did not run.
+    With a wall-clock deadline this render was refused ('took longer than 2 s')."""
+    child = forked.spawn([], cwd="/", env=os.environ, code=STOPPED_RENDER)
+    stat = Path(f"/proc/{child.pid}/stat")
+    deadline = time.monotonic() + 60
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, "the child never stopped"
+        time.sleep(0.01)
+    time.sleep(3.0)
+    os.kill(child.pid, signal.SIGCONT)
+    done = child.wait(timeout=60)
+    assert done.cpu_s < 2.0, done  # the template's work fits the bound: only the stop did not
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().strip() == "done"
 
 
 @pytest.mark.parametrize(("label", "pattern"), SECRET_PATTERNS)

@@ -14,7 +14,8 @@ refuses unsafe attributes; on top of it:
   ``replace``/``join`` are refused before they build an oversized string;
 - the output is streamed and stops at ``MAX_OUTPUT`` characters;
 - a guard traces the template's own frames (``sys.settrace``, this thread only): past
-  ``MAX_SECONDS`` of wall time, ``MAX_GROWTH`` bytes of new peak memory, or macro
+  ``MAX_SECONDS`` of this thread's CPU time (the work the template makes, not the time it
+  waits for a core on a loaded machine), ``MAX_GROWTH`` bytes of new peak memory, or macro
   recursion deeper than ``MAX_DEPTH``, rendering stops.
 
 Every refusal is a ``TemplateLimit`` whose message names the bound.
@@ -220,10 +221,10 @@ def _peak_bytes() -> int:
 
 
 class _Guard:
-    """Wall time, peak memory and recursion depth of the template's frames."""
+    """CPU time, peak memory and recursion depth of the template's frames."""
 
     def __init__(self) -> None:
-        self.deadline = time.monotonic() + MAX_SECONDS
+        self.deadline = time.thread_time() + MAX_SECONDS
         self.peak = _peak_bytes() + MAX_GROWTH
 
     def trace_call(self, frame: FrameType, event: str, arg: Any) -> Any:
@@ -245,7 +246,7 @@ class _Guard:
         return self.trace_line
 
     def check(self) -> None:
-        if time.monotonic() > self.deadline:
-            raise TemplateLimit(f"rendering took longer than {MAX_SECONDS:g} s")
+        if time.thread_time() > self.deadline:
+            raise TemplateLimit(f"rendering took longer than {MAX_SECONDS:g} s of CPU time")
         if _peak_bytes() > self.peak:
             raise TemplateLimit(f"rendering used more than {MAX_GROWTH // 2**20} MiB")
