@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kagura_agent.agentgit.base import git_base
 from kagura_agent.clock import SystemClock
 from kagura_agent.errors import UsageError
 from kagura_agent.graduation.ledger import snapshot
@@ -76,6 +77,8 @@ class Facts:
     # A named session's checkpoint (patterns/checkpoint.session_fact): where it stands
     # and what it spent; None without a session, a checkpoint, or one of this task's.
     checkpoint: dict[str, Any] | None = None
+    # A task asking for its commits as a branch: the operator's HEAD (agentgit/base.py).
+    git_base: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -95,6 +98,7 @@ class Facts:
             "missing_memories": list(self.missing_memories),
             "state_notes": list(self.state_notes),
             "checkpoint": self.checkpoint,
+            "git_base": self.git_base,
         }
 
     @classmethod
@@ -145,6 +149,7 @@ class Facts:
             missing_memories=list(data.get("missing_memories", [])),
             state_notes=list(data.get("state_notes", [])),
             checkpoint=data.get("checkpoint"),
+            git_base=data.get("git_base"),
         )
 
 
@@ -190,6 +195,7 @@ def gather_facts(
         project_owner=_owner(task.project_root),
         project_mode=_mode(task.project_root),
         daemon=_daemon(daemon_info()) if task.runtime == "container" else None,
+        git_base=git_base(task.project_root).to_json() if task.commits == "branch" else None,
         state_notes=notes,
         **found,
     )

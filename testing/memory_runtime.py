@@ -30,7 +30,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 from kagura_agent.apply.context import ContainerState, EgressSink
 from kagura_agent.brain.events import BrainEvent, DoneEvent, event_to_json
@@ -293,6 +293,22 @@ class MemoryRuntime:
         self.log.append(("exec", command))
         code, output = self.verify.get(command, (0, ""))
         return code, output.encode()
+
+    def exec_stream(
+        self,
+        container_id: str,
+        argv: list[str],
+        *,
+        user: str,
+        workdir: str,
+        into: BinaryIO,
+        limit: int,
+    ) -> tuple[int, int, bool]:
+        """As exec: a command the test set in ``verify`` answers its output, cut at
+        ``limit``."""
+        code, output = self.exec(container_id, argv, user=user, workdir=workdir)
+        into.write(output[:limit])
+        return code, min(len(output), limit), len(output) <= limit
 
     def start_egress(
         self,

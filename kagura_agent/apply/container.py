@@ -13,9 +13,10 @@ import contextlib
 import dataclasses
 import os
 import signal
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+from kagura_agent.apply.agentbranch import AgentBranch
 from kagura_agent.apply.cgroupio import Freezer, WriteMeter
 from kagura_agent.apply.context import (
     ApplyRuntime,
@@ -134,12 +135,25 @@ def run_in_container(
     runtime.start(container_id)
     if egress is not None:
         runtime.start_forwarder(container_id, egress)
+    branch = AgentBranch(ctx)  # spec.commits: branch (inert otherwise)
+    cleanup.callback(branch.close)
+    branch.seed(runtime, container_id)
     cleanup.callback(traps.stop)
     _arm_traps(runtime, container_id, traps, bool(leases), live)
     memory = open_host_memory(ctx.plan, ctx.run_id, ctx.live.redactor)
     children = ChildDispatcher(ctx, memory.store)
     cleanup.callback(children.close)  # a parent never leaves a child running
-    drive = _drive(ctx, runtime, container_id, stream, inside, traps, memory, children)
+    drive = _drive(
+        ctx,
+        runtime,
+        container_id,
+        stream,
+        inside,
+        traps,
+        memory,
+        children,
+        before_stop=lambda: branch.export(runtime, container_id),
+    )
     brain = asyncio.run(_terminable(drive))
     children.close()
     # Nothing the agent started may run into verify: its container goes first.
@@ -161,12 +175,14 @@ def run_in_container(
     host_stop = f"disk: {watch.exceeded}" if watch.exceeded else None
     if tripwire.reason:
         host_stop = f"tripwire: {tripwire.reason}"
+    commits = branch.take(host_stop)  # every container of the run is gone
     return RunReport(
         brain,
         verify,
         host_stop,
         tuple(c.to_json() for c in children.children),
         model_calls=None if calls is None else calls.count,
+        commits=None if commits is None else commits.to_json(),
     )
 
 
@@ -224,6 +240,8 @@ async def _drive(
     traps: ContainerTraps,
     memory: HostMemory,
     children: ChildDispatcher,
+    *,
+    before_stop: Callable[[], Awaitable[None]] | None = None,
 ) -> BrainOutcome:
     brain = ctx.plan["brain"]
     limits = ChannelLimits(
@@ -239,7 +257,7 @@ async def _drive(
         dispatcher=children,
         capabilities=ctx.midrun,
     )
-    return await drive_brain(ctx, channel, leases, traps=traps)
+    return await drive_brain(ctx, channel, leases, traps=traps, before_stop=before_stop)
 
 
 async def _terminable(coro: Coroutine[Any, Any, T]) -> T:

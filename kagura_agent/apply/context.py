@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, BinaryIO, Literal, Protocol
 
 from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.midrun import MidRun
@@ -132,6 +132,21 @@ class ApplyRuntime(Protocol):
         """Run ``argv`` in a running container: exit code (-1 unknown) and output."""
         ...
 
+    def exec_stream(
+        self,
+        container_id: str,
+        argv: builtins.list[str],
+        *,
+        user: str,
+        workdir: str,
+        into: BinaryIO,
+        limit: int,
+    ) -> tuple[int, int, bool]:
+        """Run ``argv`` in a running container, its standard output written to ``into``
+        as it comes, at most ``limit`` bytes: (exit code, -1 unknown; bytes written;
+        whether that was all of it)."""
+        ...
+
     def start_egress(
         self,
         plan: Plan,
@@ -206,6 +221,8 @@ class RunReport:
     host_stop: str | None = None  # "tripwire: …" or "disk: …"
     children: tuple[dict[str, object], ...] = ()  # sub-agents the brain dispatched
     model_calls: int | None = None  # counted at the proxy (None: not counted)
+    # The agent's commits (spec.commits: branch): agentgit/importer.Imported.to_json().
+    commits: dict[str, object] | None = None
 
     @property
     def error(self) -> str | None:
@@ -238,6 +255,9 @@ class RunResult:
     # What the aftercare moved aside in the project root (path, to, why; relative to the
     # root): repositories the run planted, files the operator's git hooks would have run.
     moved_aside: tuple[dict[str, str], ...] = ()
+    # What came of the agent's commits (spec.commits: branch): the branch, whether it was
+    # imported (or why not), how many commits; None when the task asked for none.
+    commits: dict[str, object] | None = None
 
     @property
     def success(self) -> bool:
@@ -284,4 +304,5 @@ def assemble(
         answer=brain.answer,
         children=report.children,
         model_calls=report.model_calls,
+        commits=report.commits,
     )

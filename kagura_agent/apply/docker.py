@@ -8,7 +8,9 @@ attached socket, container state, exec (verify), and the run's egress proxy.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
 
 from kagura_agent.apply.context import ContainerState, EgressSink
 from kagura_agent.brain.streams import DockerAttachStream, DuplexStream
@@ -54,6 +56,41 @@ class DockerApplyRuntime(DockerRuntime):
             code = api.exec_inspect(exec_id).get("ExitCode")
         return int(code if code is not None else -1), bytes(output)
 
+    def exec_stream(
+        self,
+        container_id: str,
+        argv: list[str],
+        *,
+        user: str,
+        workdir: str,
+        into: BinaryIO,
+        limit: int,
+    ) -> tuple[int, int, bool]:
+        from docker.utils.socket import STDOUT, frames_iter
+
+        api = self.client.api
+        written, whole = 0, True
+        with docker_errors(f"running {argv[0]!r} in container {container_id[:12]}"):
+            exec_id = api.exec_create(
+                container_id, argv, user=user, workdir=workdir, stdout=True, stderr=False
+            )["Id"]
+            sock = api.exec_start(exec_id, socket=True)
+            try:
+                for stream, chunk in frames_iter(sock, tty=False):
+                    if stream != STDOUT:
+                        continue
+                    if written + len(chunk) > limit:
+                        into.write(chunk[: limit - written])
+                        written, whole = limit, False
+                        break  # the rest is never read: its socket is closed below
+                    into.write(chunk)
+                    written += len(chunk)
+            finally:
+                with contextlib.suppress(OSError):
+                    sock.close()
+            code = _exit_code(api, exec_id) if whole else None
+        return int(code if code is not None else -1), written, whole
+
     def start_egress(
         self,
         plan: Plan,
@@ -94,3 +131,14 @@ class DockerApplyRuntime(DockerRuntime):
 
     def sweep_egress(self, store: StateStore) -> list[str]:
         return sweep_orphans(self.client, store)
+
+
+def _exit_code(api: Any, exec_id: str, wait: float = 5.0) -> int | None:
+    """An exec's exit code once Docker has it (its output ended: it is ending)."""
+    deadline = time.monotonic() + wait
+    while True:
+        found = api.exec_inspect(exec_id)
+        if not found.get("Running") or time.monotonic() > deadline:
+            code = found.get("ExitCode")
+            return None if code is None or found.get("Running") else int(code)
+        time.sleep(0.05)

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from kagura_agent.apply.context import BrainOutcome, RunContext
@@ -51,11 +51,13 @@ async def drive_brain(
     leases: Sequence[Lease],
     *,
     traps: ContainerTraps | None = None,
+    before_stop: Callable[[], Awaitable[None]] | None = None,
 ) -> BrainOutcome:
     """Run the plan's turn on ``channel``; wipe and release ``leases``, stop the channel.
 
     With ``traps`` (a container's), decoys take the wiped credentials' names and are
-    watched a moment before the stop.
+    watched a moment before the stop. ``before_stop`` runs once the credentials are
+    wiped, while the container still runs (the agent's branch is taken out then).
     """
     channel.start()
     if ctx.midrun is not None:
@@ -74,6 +76,8 @@ async def drive_brain(
             ctx.live.note(f"release problem (kept for the sweeper): {problem}", "red")
         if traps is not None and leases and not channel.closed:
             await _watch_after_wipe(traps, names, ctx.live)
+        if before_stop is not None:
+            await before_stop()
         await channel.stop()
 
 

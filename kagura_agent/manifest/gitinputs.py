@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from typing import Any
 
 from kagura_agent import hostproc
 from kagura_agent.manifest.catalog import Catalog
@@ -32,10 +33,7 @@ def git_metadata(root: str, catalog: Catalog) -> list[tuple[str, str]]:
     command's configuration (``core.fsmonitor``, hooks).
     """
     git = os.path.join(root, ".git")
-    writable = any(
-        p.spec.get("writable_git") is True for p in catalog.of("Policy") if p.layer == "operator"
-    )
-    if writable:
+    if writable_git(catalog):
         return []
     found = [(git, "git metadata (hooks and config run on the operator's next git command)")]
     where = git_paths(root)
@@ -54,28 +52,63 @@ def git_metadata(root: str, catalog: Catalog) -> list[tuple[str, str]]:
     return found
 
 
-def host_git(root: str, args: list[str], timeout: float = GIT_TIMEOUT) -> bytes | None:
+def writable_git(catalog: Catalog) -> bool:
+    """Whether a Policy of the operator's folder lets agents write ``.git``."""
+    return any(
+        p.spec.get("writable_git") is True for p in catalog.of("Policy") if p.layer == "operator"
+    )
+
+
+def host_git(
+    root: str, args: list[str], timeout: float = GIT_TIMEOUT, *, hooks_off: bool = True
+) -> bytes | None:
     """git's standard output for ``git ARGS`` in ``root``, a folder an agent may have
-    written: no GIT_* from the environment, ``safe.directory`` for that folder only (the
-    operator applies to roots other accounts own: a CI checkout) and no fsmonitor (a
-    command the repository's own config could name); None when git is not installed,
-    fails or takes longer than ``timeout``."""
+    written (:func:`host_git_run`); None when git is not installed, fails or takes longer
+    than ``timeout``."""
+    done = host_git_run(root, args, timeout, hooks_off=hooks_off)
+    return done.stdout if done is not None and done.returncode == 0 else None
+
+
+def host_git_run(
+    root: str,
+    args: list[str],
+    timeout: float = GIT_TIMEOUT,
+    *,
+    stdin: bytes | None = None,
+    hooks_off: bool = True,
+) -> subprocess.CompletedProcess[bytes] | None:
+    """``git ARGS`` in ``root`` as the host runs git where an agent may have written: no
+    GIT_* from the environment, ``safe.directory`` for that folder only (the operator
+    applies to roots other accounts own: a CI checkout), no hooks and no fsmonitor (a
+    command the repository's own config could name); its exit code, stdout and stderr,
+    or None when git is not installed or takes longer than ``timeout``. ``hooks_off``
+    False only to ask git where the repository's hooks are (no command here runs one)."""
     git = shutil.which("git")
     if git is None:
         return None
-    env = git_environment()
-    options = ["-C", root, "-c", f"safe.directory={root}", "-c", "core.fsmonitor=false"]
+    options = [
+        "-C",
+        root,
+        "-c",
+        f"safe.directory={root}",
+        "-c",
+        "core.fsmonitor=false",
+        *(["-c", "core.hooksPath=/dev/null"] if hooks_off else []),
+    ]
     try:
-        done = hostproc.run(
+        feed: dict[str, Any] = (
+            {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
+        )
+        return hostproc.run(
             [git, *options, *args],
-            env=env,
+            env=git_environment(),
             capture_output=True,
             timeout=timeout,
             check=False,
+            **feed,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout if done.returncode == 0 else None
 
 
 def git_environment() -> dict[str, str]:
@@ -88,7 +121,7 @@ def git_paths(root: str) -> tuple[str, str] | None:
     """(the work tree's top, the folder git runs hooks from) for a command in ``root``
     (``core.hooksPath`` when set, as husky and similar tools set it to a folder of the work
     tree), resolved; None without git or a work tree."""
-    out = host_git(root, ["rev-parse", "--show-toplevel", "--git-path", "hooks"])
+    out = host_git(root, ["rev-parse", "--show-toplevel", "--git-path", "hooks"], hooks_off=False)
     lines = os.fsdecode(out).splitlines() if out is not None else []
     if len(lines) != 2:
         return None

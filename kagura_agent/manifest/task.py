@@ -65,6 +65,7 @@ class ResolvedTask:
     # what the parent had left, {turns, wall_seconds, cost_usd} or None}.
     parent: dict[str, Any] | None = None
     tool_servers: tuple[Manifest, ...] = ()  # ToolServer manifests the task requested
+    commits: str = "diff"  # "branch": the agent's commits come back as a branch
 
     @property
     def name(self) -> str:
@@ -144,6 +145,7 @@ def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None,
             context=dict(spec.get("context", {})),
             parent=_parent(spec),
             tool_servers=tools.servers,
+            commits=str(spec.get("commits", "diff")),
         ),
         [],
     )

@@ -17,22 +17,24 @@ import os
 import time
 from collections.abc import Callable
 
+from kagura_agent.membrane.hardening import mount_target
 from kagura_agent.plan.model import Plan
 from kagura_agent.processes import ended, process_start
 
 Identity = tuple[str, int, int]  # (target in the container, st_dev, st_ino)
 
 
-def source_identities(plan: Plan) -> list[Identity]:
-    """(target, device, inode) of every bind source of ``plan``, now; a source that is
-    not where the plan says (a symlink in its path since the plan) raises ValueError."""
+def source_identities(plan: Plan, role: str = "agent") -> list[Identity]:
+    """(target in a container of ``role``, device, inode) of every bind source of
+    ``plan``, now; a source that is not where the plan says (a symlink in its path since
+    the plan) raises ValueError."""
     found = []
     for mount in plan["mounts"]:
         source = mount["source"]
         if os.path.realpath(source) != os.path.normpath(source):
             raise ValueError(f"mount source {source} moved since the plan (it is a symlink now)")
         info = os.stat(source)
-        found.append((mount["target"], info.st_dev, info.st_ino))
+        found.append((mount_target(mount, role), info.st_dev, info.st_ino))
     return found
 
 

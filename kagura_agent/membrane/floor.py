@@ -9,6 +9,7 @@ creation arguments are checked against it once more (membrane.hardening). Pure: 
 from __future__ import annotations
 
 import ipaddress
+import os
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
@@ -83,8 +84,14 @@ TMPFS_TARGETS = ("/tmp", "/home/agent", "/run/kagura")
 # image's programs with the kagura code its PID 1 imports before the agent has run — a
 # read-only bind of files from the project root there would run the agent's writing as
 # the run's own process. Each planned tmpfs is added from the plan.
+# The agent's own repository in branch mode (plan/commits.py): a tmpfs over the project
+# root's .git, and where the operator's .git is mounted read-only instead.
+AGENT_GIT = "/workspace/.git"
+OPERATOR_GIT = "/kagura/operator.git"
+
 RESERVED_TARGETS = (
     "/workspace",
+    "/kagura",
     "/run/kagura",
     "/proc",
     "/sys",
@@ -183,7 +190,7 @@ def tmpfs_violations(tmpfs: object, user: str) -> list[str]:
     for target, options in sorted(tmpfs.items()):
         if target != normalise_target(target):
             found.append(f"tmpfs target {target!r} is not a clean absolute path")
-        elif target != "/run/kagura":
+        elif target not in ("/run/kagura", AGENT_GIT):
             found += [
                 f"tmpfs {target} would hide {kept}, which the membrane keeps"
                 for kept in RESERVED_TARGETS
@@ -272,7 +279,13 @@ def mount_violations(
             if not project:
                 found.append(f"project mount {source} -> {target} is not the task's root")
         elif kind == "protected":
-            if not normalise_target(target).startswith("/workspace/"):
+            moved = target == OPERATOR_GIT and source == os.path.join(project_root, ".git")
+            if moved and AGENT_GIT not in planned:
+                found.append(
+                    f"protected mount {source} -> {target} leaves /workspace/.git writable"
+                    " (the agent's repository tmpfs must be over it)"
+                )
+            elif not moved and not normalise_target(target).startswith("/workspace/"):
                 found.append(f"protected mount {source} -> {target} is not under /workspace")
         else:
             problem = target_problem(target, planned)

@@ -8,10 +8,11 @@ with a RefusedError, so no code path can launch it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from kagura_agent.errors import RefusedError, SetupError
-from kagura_agent.membrane.floor import floor_violations
+from kagura_agent.membrane.floor import AGENT_GIT, OPERATOR_GIT, floor_violations
 from kagura_agent.plan.model import Plan
 
 LABEL_RUN = "dev.kagura.run"
@@ -45,18 +46,29 @@ def _uid_gid(user: str) -> tuple[int, int]:
     return int(uid), int(gid or uid)
 
 
-def _mounts(plan: Plan) -> list[dict[str, Any]]:
+def mount_target(mount: Mapping[str, Any], role: str) -> str:
+    """Where ``mount`` lands in a container of ``role``: the plan's target, but verify
+    sees the operator's repository where git looks for it (read-only); the agent's own
+    (plan/commits.py) was a tmpfs of its container, gone with it."""
+    target = str(mount["target"])
+    if role == "verify" and mount["kind"] == "protected" and target == OPERATOR_GIT:
+        return AGENT_GIT
+    return target
+
+
+def _mounts(plan: Plan, role: str = "agent") -> list[dict[str, Any]]:
     project_root = plan["task"]["project_root"]
     result = []
     for mount in plan["mounts"]:
         writable = mount["mode"] == "rw"
+        target = mount_target(mount, role)
         if writable and (mount["kind"] != "project" or mount["source"] != project_root):
             raise _refuse(f"only the project root may be mounted writable, not {mount['source']}")
         result.append(
             {
                 "Type": "bind",
                 "Source": mount["source"],
-                "Target": mount["target"],
+                "Target": target,
                 "ReadOnly": not writable,
                 # rprivate: mounts made later on the host never propagate into the container.
                 "BindOptions": {"Propagation": "rprivate"},
@@ -168,8 +180,8 @@ def container_kwargs(
         "security_opt": ["no-new-privileges:true"],
         "read_only": True,
         # Exactly the plan's options: the planner wrote every flag, size, mode and owner.
-        "tmpfs": dict(h["tmpfs"]),
-        "mounts": _mounts(plan) + _egress_mounts(egress_mounts or [], egress),
+        "tmpfs": {k: v for k, v in h["tmpfs"].items() if role != "verify" or k != AGENT_GIT},
+        "mounts": _mounts(plan, role) + _egress_mounts(egress_mounts or [], egress),
         "pids_limit": int(h["pids_limit"]),
         "mem_limit": int(h["memory_bytes"]),
         # Same as mem_limit: no swap, so the memory limit is a hard OOM boundary.

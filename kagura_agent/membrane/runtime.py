@@ -223,7 +223,7 @@ class DockerRuntime:
         image_id = check_image_digest(plan)
         check_plan_mounts(plan)
         try:
-            identities = binds.source_identities(plan)
+            identities = binds.source_identities(plan, role)
         except (ValueError, OSError) as exc:
             raise RefusedError(str(exc)) from None
         kwargs = hardening.container_kwargs(

@@ -411,6 +411,18 @@ class Tripwires(TypedDict):
     source: str
 
 
+class CommitsSection(TypedDict):
+    mode: Literal["branch"]
+    branch: str
+    git_dir: str
+    seed: str | None
+    head: str | None
+    object_format: str
+    repo_bytes: int
+    bundle_bytes: int
+    problem: str | None
+
+
 class Plan(TypedDict):
     format_version: int
     inputs: Inputs
@@ -420,6 +432,7 @@ class Plan(TypedDict):
     egress: EgressSection
     credentials: list[Credential]
     tool_servers: NotRequired[list[ToolServer]]
+    commits: NotRequired[CommitsSection]  # only when the task asks (spec.commits: branch)
     hardening: Hardening
     brain: BrainSection
     memory: MemorySection
@@ -672,6 +685,16 @@ DESCRIPTIONS: dict[str, str] = {
     "memory.failure_trust.successes": "Verified successes among the task kind's recent runs.",
     "memory.failure_trust.weighted_failures": "Sum of every failure's weight 0.5 ** (age / half_life).",
     "memory.failure_trust.half_life_seconds": "Graduation `failure_half_life`: the age at which a failure weighs half.",
+    "commits": "How the agent's commits come back (only when the task asks, `spec.commits: branch`): a branch of the operator's repository, made by apply from a repository of the agent's own.",
+    "commits.mode": "`branch`.",
+    "commits.branch": "The branch the commits come back as: `kagura/<task>/<run>` (apply writes the run id).",
+    "commits.git_dir": "The operator's `.git`: mounted read-only at /kagura/operator.git for its objects; the agent's repository is a tmpfs at /workspace/.git.",
+    "commits.seed": "The commit at the operator's HEAD when planned: the agent's branch starts there (null: none).",
+    "commits.head": "The branch HEAD named then (`refs/heads/…`), or null when detached.",
+    "commits.object_format": "The repository's object format (`sha1` or `sha256`).",
+    "commits.repo_bytes": "Size of the tmpfs holding the agent's repository (its new objects and index).",
+    "commits.bundle_bytes": "The most the agent's commits may weigh (one git bundle) for apply to take them.",
+    "commits.problem": "Why the branch cannot be made here (the plan is refused), or null.",
     "budget": "Turn, time, cost and disk budget.",
     "budget.turns": "Turn limit, or null.",
     "budget.wall_seconds": "Wall-time limit.",

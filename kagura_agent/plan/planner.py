@@ -19,6 +19,7 @@ from kagura_agent.graduation.classify import classify
 from kagura_agent.graduation.settings import graduation_settings
 from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.egresspool import egress_pool_knobs
+from kagura_agent.manifest.gitinputs import writable_git
 from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.manifest.proxyimage import proxy_image
 from kagura_agent.manifest.schema import schema_version
@@ -29,7 +30,7 @@ from kagura_agent.membrane.lifetimes import lifetime_refusals
 from kagura_agent.memory.factory import section_from_manifest
 from kagura_agent.patterns.dispatch import narrowing_violations
 from kagura_agent.patterns.failure_learning import failure_trust
-from kagura_agent.plan import resume
+from kagura_agent.plan import commits, resume
 from kagura_agent.plan.budget import budget_approvals, ceiling_refusals, plan_budget
 from kagura_agent.plan.injection import CLI_ENVIRONMENT, brain_injection
 from kagura_agent.plan.intent import intent_fingerprint
@@ -105,7 +106,18 @@ def compile_plan(
     egress = _egress(
         task.egress, tool_server_rules(task.tool_servers), egress_pool_knobs(catalog).size > 0
     )
-    hardening = _hardening(task, tenancy, facts, egress["mode"])
+    commits_section = (
+        commits.section(
+            task.name,
+            task.project_root,
+            facts.git_base,
+            runtime=task.runtime,
+            writable_git=writable_git(catalog),
+        )
+        if task.commits == "branch"
+        else None
+    )
+    hardening = commits.hardening(_hardening(task, tenancy, facts, egress["mode"]), commits_section)
     brain = _brain(task)
     # A proxy that injects the brain's key is configured at its start: never a pooled one.
     injected = brain_injection(brain)
@@ -116,10 +128,13 @@ def compile_plan(
     egress["proxy"] = _proxy(catalog, facts) if egress["mode"] == "proxy" else None
     image = _image(task.image, facts)
     credentials = [_credential(request) for request in task.credentials]
-    mounts: list[Mount] = [
-        {"kind": "project", "source": task.project_root, "target": "/workspace", "mode": "rw"},
-        *[_task_mount(m) for m in task.mounts],
-    ]
+    mounts: list[Mount] = commits.mounts(
+        [
+            {"kind": "project", "source": task.project_root, "target": "/workspace", "mode": "rw"},
+            *[_task_mount(m) for m in task.mounts],
+        ],
+        commits_section,
+    )
     task_section = _task(task)
     parent, widened = _dispatch_check(task, facts)
     # Policies see every requested capability before it is classified (a deny of a
@@ -140,6 +155,8 @@ def compile_plan(
     tool_servers = tool_server_sections(task.tool_servers)
     if tool_servers:  # only then: plans without tool servers keep their shape
         draft["tool_servers"] = tool_servers
+    if commits_section is not None:  # only when asked: other plans keep their shape
+        draft["commits"] = commits_section
     # The membrane floor is code: it holds whatever the manifests and policies say.
     floor = floor_violations(draft)
     draft["floor"] = floor
@@ -173,6 +190,7 @@ def compile_plan(
     )
     refusals = _refusals(floor, policy, approvals, tenancy, hardening, unwritable, widened)
     refusals += ceiling_refusals(catalog, draft["budget"])
+    refusals += commits.refusals(commits_section)
     refusals += resume.refusals(draft["budget"], {c["category"]: c["type"] for c in credentials})
     refusals += lifetime_refusals(list(credentials))
     plan: Plan = {
@@ -202,6 +220,8 @@ def compile_plan(
         "intent": "",
         "fingerprint": "",
     }
+    if commits_section is not None:
+        plan["commits"] = commits_section
     if tool_servers:
         plan["tool_servers"] = [
             {**server, **_classified(by_category[server["category"]])} for server in tool_servers

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from kagura_agent.hygiene import neutralise_data
 from kagura_agent.manifest.scopes import is_full_access
-from kagura_agent.plan import resume
+from kagura_agent.plan import commits, resume
 from kagura_agent.plan.admission import Admission, admit
 from kagura_agent.plan.injection import injected_provider
 from kagura_agent.plan.model import (
@@ -348,6 +348,8 @@ def render_text(plan: Plan, style: Style) -> str:
         out.append(
             f"  {label:<12} {_tool_server_line(server)}  {_tag(server['class'], style)}{mine(server)}"
         )
+    if "commits" in plan:
+        out.append(f"  commits      {commits.text(plan['commits'])}")
     out.append(f"  budget       {_budget_line(plan['budget'])}")
     trip = plan["tripwires"]
     extra = ""
@@ -457,8 +459,9 @@ def _mount_line(mount: Mount, style: Style, *, only: bool) -> str:
     where = f"{mount['source']} -> {mount['target']}"
     if mount["kind"] == "protected":
         held = ", held empty while absent" if mount.get("placeholder") else ""
+        over = "over the project root" if mount["target"].startswith("/workspace/") else "aside"
         return (
-            f"  protected    {where} (read-only over the project root{held}:"
+            f"  protected    {where} (read-only {over}{held}:"
             f" {mount.get('protects', '')} stays the operator's)"
         )
     tag = f"  {_tag(mount.get('class'), style)}" if mount.get("class") else ""
@@ -548,6 +551,8 @@ def render_markdown(plan: Plan) -> str:
         lines.append(
             f"| tool server | {_tool_server_line(server)}{mine(server)} | {server['class']} |"
         )
+    if "commits" in plan:
+        lines.append(f"| commits | {commits.text(plan['commits'])} | |")
     lines.append(f"| budget | {_budget_line(plan['budget'])} | |")
     lines.append(f"| hardening | {_hardening_text(plan['hardening'], _markdown_style)} | |")
     parent = task.get("parent")
