@@ -196,7 +196,7 @@ def apply_options(
 def execute(plan: Plan, options: ApplyOptions, *, confirm: bool) -> int:
     """Show ``plan``, ask when ``confirm`` (a terminal only), apply it; the run's exit code."""
     from kagura_agent.apply.executor import apply_plan, refuse_unapplyable
-    from kagura_agent.cli.common import print_json
+    from kagura_agent.cli.common import print_json, say_daemon_notice
     from kagura_agent.errors import RefusedError
     from kagura_agent.plan.render import render_text
     from kagura_agent.state import StateStore
@@ -204,6 +204,7 @@ def execute(plan: Plan, options: ApplyOptions, *, confirm: bool) -> int:
 
     if not options.as_json:
         sys.stderr.write(render_text(plan, Style.for_stream(sys.stderr)))
+        say_daemon_notice([plan])
     # A plan apply would refuse is refused before anyone is asked to confirm it.
     refuse_unapplyable(plan, options)
     if confirm:

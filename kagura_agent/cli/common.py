@@ -83,3 +83,22 @@ def error_envelope(exc: Any) -> dict[str, Any]:
         "exit_code": int(exc.exit_code),
         "errors": exc.diagnostics_json(),
     }
+
+
+def say_daemon_notice(plans: list[Mapping[str, Any]]) -> None:
+    """On stderr, once per Docker daemon: it puts no container in a user namespace (a
+    plan no longer carries this warning every time; doctor says it every time)."""
+    daemons = [plan["inputs"]["facts"].get("daemon") for plan in plans]
+    shared = next(
+        (d for d in daemons if d is not None and not (d.get("userns_remap") or d.get("rootless"))),
+        None,
+    )
+    if shared is None:
+        return
+    from kagura_agent.membrane.images import daemon_info
+    from kagura_agent.membrane.isolation import notice_once
+    from kagura_agent.paths import state_dir
+
+    notice = notice_once(shared, daemon_info(), state_dir() / "daemons-told")
+    if notice is not None:
+        print(f"warning: {notice}", file=sys.stderr)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kagura_agent.cli.common import add_manifest_option, print_json
+from kagura_agent.cli.common import add_manifest_option, print_json, say_daemon_notice
 from kagura_agent.errors import ExitCode, UsageError
 from kagura_agent.plan.admission import admit
 from kagura_agent.plan.model import Plan
@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out and len(plans) != 1:
         raise UsageError(f"-o saves one plan, but {len(plans)} tasks were planned")
     fmt = output_format(args)
+    if not args.facts:  # facts of this host: its daemon
+        say_daemon_notice(list(plans))
     any_changes = False
     outputs: list[dict[str, Any]] = []
     base = _base(args, plans) if args.base else None

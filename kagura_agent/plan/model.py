@@ -789,7 +789,7 @@ DESCRIPTIONS: dict[str, str] = {
     "warnings": "Things the operator should know.",
     "refusals": "Why apply refuses the plan; empty when it may run (warnings never refuse).",
     "refusals[].code": (
-        "Stable code: `floor`, `policy-deny`, `capability-denied`, `shared-tenancy`,"
+        "Stable code: `floor`, `policy-deny`, `capability-denied`, `shared-tenancy`, `userns-required`,"
         " `project-unwritable`, `parent-not-applied`, `child-widens-parent`, `budget-ceiling`,"
         " `dispatch-depth`, `lease-lifetime` (a credential's budget is shorter than anything"
         " its provider mints), …"

@@ -26,6 +26,7 @@ from kagura_agent.manifest.schema import schema_version
 from kagura_agent.manifest.scopes import is_full_access
 from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.membrane.floor import floor_violations
+from kagura_agent.membrane.isolation import user_namespace_refusals, user_namespaces_required
 from kagura_agent.membrane.lifetimes import lifetime_refusals
 from kagura_agent.memory.factory import section_from_manifest
 from kagura_agent.patterns.dispatch import narrowing_violations
@@ -193,6 +194,9 @@ def compile_plan(
     refusals += commits.refusals(commits_section)
     refusals += resume.refusals(draft["budget"], {c["category"]: c["type"] for c in credentials})
     refusals += lifetime_refusals(list(credentials))
+    refusals += user_namespace_refusals(
+        user_namespaces_required(p.spec for p in catalog.of("Policy")), task.runtime, facts.daemon
+    )
     plan: Plan = {
         "format_version": FORMAT_VERSION,
         "inputs": draft["inputs"],
@@ -320,13 +324,9 @@ def _warnings(
             "brain runtime is host: the brain runs UNSANDBOXED on this machine;"
             " apply needs --allow-host-runtime"
         )
-    if facts.daemon is not None and not (
-        facts.daemon.get("userns_remap") or facts.daemon.get("rootless")
-    ):
-        warnings.append(
-            "the Docker daemon uses neither userns-remap nor rootless mode:"
-            " the container's uid is the same uid on the host"
-        )
+    # A daemon without user namespaces is said once per daemon by the commands that
+    # plan (membrane/isolation.notice_once) and by doctor every time, not in every plan;
+    # a Policy that requires them refuses the plan instead (user_namespace_refusals).
     return warnings
 
 
