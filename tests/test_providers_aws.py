@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import configparser
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -123,8 +126,61 @@ def test_broker_renews_aws_before_expiry(
     assert caller_of(second, moto).endswith(f"/deployer/kagura-{lease.grant}")
     lease.release()
     rows = Ledger(store, clock).rows()
-    assert {r.state for r in rows} == {"released"}
+    # Neither the superseded credential nor the last one was revoked: both still work.
+    assert {r.state for r in rows} == {"lapsing"}
     assert all("lapses at" in (r.note or "") for r in rows)
+    store.close()
+
+
+def test_a_released_sts_lease_is_shown_lapsing_until_its_expiry(
+    moto: str, role_arn: str, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """STS credentials cannot be revoked: the ledger closes the row ``lapsing`` (not
+    ``released``), records the kind, and ``leases list`` keeps it in view until it lapses."""
+    monkeypatch.setenv("KAGURA_TEST_AWS_ROOT", ROOT)
+    clock = FixedClock(datetime.now(UTC))
+    store = StateStore()
+    entry: dict[str, Any] = {
+        "name": "aws-deployer",
+        "provider": "aws-main",
+        "type": "aws-sts",
+        "scope": "deployer",
+        "scope_spec": {
+            "role_arn": role_arn,
+            "session_policy": SESSION_POLICY,
+            "endpoint": moto,
+            "endpoint_addresses": ["127.0.0.1/32"],
+        },
+        "ttl_seconds": 900,
+        "renewals": 0,
+        "budget_seconds": 900,
+        "secret_ref": "env:KAGURA_TEST_AWS_ROOT",
+        "standing": False,
+        "class": "baseline",
+    }
+    lease = Broker(store, clock=clock).acquire(LeaseRequest.from_plan(entry))
+    bundle = lease.bundle.files["aws/credentials"]
+    lease.release()
+    assert caller_of(bundle, moto).endswith(f"/deployer/kagura-{lease.grant}")  # still works
+    ledger = Ledger(store, clock)
+    (row,) = ledger.rows()
+    assert (row.state, row.release_kind, row.open) == ("lapsing", "lapses", False)
+    shown = row.to_json()
+    assert shown["revocable"] is False and shown["release"] == "lapses"
+    assert shown["ends"] == f"cannot be revoked: lapses at {shown['expires_at']}"
+    assert [r.id for r in ledger.rows(include_closed=False)] == [row.id]
+    listed = subprocess.run(
+        [sys.executable, "-m", "kagura_agent", "leases", "list"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    ).stdout
+    line = next(ln for ln in listed.splitlines() if ln.startswith(row.id))
+    assert " lapsing " in line and " lapses " in line, listed
+    assert "  lapses: cannot be revoked: lapses at its expiry" in listed
+    clock.advance(timedelta(seconds=901))
+    assert ledger.rows(include_closed=False) == []  # lapsed: out of the open view
     store.close()
 
 

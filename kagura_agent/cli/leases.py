@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from kagura_agent.cli.common import print_ok
+from kagura_agent.membrane.providers.traits import release_says
 
 
 def register(subparsers: Any) -> None:
@@ -17,7 +18,11 @@ def register(subparsers: Any) -> None:
     )
     commands = parser.add_subparsers(dest="leases_command", metavar="SUBCOMMAND")
 
-    listing = commands.add_parser("list", help="show leases (open ones, or --all)")
+    listing = commands.add_parser(
+        "list",
+        help="show leases: open ones and released ones that still work until they lapse"
+        " (or --all); ENDS says how each kind of credential ends",
+    )
     listing.add_argument("--all", action="store_true", help="include closed leases")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(handler=_list)
@@ -56,16 +61,30 @@ def _list(args: argparse.Namespace) -> int:
     if not rows:
         print("no open leases" if not args.all else "no leases recorded")
         return 0
-    print(f"{'ID':<16} {'STATE':<9} {'CREDENTIAL':<34} {'CLASS':<14} {'EXPIRES':<21} NOTE")
+    print(
+        f"{'ID':<16} {'STATE':<9} {'CREDENTIAL':<34} {'CLASS':<14} {'EXPIRES':<21}"
+        f" {'ENDS':<12} NOTE"
+    )
     for row in rows:
         item = row.to_json()
         credential = f"{row.name} ({row.provider}/{row.scope})"
         note = row.last_error or row.note or ""
         print(
             f"{row.id:<16} {row.state:<9} {credential:<34} {row.klass:<14}"
-            f" {item['expires_at'] or '-':<21} {note}"
+            f" {item['expires_at'] or '-':<21} {ENDS.get(row.release, row.release):<12} {note}"
         )
+    for release in sorted({row.release for row in rows}):
+        print(f"  {ENDS.get(release, release)}: {release_says(release)}")
     return 0
+
+
+# How each kind of credential ends, in the ENDS column (the provider type's traits).
+ENDS = {
+    "revoked": "revoked",
+    "revoked-live": "revoked*",  # revoked at release; lapses after a crash
+    "lapses": "lapses",
+    "standing": "standing",
+}
 
 
 def _revoke(args: argparse.Namespace) -> int:

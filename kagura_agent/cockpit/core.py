@@ -820,8 +820,11 @@ class Cockpit:
             rows = []
         if rows:
             still = sum(1 for r in rows if r["closed_at"] is None)
-            closed = len(rows) - still
-            leases = f"leases: {closed} revoked" + (
+            # Closed as lapsing: not revocable (STS), it works until its expiry.
+            lapsing = sum(1 for r in rows if r["closed_at"] is not None and r["state"] == "lapsing")
+            closed = len(rows) - still - lapsing
+            lapses = f", {lapsing} not revocable (lapse at expiry)" if lapsing else ""
+            leases = f"leases: {closed} revoked{lapses}" + (
                 f", ⚠ {still} still open (the next apply's sweep revokes them)"
                 if still
                 else ", none open"

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from kagura_agent.hygiene import neutralise_data
 from kagura_agent.manifest.scopes import is_full_access
+from kagura_agent.membrane.providers.traits import traits_of
 from kagura_agent.plan import commits, resume
 from kagura_agent.plan.admission import Admission, admit
 from kagura_agent.plan.injection import injected_provider
@@ -149,10 +150,13 @@ def _cred_line(cred: Credential, injected: str | None = None, budget: Budget | N
     standing += ", FULL ACCESS" if is_full_access(cred["scope_spec"]) else ""
     # The brain's API key never enters the container: the run's proxy adds it upstream.
     where = ", injected at the proxy" if cred["provider"] == injected else ""
+    # How each credential ends: revoked at release, or only lapsing at its expiry.
+    traits = traits_of(cred["type"])
+    ends = f"; {traits.brief}" if traits is not None else ""
     return (
         f"{cred['provider']}/{cred['scope']} ({cred['type']}, {cred['secret_ref']})"
         f" lease {format_duration(cred['ttl_seconds'])}{renew},"
-        f" budget {format_duration(cred['budget_seconds'])}{standing_left}{standing}{where}"
+        f" budget {format_duration(cred['budget_seconds'])}{standing_left}{standing}{where}{ends}"
     )
 
 

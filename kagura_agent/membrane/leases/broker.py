@@ -38,6 +38,7 @@ from kagura_agent.membrane.providers import (
     ProviderError,
     build_provider,
 )
+from kagura_agent.membrane.providers.traits import traits_of
 from kagura_agent.membrane.secrets import Redactor, resolve
 from kagura_agent.state import StateStore
 
@@ -384,7 +385,14 @@ class Lease:
                 return
             revoked = True
         if not revoked:
-            note = f"{note}; not revocable, lapses at {iso(minted.expires_at)}"
+            traits = traits_of(self.request.type)
+            if traits is not None and traits.release == "standing":
+                note = f"{note}; {traits.says()}"
+            else:
+                # It still works until its expiry: closed as lapsing, not released, and
+                # `leases list` keeps it in view until then.
+                note = f"{note}; not revocable, lapses at {iso(minted.expires_at)}"
+                state = "lapsing" if state == "released" else state
         broker.ledger.close(grant, state, note=note)
 
     def _why_last(self) -> str:

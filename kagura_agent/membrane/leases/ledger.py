@@ -4,9 +4,16 @@ Crash safety comes from the order of writes, each its own committed transaction:
 
     intent  (written BEFORE the provider is called: what, for whom, owner process)
       → live     (minted id + expiry recorded right after the mint returns)
-      → released | revoked | expired | failed   (closed)
+      → released | lapsing | revoked | expired | failed   (closed)
     refused  (a request default-deny turned away; closed on arrival, kept as a record)
     poison   (revoking failed for a reason retrying cannot fix; open until an operator acts)
+
+Each row keeps how its credential ends (``release``, from the provider type's traits,
+membrane/providers/traits.py): ``revoked`` at release, ``revoked-live`` (revoked at
+release, lapses after a crash), ``lapses`` (never revocable: STS session credentials work
+until their expiry) or ``standing`` (a static secret, never minted). A credential release
+could not revoke is closed ``lapsing``, not ``released``: ``leases list`` keeps showing it
+until its expiry, because it still works.
 
 A crash between any two steps leaves an open row naming its owner (pid + process start
 time + run id); the sweeper revokes what the dead owner left. No value is ever stored.
@@ -25,6 +32,7 @@ from datetime import datetime
 from typing import Any
 
 from kagura_agent.clock import Clock, iso, parse_iso
+from kagura_agent.membrane.providers.traits import release_says, traits_of
 from kagura_agent.processes import process_start, this_host
 from kagura_agent.state import Connection, StateStore
 
@@ -61,6 +69,8 @@ MIGRATIONS = [
     # The owner's host: on a state store shared by several hosts, a pid means something
     # only on the host that recorded it.
     "ALTER TABLE lease_grants ADD COLUMN owner_host TEXT",
+    # How the credential ends (traits.Release), as it was when the row was written.
+    "ALTER TABLE lease_grants ADD COLUMN release_kind TEXT",
 ]
 
 OPEN_STATES = ("intent", "live", "poison")
@@ -109,10 +119,25 @@ class GrantRow:
     last_error: str | None
     note: str | None
     owner_host: str | None = None
+    release_kind: str | None = None  # as recorded; rows from before: None
 
     @property
     def open(self) -> bool:
         return self.closed_at is None
+
+    @property
+    def release(self) -> str:
+        """How this credential ends: the recorded kind, else its type's (``unknown`` for a
+        type this version does not know)."""
+        if self.release_kind:
+            return self.release_kind
+        traits = traits_of(self.type)
+        return traits.release if traits is not None else "unknown"
+
+    @property
+    def ends(self) -> str:
+        """How it ends, in words (``leases list``)."""
+        return release_says(self.release, iso(self.expires_at) if self.expires_at else "its expiry")
 
     def to_json(self) -> dict[str, Any]:
         def when(moment: datetime | None) -> str | None:
@@ -140,6 +165,9 @@ class GrantRow:
             "next_attempt_at": when(self.next_attempt_at),
             "last_error": self.last_error,
             "note": self.note,
+            "release": self.release,
+            "revocable": self.release in ("revoked", "revoked-live"),
+            "ends": self.ends,
         }
 
 
@@ -172,6 +200,7 @@ def _row(raw: Any) -> GrantRow:
         last_error=raw["last_error"],
         note=raw["note"],
         owner_host=raw["owner_host"],
+        release_kind=raw["release_kind"],
     )
 
 
@@ -220,12 +249,13 @@ class Ledger:
         grant = new_id("g-")
         now = iso(self.clock.now())
         closed = now if state not in OPEN_STATES else None
+        traits = traits_of(str(request["type"]))
         with self._transaction() as conn:
             conn.execute(
                 "INSERT INTO lease_grants(id, lease, name, provider, type, scope, scope_spec,"
                 " secret_ref, class, ttl_seconds, state, created_at, closed_at, run_id,"
-                " owner_pid, owner_start, heartbeat_at, note, owner_host)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " owner_pid, owner_start, heartbeat_at, note, owner_host, release_kind)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     grant,
                     lease,
@@ -246,6 +276,7 @@ class Ledger:
                     now,
                     note,
                     owner.host,
+                    traits.release if traits is not None else None,
                 ),
             )
         return grant
@@ -286,10 +317,19 @@ class Ledger:
         return [_row(r) for r in rows]
 
     def rows(self, *, include_closed: bool = True, limit: int = 200) -> list[GrantRow]:
-        where = "" if include_closed else "WHERE closed_at IS NULL"
-        rows = self._query(
-            f"SELECT * FROM lease_grants {where} ORDER BY created_at DESC, id LIMIT ?", (limit,)
-        )
+        """The newest rows; without ``include_closed``, the open ones and the closed ones
+        whose credential still works (``lapsing`` before its expiry)."""
+        if include_closed:
+            rows = self._query(
+                "SELECT * FROM lease_grants ORDER BY created_at DESC, id LIMIT ?", (limit,)
+            )
+        else:
+            rows = self._query(
+                "SELECT * FROM lease_grants WHERE closed_at IS NULL"
+                " OR (state = 'lapsing' AND expires_at > ?)"
+                " ORDER BY created_at DESC, id LIMIT ?",
+                (iso(self.clock.now()), limit),
+            )
         return [_row(r) for r in rows]
 
     def _update(self, grant: str, **fields: Any) -> None:

@@ -21,7 +21,7 @@ How a lease of each type ends (``release``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast, get_args
 
 Release = Literal["revoked", "revoked-live", "lapses", "standing"]
 
@@ -49,6 +49,16 @@ class Traits:
             "standing": "a standing secret: never revoked, never lapses (rotate it yourself)",
         }[self.release]
 
+    @property
+    def brief(self) -> str:
+        """How a lease of this type ends, for the plan's credential line."""
+        return {
+            "revoked": "revoked at release",
+            "revoked-live": "revoked at release (lapses if the run crashes)",
+            "lapses": "NOT revocable: lapses at its expiry",
+            "standing": "never revoked, never lapses",
+        }[self.release]
+
 
 TRAITS: dict[str, Traits] = {
     # STS refuses DurationSeconds below 15 minutes; role chaining and most roles cap
@@ -61,6 +71,17 @@ TRAITS: dict[str, Traits] = {
     "github-app": Traits("revoked-live", min_ttl=3600, max_ttl=3600),
     "static": Traits("standing", min_ttl=1, max_ttl=3600),
 }
+
+
+RELEASES: tuple[str, ...] = get_args(Release)
+
+
+def release_says(release: str, expires: str = "its expiry") -> str:
+    """How a credential of a recorded release kind ends, in a few words (the ledger's
+    rows keep the kind: a row written by another version may name one unknown here)."""
+    if release not in RELEASES:
+        return "how it ends is not known (a provider type this version does not know)"
+    return Traits(cast(Release, release), min_ttl=1, max_ttl=1).says(expires)
 
 
 def traits_of(provider_type: str) -> Traits | None:
