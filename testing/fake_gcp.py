@@ -38,6 +38,7 @@ class FakeGcp(FakeServer):
         self.caller_tokens: set[str] = set()
         self.keys: dict[str, str] = {}  # private_key_id -> public key PEM
         self.minted: dict[str, dict[str, Any]] = {}
+        self.issued: list[str] = []  # every token minted, revoked since or not
         self._state_lock = threading.Lock()
         self.route("POST", r"/token", self._token)
         self.route(
@@ -46,6 +47,9 @@ class FakeGcp(FakeServer):
             self._generate,
         )
         self.route("POST", r"/revoke", self._revoke)
+        # The tokens it issued and still holds: a fake Vertex AI trusts them
+        # (testing/fake_endpoint_runtime.py), as Google's services trust its token service.
+        self.route("GET", r"/_admin/tokens", self._tokens)
 
     def error_body(self, status: int) -> Any:
         return _google_error(status, "injected failure", "UNAVAILABLE")[1]
@@ -99,6 +103,7 @@ class FakeGcp(FakeServer):
         expire_time = expires.isoformat().replace("+00:00", "Z")
         with self._state_lock:
             self.minted[token] = {"account": account, "scope": body.get("scope", [])}
+            self.issued.append(token)
         self.record(
             "mint",
             account=account,
@@ -108,6 +113,10 @@ class FakeGcp(FakeServer):
             expire_time=expire_time,
         )
         return 200, {"accessToken": token, "expireTime": expire_time}
+
+    def _tokens(self, request: Request) -> tuple[int, Any]:
+        with self._state_lock:
+            return 200, {"tokens": sorted(self.minted)}
 
     def _revoke(self, request: Request) -> tuple[int, Any]:
         form = parse_qs(request.body.decode())
