@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kagura_agent.errors import KaguraError
+from kagura_agent.manifest.endpoint import INJECTED_MODES
 from kagura_agent.manifest.workspace import layers_summary, load_workspace
 from kagura_agent.membrane.images import list_images, unreachable_hint
 from kagura_agent.membrane.runtime import connect, daemon_isolation_report
@@ -89,12 +90,13 @@ def _project_root(explicit: str | None) -> Check:
 
 
 def _brain_credentials(catalog: Any) -> list[Check]:
-    """Each api-key brain's credential provider exists and its secret resolves."""
+    """Each brain's credential provider (an API key, a subscription's token, a cloud
+    credential for its endpoint) exists and its secret resolves."""
     providers = {p.name: p for p in catalog.of("CredentialProvider")}
     checks = []
     for brain in catalog.of("Brain"):
         auth = brain.spec.get("auth") or {}
-        if auth.get("mode") != "api-key" or not auth.get("credential"):
+        if auth.get("mode") not in INJECTED_MODES or not auth.get("credential"):
             continue
         name = f"brain {brain.name} credential"
         provider = providers.get(auth["credential"])

@@ -14,12 +14,13 @@ testing/fake_messages_api.py's scripted Messages API that the real Claude Code C
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -129,9 +130,7 @@ class FakeAnthropicRuntime(DockerApplyRuntime):
         scrub: Callable[[str], str] | None = None,
     ) -> EgressSession:
         if injection is not None:
-            injection = Injection(
-                host=HOST, port=self.fake.port, tls=False, header=injection.header
-            )
+            injection = dataclasses.replace(injection, host=HOST, port=self.fake.port, tls=False)
         resolver = self.fake.address if self.fake.dns else None
         return EgressSession.start(
             _Sealed(self.client, resolver),
@@ -212,6 +211,11 @@ class Route:
     address: str
     port: int
     dns: bool = False
+    # A brain's model endpoint (testing/fake_endpoint_runtime.py): the fake providers'
+    # container, and where the credentials it trusts are issued.
+    container: str = ""
+    trust_from: dict[str, str] = field(default_factory=dict)
+    endpoint: bool = False
 
 
 def route_env(fake: Upstream) -> dict[str, str]:
@@ -232,7 +236,12 @@ def route_from_env() -> None:
     from kagura_agent.apply import executor
 
     fake = Route(**json.loads(raw))
-    executor.DockerApplyRuntime = functools.partial(FakeAnthropicRuntime, fake)  # type: ignore[attr-defined,assignment]
+    runtime: Any = FakeAnthropicRuntime
+    if fake.endpoint:
+        from testing.fake_endpoint_runtime import FakeEndpointRuntime
+
+        runtime = FakeEndpointRuntime
+    executor.DockerApplyRuntime = functools.partial(runtime, fake)  # type: ignore[attr-defined]
     # The processes kagura starts run isolated (python -I ignores PYTHONPATH, so this
     # sitecustomize would not reach them): their start code routes them the same way.
     start = (

@@ -12,6 +12,7 @@ from typing import Any
 from kagura_agent.errors import Diagnostic
 from kagura_agent.manifest.cache import PassCache, key
 from kagura_agent.manifest.catalog import Catalog, Manifest
+from kagura_agent.manifest.endpoint import CLOUD_PROVIDERS, read_endpoint
 from kagura_agent.manifest.grants import check_grants
 from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.manifest.scopes import scope_problems
@@ -220,32 +221,20 @@ def check_brain(manifest: Manifest, catalog: Catalog) -> list[Diagnostic]:
     spec = manifest.spec
     problems = []
     auth = spec.get("auth", {"mode": "none"})
-    if auth["mode"] == "api-key":
-        name = auth.get("credential")
-        provider = catalog.get("CredentialProvider", name) if name else None
-        if name is None:
-            problems.append(manifest.diag(("spec", "auth"), "api-key auth needs auth.credential"))
-        elif provider is None:
-            problems.append(
-                manifest.diag(
-                    ("spec", "auth", "credential"),
-                    f"unknown CredentialProvider {name!r}",
-                    hint=_known_names(catalog, "CredentialProvider"),
-                )
-            )
-        elif provider.spec["type"] != "static":
-            problems.append(
-                manifest.diag(
-                    ("spec", "auth", "credential"),
-                    f"{name!r} is a {provider.spec['type']} provider; an API key needs a static one",
-                )
-            )
-    if auth["mode"] == "subscription" and spec.get("runtime", "container") != "host":
+    container = spec.get("runtime", "container") == "container"
+    needs_credential = auth["mode"] in ("api-key", "cloud") or (
+        auth["mode"] == "subscription" and container
+    )
+    if needs_credential:
+        problems += _brain_credential(manifest, catalog, spec)
+    if "scope" in auth and not auth.get("credential"):
+        problems.append(manifest.diag(("spec", "auth", "scope"), "scope needs auth.credential"))
+    if auth["mode"] == "subscription" and not container and auth.get("credential"):
         problems.append(
             manifest.diag(
-                ("spec", "auth", "mode"),
-                "subscription auth only works with runtime: host",
-                hint="inside a container use mode: api-key with a static credential",
+                ("spec", "auth", "credential"),
+                "with runtime host the CLI uses the operator's own login; the credential"
+                " is for a brain in the container",
             )
         )
     if spec["engine"] != "sdk" and "permission_mode" in spec:
@@ -255,12 +244,86 @@ def check_brain(manifest: Manifest, catalog: Catalog) -> list[Diagnostic]:
             )
         )
     if spec["engine"] != "kagura-brain":
-        for key in ("backend", "local_provider", "endpoint"):
+        for key in ("backend", "local_provider"):
             if key in spec:
                 problems.append(
                     manifest.diag(("spec", key), f"{key} applies to the kagura-brain engine only")
                 )
+    problems += _brain_endpoint(manifest, spec, container)
     return problems
+
+
+def _brain_credential(
+    manifest: Manifest, catalog: Catalog, spec: dict[str, Any]
+) -> list[Diagnostic]:
+    """The CredentialProvider a brain's auth names exists, is of the type its mode needs,
+    and has the scope it names."""
+    auth = spec["auth"]
+    mode = auth["mode"]
+    name = auth.get("credential")
+    if name is None:
+        return [manifest.diag(("spec", "auth"), f"{mode} auth needs auth.credential")]
+    provider = catalog.get("CredentialProvider", name)
+    if provider is None:
+        return [
+            manifest.diag(
+                ("spec", "auth", "credential"),
+                f"unknown CredentialProvider {name!r}",
+                hint=_known_names(catalog, "CredentialProvider"),
+            )
+        ]
+    kind = provider.spec["type"]
+    endpoint = spec.get("endpoint")
+    api = str(endpoint.get("api", "anthropic")) if isinstance(endpoint, dict) else "anthropic"
+    wanted, what = "static", "an API key" if mode == "api-key" else "a subscription token"
+    if mode == "cloud":
+        # No cloud api named: read_endpoint says so; the provider is not the problem.
+        wanted, what = CLOUD_PROVIDERS.get(api, kind), f"endpoint api {api}"
+    if kind != wanted:
+        return [
+            manifest.diag(
+                ("spec", "auth", "credential"),
+                f"{name!r} is a {kind} provider; {what} needs one of type {wanted}",
+            )
+        ]
+    scope = auth.get("scope")
+    if scope is not None and scope not in provider.spec["scopes"]:
+        return [
+            manifest.diag(
+                ("spec", "auth", "scope"),
+                f"provider {name!r} has no scope {scope!r}",
+                hint=_known(provider.spec["scopes"]),
+            )
+        ]
+    return []
+
+
+def _brain_endpoint(manifest: Manifest, spec: dict[str, Any], container: bool) -> list[Diagnostic]:
+    """A kagura-brain endpoint is a URL; an sdk one is read by manifest/endpoint.py."""
+    endpoint = spec.get("endpoint")
+    if spec["engine"] == "kagura-brain":
+        if isinstance(endpoint, dict):
+            return [manifest.diag(("spec", "endpoint"), "a kagura-brain endpoint is a URL")]
+        return []
+    if spec["engine"] != "sdk":
+        if endpoint is not None:
+            return [
+                manifest.diag(
+                    ("spec", "endpoint"), "endpoint applies to the sdk and kagura-brain engines"
+                )
+            ]
+        return []
+    if endpoint is not None and not container:
+        return [
+            manifest.diag(
+                ("spec", "endpoint"),
+                "a model endpoint is reached through the run's proxy: it needs runtime container",
+            )
+        ]
+    if not container:
+        return []
+    _, found = read_endpoint(spec)
+    return [manifest.diag(("spec", *path), message) for path, message in found]
 
 
 def check_policy(manifest: Manifest) -> list[Diagnostic]:

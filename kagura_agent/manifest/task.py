@@ -14,6 +14,7 @@ from typing import Any
 from kagura_agent.errors import Diagnostic
 from kagura_agent.inputfile import empty_folder
 from kagura_agent.manifest.catalog import Catalog, Manifest
+from kagura_agent.manifest.endpoint import INJECTED_MODES
 from kagura_agent.manifest.gitinputs import git_metadata
 from kagura_agent.manifest.template import TemplateLimit, render_prompt
 from kagura_agent.manifest.toolservers import resolve_tool_servers
@@ -98,8 +99,6 @@ def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None,
         else:
             egress.append(found)
     credentials = _credentials(task, catalog, problems)
-    if brain is not None:
-        credentials.extend(_brain_key(brain, catalog, credentials))
     prompt = _render_prompt(task, problems) if "prompt" in spec else None
     steps = list(spec["steps"]) if "steps" in spec else None
     if brain is not None:
@@ -122,6 +121,9 @@ def resolve_task(task: Manifest, catalog: Catalog) -> tuple[ResolvedTask | None,
     if brain is not None:
         budget.update(brain.spec.get("budget", {}))
     budget.update(spec.get("budget", {}))
+    if brain is not None:
+        wall = parse_duration(str(budget.get("wall_time") or DEFAULT_BUDGET["wall_time"]))
+        credentials.extend(_brain_key(brain, catalog, credentials, wall))
     if problems or brain is None or image is None or project_root is None:
         return None, problems
     return (
@@ -260,19 +262,30 @@ def _credentials(
 
 
 def _brain_key(
-    brain: Manifest, catalog: Catalog, requested: list[CredentialRequest]
+    brain: Manifest, catalog: Catalog, requested: list[CredentialRequest], wall_seconds: int
 ) -> list[CredentialRequest]:
-    """An api-key brain in a container needs its key leased in like any credential."""
+    """The credential of a brain in a container is leased like any other (the proxy injects
+    it): a static key or subscription token for the run's first hour, as before; a cloud
+    credential (AWS STS, GCP) for the provider's lease time, renewed to cover the run's
+    wall time."""
     auth = brain.spec.get("auth", {})
-    if auth.get("mode") != "api-key" or brain.spec.get("runtime", "container") == "host":
+    if auth.get("mode") not in INJECTED_MODES or brain.spec.get("runtime", "container") == "host":
         return []
     provider = catalog.get("CredentialProvider", auth.get("credential", ""))
     if provider is None or not provider.spec["scopes"]:
         return []
-    scope = sorted(provider.spec["scopes"])[0]
+    scope = auth.get("scope") or sorted(provider.spec["scopes"])[0]
+    if scope not in provider.spec["scopes"]:
+        return []  # validate says so
     if any(r.provider.name == provider.name and r.scope == scope for r in requested):
         return []
-    return [CredentialRequest(provider, scope, MAX_TTL, 0, MAX_TTL)]
+    if provider.spec["type"] == "static":
+        return [CredentialRequest(provider, scope, MAX_TTL, 0, MAX_TTL)]
+    settings = provider.spec["scopes"][scope]
+    cap = min(MAX_TTL, parse_duration(settings["max_ttl"])) if "max_ttl" in settings else MAX_TTL
+    ttl = min(cap, max(MIN_TTL, parse_duration(provider.spec.get("ttl") or "15m")))
+    leases = max(1, -(-wall_seconds // ttl))  # enough leases to cover the wall time
+    return [CredentialRequest(provider, scope, ttl, leases - 1, ttl * leases)]
 
 
 def _render_prompt(task: Manifest, problems: list[Diagnostic]) -> str | None:

@@ -54,6 +54,10 @@ def _changes(old: Mapping[str, Any] | None, new: Plan) -> list[Change]:
     changes += _widening(
         _keyed("provider egress", _provider_egress(base), _provider_egress(new)), added=True
     )
+    # A new endpoint is where the run's prompts and code go: a grant that widens.
+    changes += _widening(
+        _keyed("model endpoint", _endpoint(base), _endpoint(new)), added=True, changed=True
+    )
     changes += _widening(
         _keyed("credential", _creds(base), _creds(new), absent="narrowed"),
         added=True,
@@ -205,6 +209,21 @@ def _provider_egress(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
         for what in grant["allows"]:
             out[what] = {"policy": grant["policy"]}
     return out
+
+
+def _endpoint(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """Where the brain's model calls go, and with which credential how (plan/endpoint.py):
+    the prompts and code of the run go there."""
+    found = plan.get("brain", {}).get("model_endpoint")
+    if not found:
+        return {}
+    where = ", ".join(str(p) for p in (found["region"], found["project"]) if p)
+    return {
+        found["url"]: {
+            "api": found["api"] + (f" {where}" if where else ""),
+            "auth": f"{found['auth']} {found['credential']}/{found['scope']}",
+        }
+    }
 
 
 def _creds(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:

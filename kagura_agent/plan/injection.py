@@ -1,15 +1,16 @@
 """Which credential of a plan the proxy injects, so the agent never holds it.
 
-The default Claude brain (engine ``sdk``, in the container, ``auth.mode: api-key``) calls
-the Anthropic API. Its key is not delivered into the container: apply gives the run's
-proxy the key and the agent ``ANTHROPIC_BASE_URL`` (a local port relayed to the proxy)
-plus a placeholder ``ANTHROPIC_API_KEY``; the proxy drops the placeholder and adds the
-real key upstream (membrane/egress/squid.Injection, ANTHROPIC_API there). Pure and
-light: the plan renderer imports it.
+An sdk brain in the container (``auth.mode`` api-key, subscription or cloud) calls its
+model endpoint (plan/endpoint.py): the Anthropic API, a gateway, Bedrock or Vertex. Its
+credential is not delivered into the container: apply gives it to the run's proxy, and
+the agent the proxy's key-injecting port as its endpoint plus a placeholder where the CLI
+expects a credential; the proxy drops the placeholder and adds the real credential
+upstream. Pure and light: the plan renderer imports it.
 """
 
 from __future__ import annotations
 
+from kagura_agent.manifest.endpoint import INJECTED_MODES
 from kagura_agent.plan.model import BrainSection, Plan
 
 PLACEHOLDER = "injected-at-the-proxy"
@@ -37,6 +38,10 @@ def injected_provider(plan: Plan) -> str | None:
 def brain_injection(brain: BrainSection) -> str | None:
     """``injected_provider`` from the brain section alone (the planner, before the plan)."""
     auth = brain["auth"]
-    if brain["engine"] == "sdk" and brain["runtime"] == "container" and auth["mode"] == "api-key":
+    if (
+        brain["engine"] == "sdk"
+        and brain["runtime"] == "container"
+        and auth["mode"] in INJECTED_MODES
+    ):
         return auth["credential"]
     return None

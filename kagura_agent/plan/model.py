@@ -16,7 +16,9 @@ EgressMode = Literal["none", "proxy"]
 Scheme = Literal["https", "http"]
 BrainRuntime = Literal["container", "host"]
 BrainEngine = Literal["script", "sdk", "kagura-brain"]
-AuthMode = Literal["none", "api-key", "subscription"]
+AuthMode = Literal["none", "api-key", "subscription", "cloud"]
+EndpointApi = Literal["anthropic", "bedrock", "vertex"]
+EndpointAuth = Literal["x-api-key", "bearer", "oauth", "sigv4"]
 NetworkMode = Literal["none"]
 Tenancy = Literal["self-host", "shared"]
 MountKind = Literal["project", "extra", "protected"]
@@ -238,6 +240,25 @@ class BrainAuth(TypedDict):
     credential: str | None
 
 
+class ModelEndpointBase(TypedDict):
+    """Where the sdk brain's model calls go through the key-injecting port, and how the
+    credential travels from there (manifest/endpoint.py)."""
+
+    api: EndpointApi
+    url: str  # https://host[:port][/base path]
+    region: str | None
+    project: str | None
+    auth: EndpointAuth
+    credential: str  # the CredentialProvider whose credential the proxy adds
+    scope: str
+    environment: dict[str, str]  # the CLI's documented switches for it (no secret)
+    category: str  # model-endpoint:HOST
+
+
+class ModelEndpoint(ModelEndpointBase, Classified):
+    pass
+
+
 class BrainSection(TypedDict):
     name: str
     engine: BrainEngine
@@ -254,6 +275,8 @@ class BrainSection(TypedDict):
     layer: Layer
     # engine sdk: the Claude Code CLI's documented switches apply sets in its environment
     cli_environment: NotRequired[dict[str, str]]
+    # engine sdk in the container with its credential injected at the proxy
+    model_endpoint: NotRequired[ModelEndpoint]
 
 
 class FixChange(TypedDict):
@@ -647,11 +670,41 @@ DESCRIPTIONS: dict[str, str] = {
     "brain.permission_mode": "SDK permission mode, or null.",
     "brain.runtime": "`container`, or `host` (unsandboxed).",
     "brain.auth": "How the engine authenticates.",
-    "brain.auth.mode": "`none`, `api-key` or `subscription`.",
+    "brain.auth.mode": "`none`, `api-key`, `subscription` or `cloud`.",
     "brain.auth.credential": "Credential reference name, or null.",
     "brain.backend": "kagura-brain backend, or null.",
     "brain.local_provider": "Local model provider, or null.",
-    "brain.endpoint": "Model endpoint, or null.",
+    "brain.endpoint": "The endpoint URL the Brain names (kagura-brain: OpenAI-compatible; sdk: its model endpoint), or null.",
+    "brain.model_endpoint": (
+        "Engine sdk in the container: where its model calls go. The CLI talks to the run's"
+        " key-injecting port only; the port forwards each call here with the credential,"
+        " which never enters the container."
+    ),
+    "brain.model_endpoint.api": (
+        "`anthropic` (the Messages API, directly or through a gateway), `bedrock` (Amazon"
+        " Bedrock InvokeModel) or `vertex` (Google Vertex AI rawPredict)."
+    ),
+    "brain.model_endpoint.url": "The endpoint: `https://host[:port][/base path]`.",
+    "brain.model_endpoint.region": "Bedrock and Vertex: the region, else null.",
+    "brain.model_endpoint.project": "Vertex: the Google Cloud project, else null.",
+    "brain.model_endpoint.auth": (
+        "How the credential travels from the port: `x-api-key`, `bearer` (`Authorization:"
+        " Bearer`: a gateway's key or a leased GCP token), `oauth` (a subscription's token,"
+        " `Authorization: Bearer` with the oauth beta) or `sigv4` (the port signs each call"
+        " with the leased AWS key)."
+    ),
+    "brain.model_endpoint.credential": "The CredentialProvider whose credential the proxy adds.",
+    "brain.model_endpoint.scope": "The provider scope leased for it (in `credentials`).",
+    "brain.model_endpoint.environment": (
+        "What the CLI is told in its environment: its documented switches for the endpoint"
+        " (`CLAUDE_CODE_USE_BEDROCK`, `ANTHROPIC_VERTEX_PROJECT_ID`, ...), pointed at the"
+        " port, and a placeholder where it expects a credential."
+    ),
+    "brain.model_endpoint.category": (
+        "The capability a run asks for by sending its model calls there: `model-endpoint:HOST`."
+    ),
+    "brain.model_endpoint.class": "Approval class of the endpoint.",
+    "brain.model_endpoint.reason": "Why it has that class.",
     "brain.max_line_bytes": "Largest IPC line accepted.",
     "brain.cli_environment": (
         "Engine sdk: the Claude Code CLI's documented switches apply sets in the brain's"

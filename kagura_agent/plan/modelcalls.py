@@ -21,16 +21,17 @@ from typing import Any
 from kagura_agent.manifest.catalog import Manifest
 from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.membrane.egress.modelport import (
-    ANTHROPIC_API,
+    API_PATHS,
     DEFAULT_CONCURRENCY,
     FEATURE_BETAS,
     FILE_PATHS,
     FREE_CALLS_PER_TURN,
     LOCAL_BETAS,
-    MESSAGE_PATHS,
+    OAUTH_BETAS,
     SIDE_CALLS_PER_TURN,
+    Injection,
 )
-from kagura_agent.plan.model import EgressSection, ModelCallsSection
+from kagura_agent.plan.model import EgressSection, ModelCallsSection, ModelEndpointBase
 
 
 def _layer(layer: str) -> str:
@@ -38,13 +39,14 @@ def _layer(layer: str) -> str:
 
 
 def model_calls(
-    egress: EgressSection, policies: Sequence[Manifest], credential: str
+    egress: EgressSection, policies: Sequence[Manifest], endpoint: ModelEndpointBase
 ) -> tuple[EgressSection, list[str]]:
-    """``egress`` with its ``model_calls`` section, and the plan's warnings about it."""
-    upstream = ANTHROPIC_API
+    """``egress`` with its ``model_calls`` section, and the plan's warnings about it, for
+    the brain's model ``endpoint`` (plan/endpoint.py)."""
+    upstream = Injection.for_endpoint(endpoint)
     server_tools: list[str] = []
     mcp_servers: list[str] = []
-    betas: list[str] = list(LOCAL_BETAS)
+    betas: list[str] = [*LOCAL_BETAS, *(OAUTH_BETAS if endpoint["auth"] == "oauth" else ())]
     url_sources = files = False
     concurrency: int | None = None
     tunnel: list[str] = []
@@ -104,10 +106,11 @@ def model_calls(
             f"a tunnel to the model host {upstream.host} is allowed beside the key-injecting"
             f" port (policy {', '.join(tunnel)}): what passes it is neither checked nor counted"
         )
+    files = files and upstream.api == "anthropic"  # the Files API is Anthropic's own
     section: ModelCallsSection = {
-        "upstream": f"https://{upstream.host}:{upstream.port}",
-        "credential": credential,
-        "paths": [*MESSAGE_PATHS, *(FILE_PATHS if files else ())],
+        "upstream": f"https://{upstream.host}:{upstream.port}{upstream.base_path}",
+        "credential": endpoint["credential"],
+        "paths": [*API_PATHS[upstream.api], *(FILE_PATHS if files else ())],
         "server_tools": sorted(server_tools),
         "mcp_servers": sorted(mcp_servers),
         "url_sources": url_sources,

@@ -19,6 +19,7 @@ from kagura_agent.graduation.classify import classify
 from kagura_agent.graduation.settings import graduation_settings
 from kagura_agent.manifest.catalog import Catalog, Manifest
 from kagura_agent.manifest.egresspool import egress_pool_knobs
+from kagura_agent.manifest.endpoint import read_endpoint
 from kagura_agent.manifest.gitinputs import writable_git
 from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.manifest.proxyimage import proxy_image
@@ -33,6 +34,7 @@ from kagura_agent.patterns.dispatch import narrowing_violations
 from kagura_agent.patterns.failure_learning import failure_trust
 from kagura_agent.plan import commits, resume
 from kagura_agent.plan.budget import budget_approvals, ceiling_refusals, plan_budget
+from kagura_agent.plan.endpoint import endpoint_baseline, model_endpoint
 from kagura_agent.plan.injection import CLI_ENVIRONMENT, brain_injection
 from kagura_agent.plan.intent import intent_fingerprint
 from kagura_agent.plan.model import (
@@ -107,6 +109,11 @@ def compile_plan(
     egress = _egress(
         task.egress, tool_server_rules(task.tool_servers), egress_pool_knobs(catalog).size > 0
     )
+    credentials = [_credential(request) for request in task.credentials]
+    endpoint = model_endpoint(task.brain, task.runtime, credentials)
+    if endpoint is not None:
+        # The brain's only way to its model is the proxy's key-injecting port.
+        egress["mode"] = "proxy"
     commits_section = (
         commits.section(
             task.name,
@@ -121,14 +128,12 @@ def compile_plan(
     hardening = commits.hardening(_hardening(task, tenancy, facts, egress["mode"]), commits_section)
     brain = _brain(task)
     # A proxy that injects the brain's key is configured at its start: never a pooled one.
-    injected = brain_injection(brain)
-    egress["pool"] = egress["pool"] and injected is None
+    egress["pool"] = egress["pool"] and brain_injection(brain) is None
     model_warnings: list[str] = []
-    if injected is not None and egress["mode"] == "proxy":
-        egress, model_warnings = model_calls(egress, task.egress, injected)
+    if endpoint is not None:
+        egress, model_warnings = model_calls(egress, task.egress, endpoint)
     egress["proxy"] = _proxy(catalog, facts) if egress["mode"] == "proxy" else None
     image = _image(task.image, facts)
-    credentials = [_credential(request) for request in task.credentials]
     mounts: list[Mount] = commits.mounts(
         [
             {"kind": "project", "source": task.project_root, "target": "/workspace", "mode": "rw"},
@@ -149,7 +154,7 @@ def compile_plan(
         "egress": egress,
         "credentials": credentials,
         "hardening": hardening,
-        "brain": brain,
+        "brain": {**brain, "model_endpoint": endpoint} if endpoint else brain,
         "memory": _memory(task, facts, catalog),
         "budget": plan_budget(task, facts, catalog),
     }
@@ -170,6 +175,8 @@ def compile_plan(
     denials = _denied_categories(draft, policy_denials(policy))
     approvals = _classify_all(catalog, task, draft, facts, denials)
     by_category = {a["category"]: a for a in approvals}
+    if endpoint is not None:
+        brain["model_endpoint"] = {**endpoint, **_classified(by_category[endpoint["category"]])}
     unwritable = _unwritable_project(brain, hardening, mounts, facts)
     warnings = (
         _warnings(
@@ -197,6 +204,7 @@ def compile_plan(
     refusals += user_namespace_refusals(
         user_namespaces_required(p.spec for p in catalog.of("Policy")), task.runtime, facts.daemon
     )
+    refusals += _endpoint_refusals(task)
     plan: Plan = {
         "format_version": FORMAT_VERSION,
         "inputs": draft["inputs"],
@@ -683,7 +691,7 @@ def _brain(task: ResolvedTask) -> BrainSection:
         "auth": {"mode": auth["mode"], "credential": auth.get("credential")},
         "backend": spec.get("backend"),
         "local_provider": spec.get("local_provider"),
-        "endpoint": spec.get("endpoint"),
+        "endpoint": _endpoint_url(spec),
         "max_line_bytes": spec.get("max_line_bytes", 1024 * 1024),
         "idle_timeout_seconds": parse_duration(spec.get("idle_timeout", "5m")),
         "source": task.brain.file,
@@ -692,6 +700,30 @@ def _brain(task: ResolvedTask) -> BrainSection:
     if spec["engine"] == "sdk":
         section["cli_environment"] = dict(CLI_ENVIRONMENT)
     return section
+
+
+def _endpoint_url(spec: Mapping[str, Any]) -> str | None:
+    """The endpoint URL a Brain names (an sdk brain's resolved from its object form)."""
+    raw = spec.get("endpoint")
+    if raw is None or isinstance(raw, str):
+        return raw
+    found, _ = read_endpoint(spec)
+    return found.url if found is not None else None
+
+
+def _endpoint_refusals(task: ResolvedTask) -> list[Refusal]:
+    """A task that runs an endpoint brain on the host would bypass the endpoint's port."""
+    spec = task.brain.spec
+    if spec["engine"] != "sdk" or spec.get("endpoint") is None or task.runtime == "container":
+        return []
+    return [
+        {
+            "code": "endpoint-needs-container",
+            "message": f"brain {task.brain.name} names a model endpoint, reached through the"
+            " run's key-injecting port: it needs runtime container",
+            "source": "$.brain.runtime",
+        }
+    ]
 
 
 def _memory(task: ResolvedTask, facts: Facts, catalog: Catalog) -> MemorySection:
@@ -821,6 +853,10 @@ def _classify_all(
     for mount in draft["mounts"][1:]:
         if mount["kind"] == "extra":
             requested.append((mount["category"], False))
+    if "model_endpoint" in draft["brain"]:
+        requested.append(
+            (draft["brain"]["model_endpoint"]["category"], endpoint_baseline(task.brain))
+        )
     for server in task.tool_servers:
         requested.append((category(server.name), bool(server.spec.get("baseline", False))))
     untrusted = untrusted_inputs(task, facts)

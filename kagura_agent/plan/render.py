@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kagura_agent.hygiene import neutralise_data
+from kagura_agent.manifest.endpoint import API_NAMES
 from kagura_agent.manifest.scopes import is_full_access
 from kagura_agent.membrane.providers.traits import traits_of
 from kagura_agent.plan import commits, resume
@@ -17,6 +18,7 @@ from kagura_agent.plan.model import (
     Credential,
     EgressRule,
     Hardening,
+    ModelEndpoint,
     Mount,
     Plan,
     TaskSection,
@@ -158,6 +160,33 @@ def _cred_line(cred: Credential, injected: str | None = None, budget: Budget | N
         f" lease {format_duration(cred['ttl_seconds'])}{renew},"
         f" budget {format_duration(cred['budget_seconds'])}{standing_left}{standing}{where}{ends}"
     )
+
+
+def endpoint_lines(endpoint: ModelEndpoint) -> tuple[str, str]:
+    """Where the brain's model calls go, and how their credential travels there."""
+    where = ", ".join(str(p) for p in (endpoint["region"], endpoint["project"]) if p)
+    api = API_NAMES[endpoint["api"]] + (f", {where}" if where else "")
+    leased = f"{endpoint['credential']}/{endpoint['scope']}"
+    auth = endpoint["auth"]
+    if auth == "sigv4":
+        how = (
+            f"the proxy signs each call (AWS SigV4, service bedrock) with the leased {leased}"
+            " key; the CLI sends its calls unsigned (CLAUDE_CODE_SKIP_BEDROCK_AUTH)"
+        )
+    elif endpoint["api"] == "vertex":
+        how = (
+            f"the proxy adds the leased {leased} token (Authorization: Bearer); the CLI"
+            " sends none (CLAUDE_CODE_SKIP_VERTEX_AUTH)"
+        )
+    elif auth == "oauth":
+        how = (
+            f"the proxy adds the {leased} subscription token (Authorization: Bearer, oauth"
+            " beta); the CLI holds a placeholder (CLAUDE_CODE_OAUTH_TOKEN)"
+        )
+    else:
+        header = "x-api-key" if auth == "x-api-key" else "Authorization: Bearer"
+        how = f"the proxy adds the {leased} key as {header}; the CLI holds a placeholder"
+    return f"{endpoint['url']} ({api}) through the key-injecting port only", how
 
 
 def _tool_server_line(server: ToolServer) -> str:
@@ -310,6 +339,11 @@ def render_text(plan: Plan, style: Style) -> str:
         scratch = _cli_scratch(plan["hardening"]["tmpfs"])
         if brain["runtime"] == "container" and scratch:
             out.append(f"               {scratch}")
+    endpoint = brain.get("model_endpoint")
+    if endpoint is not None:
+        target, how = endpoint_lines(endpoint)
+        out.append(f"  endpoint     {target}  {_tag(endpoint['class'], style)}")
+        out.append(f"               {how}")
     out.append(
         f"  image        {image['ref']}  {_short(image['digest'])}  {_tag(image.get('class'), style)}"
         + mine(image)
@@ -531,6 +565,10 @@ def render_markdown(plan: Plan) -> str:
         f"| brain | {plan['brain']['name']} ({plan['brain']['engine']}, runtime {plan['brain']['runtime']}){mine(plan['brain'])} | |",
         f"| image | `{plan['image']['ref']}` {_short(plan['image']['digest'])}{mine(plan['image'])} | {plan['image']['class']} |",
     ]
+    endpoint = plan["brain"].get("model_endpoint")
+    if endpoint is not None:
+        target, how = endpoint_lines(endpoint)
+        lines.insert(-1, f"| model endpoint | {target}: {how} | {endpoint['class']} |")
     for mount in plan["mounts"]:
         lines.append(
             f"| mount | `{mount['source']}` → `{mount['target']}` ({mount['mode']}) | {mount.get('class', {'project': 'baseline', 'protected': 'protected'}.get(mount['kind'], ''))} |"

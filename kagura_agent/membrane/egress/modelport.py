@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import time
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,9 +59,13 @@ MODEL_REASONS = (
     "budget",
     "concurrency",
     "limits",
+    "credential",
 )
 # How each allowed call was counted, in the log line's status field.
 CALL_KINDS = ("MODEL_TURN", "MODEL_SIDE", "MODEL_FREE", "MODEL_FILES")
+# A request the port answered itself (nothing forwarded, no credential used, not counted):
+# the Bedrock CLI's inference-profile discovery (kagura_upstream.lua).
+LOCAL_KIND = "MODEL_LOCAL"
 # How many model calls may be under way at once when no policy says otherwise: the CLI
 # runs a few sub-agents side by side; a flood of parallel calls is no agent's need.
 DEFAULT_CONCURRENCY = 4
@@ -68,8 +74,22 @@ DEFAULT_CONCURRENCY = 4
 SIDE_CALLS_PER_TURN = 1
 # Token counting is free of charge; still capped, at this many per turn.
 FREE_CALLS_PER_TURN = 4
-# The paths the port offers; a policy with files adds the Files API's.
+# The paths the port offers, by endpoint API (kagura_upstream.lua); a policy with files
+# adds the Files API's (Anthropic only).
 MESSAGE_PATHS = ("POST /v1/messages", "POST /v1/messages/count_tokens")
+API_PATHS: Mapping[str, tuple[str, ...]] = {
+    "anthropic": MESSAGE_PATHS,
+    "bedrock": (
+        "POST /model/{model}/invoke",
+        "POST /model/{model}/invoke-with-response-stream",
+        "GET /inference-profiles (answered by the port: an empty list)",
+    ),
+    "vertex": (
+        "POST /v1/projects/{project}/locations/{region}/publishers/anthropic/models/{model}:rawPredict",
+        "POST .../models/{model}:streamRawPredict",
+        "POST .../models/count-tokens:rawPredict",
+    ),
+}
 FILE_PATHS = (
     "GET /v1/files",
     "POST /v1/files",
@@ -109,7 +129,12 @@ LOCAL_BETAS = (
     "thinking-token-count",
     "thinking-display-updates",
     "advanced-tool-use",
+    # The same feature's name on Bedrock (in the body's anthropic_beta) and on Vertex.
+    "tool-search-tool",
 )
+# What the CLI adds with a subscription's OAuth token (CLAUDE_CODE_OAUTH_TOKEN): the
+# beta that makes the API take the token, and the longer prompt-cache lifetime.
+OAUTH_BETAS = ("oauth", "extended-cache-ttl")
 # Betas that open egress by the provider: allowed only with the feature they serve.
 FEATURE_BETAS: Mapping[str, tuple[str, ...]] = {
     "web_search": ("web-search",),
@@ -120,7 +145,6 @@ FEATURE_BETAS: Mapping[str, tuple[str, ...]] = {
 }
 _TOKEN = re.compile(r"[A-Za-z0-9._~+/=:-]{1,4096}")
 _BETA = re.compile(r"[a-z0-9][a-z0-9-]{0,80}")
-_HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -128,19 +152,50 @@ class Injection:
     """An upstream HTTP API whose credential the proxy adds, so the agent never holds it.
 
     nginx sends each request that passes the policy to ``host:port`` (over TLS when
-    ``tls``, the certificate checked against the system's CAs) with ``header`` set to the
-    secret, dropping any credential the agent sent. The secret is in no configuration: it
-    reaches the proxy on its stdin and stays on the proxy's tmpfs (entry.sh).
+    ``tls``, the certificate checked against the system's CAs), under ``base_path``, with
+    the credential as ``auth`` says (kagura_upstream.lua: ``x-api-key``, ``bearer``,
+    ``oauth`` or ``sigv4``), dropping any credential the agent sent. ``api`` is the wire
+    protocol the port speaks for it (the brain's model endpoint: plan/endpoint.py). The
+    secret is in no configuration: it reaches the proxy on its stdin and stays on the
+    proxy's tmpfs (entry.sh); a renewed lease replaces it there (:func:`set_key`).
     """
 
     host: str
     port: int = 443
     tls: bool = True
-    header: str = "x-api-key"
+    api: str = "anthropic"
+    auth: str = "x-api-key"
+    base_path: str = ""
+    region: str | None = None
+    project: str | None = None
+
+    @property
+    def header(self) -> str:
+        """The header that carries the credential upstream."""
+        return "x-api-key" if self.auth == "x-api-key" else "authorization"
+
+    @classmethod
+    def for_endpoint(cls, endpoint: Mapping[str, Any]) -> Injection:
+        """The injection of a plan's ``brain.model_endpoint``."""
+        parts = urllib.parse.urlsplit(str(endpoint["url"]))
+        return cls(
+            host=str(parts.hostname),
+            port=parts.port or 443,
+            tls=True,
+            api=str(endpoint["api"]),
+            auth=str(endpoint["auth"]),
+            base_path=parts.path.rstrip("/"),
+            region=endpoint.get("region"),
+            project=endpoint.get("project"),
+        )
 
 
 # The Anthropic API, whose key the proxy injects for the default Claude brain.
-ANTHROPIC_API = Injection(host="api.anthropic.com", port=443, tls=True, header="x-api-key")
+ANTHROPIC_API = Injection(host="api.anthropic.com", port=443, tls=True)
+_AUTHS = ("x-api-key", "bearer", "oauth", "sigv4")
+_APIS = tuple(API_PATHS)
+_PATH = re.compile(r"(/[A-Za-z0-9._~-]+)*")
+_REGION = re.compile(r"[a-z0-9][a-z0-9-]{0,30}[a-z0-9]")
 
 
 @dataclass(frozen=True)
@@ -175,15 +230,37 @@ class ModelCallPolicy:
         bad = [b for b in self.betas if not _BETA.fullmatch(b)]
         bad += [t for t in self.server_tools if t not in SERVER_TOOLS]
         bad += [h for h in self.mcp_servers if not is_squid_safe(h)]
-        if bad or not _HEADER_NAME.fullmatch(injection.header):
+        bad += [x for x in (injection.api,) if x not in _APIS]
+        bad += [x for x in (injection.auth,) if x not in _AUTHS]
+        bad += [x for x in (injection.base_path,) if not _PATH.fullmatch(x)]
+        bad += [x for x in (injection.region, injection.project) if x and not _REGION.fullmatch(x)]
+        if injection.api != "anthropic" and not (
+            injection.region and _REGION.fullmatch(injection.region)
+        ):
+            bad.append(f"{injection.api} needs a region")
+        if injection.api == "vertex" and not injection.project:
+            bad.append("vertex needs a project")
+        if bad:
             raise RefusedError(f"the model-call policy cannot be configured: {bad[:3]}")
         exact = sorted(b for b in self.betas if re.search(r"-\d{4}-?\d\d-?\d\d$", b))
         families = sorted(b for b in self.betas if b not in exact)
+        # Vertex: the CLI sends web-search's beta on every call; a feature beta the policy
+        # does not allow is dropped there rather than refused (kagura_upstream.lua).
+        drop = sorted(
+            {f for fs in FEATURE_BETAS.values() for f in fs} - set(self.betas)
+            if injection.api == "vertex"
+            else set()
+        )
         return json.dumps(
             {
                 "upstream_host": injection.host,
                 "upstream_port": injection.port,
-                "header": injection.header.lower(),
+                "api": injection.api,
+                "auth": injection.auth,
+                "base_path": injection.base_path,
+                "region": injection.region,
+                "project": injection.project,
+                "drop_beta_families": drop,
                 "server_tools": sorted(self.server_tools),
                 "mcp_servers": sorted(h.lower() for h in self.mcp_servers),
                 "url_sources": self.url_sources,
@@ -389,3 +466,39 @@ def set_policy(
                     " the policy in force before still holds"
                 )
             time.sleep(0.05)
+
+
+# The credential read from stdin, written beside the live file and renamed over it.
+_SET_KEY = (
+    f"umask 077; IFS= read -r line && printf '%s\\n' \"$line\" > {INJECT_DIR}/key.next"
+    f" && mv {INJECT_DIR}/key.next {INJECT_DIR}/key"
+)
+
+
+def set_key(client: Any, proxy_id: str, secret: str, *, user: str) -> None:
+    """Put a renewed credential in force in a running proxy: the next call carries it.
+
+    It travels on the exec's stdin, never in its command line or environment (an exec's
+    configuration is readable with ``docker inspect``)."""
+    check_secret(secret)
+    with docker_errors("renewing the egress proxy's injected credential"):
+        exec_id = client.api.exec_create(proxy_id, ["sh", "-c", _SET_KEY], user=user, stdin=True)[
+            "Id"
+        ]
+        wrapper = client.api.exec_start(exec_id, socket=True)
+        sock = getattr(wrapper, "_sock", wrapper)
+        try:
+            sock.sendall(secret.encode() + b"\n")
+            sock.shutdown(socket.SHUT_WR)
+            while sock.recv(4096):  # until the command ends
+                pass
+        finally:
+            sock.close()
+        code = client.api.exec_inspect(exec_id).get("ExitCode")
+        for _ in range(100):  # the stream ends a moment before the exec is recorded done
+            if code is not None:
+                break
+            time.sleep(0.02)
+            code = client.api.exec_inspect(exec_id).get("ExitCode")
+    if code != 0:
+        raise SetupError("the renewed credential was not written in the egress proxy")
