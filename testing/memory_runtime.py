@@ -103,6 +103,7 @@ class MemoryEgress:
         self.events: list[dict[str, object]] = []
         self.reloads: list[dict[str, Any]] = []
         self.call_limits: list[int | None] = []
+        self.credentials: list[str] = []  # renewals of the injected credential
         self.closed = False
 
     def agent_network_config(self) -> AgentNetworkConfig:
@@ -118,6 +119,10 @@ class MemoryEgress:
     def limit_model_calls(self, turns: int | None) -> None:
         """A turn budget extended mid-run (the real proxy's caps follow it)."""
         self.call_limits.append(turns)
+
+    def renew_credential(self, secret: str) -> None:
+        """A renewed lease of the injected credential (the real proxy's key file)."""
+        self.credentials.append(secret)
 
     def decide(self, event: dict[str, object]) -> None:
         """The proxy reports one decision (as EgressSession's collector thread does)."""

@@ -28,6 +28,7 @@ DOCKER = [
     "cost_forecast",
     "disk_budget",
     "egress_throughput",
+    "endpoint_sigv4",
     "launch_overhead",
     "model_calls",
     "plan_latency",

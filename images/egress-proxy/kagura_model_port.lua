@@ -26,11 +26,11 @@
 -- with the reason.
 
 local cjson = require "cjson.safe"
+local upstream = require "kagura_upstream"
 
 local M = {}
 
-local KEY = nil          -- the operator's credential, read once at start
-local HEADER = "x-api-key"
+local KEY_PATH = nil     -- the operator's credential, read on every request (upstream.read_key)
 local POLICY = nil
 local LIMITS_PATH = "/run/kagura-inject/limits.json"
 local UPSTREAM = "-"
@@ -55,6 +55,7 @@ local CLIENT_TOOL_FAMILIES = {
     custom = true, bash = true, text_editor = true, computer = true, memory = true,
 }
 -- Request headers passed on to the upstream; every other one is dropped.
+-- (The credential headers are the endpoint's: kagura_upstream.authorize sets them.)
 local PASSED_HEADERS = {
     ["accept"] = true, ["accept-language"] = true, ["anthropic-version"] = true,
     ["anthropic-beta"] = true, ["content-type"] = true, ["user-agent"] = true,
@@ -82,12 +83,9 @@ end
 function M.init(policy_path, key_path)
     local policy = cjson.decode(read_file(policy_path) or "")
     if type(policy) ~= "table" then error("kagura: the model-call policy is unreadable") end
-    local key = read_file(key_path)
-    if not key then error("kagura: the injected credential is missing") end
-    key = key:gsub("[\r\n]+$", "")
-    if not key:match("^[A-Za-z0-9._~+/=:-]+$") then error("kagura: bad credential") end
-    KEY = key
-    HEADER = policy.header or HEADER
+    upstream.init(policy)
+    if not upstream.read_key(key_path) then error("kagura: the injected credential is missing") end
+    KEY_PATH = key_path
     UPSTREAM = policy.upstream_host or "-"
     UPSTREAM_PORT = tostring(policy.upstream_port or 443)
     POLICY = {
@@ -169,8 +167,6 @@ local function normalise(path)
     return "/" .. table.concat(out, "/")
 end
 
-local MESSAGE_PATHS = { ["/v1/messages"] = "message", ["/v1/messages/count_tokens"] = "free" }
-
 local function file_path_class(path, method)
     if path == "/v1/files" then
         return (method == "GET" or method == "POST") and "files" or nil
@@ -205,7 +201,22 @@ local function beta_allowed(name)
     return family ~= nil and POLICY.beta_families[family] == true
 end
 
-local function check_headers(headers)
+-- The betas a call asks for, every one allowed by the policy (or dropped, for an API
+-- where the CLI sends a feature beta the policy does not allow on every call).
+local function check_betas(names, kept)
+    for _, name in ipairs(names) do
+        if not beta_allowed(name) then
+            if not upstream.drops_beta(name) then
+                return "beta", "the beta " .. name .. " is not in the model-call policy"
+            end
+        elseif kept then
+            kept[#kept + 1] = name
+        end
+    end
+    return nil
+end
+
+local function check_headers(headers, kept)
     for _, v in ipairs(header_values(headers["upgrade"])) do
         if v ~= "" then return "upgrade", "a protocol upgrade is not offered" end
     end
@@ -214,15 +225,14 @@ local function check_headers(headers)
             return "body", "a content-coded request body cannot be checked"
         end
     end
+    local names = {}
     for _, value in ipairs(header_values(headers["anthropic-beta"])) do
         for name in (value .. ","):gmatch("([^,]*),") do
             name = name:match("^%s*(.-)%s*$")
-            if name ~= "" and not beta_allowed(name) then
-                return "beta", "the beta " .. name .. " is not in the model-call policy"
-            end
+            if name ~= "" then names[#names + 1] = name end
         end
     end
-    return nil
+    return check_betas(names, kept)
 end
 
 local function passed_header(name)
@@ -325,12 +335,17 @@ local function walk(node, depth)
     return nil
 end
 
-local function check_body(body)
+local function check_body(body, class)
     for field in pairs(body) do
-        if type(field) ~= "string" or not MESSAGE_FIELDS[field] then
+        if type(field) ~= "string"
+            or not upstream.field_allowed(field, MESSAGE_FIELDS[field] == true, class) then
             return "body", "the field " .. tostring(field) .. " is not one the policy knows"
         end
     end
+    local betas, problem = upstream.body_betas(body)
+    if betas == nil then return "body", problem end
+    local reason, message = check_betas(betas, nil)
+    if reason then return reason, message end
     local tools = body.tools
     if tools ~= nil and type(tools) ~= "table" then return "body", "tools is not a list" end
     for _, tool in ipairs(tools or {}) do
@@ -414,6 +429,8 @@ end
 
 function M.access()
     local ctx = ngx.ctx
+    local key = upstream.read_key(KEY_PATH)
+    ctx.secrets = key and key.secrets or {}
     local method, target = request_target()
     ctx.method = method
     local raw_path = target:match("^[^?]*") or ""
@@ -425,28 +442,42 @@ function M.access()
     local decoded = percent_decode(raw_path)
     local canonical = normalise(decoded)
     ctx.path = canonical
-    local class = nil
+    local class, forward = nil, nil
     if decoded == raw_path and canonical == raw_path then
-        if MESSAGE_PATHS[raw_path] and method == "POST" then
-            class = MESSAGE_PATHS[raw_path]
-        elseif POLICY.files then
+        class, forward = upstream.classify(method, raw_path, query)
+        if class == nil and POLICY.files and upstream.api() == "anthropic" then
             class = file_path_class(raw_path, method)
+            forward = raw_path .. (query ~= "" and ("?" .. query) or "")
+            if class and query ~= "" and query ~= "beta=true" then class = nil end
         end
     end
     if class == nil then
         return refuse(403, "not-model-call",
-            method .. " " .. canonical .. " is not a model call the policy offers")
+            method .. " " .. canonical .. " (with its query) is not a model call the policy offers")
     end
-    if query ~= "" and query ~= "beta=true" then
-        return refuse(403, "not-model-call", "a query other than beta=true")
+    if class == "local" then
+        -- Answered here (the CLI's inference-profile discovery on Bedrock): nothing goes
+        -- upstream, no credential is used, nothing is counted.
+        ctx.kind = "MODEL_LOCAL"
+        local status, answer = upstream.local_answer()
+        ngx.status = status
+        ngx.header["content-type"] = "application/json"
+        ngx.print(answer)
+        return ngx.exit(ngx.HTTP_OK)
+    end
+    if key == nil then
+        return refuse(503, "credential", "the run holds no credential for the model any more",
+            "api_error")
     end
     local headers, truncated = ngx.req.get_headers(MAX_HEADERS)
     if truncated then return refuse(400, "not-model-call", "too many request headers") end
-    local reason, message = check_headers(headers)
+    local betas = {}
+    local reason, message = check_headers(headers, betas)
     if reason then return refuse(403, reason, message) end
+    local data = nil
     if class ~= "files" then
         ctx.reason = "body"  -- until the body is read whole (a 413 keeps it)
-        local data = read_body()
+        data = read_body()
         ctx.reason = nil
         if data == nil or data == "" then return refuse(400, "body", "no request body") end
         local body = cjson.decode(data)
@@ -455,7 +486,7 @@ function M.access()
         end
         local dup = duplicate_key(data)
         if dup then return refuse(400, "body", "the key " .. dup .. " appears twice") end
-        reason, message = check_body(body)
+        reason, message = check_body(body, class)
         if reason then return refuse(403, reason, message) end
         if class == "message" then
             local tools = body.tools
@@ -469,20 +500,35 @@ function M.access()
         return refuse(status, reason, message, kind)
     end
     ctx.kind = "MODEL_" .. class:upper()
-    -- What the agent sent as credentials goes nowhere; the operator's key goes upstream.
+    -- What the agent sent as credentials goes nowhere; the operator's goes upstream.
     for name in pairs(headers) do
         if not passed_header(name) then ngx.req.clear_header(name) end
     end
-    ngx.req.set_header(HEADER, KEY)
-    ngx.var.kagura_target = raw_path .. (query ~= "" and ("?" .. query) or "")
+    if headers["anthropic-beta"] ~= nil then
+        -- As checked: one header, the betas kept (a dropped one goes nowhere).
+        if #betas > 0 then
+            ngx.req.set_header("anthropic-beta", table.concat(betas, ","))
+        else
+            ngx.req.clear_header("anthropic-beta")
+        end
+    end
+    upstream.authorize(key, forward, data, betas)
+    ngx.var.kagura_target = forward
+end
+
+local function secrets()
+    return ngx.ctx.secrets or {}
 end
 
 function M.header_filter()
     local headers = ngx.resp.get_headers(MAX_HEADERS)
     for name, value in pairs(headers) do
-        local drop = name == HEADER or name == "authorization"
+        local drop = name == "x-api-key" or name == "authorization"
+            or name == "x-amz-security-token"
         for _, v in ipairs(header_values(value)) do
-            if v:find(KEY, 1, true) then drop = true end
+            for _, secret in ipairs(secrets()) do
+                if v:find(secret, 1, true) then drop = true end
+            end
         end
         if drop then ngx.header[name] = nil end
     end
@@ -491,32 +537,41 @@ end
 
 -- The key replaced in the body; the tail of a chunk that could begin it waits for the
 -- next chunk (an SSE event ends in a newline, which no key holds: nothing waits).
+local function scrub(data, secret)
+    if not data:find(secret, 1, true) then return data end
+    local parts, pos = {}, 1
+    while true do
+        local i, j = data:find(secret, pos, true)
+        if not i then break end
+        parts[#parts + 1] = data:sub(pos, i - 1)
+        parts[#parts + 1] = "(redacted by kagura)"
+        pos = j + 1
+    end
+    parts[#parts + 1] = data:sub(pos)
+    ngx.ctx.scrubbed = true
+    return table.concat(parts)
+end
+
+-- How much of the end of ``data`` could begin ``secret`` (held for the next chunk).
+local function tail_of(data, secret)
+    for k = math.min(#secret - 1, #data), 1, -1 do
+        if data:sub(-k) == secret:sub(1, k) then return k end
+    end
+    return 0
+end
+
 function M.body_filter()
     local ctx = ngx.ctx
     local chunk, eof = ngx.arg[1], ngx.arg[2]
     local data = (ctx.held or "") .. (chunk or "")
     ctx.held = nil
-    if data:find(KEY, 1, true) then
-        local parts, pos = {}, 1
-        while true do
-            local i, j = data:find(KEY, pos, true)
-            if not i then break end
-            parts[#parts + 1] = data:sub(pos, i - 1)
-            parts[#parts + 1] = "(redacted by kagura)"
-            pos = j + 1
-        end
-        parts[#parts + 1] = data:sub(pos)
-        data = table.concat(parts)
-        ctx.scrubbed = true
-    end
+    for _, secret in ipairs(secrets()) do data = scrub(data, secret) end
     if not eof then
-        local longest = math.min(#KEY - 1, #data)
-        for k = longest, 1, -1 do
-            if data:sub(-k) == KEY:sub(1, k) then
-                ctx.held = data:sub(-k)
-                data = data:sub(1, -k - 1)
-                break
-            end
+        local hold = 0
+        for _, secret in ipairs(secrets()) do hold = math.max(hold, tail_of(data, secret)) end
+        if hold > 0 then
+            ctx.held = data:sub(-hold)
+            data = data:sub(1, -hold - 1)
         end
     end
     ngx.arg[1] = data

@@ -30,6 +30,12 @@ from kagura_agent.apply.diskwatch import DiskWatch
 from kagura_agent.apply.dispatch import ChildDispatcher
 from kagura_agent.apply.hostmem import HostMemory, open_host_memory
 from kagura_agent.apply.incidents import record_incident
+from kagura_agent.apply.injected import (
+    CredentialHolder,
+    injection_of,
+    keep_injected_fresh,
+    proxy_secret,
+)
 from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.modelcalls import ModelCalls, mismatch
 from kagura_agent.apply.tripwire import ContainerTraps, Tripwire
@@ -39,11 +45,10 @@ from kagura_agent.brain.channel import BrainChannel, ChannelLimits
 from kagura_agent.brain.streams import DuplexStream
 from kagura_agent.clock import iso
 from kagura_agent.errors import KaguraError, Terminated
-from kagura_agent.membrane.egress.modelport import ANTHROPIC_API
 from kagura_agent.membrane.hardening import LABEL_ROLE, LABEL_RUN
 from kagura_agent.membrane.leases import Lease
 from kagura_agent.membrane.placeholders import held_absent
-from kagura_agent.plan.injection import PLACEHOLDER, injected_provider
+from kagura_agent.plan.injection import injected_provider
 from kagura_agent.processes import namespace_processes
 
 Denials = list[dict[str, object]]
@@ -75,12 +80,15 @@ def run_in_container(
     live.watchers.append(lambda event: tripwire.scan("the brain's output", event))
     live.redactor.add(tripwire.canary)  # fake, but shown like the secret it pretends to be
 
-    # The brain's API key stays with the host and the proxy: never delivered inside.
+    # The brain's credential stays with the host and the proxy: never delivered inside.
     provider = injected_provider(plan)
     injected = [lease for lease in leases if provider and lease.request.provider == provider]
     inside = [lease for lease in leases if lease not in injected]
-    secret = injected[0].minted.secrets[0] if injected and injected[0].minted else None
-    environment: dict[str, str] = {"ANTHROPIC_API_KEY": PLACEHOLDER} if provider else {}
+    secret = proxy_secret(injected[0]) if injected else None
+    injection, endpoint_environment = injection_of(plan)
+    # The CLI pointed at the key-injecting port with its documented switches, holding a
+    # placeholder where it expects a credential (plan brain.model_endpoint).
+    environment: dict[str, str] = endpoint_environment if provider else {}
     # The CLI's optional traffic off (plan brain.cli_environment): its model calls are all
     # that leave, through the key-injecting port.
     environment |= plan["brain"].get("cli_environment", {})
@@ -102,7 +110,7 @@ def run_in_container(
             on_egress,
             store=ctx.store,
             clock=ctx.clock,
-            injection=ANTHROPIC_API if secret else None,
+            injection=injection if secret else None,
             injection_secret=secret,
             # The agent chooses a request's host and path: its credentials may be there.
             scrub=live.redactor.scrub_any_case,
@@ -143,6 +151,7 @@ def run_in_container(
     memory = open_host_memory(ctx.plan, ctx.run_id, ctx.live.redactor)
     children = ChildDispatcher(ctx, memory.store)
     cleanup.callback(children.close)  # a parent never leaves a child running
+    proxy = started if secret is not None else None
     drive = _drive(
         ctx,
         runtime,
@@ -152,6 +161,7 @@ def run_in_container(
         traps,
         memory,
         children,
+        (proxy, injected),
         before_stop=lambda: branch.export(runtime, container_id),
     )
     brain = asyncio.run(_terminable(drive))
@@ -240,6 +250,7 @@ async def _drive(
     traps: ContainerTraps,
     memory: HostMemory,
     children: ChildDispatcher,
+    injected: tuple[CredentialHolder | None, Sequence[Lease]],
     *,
     before_stop: Callable[[], Awaitable[None]] | None = None,
 ) -> BrainOutcome:
@@ -257,7 +268,22 @@ async def _drive(
         dispatcher=children,
         capabilities=ctx.midrun,
     )
-    return await drive_brain(ctx, channel, leases, traps=traps, before_stop=before_stop)
+    proxy, held = injected
+
+    async def exhausted(why: str) -> None:
+        ctx.live.note(f"credential budget exhausted: {why}; stopping", "red")
+        await channel.stop()
+
+    # The brain's own credential lives in the proxy: its renewals go there.
+    keeper = asyncio.create_task(
+        keep_injected_fresh(proxy, held, exhausted) if proxy else asyncio.sleep(0)
+    )
+    try:
+        return await drive_brain(ctx, channel, leases, traps=traps, before_stop=before_stop)
+    finally:
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
 
 
 async def _terminable(coro: Coroutine[Any, Any, T]) -> T:

@@ -84,6 +84,10 @@ class EgressRun(Protocol):
         """Cap the key-injecting port's calls at an extended turn budget."""
         ...
 
+    def renew_credential(self, secret: str) -> None:
+        """Replace the credential the key-injecting port adds (a renewed lease)."""
+        ...
+
     def close(self) -> None:
         """Remove the proxy, its network and socket (raises when something stayed)."""
         ...

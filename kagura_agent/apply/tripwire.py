@@ -3,7 +3,8 @@
 What trips (the plan's ``tripwires``, knobs in the operator's Graduation manifest):
 
 - a burst of denied egress: ``denied_egress`` denials within ``window_seconds`` (the
-  key-injecting port's refusals for the budget and the concurrency cap, and what squid
+  key-injecting port's refusals for the budget, the concurrency cap and a withdrawn
+  credential, and what squid
   answered itself without forwarding anything, do not count: QUIET_DENIALS);
 - a flood of the proxy's log: the agent made the run's proxy log more than
   ``egress_log_bytes`` (default audit.LOG_CEILING; session.py sends ``egress.flood``);
@@ -51,8 +52,10 @@ _ALPHABET = string.ascii_letters + string.digits
 # of the budget (the budget stop deals with it) or past the concurrency cap (the CLI
 # retries), and what squid answered itself with an error, forwarding nothing (an upstream
 # that is down). The port's policy refusals do count: with its optional traffic off
-# (plan brain.cli_environment) an honest CLI sends nothing but model calls.
-QUIET_DENIALS = frozenset({"budget", "concurrency", NOT_FORWARDED})
+# (plan brain.cli_environment) an honest CLI sends nothing but model calls. Nor does a
+# call refused because the port holds no credential (its lease's budget ran out: the
+# lease stop deals with it).
+QUIET_DENIALS = frozenset({"budget", "concurrency", "credential", NOT_FORWARDED})
 
 
 class Tripwire:

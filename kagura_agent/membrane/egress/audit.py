@@ -30,7 +30,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from kagura_agent.manifest.hosts import is_ip_literal
-from kagura_agent.membrane.egress.modelport import INJECT_PORT, MODEL_REASONS
+from kagura_agent.membrane.egress.modelport import INJECT_PORT, LOCAL_KIND, MODEL_REASONS
 from kagura_agent.membrane.egress.policy import EgressPolicy
 from kagura_agent.membrane.egress.squid import DENY_REASONS, LOG_TAG
 from kagura_agent.state import StateStore
@@ -62,7 +62,7 @@ REASONS = frozenset(
         *MODEL_REASONS,
         NOT_FORWARDED,
         *("host-not-listed", "port-not-listed", "scheme-not-allowed"),
-        *("injected", "allowed", "allowed-without-matching-entry"),
+        *("injected", "answered-by-port", "allowed", "allowed-without-matching-entry"),
     }
 )
 MIGRATIONS: tuple[Migration, ...] = (
@@ -256,6 +256,8 @@ def classify(raw: dict[str, str], policy: EgressPolicy, run_id: str, seq: int) -
             reason = "port-not-listed"
         else:
             reason = "scheme-not-allowed"
+    elif not denied and raw["squid_status"] == LOCAL_KIND:
+        reason = "answered-by-port"  # nothing forwarded, no credential used
     elif not denied and _int(raw["inport"]) == INJECT_PORT:
         reason = "injected"  # to the injection's upstream, the one place that port reaches
     elif not denied:

@@ -46,6 +46,7 @@ from kagura_agent.membrane.egress.modelport import (
     ModelCallPolicy,
     check_secret,
     render_nginx_conf,
+    set_key,
     set_limits,
     set_policy,
 )
@@ -502,6 +503,12 @@ class EgressSession:
                 limits = dataclasses.replace(self.call_limits, concurrency=model_policy.concurrency)
                 set_limits(self.client, self.proxy.id, limits, user=PROXY_USER)
                 self.call_limits = limits
+
+    def renew_credential(self, secret: str) -> None:
+        """A leased credential of the injection renewed mid-run: the next call carries it."""
+        if self.injection is None or self.proxy is None:
+            return
+        set_key(self.client, self.proxy.id, secret, user=PROXY_USER)
 
     def limit_model_calls(self, turns: int | None) -> None:
         """A turn budget extended mid-run: the injecting port's caps follow it (the calls

@@ -56,9 +56,13 @@ class Minted:
     bundle: Bundle = field(repr=False)
     # Extra values to redact that are not in the bundle verbatim (e.g. raw token).
     secrets: tuple[str, ...] = field(default=(), repr=False)
+    # The credential as the run's proxy injects it, one line (a brain's model endpoint:
+    # plan/endpoint.py): an API key or token as is; an AWS key as ID:SECRET:SESSION_TOKEN.
+    for_proxy: str = field(default="", repr=False)
 
     def sensitive_values(self) -> list[str]:
-        return [*self.bundle.values(), *self.secrets]
+        extra = [self.for_proxy] if self.for_proxy else []
+        return [*self.bundle.values(), *self.secrets, *extra]
 
 
 class ProviderError(Exception):

@@ -126,6 +126,9 @@ class AwsStsProvider:
             expires_at=expires_at,
             bundle=bundle,
             secrets=(creds["SecretAccessKey"], creds["SessionToken"]),
+            for_proxy=(
+                f"{creds['AccessKeyId']}:{creds['SecretAccessKey']}:{creds['SessionToken']}"
+            ),
         )
 
     def revoke(self, minted_id: str) -> bool:

@@ -111,6 +111,7 @@ class GcpProvider:
                 },
             ),
             secrets=(token,),
+            for_proxy=token,
         )
 
     def revoke(self, minted_id: str) -> bool:

@@ -43,6 +43,7 @@ class StaticProvider:
             expires_at=self._clock.now() + timedelta(seconds=ttl_seconds),
             bundle=Bundle(files=files, env=env),
             secrets=(self._value,),
+            for_proxy=self._value,
         )
 
     def revoke(self, minted_id: str) -> bool:
