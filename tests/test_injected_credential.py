@@ -65,13 +65,17 @@ def test_each_endpoint_gives_the_port_its_upstream_and_the_cli_only_switches() -
 
 
 class Proxy:
-    """The run's proxy as the keeper sees it: what it was told to inject, in order."""
+    """The run's proxy as the keeper sees it: what it was told to inject, in order. With a
+    clock, the run goes on past each renewal to the renewed credential's end."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: FixedClock | None = None) -> None:
         self.secrets: list[str] = []
+        self._clock = clock
 
     def renew_credential(self, secret: str) -> None:
         self.secrets.append(secret)
+        if self._clock is not None and secret != WITHDRAWN:
+            self._clock.advance(timedelta(minutes=15))
 
 
 @pytest.fixture()
@@ -105,14 +109,16 @@ def test_a_renewed_sts_lease_replaces_the_proxys_key_and_a_spent_one_stops_the_r
     clock = FixedClock(datetime.now(UTC))
     lease = Broker(StateStore(), clock=clock).acquire(LeaseRequest.from_plan(entry))
     first = proxy_secret(lease)
-    proxy = Proxy()
+    proxy = Proxy(clock)
     stopped: list[str] = []
 
     async def stop(why: str) -> None:
         stopped.append(why)
 
-    # Everything is due at once: the first tick renews (into the proxy), the second
-    # finds the budget spent (the proxy withdrawn, the run stopped).
+    # The first credential is due (11 of its 15 minutes gone): the first tick renews it
+    # into the proxy. The renewed one is the last the budget allows, held to its end; the
+    # run goes on to that end (the proxy moves the clock), and the next tick finds the
+    # budget spent: the proxy withdrawn, the run stopped.
     clock.advance(timedelta(minutes=11))
     asyncio.run(
         keep_injected_fresh(proxy, [lease], stop, margin=timedelta(hours=1), poll_seconds=0)

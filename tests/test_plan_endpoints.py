@@ -88,7 +88,7 @@ def test_every_view_names_the_endpoint() -> None:
     changes = [c.render() for c in diff_plans(golden_plan("sdk-api-key"), bedrock)]
     assert (
         "+ model endpoint https://bedrock-runtime.us-east-1.amazonaws.com"
-        " (api bedrock us-east-1, auth sigv4 aws/bedrock)"
+        " (api bedrock us-east-1, auth sigv4 aws/bedrock)  (widens)"
     ) in changes
     assert (
         "- model endpoint https://api.anthropic.com (api anthropic, auth x-api-key anthropic/api)"
