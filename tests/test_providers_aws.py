@@ -19,6 +19,7 @@ from kagura_agent.clock import FixedClock
 from kagura_agent.errors import RefusedError, UsageError
 from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger
 from kagura_agent.membrane.providers import ProviderError, build_provider
+from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.state import StateStore
 from testing.moto import moto_server
 
@@ -83,6 +84,23 @@ def test_mint_assumes_the_role_with_policy_and_external_id(moto: str, role_arn: 
     assert ROOT_SECRET not in files["aws/credentials"]
     assert caller_of(files["aws/credentials"], moto).endswith("/deployer/kagura-g-abc")
     assert provider.revoke(minted.id) is False  # STS has nothing to revoke: lapses
+
+
+def test_the_redactor_hides_the_sts_key_not_the_region_or_paths(moto: str, role_arn: str) -> None:
+    provider = build_provider("aws-sts", {"endpoint": moto}, ROOT)
+    minted = provider.mint({"role_arn": role_arn, "session_policy": SESSION_POLICY}, 900, "g-r")
+    redactor = Redactor()
+    redactor.add(*minted.sensitive_values())
+    (secret, token) = minted.secrets
+    shown = redactor.scrub(
+        f"POST https://bedrock-runtime.us-east-1.amazonaws.com/model/m/invoke {secret} {token}"
+        " AWS_CONFIG_FILE=/run/kagura/creds/aws/config"
+    )
+    assert secret not in shown and token not in shown
+    # Before: AWS_DEFAULT_REGION's value was registered, and every host and message that
+    # named the region read "(sensitive)" (a Bedrock endpoint's host in the egress record).
+    assert "bedrock-runtime.us-east-1.amazonaws.com" in shown
+    assert "AWS_CONFIG_FILE=/run/kagura/creds/aws/config" in shown
 
 
 def test_root_secret_short_form_and_bad_forms(moto: str) -> None:

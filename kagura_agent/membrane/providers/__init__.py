@@ -30,18 +30,23 @@ CREDS_DIR = "/run/kagura/creds"  # a tmpfs inside the container, owner-only
 class Bundle:
     """What reaches the container: files under CREDS_DIR and env for tool processes.
 
-    Values are secret: the repr shows only names.
+    Values are secret: the repr shows only names. ``plain`` names the env entries that
+    carry none (a file's path, a region): the Redactor leaves those alone, or a run with
+    an AWS lease would hide its region everywhere, the Bedrock endpoint's host in the
+    egress record included.
     """
 
     files: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
+    plain: frozenset[str] = frozenset()
 
     def to_json(self) -> dict[str, dict[str, str]]:
         return {"files": dict(self.files), "env": dict(self.env)}
 
     def values(self) -> list[str]:
         """Every secret-bearing string, for the Redactor."""
-        return [*self.files.values(), *self.env.values()]
+        env = [value for name, value in self.env.items() if name not in self.plain]
+        return [*self.files.values(), *env]
 
     def __repr__(self) -> str:
         return f"Bundle(files={sorted(self.files)}, env={sorted(self.env)})"

@@ -120,6 +120,9 @@ class AwsStsProvider:
                 "AWS_CONFIG_FILE": f"{CREDS_DIR}/aws/config",
                 "AWS_DEFAULT_REGION": self.region,
             },
+            plain=frozenset(
+                {"AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_DEFAULT_REGION"}
+            ),
         )
         return Minted(
             id=str(response["AssumedRoleUser"]["Arn"]),
