@@ -9,10 +9,10 @@ credential as the provider does: the gateway's key, the subscription's OAuth tok
 its beta), Bedrock's SigV4 signature by an STS key moto issued to the run's lease, Vertex's
 bearer token that testing.fake_gcp minted for it. The CLI is only told the documented
 switches and the port's address (plan brain.model_endpoint.environment); the credential
-is injected at the proxy. While the run goes on the test reads the agent container's
-``docker inspect``, and the scripted model has the agent dump its environment, every
-process's environ and command line, its HOME and /tmp into the project root: none of it,
-nor the run's output or state, holds the credential or any part of it.
+is injected at the proxy. While the run goes on the test reads the ``docker inspect`` of
+the agent's container and the proxy's, and the scripted model has the agent dump its
+environment, every process's environ and command line, its HOME and /tmp into the project
+root: none of it, nor the run's output or state, holds the credential or any part of it.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from apply_helpers import (
     last_json,
     make_project,
     manifest_set,
+    run_containers,
     run_ids,
     wait_for_container,
     write_task,
@@ -143,8 +144,8 @@ def _run(
     documents: list[dict[str, Any]],
     environment: dict[str, str],
 ) -> dict[str, Any]:
-    """apply of a TASK-ENDPOINT task on the ``endpoint`` brain; the agent container's
-    ``docker inspect`` read while it runs."""
+    """apply of a TASK-ENDPOINT task on the ``endpoint`` brain; the ``docker inspect`` of
+    the run's containers (the agent's, the proxy's) read while the agent runs."""
     proxy = {
         "kind": "Image",
         "metadata": {"name": "egress-proxy-here"},
@@ -174,8 +175,12 @@ def _run(
     inspected = ""
     with contextlib.suppress(AssertionError):  # a run that ends at once: its output says why
         run_id = _first_run(state_dir, waiter)
-        container = wait_for_container(client, run_id, timeout=120)
-        inspected = json.dumps(client.api.inspect_container(container.id))
+        wait_for_container(client, run_id, timeout=120)
+        # Every container of the run while the agent runs: the agent's and the proxy's
+        # (which holds the credential on its tmpfs, never in its configuration).
+        found = run_containers(client, run_id)
+        assert len(found) >= 2, [c.name for c in found]
+        inspected = json.dumps([client.api.inspect_container(c.id) for c in found])
     waiter.join(320)
     out, err = ended.get("out", ""), ended.get("err", "")
     result = last_json(out) if out.strip() else {}
@@ -211,7 +216,7 @@ def _held_nowhere(run: dict[str, Any], state_dir: Path, secrets: list[str]) -> N
         "ANTHROPIC" in (seen / "env.txt").read_text()
         or "CLAUDE_CODE" in (seen / "env.txt").read_text()
     )
-    assert run["inspected"], "the agent container was inspected while it ran"
+    assert run["inspected"], "the run's containers were inspected while the agent ran"
     shown = run["inspected"] + run["out"] + run["err"]
     for secret in secrets:
         assert secret not in shown
@@ -366,6 +371,9 @@ def test_bedrock_calls_are_signed_at_the_proxy_with_the_runs_sts_lease(
     # The CLI's inference-profile discovery was answered by the port, nothing upstream.
     local = [d for d in run["decisions"] if d["reason"] == "answered-by-port"]
     assert [(d["method"], d["path"]) for d in local] == [("GET", "/inference-profiles")]
+    # The record names the endpoint's host whole (the lease's region is no secret).
+    hosts = {d["host"] for d in run["decisions"]}
+    assert hosts == {"bedrock-runtime.us-east-1.amazonaws.com"}, hosts
     assert not [r for r in run["records"] if r["protocol"] != "bedrock"], dump(run["records"])
     secrets = [role["secret_access_key"], role["session_token"], AWS_ROOT.split(":")[1]]
     _held_nowhere(run, state_dir, secrets)

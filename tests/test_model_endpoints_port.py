@@ -12,7 +12,8 @@ docs/egress.md; tests/test_conformance_endpoints.py drives the CLI itself):
 - Bedrock's calls leave the port signed with the leased key, their event stream passes
   through intact and as it comes; the CLI's inference-profile discovery is answered by
   the port; a renewed key is in force for the next call; a withdrawn one leaves none;
-- Vertex's calls carry the leased token, for the endpoint's project and region only.
+- Vertex's calls carry the leased token, for the endpoint's project and region only, and
+  are counted and capped at the turn budget as the Anthropic API's are.
 """
 
 from __future__ import annotations
@@ -447,10 +448,17 @@ def test_vertex_calls_carry_the_leased_token_for_the_endpoints_project_only(
             port.call(f"{where}/claude-sonnet-4-5@20250929:rawPredict", search, cli)["status"]
             == 403
         )
+        # Counted and capped as on the Anthropic API: the plan's 5 turns are 5 turn calls;
+        # the sixth is refused at the port, nothing of it upstream.
+        stream = f"{where}/claude-sonnet-4-5@20250929:streamRawPredict"
+        assert [port.call(stream, body, cli)["status"] for _ in range(4)] == [200] * 4
+        past = port.call(stream, body, cli)
+        assert past["status"] == 403 and b"budget of 5 turn calls" in past["body"], past
         seen = port.records()
         decisions = port.decisions()
-    assert [r["auth"] for r in seen] == ["bearer " + key_marker(GCP_TOKEN)] * 2
+    assert [r["auth"] for r in seen] == ["bearer " + key_marker(GCP_TOKEN)] * 6
     assert "web-search" not in seen[0]["headers"]["anthropic-beta"]
     assert "tool-search-tool-2025-10-19" in seen[0]["headers"]["anthropic-beta"]
     kinds = [d["squid_status"] for d in decisions if d["decision"] == "allow"]
-    assert kinds == ["MODEL_TURN", "MODEL_FREE"]
+    assert kinds == ["MODEL_TURN", "MODEL_FREE"] + ["MODEL_TURN"] * 4
+    assert [d["reason"] for d in decisions if d["decision"] == "deny"][-1] == "budget"
