@@ -454,6 +454,28 @@ def test_a_lease_budget_about_to_run_out_is_extended_when_approved(
 
 
 @pytest.mark.usefixtures("without_docker")
+def test_the_brains_lease_at_the_proxy_is_asked_about_too(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The brain's credential held by the proxy (an STS key for Bedrock, a GCP token for
+    Vertex: apply/injected.py) is never in ``leases`` (those are delivered into the
+    container); its budget is asked about all the same. Before: never asked, the run
+    stopped when it ran out."""
+    monkeypatch.setenv("KAGURA_TEST_TOKEN", "kagura-units-token-" + "u" * 20)
+    midrun, lease, clock, asker, store = _lease_run(tmp_path, "approved")
+    midrun.leases.remove(lease)
+    midrun.at_proxy.append(lease)
+    clock.advance(timedelta(minutes=13))
+    asyncio.run(midrun.check_leases())
+    [question] = asker.asked
+    assert question.category == "budget:credential:token/use"
+    assert (lease.budget.seconds, lease.budget.renewals) == (1800, 1)
+    assert midrun.leases == []  # nothing joined the container's leases
+    lease.release()
+    store.close()
+
+
+@pytest.mark.usefixtures("without_docker")
 def test_an_unanswered_lease_budget_lets_the_lease_run_out(
     tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -35,6 +35,7 @@ from kagura_agent.apply.injected import (
     injection_of,
     keep_injected_fresh,
     proxy_secret,
+    renewed_in_run,
 )
 from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.modelcalls import ModelCalls, mismatch
@@ -269,6 +270,9 @@ async def _drive(
         capabilities=ctx.midrun,
     )
     proxy, held = injected
+    if ctx.midrun is not None and proxy is not None:
+        # Its budget is asked about before it runs out, as a container lease's is.
+        ctx.midrun.at_proxy.extend(lease for lease in held if renewed_in_run(lease))
 
     async def exhausted(why: str) -> None:
         ctx.live.note(f"credential budget exhausted: {why}; stopping", "red")

@@ -141,6 +141,9 @@ class MidRun:
         self.egress: Egress | None = None
         self.broker: Broker | None = None
         self.leases: list[Lease] = []  # the run's leases inside the container (grants join)
+        # The brain's own credential, held by the proxy (apply/injected.py): asked about
+        # like the rest, never delivered into the container.
+        self.at_proxy: list[Lease] = []
         self.channel: Channel | None = None
         self._numbers = itertools.count(1)
         self._one_at_a_time = asyncio.Lock()
@@ -420,13 +423,13 @@ class MidRun:
             await asyncio.sleep(poll_seconds)
 
     async def check_leases(self) -> None:
-        """One pass: each lease that fails closed (its budget or its renewals spent;
-        ``Lease.held_until``) within a third of its budget (10 s..2 min) is asked about,
-        once per budget. Approved: the lease's budget grows by what the plan gave it (its
-        seconds, its renewals + 1), to the ceiling, and the next lease is asked about again
-        before that ends; refused, denied or unanswered: the keeper exhausts it at its end
-        and the run stops."""
-        for lease in list(self.leases):
+        """One pass: each lease (the container's, and the brain's at the proxy) that fails
+        closed (its budget or its renewals spent; ``Lease.held_until``) within a third of
+        its budget (10 s..2 min) is asked about, once per budget. Approved: the lease's
+        budget grows by what the plan gave it (its seconds, its renewals + 1), to the
+        ceiling, and the next lease is asked about again before that ends; refused, denied
+        or unanswered: the keeper exhausts it at its end and the run stops."""
+        for lease in [*self.leases, *self.at_proxy]:
             if lease.closed or lease.minted is None:
                 continue
             asked = (lease.id, lease.budget.seconds, lease.budget.renewals)
