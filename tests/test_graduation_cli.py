@@ -193,3 +193,17 @@ def test_history_with_only_state_changes_prints_no_empty_table(
     out = capsys.readouterr().out
     assert "WHEN" not in out
     assert "image:agent  reset by alice" in out
+
+
+def test_a_parser_built_for_this_modules_list_is_not_another_lists(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """main() caches its parser per process: the one built for this module's single
+    command must not answer a later main() with the real list (a later test in the same
+    worker got "invalid choice: 'plan' (choose from 'graduation')")."""
+    with pytest.raises(SystemExit):
+        cli_main.main(["graduation", "--help"])
+    monkeypatch.setattr(cli_main, "COMMAND_MODULES", REAL_COMMAND_MODULES)
+    with pytest.raises(SystemExit) as done:
+        cli_main.main(["plan", "--help"])
+    assert done.value.code == 0, capsys.readouterr().err

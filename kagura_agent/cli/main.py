@@ -54,7 +54,9 @@ class _JsonParser(argparse.ArgumentParser):
         raise UsageError(message, hint=self.format_usage().strip())
 
 
-def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
+def build_parser(
+    *, json_errors: bool = False, modules: Sequence[str] | None = None
+) -> argparse.ArgumentParser:
     parser_class = _JsonParser if json_errors else argparse.ArgumentParser
     parser = parser_class(
         prog="kagura-agent",
@@ -64,18 +66,24 @@ def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"kagura-agent {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in COMMAND_MODULES if modules is None else modules:
         module = importlib.import_module(f"kagura_agent.cli.{name}")
         module.register(subparsers)
     return parser
 
 
-@functools.cache
 def cached_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
-    """``build_parser``, once per process: parsing does not change a parser, and building
-    one costs ~25 ms (argparse looks up translations for each option of each command),
-    which a caller running ``main`` many times in one process (tests) pays every time."""
-    return build_parser(json_errors=json_errors)
+    """``build_parser``, once per process and command list: parsing does not change a
+    parser, and building one costs ~25 ms (argparse looks up translations for each option
+    of each command), which a caller running ``main`` many times in one process (tests)
+    pays every time. Keyed by ``COMMAND_MODULES`` too: a parser built for another list
+    (a test that registers one command) is never the answer for this one."""
+    return _parser_for(json_errors, tuple(COMMAND_MODULES))
+
+
+@functools.cache
+def _parser_for(json_errors: bool, modules: tuple[str, ...]) -> argparse.ArgumentParser:
+    return build_parser(json_errors=json_errors, modules=modules)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
