@@ -74,7 +74,7 @@ def knobs_from_spec(spec: Mapping[str, object]) -> Knobs:
     # "baseline" and "reserve" live in the same manifest but are read by the planner.
     known = {"min_successes", "min_distinct_tasks", "cooldown", "failure_window"}
     known |= {"baseline", "reserve", "tripwires", "budget_quantile", "budget_floors"}
-    known |= {"failure_half_life", "budget_min_runs", "budget_step"}
+    known |= {"failure_half_life", "min_trust", "budget_min_runs", "budget_step"}
     problems += [f"unknown graduation knob {key!r}" for key in sorted(set(spec) - known)]
     defaults = Knobs()
     counts: dict[str, int] = {}

@@ -9,7 +9,7 @@ document that is an identical copy of a packaged one is the packaged one (as eve
 in the catalog: a copy replaces nothing). Two documents of the operator's own are a
 located error (manifest/checks.py), never silently merged in file order.
 
-Every reader of the kind — the planner (baseline, tripwires, failure half-life), the
+Every reader of the kind — the planner (baseline, tripwires, failure half-life and the trust gate), the
 budget forecast, the graduation facts, ``graduation`` on the command line, the cockpit
 and the web console — takes :class:`GraduationSettings` from :func:`graduation_settings`.
 """
@@ -37,6 +37,9 @@ DEFAULT_STEP = 1.5
 CANARY_PATH = "/home/agent/.git-credentials"
 DEFAULT_DENIED_EGRESS = 5
 DEFAULT_WINDOW = "60s"
+# The graduation gate's trust floor (``min_trust``): graduated capabilities are asked for
+# again while the task kind's recency-weighted failures outweigh its successes.
+DEFAULT_MIN_TRUST = 0.5
 KNOB_KEYS = ("min_successes", "min_distinct_tasks", "cooldown", "failure_window")
 
 
@@ -59,6 +62,7 @@ class GraduationSettings:
     baseline: frozenset[str] = frozenset()
     budget: BudgetKnobs = field(default_factory=BudgetKnobs)
     failure_half_life: int = DEFAULT_HALF_LIFE_SECONDS  # seconds
+    min_trust: float = DEFAULT_MIN_TRUST  # the gate on failure_trust (0: off)
     tripwires: Tripwires = field(default_factory=lambda: default_tripwires())
 
 
@@ -109,6 +113,7 @@ def graduation_settings(catalog: Catalog) -> GraduationSettings:
             if "failure_half_life" in spec
             else DEFAULT_HALF_LIFE_SECONDS
         ),
+        min_trust=float(spec.get("min_trust", DEFAULT_MIN_TRUST)),
         tripwires=_tripwires(spec.get("tripwires"), source.get("tripwires", "default")),
     )
 

@@ -302,6 +302,7 @@ class FailureTrust(TypedDict):
     successes: int
     weighted_failures: float
     half_life_seconds: int
+    min_trust: float
 
 
 class MemorySection(TypedDict):
@@ -738,6 +739,7 @@ DESCRIPTIONS: dict[str, str] = {
     "memory.failure_trust.successes": "Verified successes among the task kind's recent runs.",
     "memory.failure_trust.weighted_failures": "Sum of every failure's weight 0.5 ** (age / half_life).",
     "memory.failure_trust.half_life_seconds": "Graduation `failure_half_life`: the age at which a failure weighs half.",
+    "memory.failure_trust.min_trust": "Graduation `min_trust`: below this score a graduated capability needs approval again (0: the gate is off).",
     "commits": "How the agent's commits come back (only when the task asks, `spec.commits: branch`): a branch of the operator's repository, made by apply from a repository of the agent's own.",
     "commits.mode": "`branch`.",
     "commits.branch": "The branch the commits come back as: `kagura/<task>/<run>` (apply writes the run id).",

@@ -729,7 +729,8 @@ def _endpoint_refusals(task: ResolvedTask) -> list[Refusal]:
 def _memory(task: ResolvedTask, facts: Facts, catalog: Catalog) -> MemorySection:
     memory = task.memory
     section = section_from_manifest(*((memory.name, memory.spec) if memory else (None, None)))
-    half_life = graduation_settings(catalog).failure_half_life
+    settings = graduation_settings(catalog)
+    half_life = settings.failure_half_life
     runs = (facts.cost_history or {}).get("runs") or []
     successes = sum(1 for run in runs if run.get("outcome") == "success")
     ages = [float(a) for f in facts.known_failures for a in f.get("ages_seconds") or []]
@@ -745,6 +746,7 @@ def _memory(task: ResolvedTask, facts: Facts, catalog: Catalog) -> MemorySection
             "successes": successes,
             "weighted_failures": round(sum(float(0.5 ** (age / half_life)) for age in ages), 3),
             "half_life_seconds": half_life,
+            "min_trust": settings.min_trust,
         },
     }
 
@@ -840,7 +842,10 @@ def _classify_all(
     facts: Facts,
     denials: dict[str, str],
 ) -> list[Approval]:
-    graduation_baseline = graduation_settings(catalog).baseline
+    settings = graduation_settings(catalog)
+    graduation_baseline = settings.baseline
+    # The graduation gate weighs this task kind's recent failures (memory.failure_trust).
+    trust = draft["memory"]["failure_trust"]["score"]
     requested: list[tuple[str, bool]] = [
         (draft["image"]["category"], bool(task.image.spec.get("baseline", False)))
     ]
@@ -869,6 +874,8 @@ def _classify_all(
             state=facts.graduation,
             untrusted_inputs=untrusted,
             denied_by_policy=denials.get(asked),
+            trust=trust,
+            min_trust=settings.min_trust,
         ).to_json()
         if asked in full:
             # Whoever approves (or reads why it needs no approval) sees the whole power.
@@ -882,6 +889,8 @@ def _classify_all(
             state=facts.graduation,
             untrusted_inputs=untrusted,
             denied_by_policy=denials.get(asked),
+            trust=trust,
+            min_trust=settings.min_trust,
         ).to_json()
         approval["reason"] = f"{why}; {approval['reason']}"
         approvals.append(approval)

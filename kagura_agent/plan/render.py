@@ -241,9 +241,20 @@ def _trust_text(memory: Mapping[str, Any]) -> str:
     trust = memory["failure_trust"]
     if trust["score"] is None:
         return ""
+    floor = trust.get("min_trust", 0)
+    gate = (
+        (
+            f"; below min_trust {floor}: graduated capabilities are asked for again"
+            if trust["score"] < floor
+            else f"; graduation gate min_trust {floor}"
+        )
+        if floor
+        else ""
+    )
     return (
         f"; trust {trust['score']}: {trust['successes']} successes, failures weigh"
         f" {trust['weighted_failures']} (half-life {format_duration(trust['half_life_seconds'])})"
+        f"{gate}"
     )
 
 
