@@ -27,6 +27,10 @@ import pytest
 
 from kagura_agent.cli.main import main
 
+# One worker for the module (pytest-xdist --dist loadgroup): every test binds the one
+# socket mount-socket.yml names, in the corpus folder itself.
+pytestmark = pytest.mark.xdist_group("invalid-corpus")
+
 CORPUS = Path(__file__).parent / "invalid"
 CASES = sorted(p.name for p in CORPUS.glob("*.yml"))
 EXPECT = re.compile(r"^# expect: (\d+):(\d+) (\S+)(?:  (.*))?$")
