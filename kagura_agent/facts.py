@@ -33,10 +33,11 @@ from kagura_agent.membrane.images import (
     software_of,
 )
 from kagura_agent.membrane.isolation import isolation_report
-from kagura_agent.memory.factory import section_from_manifest, sqlite_path
+from kagura_agent.memory.factory import section_from_manifest
 from kagura_agent.memory.model import MemoryStore
 from kagura_agent.memory.postgres import PgMemoryStore
 from kagura_agent.memory.sqlite import SqliteMemoryStore
+from kagura_agent.paths import sqlite_path
 from kagura_agent.patterns.checkpoint import load_checkpoint, session_fact, session_owner
 from kagura_agent.patterns.cost_history import history
 from kagura_agent.patterns.failure_learning import known_failures

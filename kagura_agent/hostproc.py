@@ -28,15 +28,17 @@ exception: they are the agent's processes, in its container).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kagura_agent.paths import NEUTRAL_CWD, WORKDIR_ENV
+
+if TYPE_CHECKING:
+    import asyncio
 
 # Which interpreter options make a start isolated: -I alone, or -P, -E and -s together
 # (what -I means, for an interpreter given its options one by one).
@@ -127,6 +129,8 @@ async def start(
     argv: Sequence[str], *, env: Mapping[str, str], cwd: str = NEUTRAL_CWD, **options: Any
 ) -> asyncio.subprocess.Process:
     """``asyncio.create_subprocess_exec`` of a checked start."""
+    import asyncio  # here, not at the top: validate and plan start processes without it
+
     _check(argv, cwd, env)
     return await asyncio.create_subprocess_exec(*argv, cwd=cwd, env=dict(env), **options)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from kagura_agent.errors import SetupError
 
@@ -32,6 +34,19 @@ def workdir() -> Path:
 def state_dir() -> Path:
     """The state directory: $KAGURA_AGENT_STATE_DIR, else $XDG_STATE_HOME/kagura-agent."""
     return home_dir("KAGURA_AGENT_STATE_DIR", "XDG_STATE_HOME", ".local/state")
+
+
+# The embedded memory store's file in the state directory (memory/sqlite.py opens it).
+MEMORY_FILE = "memory.db"
+
+
+def sqlite_path(section: Mapping[str, Any]) -> Path:
+    """Where the embedded memory store lives: ``state-dir`` means ``<state_dir>/memory.db``.
+    Here, not in kagura_agent.memory, so validate resolves it without loading the stores."""
+    location = str(section.get("location") or "state-dir")
+    if location == "state-dir":
+        return state_dir() / MEMORY_FILE
+    return Path(location).expanduser()
 
 
 def home_dir(explicit_env: str, xdg_env: str, default: str) -> Path:

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from kagura_agent.graduation import ledger
-from kagura_agent.memory.sqlite import MEMORY_FILE, SqliteMemoryStore
+from kagura_agent.memory.sqlite import SqliteMemoryStore
+from kagura_agent.paths import MEMORY_FILE
 from kagura_agent.patterns.failure_learning import record_failure
 from kagura_agent.plan import history
 from kagura_agent.plan.build import plan_tasks

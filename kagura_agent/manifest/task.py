@@ -21,8 +21,7 @@ from kagura_agent.manifest.toolservers import resolve_tool_servers
 from kagura_agent.membrane.floor import normalise_target, target_problem
 from kagura_agent.membrane.mounts import check_mount
 from kagura_agent.membrane.roots import check_project_root
-from kagura_agent.memory.factory import sqlite_path
-from kagura_agent.paths import under
+from kagura_agent.paths import sqlite_path, under
 from kagura_agent.plan.model import BrainRuntime
 from kagura_agent.units import parse_duration
 

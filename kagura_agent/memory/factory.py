@@ -16,7 +16,6 @@ manifest or the operator's environment, never written in a manifest.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from kagura_agent.clock import Clock
@@ -24,8 +23,8 @@ from kagura_agent.errors import SetupError, UsageError
 from kagura_agent.membrane.secrets import parse_secret_ref, resolve
 from kagura_agent.memory.model import MemoryStore
 from kagura_agent.memory.postgres import PgMemoryStore
-from kagura_agent.memory.sqlite import MEMORY_FILE, SqliteMemoryStore
-from kagura_agent.paths import state_dir
+from kagura_agent.memory.sqlite import SqliteMemoryStore
+from kagura_agent.paths import sqlite_path
 from kagura_agent.state import URL_ENV, state_location
 
 DEFAULT_CONTEXT = "kagura-agent"
@@ -45,14 +44,6 @@ def section_from_manifest(name: str | None, spec: Mapping[str, Any] | None) -> d
         "location": locations.get(backend, spec.get("path", "state-dir")),
         "token_ref": spec.get("token"),
     }
-
-
-def sqlite_path(section: Mapping[str, Any]) -> Path:
-    """Where the embedded store lives: ``state-dir`` means ``<state_dir>/memory.db``."""
-    location = str(section.get("location") or "state-dir")
-    if location == "state-dir":
-        return state_dir() / MEMORY_FILE
-    return Path(location).expanduser()
 
 
 def resolve_token(token_ref: str | None) -> str:

@@ -38,7 +38,6 @@ from kagura_agent.memory.model import (
 )
 from kagura_agent.state import StateDbError, StateStore
 
-MEMORY_FILE = "memory.db"
 COMPONENT = "memory"
 
 _V1 = """
