@@ -14,7 +14,8 @@ imported are not imported again. A test about those (isolation, shadowing module
 import graph, ``-I``) keeps a real ``subprocess``.
 
 One server per test process (started on first use, ended when that process ends: it
-reads EOF). It imports the CLI and builds its parsers once (~0.5 s of CPU), then each
+reads EOF). It imports the CLI, builds its parsers and compiles the manifest schemas once
+(~0.5 s of CPU), then each
 child costs a fork (~10 ms) instead of an interpreter start and the package's imports.
 The server serves one request at a time: ``spawn`` several children, then ``wait`` each.
 """
@@ -46,8 +47,10 @@ WARM = (
     "kagura_agent.cli.main",
     "kagura_agent.manifest.workspace",
     "kagura_agent.plan.build",
+    "kagura_agent.plan.planfile",
     "kagura_agent.plan.render",
     "kagura_agent.state",
+    "jsonschema",
 )
 _MAX_MESSAGE = 1 << 20
 
@@ -235,6 +238,12 @@ def serve() -> None:
 
     for json_errors in (False, True):  # the parsers are cached per process
         cli.cached_parser(json_errors=json_errors)
+    # The compiled schema validators (cached per process; a pass is also cached on disk,
+    # but each test's cache directory starts empty): pure functions of the packaged schemas.
+    from kagura_agent.manifest import schema
+
+    for kind in schema.KINDS:
+        schema._validator(kind)
     # What the server holds is never collected in a child: a collection there would write
     # to every shared page (copy on write) for nothing.
     gc.freeze()
