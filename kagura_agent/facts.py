@@ -38,9 +38,15 @@ from kagura_agent.memory.model import MemoryStore
 from kagura_agent.memory.postgres import PgMemoryStore
 from kagura_agent.memory.sqlite import SqliteMemoryStore
 from kagura_agent.paths import sqlite_path
-from kagura_agent.patterns.checkpoint import load_checkpoint, session_fact, session_owner
+from kagura_agent.patterns.checkpoint import (
+    Checkpoint,
+    load_checkpoint,
+    session_fact,
+    session_owner,
+)
 from kagura_agent.patterns.cost_history import history
 from kagura_agent.patterns.failure_learning import known_failures
+from kagura_agent.patterns.transcripts import transcript_info
 from kagura_agent.plan.history import last_applied
 from kagura_agent.state import (
     Location,
@@ -346,6 +352,7 @@ def _session_facts(task: ResolvedTask) -> dict[str, Any]:
     store = StateStore.read_only()
     if store is None:
         return {}
+    owner = session_owner(task.project_root, task.kind)
     with store:
         try:
             found = load_checkpoint(store, task.session)
@@ -355,10 +362,24 @@ def _session_facts(task: ResolvedTask) -> dict[str, Any]:
             return {"state_notes": [f"{exc.message}: the session's spending is not known"]}
         except StateDbError:
             return {}
-    owner = session_owner(task.project_root, task.kind)
-    if found is None or dict(found.owner) != owner:
-        return {}  # none, or another task's (apply refuses to resume that)
-    return {"checkpoint": session_fact(found)}
+        if found is None or dict(found.owner) != owner:
+            return {}  # none, or another task's (apply refuses to resume that)
+        fact = session_fact(found)
+        if found.brain_session_id:
+            fact["conversation"] = {"bytes": _kept_bytes(store, found, owner)}
+    return {"checkpoint": fact}
+
+
+def _kept_bytes(store: StateStore, found: Checkpoint, owner: dict[str, str]) -> int | None:
+    """How large the kept transcript of the checkpoint's brain conversation is (None: not
+    kept; plan/conversation.py)."""
+    try:
+        kept = transcript_info(store, found.session, owner)
+    except (SchemaBehind, StateDbError):
+        return None
+    return (
+        kept.size if kept is not None and kept.brain_session_id == found.brain_session_id else None
+    )
 
 
 def _applying_run(plan: Mapping[str, Any]) -> str | None:

@@ -68,14 +68,6 @@ RESUME_SCRIPT = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the CLI keeps its session transcript under HOME (~/.claude/projects/-workspace/"
-    "SESSION.jsonl), and HOME (/home/agent) is a tmpfs that ends with the first run's"
-    " container: the second apply's CLI gets --resume SESSION and answers 'No conversation"
-    " found with session ID'. Needs the transcript kept across runs (the SDK's SessionStore"
-    " through the host, say); remove this mark when it passes.",
-)
 def test_a_named_session_is_resumed_by_the_next_apply(
     docker_client: Any, images: tuple[str, str], tmp_path: Path, state_dir: Path
 ) -> None:

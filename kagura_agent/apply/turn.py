@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from kagura_agent.apply.context import BrainOutcome, RunContext
+from kagura_agent.apply.conversation import Conversation
 from kagura_agent.apply.live import LiveView
 from kagura_agent.apply.sessionbook import SessionBook
 from kagura_agent.apply.tripwire import CREDS_WATCH_SECONDS, ContainerTraps
@@ -189,6 +190,9 @@ class _Turn:
             self.tally.resumed_from = checkpoint.step
             completed = checkpoint.step if self.plan["brain"]["engine"] == "script" else 0
             session_id = checkpoint.brain_session_id
+        conversation = Conversation.of(self.plan)  # the sdk CLI's, kept by the host
+        if conversation is not None and session_id is not None:
+            session_id = await conversation.hand_back(self.ctx, self.channel, session_id)
         turn = turn_from_plan(self.plan, session_id=session_id, completed_steps=completed)
         for lease in self.leases:
             await deliver(self.channel, lease)
@@ -210,6 +214,9 @@ class _Turn:
                 if why is not None:
                     await self._stop_past_budget(why)
                     break
+            if conversation is not None and not self.channel.stopped:
+                conversation_id = self.tally.session_id or session_id
+                await conversation.take_back(self.ctx, self.channel, conversation_id)
         finally:
             for task in (renewer, steering, wall, budgets, counted):
                 if task is not None:

@@ -28,10 +28,28 @@ from kagura_agent.brain.events import (
 )
 from kagura_agent.brain.protocol import Turn
 from kagura_agent.brain.streams import DuplexStream, StreamClosed
+from kagura_agent.brain.transcript import (
+    PUT_CHUNK_BYTES,
+    TranscriptError,
+    chunk_bytes_for,
+    decoded,
+    encoded_chunks,
+)
 from kagura_agent.errors import SetupError
 
 Callback = Callable[[], Awaitable[None] | None]
-_ACKS = ("credentials-applied", "credentials-revoked", "user-message-taken", "budget-extended")
+_ACKS = (
+    "credentials-applied",
+    "credentials-revoked",
+    "user-message-taken",
+    "budget-extended",
+    "transcript-written",
+    "transcript-sent",
+)
+
+
+class TranscriptRefused(Exception):
+    """The session transcript did not cross the channel (the message says why)."""
 
 
 class MemoryRefused(Exception):
@@ -87,6 +105,8 @@ class ChannelLimits:
     stop_grace_seconds: float = 5.0
     kill_grace_seconds: float = 5.0
     ack_timeout_seconds: float = 10.0
+    # How long a session transcript may take to cross, either way (16 MiB takes ~1 s).
+    transcript_seconds: float = 60.0
     max_memory_requests: int = 4
     max_memory_text: int = 64 * 1024
     # What one run may store in the host's memory (remember and link), in all: each write
@@ -135,6 +155,7 @@ class BrainChannel:
         self._memory_writes = 0
         self._memory_write_bytes = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._transcripts: dict[str, _Incoming] = {}  # transcripts being fetched, by session
         self._reader: asyncio.Task[None] | None = None
         self._eof = asyncio.Event()
         self._stopping: asyncio.Task[str] | None = None
@@ -160,6 +181,11 @@ class BrainChannel:
     def closed(self) -> bool:
         """True once the container's output reached end of stream."""
         return self._eof.is_set()
+
+    @property
+    def stopped(self) -> bool:
+        """True once the container's side is being stopped, or its output ended."""
+        return self._stopping is not None or self.closed
 
     async def send_credentials(self, lease: str, bundle: Mapping[str, Any]) -> None:
         """Deliver (or renew) a lease bundle ``{"files": {...}, "env": {...}}`` and wait
@@ -198,6 +224,53 @@ class BrainChannel:
             self._deadline = self._turn_started + wall_seconds + self.limits.wall_grace_seconds
             self._wall = wall_seconds
         return True
+
+    async def send_transcript(self, session_id: str, cwd: str, data: bytes) -> None:
+        """Hand the container the CLI's transcript of ``session_id`` (run in ``cwd``), in
+        chunks, and wait until the entrypoint has written it; TranscriptRefused when not."""
+        *chunks, last = encoded_chunks(data, PUT_CHUNK_BYTES)
+        base = {"type": "transcript-put", "lease": session_id, "cwd": cwd}
+        try:
+            for chunk in chunks:
+                await self._send({**base, "data": chunk, "last": False})
+            ack = await self._request_ack(
+                "transcript-written",
+                session_id,
+                {**base, "data": last, "last": True},
+                timeout=self.limits.transcript_seconds,
+            )
+        except (SetupError, StreamClosed, OSError) as exc:
+            raise TranscriptRefused(f"the brain channel did not take it: {exc}") from None
+        if ack.get("error") or ack.get("bytes") != len(data):
+            raise TranscriptRefused(f"the container did not write it: {ack.get('error')}")
+
+    async def fetch_transcript(self, session_id: str, cwd: str, max_bytes: int) -> bytes:
+        """The CLI's transcript of ``session_id`` as the container has it after the turn,
+        never more than ``max_bytes``; TranscriptRefused when it cannot be had."""
+        incoming = self._transcripts[session_id] = _Incoming(max_bytes)
+        msg = {
+            "type": "transcript-get",
+            "lease": session_id,
+            "cwd": cwd,
+            "max_bytes": max_bytes,
+            "chunk_bytes": chunk_bytes_for(self.limits.max_line_bytes),
+        }
+        try:
+            ack = await self._request_ack(
+                "transcript-sent", session_id, msg, timeout=self.limits.transcript_seconds
+            )
+        except SetupError as exc:
+            raise TranscriptRefused(f"the brain channel did not send it: {exc}") from None
+        finally:
+            self._transcripts.pop(session_id, None)
+        if ack.get("error"):
+            raise TranscriptRefused(str(ack["error"])[:500])
+        if incoming.problem:
+            raise TranscriptRefused(incoming.problem)
+        data = b"".join(incoming.parts)
+        if ack.get("bytes") != len(data):
+            raise TranscriptRefused("the container sent another size than it said")
+        return data
 
     async def run_turn(self, turn: Turn) -> AsyncIterator[BrainEvent]:
         """Send one turn and yield its events; the last is always done or error.
@@ -297,13 +370,15 @@ class BrainChannel:
         async with self._write_lock:
             await self.stream.write(data)
 
-    async def _request_ack(self, kind: str, lease: str, msg: dict[str, Any]) -> dict[str, Any]:
+    async def _request_ack(
+        self, kind: str, lease: str, msg: dict[str, Any], *, timeout: float | None = None
+    ) -> dict[str, Any]:
         self.start()
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._acks[(kind, lease)] = future
         try:
             await self._send(msg)
-            return await asyncio.wait_for(future, self.limits.ack_timeout_seconds)
+            return await asyncio.wait_for(future, timeout or self.limits.ack_timeout_seconds)
         except (TimeoutError, StreamClosed) as exc:
             raise SetupError(f"lease {lease}: the brain channel did not confirm {kind}") from exc
         finally:
@@ -354,6 +429,11 @@ class BrainChannel:
             future = self._acks.get((str(kind), str(obj.get("lease"))))
             if future is not None and not future.done():
                 future.set_result(obj)
+            return True
+        if kind == "transcript-chunk":
+            incoming = self._transcripts.get(str(obj.get("lease")))
+            if incoming is not None:  # none asked for: dropped
+                incoming.take(obj.get("data"))
             return True
         if kind == "memory-request":
             serve = self._serve_dispatch if obj.get("op") == "dispatch" else self._serve_memory
@@ -538,6 +618,30 @@ class BrainChannel:
 
 class _Refused(Exception):
     pass
+
+
+class _Incoming:
+    """One transcript arriving in chunks: kept up to ``most`` bytes, then refused whole."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.problem: str | None = None
+
+    def take(self, chunk: object) -> None:
+        if self.problem is not None:
+            return
+        try:
+            data = decoded(chunk)
+        except TranscriptError as exc:
+            self.problem, self.parts = str(exc), []
+            return
+        self.size += len(data)
+        if self.size > self.most:
+            self.problem, self.parts = f"the transcript is larger than {self.most} bytes", []
+            return
+        self.parts.append(data)
 
 
 def _bundle(bundle: Mapping[str, Any]) -> dict[str, Any]:

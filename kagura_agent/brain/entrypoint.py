@@ -11,6 +11,11 @@ Reads JSON lines on stdin from the host::
     {"type": "budget", "lease": n, "wall_seconds": s}   an extended wall budget (acked)
     {"type": "budget-result", "request": n, "granted": bool, "message": ..., "turns": t,
      "cost_usd": d}                                      a turn/dollar budget answer
+    {"type": "transcript-put", "lease": id, "cwd": dir, "data": b64, "last": bool}
+    {"type": "transcript-get", "lease": id, "cwd": dir, "max_bytes": n, "chunk_bytes": c}
+                                                         a session's transcript, in before
+                                                         the turn and out after it
+                                                         (brain/transcript.py)
     {"type": "stop"}
 
 and writes JSON lines on stdout: brain events (see events.py) plus the control lines
@@ -20,7 +25,8 @@ fields; dispatch: a sub-agent, answered when it has finished), ``capability-requ
 (``request`` n, ``kind``, ``name``, ``reason``: a mid-run ask for one more egress policy
 or credential scope), ``budget-request`` (``request`` n, ``limit`` turns|cost_usd,
 ``turns``, ``cost_usd`` spent, ``reason``: the CLI ran out of that budget) and
-``budget-extended``. Only this
+``budget-extended``, and ``transcript-written`` / ``transcript-chunk`` /
+``transcript-sent`` (brain/transcript.py). Only this
 module writes to the real stdout: fd 1 is pointed at stderr so stray prints from
 engines or libraries cannot corrupt the channel. Stdlib and the engines only.
 """
@@ -44,6 +50,15 @@ from kagura_agent.brain.events import ErrorEvent, event_to_json, is_terminal
 from kagura_agent.brain.guard import make_undumpable, run_as_init, writable_import_paths
 from kagura_agent.brain.memory_bridge import MEMORY_SOCKET_ENV, BridgeMemory, serve_socket
 from kagura_agent.brain.protocol import Turn
+from kagura_agent.brain.transcript import (
+    MAX_PUT_BYTES,
+    TranscriptError,
+    decoded,
+    encoded_chunks,
+    read_transcript,
+    transcript_path,
+    write_transcript,
+)
 from kagura_agent.errors import KaguraError
 
 MAX_INPUT_LINE = 16 * 1024 * 1024
@@ -109,6 +124,8 @@ class Entrypoint:
         self.turn_task: asyncio.Task[None] | None = None
         self.engine: Any = None  # the running turn's engine (steering goes to it)
         self.socket_path: str | None = None
+        # Transcript chunks by session until the last (or the first problem with them).
+        self.incoming: dict[str, list[bytes] | str] = {}
 
     def handle(self, msg: dict[str, Any]) -> bool:
         """Handle one message; False means stop."""
@@ -131,6 +148,10 @@ class Entrypoint:
             self.capabilities.resolve(msg)
         elif kind == "budget":
             self._budget(msg)
+        elif kind == "transcript-put":
+            self._transcript_put(msg)
+        elif kind == "transcript-get":
+            self._transcript_get(msg)
         elif kind == "turn":
             if self.turn_task is not None and not self.turn_task.done():
                 self._emit(ErrorEvent(message="a turn is already running", code="protocol"))
@@ -164,6 +185,47 @@ class Entrypoint:
             self.deadline.reschedule(self.turn_started + float(wall))
             taken = True
         self.out.send({"type": "budget-extended", "lease": number, "taken": taken})
+
+    def _transcript_put(self, msg: dict[str, Any]) -> None:
+        """A chunk of the session transcript the host kept; after the last, the file (or
+        why not: the first problem, answered once, at the last chunk)."""
+        lease = str(msg.get("lease", ""))
+        taken = self.incoming.setdefault(lease, [])
+        try:
+            if isinstance(taken, str):
+                raise TranscriptError(taken)
+            taken.append(decoded(msg.get("data")))
+            if sum(map(len, taken)) > MAX_PUT_BYTES:
+                raise TranscriptError(f"the transcript is larger than {MAX_PUT_BYTES} bytes")
+            if msg.get("last") is not True:
+                return
+            del self.incoming[lease]
+            home = Path.home()
+            data = b"".join(taken)
+            write_transcript(home, transcript_path(home, msg.get("cwd"), lease), data)
+        except TranscriptError as exc:
+            if msg.get("last") is not True:
+                self.incoming[lease] = str(exc)
+                return
+            self.incoming.pop(lease, None)
+            self.out.send({"type": "transcript-written", "lease": lease, "error": str(exc)})
+            return
+        self.out.send({"type": "transcript-written", "lease": lease, "bytes": len(data)})
+
+    def _transcript_get(self, msg: dict[str, Any]) -> None:
+        """Send the session transcript the CLI wrote, in chunks, then how much it was."""
+        lease = str(msg.get("lease", ""))
+        most, size = msg.get("max_bytes"), msg.get("chunk_bytes")
+        try:
+            if not (isinstance(most, int) and isinstance(size, int) and most > 0 and size > 0):
+                raise TranscriptError("a transcript request needs max_bytes and chunk_bytes")
+            data = read_transcript(transcript_path(Path.home(), msg.get("cwd"), lease), most)
+        except TranscriptError as exc:
+            self.out.send({"type": "transcript-sent", "lease": lease, "error": str(exc)})
+            return
+        for chunk in encoded_chunks(data, size):
+            self.out.send({"type": "transcript-chunk", "lease": lease, "data": chunk})
+        self.out.send({"type": "transcript-sent", "lease": lease, "bytes": len(data)})
 
     def _credentials(self, msg: dict[str, Any]) -> None:
         lease = str(msg.get("lease", ""))

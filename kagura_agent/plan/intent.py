@@ -40,6 +40,8 @@ MEASURED: tuple[str, ...] = (
     "tool_servers[].reason",
     "hardening.user",
     "hardening.tmpfs",
+    "brain.conversation.handed_back",
+    "brain.conversation.lost",
     "task.parent.run",
     "task.parent.narrowing",
     "memory.untrusted_inputs",

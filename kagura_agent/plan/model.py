@@ -259,6 +259,13 @@ class ModelEndpoint(ModelEndpointBase, Classified):
     pass
 
 
+class BrainConversation(TypedDict):
+    session: str
+    max_bytes: int
+    handed_back: int | None
+    lost: bool
+
+
 class BrainSection(TypedDict):
     name: str
     engine: BrainEngine
@@ -277,6 +284,8 @@ class BrainSection(TypedDict):
     cli_environment: NotRequired[dict[str, str]]
     # engine sdk in the container with its credential injected at the proxy
     model_endpoint: NotRequired[ModelEndpoint]
+    # engine sdk in a container, a named session: what the host keeps of its conversation
+    conversation: NotRequired[BrainConversation]
 
 
 class FixChange(TypedDict):
@@ -711,6 +720,25 @@ DESCRIPTIONS: dict[str, str] = {
         "Engine sdk: the Claude Code CLI's documented switches apply sets in the brain's"
         " environment, turning off its optional traffic (telemetry, error reports, update"
         " checks, feature flags, surveys, title calls): its only way out is the model calls."
+    ),
+    "brain.conversation": (
+        "Engine sdk in a container, a task naming a session: the host keeps the CLI's"
+        " transcript of the session's conversation (~/.claude/projects/<workdir>/<id>.jsonl)"
+        " after each run, scrubbed of the run's secrets, and hands it back to the next run's"
+        " container before its CLI starts; nothing else of HOME is kept. Absent otherwise."
+    ),
+    "brain.conversation.session": "The session's name.",
+    "brain.conversation.max_bytes": (
+        "The most the host keeps of one transcript; a larger one is not kept at all (the"
+        " next run starts a new conversation)."
+    ),
+    "brain.conversation.handed_back": (
+        "Bytes of the transcript this run's container gets back (its CLI resumes that"
+        " conversation), or null: the CLI starts a new conversation."
+    ),
+    "brain.conversation.lost": (
+        "The session had a conversation and it was not kept (too large, not text, or the"
+        " container did not give it back): this run's CLI starts a new one."
     ),
     "brain.idle_timeout_seconds": "Seconds without an event before the brain is stopped.",
     "brain.source": "Manifest file.",

@@ -34,6 +34,7 @@ from kagura_agent.patterns.dispatch import narrowing_violations
 from kagura_agent.patterns.failure_learning import failure_trust
 from kagura_agent.plan import commits, resume
 from kagura_agent.plan.budget import budget_approvals, ceiling_refusals, plan_budget
+from kagura_agent.plan.conversation import conversation
 from kagura_agent.plan.endpoint import endpoint_baseline, model_endpoint
 from kagura_agent.plan.injection import CLI_ENVIRONMENT, brain_injection
 from kagura_agent.plan.intent import intent_fingerprint
@@ -126,7 +127,7 @@ def compile_plan(
         else None
     )
     hardening = commits.hardening(_hardening(task, tenancy, facts, egress["mode"]), commits_section)
-    brain = _brain(task)
+    brain = _brain(task, facts)
     # A proxy that injects the brain's key is configured at its start: never a pooled one.
     egress["pool"] = egress["pool"] and brain_injection(brain) is None
     model_warnings: list[str] = []
@@ -677,7 +678,7 @@ def tmpfs_mounts(user: str, scratch_bytes: int) -> dict[str, str]:
     }
 
 
-def _brain(task: ResolvedTask) -> BrainSection:
+def _brain(task: ResolvedTask, facts: Facts) -> BrainSection:
     spec = task.brain.spec
     auth = spec.get("auth", {"mode": "none"})
     section: BrainSection = {
@@ -699,6 +700,8 @@ def _brain(task: ResolvedTask) -> BrainSection:
     }
     if spec["engine"] == "sdk":
         section["cli_environment"] = dict(CLI_ENVIRONMENT)
+        if task.runtime == "container" and task.session:
+            section["conversation"] = conversation(task.session, facts.checkpoint)
     return section
 
 

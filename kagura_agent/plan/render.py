@@ -9,7 +9,7 @@ from kagura_agent.hygiene import neutralise_data
 from kagura_agent.manifest.endpoint import API_NAMES
 from kagura_agent.manifest.scopes import is_full_access
 from kagura_agent.membrane.providers.traits import traits_of
-from kagura_agent.plan import commits, resume
+from kagura_agent.plan import commits, conversation, resume
 from kagura_agent.plan.admission import Admission, admit
 from kagura_agent.plan.injection import injected_provider
 from kagura_agent.plan.model import (
@@ -350,6 +350,7 @@ def render_text(plan: Plan, style: Style) -> str:
         scratch = _cli_scratch(plan["hardening"]["tmpfs"])
         if brain["runtime"] == "container" and scratch:
             out.append(f"               {scratch}")
+        out.extend(f"               {line}" for line in conversation.lines(plan))
     endpoint = brain.get("model_endpoint")
     if endpoint is not None:
         target, how = endpoint_lines(endpoint)
