@@ -10,14 +10,17 @@ So, for a task naming a session:
   conversation, and the run says so.
 - after the turn, :meth:`Conversation.take_back` asks the entrypoint for the CLI's
   transcript of the conversation, at most ``max_bytes``. It is the agent's writing: the
-  host reads it as UTF-8 text only to scrub every value the run's redactor knows (leased
-  credentials, resolved secrets, the canary: the same redactor as the run's output, in any
-  case) and keeps it compressed in the state store (patterns/transcripts.py), replacing
-  the session's last. Never run, never parsed as anything but text; nothing else of HOME
-  crosses (settings, hooks, plugins, memory files, other sessions' transcripts stay in
-  the container and end with it). What cannot be kept (too large, not UTF-8, missing, the
-  container not answering) drops the session's last transcript too: the next run starts a
-  new conversation rather than one that misses this run's part.
+  host reads it as UTF-8 text, holds it to the CLI's shape (one JSON object per line, all
+  of this session: patterns/transcripts.check_transcript), scrubs every value the run's
+  redactor knows (leased credentials, resolved secrets, the canary: the same redactor as
+  the run's output, in any case) and keeps it compressed in the state store, replacing
+  the session's last. Never run, never imported, nothing taken from it (budgets, spending
+  and leases are the checkpoint's, the CLI's permission mode its flags); nothing else of
+  HOME crosses (settings, hooks, plugins, memory files, other sessions' transcripts stay
+  in the container and end with it). What cannot be kept (too large, not UTF-8, not the
+  CLI's shape or another session's entries in it, missing, the container not answering)
+  drops the session's last transcript too: the next run starts a new conversation rather
+  than one that misses this run's part.
 
 A run the host stops (a kill, a wall or turn budget overrun, a tripwire) has no turn end:
 the session keeps what its last finished run left.
@@ -33,7 +36,9 @@ from kagura_agent.patterns.checkpoint import session_owner
 from kagura_agent.patterns.transcripts import (
     KeptTranscript,
     TranscriptLimits,
+    TranscriptRejected,
     TranscriptTooLarge,
+    check_transcript,
     drop_transcript,
     keep_transcript,
     load_transcript,
@@ -105,7 +110,8 @@ class Conversation:
         try:
             data = await channel.fetch_transcript(brain_session_id, self.cwd, self.limits.max_bytes)
             text = data.decode("utf-8")
-        except TranscriptRefused as exc:
+            check_transcript(text, brain_session_id)
+        except (TranscriptRefused, TranscriptRejected) as exc:
             why = str(exc)
         except UnicodeDecodeError:
             why = "the transcript is not UTF-8 text"

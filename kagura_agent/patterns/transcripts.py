@@ -19,6 +19,12 @@ bytes. The host never runs it and reads it only as text, to scrub the run's secr
 
 One row per session (the session's name, as a checkpoint), bound to its owner: another
 owner naming the same session reads nothing.
+
+Before it is kept, :func:`check_transcript` holds the text to the shape the CLI writes: one
+JSON object per line, each of this session (a ``sessionId`` other than the conversation's
+is another session's entry planted in it). It reads the text as data and takes nothing
+from it: the session's budgets, spending and leases are the host's checkpoint's
+(patterns/checkpoint.py), the CLI's permission mode and budgets its next run's flags.
 """
 
 from __future__ import annotations
@@ -71,6 +77,38 @@ class KeptTranscript:
 
 class TranscriptTooLarge(ValueError):
     """A transcript over the limit: it is not kept."""
+
+
+class TranscriptRejected(ValueError):
+    """A transcript that is not what the CLI writes (the message says where): not kept."""
+
+
+def check_transcript(text: str, brain_session_id: str) -> int:
+    """The number of entries of ``text``, the CLI's transcript of ``brain_session_id``;
+    TranscriptRejected, naming the first line that is not one JSON object of that session
+    (or nests too deep to read), or for a transcript with no entry at all."""
+    count = 0
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except RecursionError:
+            raise TranscriptRejected(f"line {number} nests too deep to be read") from None
+        except ValueError:
+            raise TranscriptRejected(f"line {number} is not JSON") from None
+        if not isinstance(entry, dict):
+            raise TranscriptRejected(f"line {number} is not a JSON object")
+        named = entry.get("sessionId", brain_session_id)
+        if named != brain_session_id:
+            shown = json.dumps(named)[:60]
+            raise TranscriptRejected(
+                f"line {number} is an entry of another session ({shown}), not {brain_session_id}"
+            )
+        count += 1
+    if not count:
+        raise TranscriptRejected("the transcript holds no entry")
+    return count
 
 
 def _migrated(state: StateStore) -> StateStore:
