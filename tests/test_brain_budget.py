@@ -16,6 +16,7 @@ import pytest
 from kagura_agent.brain.engines.sdk import SdkBrain
 from kagura_agent.brain.events import (
     BrainEvent,
+    CheckpointEvent,
     CostEvent,
     DoneEvent,
     ErrorEvent,
@@ -151,6 +152,10 @@ def test_a_refused_extension_ends_the_turn_with_the_cli_error_and_why(
     assert "turn budget was not extended: not approved: no answer within 5s" in error.message
     assert outputs(events) == ["turn 1 of 5", "turn 2 of 5"]
     assert len(argvs(fake_log)) == 1  # no second CLI
+    # The conversation so far is the session's, for its next run to resume within what
+    # is left (the error carries no session id).
+    checkpoint = events[-2]
+    assert isinstance(checkpoint, CheckpointEvent) and checkpoint.session_id, events[-3:]
 
 
 def test_without_a_host_to_ask_the_turn_ends_saying_so(tmp_path: Path, fake_log: Path) -> None:

@@ -151,3 +151,49 @@ def test_a_forged_system_entry_grants_the_next_run_nothing(
     assert "requires approval" in refused or "permission" in refused.lower(), refused
     assert not (project / "escaped.txt").exists()
     assert [line for line in lines if line.get("kind") == "brain"][-1]["type"] == "done"
+
+
+LEFT_SCRIPT = {
+    "conversations": [
+        {
+            "match": "TASK-LEFT",
+            "turns": [
+                bash("echo turn 1 of 3"),
+                bash("echo turn 2 of 3"),
+                bash("echo turn 3 of 3"),
+                {"text": "Finished all 3 turns"},
+            ],
+        }
+    ]
+}
+
+
+def test_a_session_stopped_by_its_budget_resumes_its_conversation_within_what_is_left(
+    docker_client: Any, images: tuple[str, str], tmp_path: Path, state_dir: Path
+) -> None:
+    """Run 1 runs out of its 2-turn budget with nobody to extend it: it fails, and the
+    session keeps its conversation and what it spent (2 turns, by the host's count). The
+    operator raises the task's budget to 4: the next plan has 2 turns left and hands the
+    conversation back, and that run's CLI resumes it and finishes within them."""
+    real, base = images
+    with model(docker_client, base, LEFT_SCRIPT) as fake:
+        spec = {"prompt": "TASK-LEFT", "session": "work", "budget": {"turns": 2}}
+        folder, task_file, project = task(tmp_path, real, spec)
+        environment = env(state_dir, fake)
+        code, first, _, err = apply(apply_argv(folder, task_file), environment)
+        assert code != 0 and first.get("outcome") != "success", err[-5000:]
+        assert "its conversation is kept for the next run" in err, err[-3000:]
+        write_task(project, "conformance", {**spec, "image": "agent-real", "brain": "claude",
+                                            "egress": ["anthropic"], "budget": {"turns": 4}})  # fmt: skip
+        plan = _plan(folder, task_file, environment)
+        code, second, lines, err = apply(apply_argv(folder, task_file), environment)
+        calls = agent_calls(fake)
+    assert plan["budget"]["turns"] == 2
+    assert plan["budget"]["resumed"]["spent"]["turns"] == 2
+    assert isinstance(plan["brain"]["conversation"]["handed_back"], int)
+    assert code == 0 and second["outcome"] == "success", err[-5000:]
+    # Two calls, then the resumed conversation's two: the first run's history carried over.
+    assert [c["turn"]["index"] for c in calls] == [0, 1, 2, 3]
+    assert "turn 2 of 3" in json.dumps(calls[2]["body"]["messages"])
+    done = [line for line in lines if line.get("kind") == "brain"][-1]
+    assert done["type"] == "done" and done["result"] == "Finished all 3 turns"

@@ -23,7 +23,9 @@ So, for a task naming a session:
   than one that misses this run's part.
 
 A run the host stops (a kill, a wall or turn budget overrun, a tripwire) has no turn end:
-the session keeps what its last finished run left.
+the session keeps what its last finished run left. A turn that ends on a budget nobody
+extended is a turn end: its conversation is kept (the engine's checkpoint names it), and
+the next run resumes it within what the session has left (plan/resume.py).
 """
 
 from __future__ import annotations

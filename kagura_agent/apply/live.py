@@ -192,10 +192,10 @@ class LiveView:
                 "dim",
             )
         elif isinstance(event, CheckpointEvent):
-            self._write(
-                f"{self._elapsed()} ✓ checkpoint: step {event.step} done, {event.pending} pending",
-                "dim",
-            )
+            where = f"step {event.step} done, {event.pending} pending"
+            if not (event.step or event.pending) and event.session_id:
+                where = f"brain session {event.session_id}"  # an engine without steps
+            self._write(f"{self._elapsed()} ✓ checkpoint: {where}", "dim")
         elif isinstance(event, DoneEvent):
             if event.result:
                 self._paragraph(event.result)

@@ -215,7 +215,9 @@ class _Turn:
                     await self._stop_past_budget(why)
                     break
             if conversation is not None and not self.channel.stopped:
-                conversation_id = self.tally.session_id or session_id
+                # The conversation's id as the engine last said it (done, or a checkpoint
+                # when it stopped on a budget nobody extended), else the one resumed.
+                conversation_id = self.tally.session_id or self.book.brain_session_id
                 await conversation.take_back(self.ctx, self.channel, conversation_id)
         finally:
             for task in (renewer, steering, wall, budgets, counted):

@@ -44,6 +44,7 @@ from kagura_agent.brain.dispatch_tool import (
 from kagura_agent.brain.events import (
     MAX_TEXT_CHARS,
     BrainEvent,
+    CheckpointEvent,
     CostEvent,
     DoneEvent,
     ErrorEvent,
@@ -117,6 +118,10 @@ class SdkBrain:
             spent.add(segment)
             answer = await self._extend(segment, spent)
             if not answer["granted"]:
+                if segment.session_id:
+                    # The conversation so far, for the session's next run to resume within
+                    # what it has left (an error carries no session id).
+                    yield CheckpointEvent(step=0, pending=0, session_id=segment.session_id)
                 yield ErrorEvent(
                     message=f"claude reported an error: {segment.detail}; the"
                     f" {BRAIN_BUDGETS[segment.limited]} budget was not extended: {answer['message']}",
