@@ -27,6 +27,7 @@ from kagura_agent.apply.context import RunContext
 from kagura_agent.apply.conversation import Conversation
 from kagura_agent.apply.live import LiveView
 from kagura_agent.brain.channel import ChannelLimits, TranscriptRefused
+from kagura_agent.brain.transcript import TranscriptError, project_key
 from kagura_agent.clock import FixedClock
 from kagura_agent.membrane.secrets import REDACTED, Redactor
 from kagura_agent.patterns.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -460,3 +461,18 @@ def test_the_operations_page_shows_the_golden_conversation_lines() -> None:
     expected = (REPO / "tests" / "plans" / "resumed-conversation" / "expected.txt").read_text()
     lines = [line for line in expected.splitlines() if "conversation" in line]
     assert len(lines) == 2 and all(line in page for line in lines)
+
+
+@pytest.mark.parametrize(
+    "cwd", ["/workspace", "/srv/my project/sub_dir.v2", "/tmp/a-b/" + "c" * 150, "/x/ü"]
+)
+def test_the_entrypoint_names_the_project_folder_as_the_cli_does(cwd: str) -> None:
+    """The entrypoint's own naming (it never imports the SDK before a turn) is the SDK's,
+    for every working directory it accepts."""
+    sdk = pytest.importorskip("claude_agent_sdk")
+    assert project_key(cwd) == sdk.project_key_for_directory(cwd)
+
+
+def test_a_working_directory_the_cli_would_hash_is_refused() -> None:
+    with pytest.raises(TranscriptError, match="longer than 200 characters"):
+        project_key("/" + "d" * 200)

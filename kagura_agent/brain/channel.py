@@ -105,8 +105,9 @@ class ChannelLimits:
     stop_grace_seconds: float = 5.0
     kill_grace_seconds: float = 5.0
     ack_timeout_seconds: float = 10.0
-    # How long a session transcript may take to cross, either way (16 MiB takes ~1 s).
-    transcript_seconds: float = 60.0
+    # How long a session transcript may take to cross, either way (16 MiB takes ~1 s; the
+    # first message also waits for the entrypoint to start, slow on a busy machine).
+    transcript_seconds: float = 120.0
     max_memory_requests: int = 4
     max_memory_text: int = 64 * 1024
     # What one run may store in the host's memory (remember and link), in all: each write

@@ -2,7 +2,7 @@
 
 The Claude Code CLI resumes ``--resume ID`` from the one file it wrote for the session,
 ``$HOME/.claude/projects/<key>/<ID>.jsonl``, ``key`` being the working directory as the
-CLI names it (``claude_agent_sdk.project_key_for_directory``). The host keeps that file
+CLI names it (:func:`project_key`). The host keeps that file
 between runs (patterns/transcripts.py) and the entrypoint moves it across the channel:
 
     host -> container  {"type": "transcript-put", "lease": ID, "cwd": DIR, "data": B64,
@@ -17,8 +17,7 @@ between runs (patterns/transcripts.py) and the entrypoint moves it across the ch
 
 By the time the host asks for the file the agent has run: it may have replaced it with a
 link, a FIFO, a device or something huge. It is read only as a regular file opened
-without following a link or blocking, and never past ``max_bytes``. Stdlib (and the SDK's
-naming of the project directory, imported when a transcript moves).
+without following a link or blocking, and never past ``max_bytes``. Stdlib only.
 """
 
 from __future__ import annotations
@@ -37,6 +36,8 @@ MAX_PUT_BYTES = 64 * 1024 * 1024
 PUT_CHUNK_BYTES = 1024 * 1024
 # Room on a chunk line for everything but the data.
 LINE_OVERHEAD = 256
+MAX_KEY_CHARS = 200
+_NOT_ALNUM = re.compile(r"[^A-Za-z0-9]")
 
 
 class TranscriptError(Exception):
@@ -70,9 +71,19 @@ def transcript_path(home: Path, cwd: object, session_id: object) -> Path:
         raise TranscriptError("the session id is not a UUID")
     if not isinstance(cwd, str) or not cwd.startswith("/"):
         raise TranscriptError("the working directory is not an absolute path")
-    from claude_agent_sdk import project_key_for_directory  # the CLI's naming, as the SDK has it
+    return home / ".claude" / "projects" / project_key(cwd) / f"{session_id}.jsonl"
 
-    return home / ".claude" / "projects" / project_key_for_directory(cwd) / f"{session_id}.jsonl"
+
+def project_key(cwd: str) -> str:
+    """The folder the CLI names after its working directory ``cwd``: its real path with
+    every character but an ASCII letter or digit made a hyphen (as
+    ``claude_agent_sdk.project_key_for_directory`` says; a test holds the two together).
+    Not the SDK's own function: importing the SDK takes seconds of CPU, and this runs
+    before the turn. A name over ``MAX_KEY_CHARS`` gets a hash from the CLI: refused."""
+    key = _NOT_ALNUM.sub("-", os.path.realpath(cwd))
+    if len(key) > MAX_KEY_CHARS:
+        raise TranscriptError(f"the working directory is longer than {MAX_KEY_CHARS} characters")
+    return key
 
 
 def write_transcript(home: Path, path: Path, data: bytes) -> None:
