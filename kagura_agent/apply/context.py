@@ -42,6 +42,9 @@ class ApplyOptions:
     allow_host_runtime: bool = False
     interactive: bool = False
     approval_timeout: float = 120.0
+    # A mid-run budget question is asked at least this long before the budget ends, so
+    # the operator has that long to answer (capped by the budget itself).
+    answer_floor: float = 30.0
     as_json: bool = False
     who: str = ""
     clock: Clock = field(default_factory=SystemClock)

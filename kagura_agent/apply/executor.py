@@ -140,6 +140,7 @@ def apply_plan(
                 asker=_mid_run_asker(options, live),
                 amender=Amender(options.compiled, plan),
                 timeout=options.approval_timeout,
+                answer_floor=options.answer_floor,
             ),
         )
         return _locked(ctx)
@@ -267,7 +268,9 @@ def _failed_by(aftercare: Aftercare, result: RunResult) -> RunResult:
 def _ended_early(ctx: RunContext, outcome: Outcome, code: int, denials: Denials) -> RunResult:
     ended = "interrupted" if outcome == "interrupted" else "terminated"
     ctx.live.note(f"{ended}: everything of this run was released and removed", "yellow")
-    return RunResult(ctx.run_id, outcome, code, denials=tuple(denials))
+    # How long it ran before it was stopped (and cleaned up), as any other run says.
+    took = round(time.monotonic() - ctx.live.started, 3)
+    return RunResult(ctx.run_id, outcome, code, denials=tuple(denials), wall_seconds=took)
 
 
 def _approvals(store: StateStore, plan: Plan, options: ApplyOptions, live: LiveView) -> set[str]:

@@ -29,16 +29,22 @@ from kagura_agent.brain.events import (
     CostEvent,
     DoneEvent,
     ErrorEvent,
+    EventShapeError,
     TextEvent,
     ToolCallEvent,
+    ToolOutputEvent,
     ToolResultEvent,
+    event_from_json,
     event_to_json,
 )
 from kagura_agent.hygiene import AGENT_MARK, agent_lines, json_text, neutralise
+from kagura_agent.membrane.egress.audit import NOT_FORWARDED
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.ui import Style
 
 RESULT_LINES = 6
+# Running tools whose streamed lines are counted at once (their results come in order).
+MAX_STREAMED_CALLS = 64
 VERIFY_LINES = 5  # of a failed verify command's output
 
 
@@ -52,6 +58,24 @@ def tool_call_detail(tool_input: Any) -> str:
         return str(argv[-1]) if argv[:2] == ["bash", "-c"] else " ".join(map(str, argv))
     detail = tool_input.get("command") or tool_input.get("description")
     return str(detail) if detail else json.dumps(tool_input, ensure_ascii=False)
+
+
+def egress_line(event: dict[str, Any]) -> str:
+    """One proxy decision worth showing, in words ("" for an allow). A request to a host
+    the allowlist lets through that reached no upstream (the name did not resolve, the
+    connection was refused) was allowed: it is not shown as denied."""
+    if event.get("decision") != "deny":
+        return ""
+    where = f"{event.get('host')}:{event.get('port')}"
+    reason = str(event.get("reason") or "")
+    if reason == NOT_FORWARDED:
+        if event.get("entry"):
+            return (
+                f"⊘ egress to {where} allowed ({event['entry']}), but no upstream answered"
+                " (the name did not resolve or the connection failed)"
+            )
+        return f"⊘ egress to {where} not forwarded (the proxy answered it itself)"
+    return f"⊘ egress denied {where}" + (f" ({reason})" if reason else "")
 
 
 class LiveView:
@@ -71,6 +95,10 @@ class LiveView:
         self.watchers: list[Callable[[dict[str, Any]], None]] = []
         # Where every item shown is kept too, scrubbed (the run's journal, journal.py).
         self.keep: Callable[[str, dict[str, Any]], None] | None = None
+        # Lines of each running tool's output already shown (tool_output events): its
+        # result then says how many, without showing them again.
+        self._streamed: dict[str, int] = {}
+        self._at: float | None = None  # replay: the shown item's own time
 
     def _kept(self, kind: str, payload: dict[str, Any]) -> None:
         if self.keep is not None:
@@ -113,7 +141,41 @@ class LiveView:
             self._gone = True
 
     def _elapsed(self) -> str:
-        return f"{time.monotonic() - self.started:6.1f}s"
+        at = self._at if self._at is not None else time.monotonic() - self.started
+        return f"{at:6.1f}s"
+
+    def replay(self, item: dict[str, Any], at: float | None = None) -> bool:
+        """Show one item of another apply's ``--json`` stream (``queue follow``) as this
+        view shows its own, ``at`` seconds into that run; False for a kind it does not
+        show (the caller's own, such as a queue's status)."""
+        self._at = at
+        try:
+            kind = item.get("kind")
+            if kind == "phase":
+                self.phase(str(item.get("message", "")))
+            elif kind == "note":
+                self.note(str(item.get("message", "")))
+            elif kind == "egress":
+                self.egress(item)
+            elif kind == "incident":
+                self.incident(str(item.get("id", "")), str(item.get("reason", "")))
+            elif kind == "ask" and "request" in item:
+                self.ask(item)
+            elif kind == "verify_output":
+                self._agent("\n".join(map(str, item.get("lines") or [])), "dim")
+            elif kind == "brain":
+                try:
+                    event = event_from_json(
+                        {k: v for k, v in item.items() if k not in ("kind", "at")}
+                    )
+                except EventShapeError:
+                    return False
+                self.brain(event)
+            else:
+                return False
+            return True
+        finally:
+            self._at = None
 
     def phase(self, message: str) -> None:
         self._kept("phase", {"message": message})
@@ -135,9 +197,10 @@ class LiveView:
     def egress(self, event: dict[str, Any]) -> None:
         if self.as_json:
             self._json("egress", event)
-        elif event.get("decision") == "deny":
-            where = f"{event.get('host')}:{event.get('port')}"
-            self._write(f"{self._elapsed()} ⊘ egress denied {where}", "yellow")
+            return
+        line = egress_line(event)
+        if line:
+            self._write(f"{self._elapsed()} {line}", "yellow")
 
     def incident(self, incident_id: str, reason: str) -> None:
         """A tripwire stopped the run (the cockpit relays this to the run's thread)."""
@@ -177,6 +240,14 @@ class LiveView:
             while "\n\n" in self._text:
                 paragraph, self._text = self._text.split("\n\n", 1)
                 self._paragraph(paragraph)
+            return
+        if isinstance(event, ToolOutputEvent):
+            # A running tool's output, as it comes: the agent's text, framed.
+            self.flush_text()
+            lines = event.text.rstrip("\n").split("\n")
+            if len(self._streamed) < MAX_STREAMED_CALLS or event.id in self._streamed:
+                self._streamed[event.id] = self._streamed.get(event.id, 0) + len(lines)
+            self._agent("\n".join(line[:200] for line in lines), "dim")
             return
         self.flush_text()
         if isinstance(event, ToolCallEvent):
@@ -241,6 +312,10 @@ class LiveView:
         code = f"exit {event.exit_code}" if event.exit_code is not None else "done"
         colour = ("red",) if event.is_error or (event.exit_code or 0) != 0 else ("green",)
         lines = event.output.rstrip().splitlines()
+        shown = self._streamed.pop(event.id, None)
+        if shown is not None:  # its output was shown as it came
+            self._write(f"{self._elapsed()}   {code} ({shown} lines, shown above)", *colour)
+            return
         self._write(f"{self._elapsed()}   {code} ({len(lines)} lines)", *colour)
         if lines:
             self._agent("\n".join(line[:200] for line in lines[:RESULT_LINES]), "dim")

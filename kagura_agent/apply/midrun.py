@@ -130,6 +130,7 @@ class MidRun:
         asker: Asker,
         amender: Amender,
         timeout: float,
+        answer_floor: float = 30.0,
     ) -> None:
         self.store = store
         self.run_id = run_id
@@ -138,6 +139,9 @@ class MidRun:
         self.asker = asker
         self.amender = amender
         self.timeout = timeout
+        # The least time an operator gets to answer a budget question (--answer-floor):
+        # the question is asked that long before the budget ends (never before it starts).
+        self.answer_floor = min(answer_floor, timeout)
         self.egress: Egress | None = None
         self.broker: Broker | None = None
         self.leases: list[Lease] = []  # the run's leases inside the container (grants join)
@@ -308,7 +312,7 @@ class MidRun:
             wall = self.plan["budget"]["wall_seconds"]
             if not wall:
                 return
-            lead = min(max(wall / 3, WALL_LEAD_MIN), WALL_LEAD_MAX)
+            lead = wall_lead(wall, self.answer_floor)
             await asyncio.sleep(max(started + wall - lead - loop.time(), 0.0))
             left = started + wall - loop.time()
             if not await self._extend_wall(wall, left):
@@ -437,7 +441,7 @@ class MidRun:
                 continue
             now = lease.broker.clock.now()
             left = (lease.held_until - now).total_seconds()
-            if left > lease_lead(lease.budget.seconds):
+            if left > lease_lead(lease.budget.seconds, self.answer_floor):
                 continue
             self._lease_asked.add(asked)
             await self._extend_lease(lease, left)
@@ -567,9 +571,19 @@ class MidRun:
             )
 
 
-def lease_lead(budget_seconds: float) -> float:
-    """Seconds before a lease fails closed that its extension is asked about."""
-    return min(max(budget_seconds / 3, LEASE_LEAD_MIN), LEASE_LEAD_MAX)
+def wall_lead(wall_seconds: float, answer_floor: float = 0.0) -> float:
+    """Seconds before the wall budget ends that its extension is asked about: a third of
+    it (10 s..5 min), never less than the operator's answer floor, never before it starts
+    (a 30 s budget with a 30 s floor is asked about at once: 28 s to answer, not 8)."""
+    lead = min(max(wall_seconds / 3, WALL_LEAD_MIN), WALL_LEAD_MAX)
+    return min(max(lead, answer_floor + ANSWER_MARGIN), max(wall_seconds, 0.0))
+
+
+def lease_lead(budget_seconds: float, answer_floor: float = 0.0) -> float:
+    """Seconds before a lease fails closed that its extension is asked about: a third of
+    its budget (10 s..2 min), and never less than the operator's answer floor."""
+    lead = min(max(budget_seconds / 3, LEASE_LEAD_MIN), LEASE_LEAD_MAX)
+    return min(max(lead, answer_floor + ANSWER_MARGIN), max(budget_seconds, 0.0))
 
 
 def _left(budget: Mapping[str, Any], turns: int, usd: float) -> dict[str, Any]:

@@ -204,6 +204,11 @@ class _Turn:
         wall = asyncio.create_task(midrun.watch_wall()) if midrun is not None else None
         budgets = asyncio.create_task(midrun.watch_leases()) if midrun is not None else None
         counted = asyncio.create_task(self._watch_calls()) if midrun is not None else None
+        # The container is up and the turn is sent: say so, or the run would still read
+        # "starting container" while the brain works.
+        self.ctx.live.phase(
+            f"brain {self.plan['brain']['name']} ({self.plan['brain']['engine']}) running"
+        )
         try:
             async for event in self.channel.run_turn(turn):
                 self.ctx.live.brain(event)

@@ -39,6 +39,17 @@ class ToolCallEvent:
 
 
 @dataclass(frozen=True)
+class ToolOutputEvent:
+    """Output of a tool still running, whole lines as they come (a step's stdout and
+    stderr), so the live view shows it line by line; its ToolResultEvent follows with
+    the exit code and the output's capped tail. Shown, never the basis of a decision."""
+
+    type: ClassVar[str] = "tool_output"
+    id: str
+    text: str
+
+
+@dataclass(frozen=True)
 class ToolResultEvent:
     """A tool finished; ``output`` is capped text, ``exit_code`` set for shell tools."""
 
@@ -97,6 +108,7 @@ ERROR_CODES = frozenset(
 BrainEvent = (
     TextEvent
     | ToolCallEvent
+    | ToolOutputEvent
     | ToolResultEvent
     | CostEvent
     | CheckpointEvent
@@ -111,6 +123,7 @@ _CLASSES: dict[str, type[Any]] = {
     for cls in (
         TextEvent,
         ToolCallEvent,
+        ToolOutputEvent,
         ToolResultEvent,
         CostEvent,
         CheckpointEvent,
@@ -123,6 +136,7 @@ _CLASSES: dict[str, type[Any]] = {
 _SPEC: dict[str, dict[str, tuple[type | None, ...]]] = {
     "text": {"text": (str,)},
     "tool_call": {"id": (str,), "name": (str,), "input": (dict,)},
+    "tool_output": {"id": (str,), "text": (str,)},
     "tool_result": {
         "id": (str,),
         "output": (str,),

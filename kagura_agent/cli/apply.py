@@ -98,6 +98,14 @@ def add_apply_options(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="deny after S seconds",
     )
+    parser.add_argument(
+        "--answer-floor",
+        type=seconds(1, 86400),
+        default=30.0,
+        metavar="S",
+        help="ask a mid-run budget question at least S seconds before the budget ends, so"
+        " an operator has that long to answer (default 30; capped by the budget)",
+    )
     parser.add_argument("--json", action="store_true", help="events as JSON lines; result as JSON")
 
 
@@ -188,6 +196,7 @@ def apply_options(
         allow_host_runtime=args.allow_host_runtime,
         interactive=sys.stdin.isatty(),
         approval_timeout=args.approval_timeout,
+        answer_floor=args.answer_floor,
         as_json=args.json,
         accept_since=accept_since,
     )

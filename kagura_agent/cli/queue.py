@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import datetime
 from typing import Any
 
 from kagura_agent.cli.common import seconds
@@ -55,15 +56,25 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_follow(args: argparse.Namespace) -> int:
+    from kagura_agent.apply.live import LiveView
+    from kagura_agent.membrane.secrets import Redactor
     from kagura_agent.team.db import queue_url
     from kagura_agent.team.queue import follow
 
     last: dict[str, Any] = {}
+    # The run's events shown as apply shows its own (tool calls with their commands, a
+    # step's output line by line, egress decisions in words), timed from its first.
+    view = LiveView(Redactor(), stream=sys.stdout)
+    first: datetime | None = None
     for item in follow(queue_url(args.queue_url), args.run_id, timeout=args.timeout):
         last = item
         if args.json:
             print(json.dumps(item, default=str), flush=True)
-        else:
+            continue
+        at = _at(item)
+        first = first or at
+        elapsed = (at - first).total_seconds() if at and first else None
+        if not view.replay(item, elapsed):
             print(_line(item), flush=True)
     status = last.get("status")
     code = last.get("exit_code")
@@ -90,15 +101,31 @@ def run_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at(item: dict[str, Any]) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(item.get("at")))
+    except ValueError:
+        return None
+
+
 def _line(item: dict[str, Any]) -> str:
+    """The queue's own items (and any apply does not show): one line each, in words."""
+    from kagura_agent.hygiene import neutralise
+
     kind = item.get("kind", "")
     if kind == "status":
         why = f" ({item['message']})" if item.get("message") else ""
-        return f"run {item['run_id']}: {item['status']}{why}"
-    if kind == "brain":
-        return f"  brain: {item.get('type', '')} {item.get('text', '') or ''}".rstrip()
-    message = item.get("message")
-    return f"  {kind}: {message}" if message else f"  {kind}: {json.dumps(item, default=str)}"
+        line = f"run {item['run_id']}: {item['status']}{why}"
+    elif kind == "end":
+        code = item.get("exit_code")
+        said = f": {item['message']}" if item.get("message") else ""
+        line = f"  ended {item.get('status', '')} (exit {code}){said}"
+    elif item.get("message"):
+        line = f"  {kind}: {item['message']}"
+    else:
+        shown = {k: v for k, v in item.items() if k not in ("kind", "at")}
+        line = f"  {kind}: " + ", ".join(f"{k} {v}" for k, v in shown.items())
+    return neutralise(line, newlines=False)
 
 
 def run_runners(args: argparse.Namespace) -> int:

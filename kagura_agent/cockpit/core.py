@@ -24,6 +24,7 @@ import os
 import secrets
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -577,8 +578,11 @@ class Cockpit:
                 f" {s.run_id or '-':<16} by {s.requested_by}"
             )
             if s.state == "running":
-                phase = progress.phase if progress is not None else "followed after a restart"
-                lines.append(f"    phase: {phase}")
+                if progress is not None:
+                    since = _age(time.monotonic() - progress.since)
+                    lines.append(f"    phase: {progress.phase} (for {since})")
+                else:
+                    lines.append("    phase: followed after a restart")
             elif s.state == "queued":
                 lines.append(f"    queued behind {self._behind.get(s.id, 'a restart')}")
             elif s.state == "awaiting-approval":

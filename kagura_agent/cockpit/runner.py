@@ -20,12 +20,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-from kagura_agent.apply.live import tool_call_detail
+from kagura_agent.apply.live import egress_line, tool_call_detail
 from kagura_agent.brain.events import MAX_TEXT_CHARS
 from kagura_agent.clock import iso
 from kagura_agent.hostproc import kagura_argv, kagura_environment, popen
@@ -53,11 +53,17 @@ class RunOutcome:
 
 @dataclass
 class Progress:
-    """What ``status`` shows of a running session; updated from apply's live events."""
+    """What ``status`` shows of a running session; updated from apply's live events.
+    ``since``: when the phase began (time.monotonic), so status says for how long."""
 
     phase: str = "starting"
     cost_usd: float | None = None
     turns: int = 0
+    since: float = field(default_factory=time.monotonic)
+
+    def moved(self, phase: str) -> None:
+        self.phase = phase[:80]
+        self.since = time.monotonic()
 
 
 def apply_argv(
@@ -94,9 +100,7 @@ def _event_line(item: dict[str, Any]) -> str | None:
     if kind == "verify_output":
         return "\n".join(agent_lines("\n".join(map(str, item.get("lines") or []))))
     if kind == "egress":
-        if item.get("decision") == "deny":
-            return _own(f"⊘ egress denied {item.get('host')}:{item.get('port')}")
-        return None
+        return _own(egress_line(item)) or None
     if kind == "brain":
         return _brain_line(item)
     if kind == "incident":
@@ -121,6 +125,9 @@ def _brain_line(item: dict[str, Any]) -> str | None:
     if kind == "tool_call":
         detail = tool_call_detail(item.get("input") or {})
         return _own(f"▸ {item.get('name')}: {detail[:DETAIL_CHARS]}")
+    if kind == "tool_output":  # a running step's output, line by line: the agent's, framed
+        text = str(item.get("text") or "").rstrip("\n")
+        return "\n".join(agent_lines(text)) if text else None
     if kind == "error":
         return _own(f"✗ brain error ({item.get('code')}): {item.get('message')}")
     return None
@@ -281,16 +288,23 @@ class Feed:
         if not isinstance(item, dict):
             return
         if item.get("kind") == "phase":
-            self.progress.phase = str(item.get("message", ""))[:80]
+            self.progress.moved(str(item.get("message", "")))
         elif item.get("kind") == "brain":
             self._brain(item)
         elif item.get("kind") == "runner":  # a team run taken by a runner
-            self.progress.phase = str(item.get("message", ""))[:80]
+            self.progress.moved(str(item.get("message", "")))
         elif item.get("kind") == "ask" and self.on_ask is not None:
             self.on_ask(item)
 
     def _brain(self, item: dict[str, Any]) -> None:
         kind = item.get("type")
+        # What the brain is doing now: status shows it (and since when), not the phase
+        # the container started in.
+        if kind == "tool_call":
+            detail = tool_call_detail(item.get("input") or {})
+            self.progress.moved(f"running {item.get('name')}: {neutralise(detail, newlines=False)}")
+        elif kind == "tool_result":
+            self.progress.moved("brain working")
         if kind == "cost":
             if isinstance(item.get("usd"), int | float):
                 self.progress.cost_usd = float(item["usd"])

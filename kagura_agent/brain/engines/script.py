@@ -1,8 +1,9 @@
 """The script engine: deterministic steps, no LLM. Works offline; most tests use it.
 
 Each step is a shell command (``bash -c``) or an argv list, run in the turn's cwd with
-the tool environment. The engine stops at the first failing step, and checkpoints after
-each step so a resumed session (``completed_steps``) skips what already ran.
+the tool environment; its output streams as tool_output events, line by line, while it
+runs. The engine stops at the first failing step, and checkpoints after each step so a
+resumed session (``completed_steps``) skips what already ran.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import signal
 import uuid
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 
 from kagura_agent.brain.events import (
     MAX_TEXT_CHARS,
@@ -23,9 +25,14 @@ from kagura_agent.brain.events import (
     ErrorEvent,
     TextEvent,
     ToolCallEvent,
+    ToolOutputEvent,
     ToolResultEvent,
 )
 from kagura_agent.brain.protocol import Step, Turn, tool_servers_refusal
+
+# A step's output shown live, at most this much (the result keeps the tail in any case).
+STREAM_CHARS = MAX_TEXT_CHARS
+STREAM_STOPPED = "[… the rest of this step's output comes with its result]\n"
 
 
 def tool_env(extra: Mapping[str, str]) -> dict[str, str]:
@@ -67,14 +74,24 @@ class ScriptBrain:
             argv = _argv(steps[index])
             call_id = f"step-{index + 1}"
             yield ToolCallEvent(id=call_id, name="bash", input={"argv": argv})
+            finished: _Finished | None = None
             try:
-                code, output, truncated = await _run_step(argv, turn.cwd, env)
+                async for item in _run_step(argv, turn.cwd, env):
+                    if isinstance(item, _Finished):
+                        finished = item
+                    else:  # the step's output as it comes, line by line
+                        yield ToolOutputEvent(id=call_id, text=item)
             except OSError as exc:
                 yield ToolResultEvent(id=call_id, output=str(exc), is_error=True, exit_code=127)
                 yield ErrorEvent(message=f"step {index + 1} could not start: {exc}", code="setup")
                 return
+            assert finished is not None
+            code = finished.code
             yield ToolResultEvent(
-                id=call_id, output=_cap(output, truncated), is_error=code != 0, exit_code=code
+                id=call_id,
+                output=_cap(finished.output, finished.truncated),
+                is_error=code != 0,
+                exit_code=code,
             )
             if code != 0:
                 yield CostEvent(usd=0.0, turns=index + 1 - start)
@@ -89,8 +106,21 @@ class ScriptBrain:
         yield DoneEvent(result=f"{len(steps) - start} step(s) completed", session_id=session)
 
 
-async def _run_step(argv: list[str], cwd: str | None, env: dict[str, str]) -> tuple[int, str, bool]:
-    """Run one step in its own process group; return (exit code, output tail, truncated)."""
+@dataclass(frozen=True)
+class _Finished:
+    """A step's end: its exit code and the tail of its output."""
+
+    code: int
+    output: str
+    truncated: bool
+
+
+async def _run_step(
+    argv: list[str], cwd: str | None, env: dict[str, str]
+) -> AsyncIterator[str | _Finished]:
+    """Run one step in its own process group: yield its output's whole lines as they
+    come (at most STREAM_CHARS of them, then a word that the rest comes with the
+    result), then its _Finished (exit code, output tail)."""
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=cwd,
@@ -105,6 +135,8 @@ async def _run_step(argv: list[str], cwd: str | None, env: dict[str, str]) -> tu
     assert proc.stdout is not None
     tail = bytearray()
     truncated = False
+    pending = bytearray()  # streamed output not yet ending in a newline
+    streamed = 0
     try:
         # Read incrementally and keep only the tail, so a step that floods its output
         # cannot grow this process's memory without bound.
@@ -113,12 +145,24 @@ async def _run_step(argv: list[str], cwd: str | None, env: dict[str, str]) -> tu
             if len(tail) > 2 * MAX_TEXT_CHARS:
                 del tail[: len(tail) - MAX_TEXT_CHARS]
                 truncated = True
+            if streamed >= STREAM_CHARS:
+                continue
+            pending += chunk
+            cut = pending.rfind(b"\n")
+            if cut >= 0:
+                lines = bytes(pending[: cut + 1])
+                del pending[: cut + 1]
+                text = lines.decode(errors="replace")[: STREAM_CHARS - streamed]
+                streamed += len(text)
+                yield text if streamed < STREAM_CHARS else text + STREAM_STOPPED
+        if pending and streamed < STREAM_CHARS:
+            yield bytes(pending).decode(errors="replace")[: STREAM_CHARS - streamed] + "\n"
         code = await proc.wait()
-    except asyncio.CancelledError:
-        _kill_group(proc.pid)
-        await proc.wait()
-        raise
-    return code, tail.decode(errors="replace"), truncated
+    finally:
+        if proc.returncode is None:  # cancelled, or the consumer stopped reading
+            _kill_group(proc.pid)
+            await proc.wait()
+    yield _Finished(code, tail.decode(errors="replace"), truncated)
 
 
 def _kill_group(pid: int) -> None:
