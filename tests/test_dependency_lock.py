@@ -151,7 +151,9 @@ def test_installs_and_ci_go_through_the_lock() -> None:
     assert "--require-hashes" in install and "--only-binary :all:" in install
     assert "requirements/main.txt" in install and "requirements/all.txt" in install
     readme_top = (ROOT / "README.md").read_text().split("## ", 1)[0]
-    assert "bash scripts/install.sh && kagura-agent plan" in readme_top
+    assert (
+        "\npython3 -m venv .venv && . .venv/bin/activate && bash scripts/install.sh\n" in readme_top
+    )
     assert "bash scripts/install.sh dev && bash scripts/test.sh" in readme_top
     assert "pip install -e" not in readme_top and "pip install ." not in readme_top
     ci = (ROOT / ".ci" / "run").read_text()

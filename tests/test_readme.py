@@ -13,6 +13,8 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -121,3 +123,155 @@ def test_a_partial_approval_names_the_missing_flag(tmp_path: Path, env: dict[str
     assert "no approval for this plan" in done.stderr
     assert "hint: also pass --approve egress:cloudflare-api, or apply without --yes" in done.stderr
     assert "bound to one plan" not in done.stderr
+
+
+# The quickstart: the README's first five commands, as root and as a normal user.
+FIRST_COMMANDS = [
+    "python3 -m venv .venv && . .venv/bin/activate && bash scripts/install.sh",
+    "kagura-agent init hello",
+    "kagura-agent plan hello/task.yml",
+    "kagura-agent images build --missing",
+    "kagura-agent apply --yes hello/task.yml",
+]
+# A normal user: nobody, in the group of Docker's socket (a user in the docker group).
+USER_UID = 65534
+
+
+def _first_commands(count: int = 5) -> list[str]:
+    """The README's first ``count`` commands: the first code block's lines, comments left out."""
+    block = README.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip() and not line.startswith("#")][
+        :count
+    ]
+
+
+def test_the_readme_starts_with_install_init_plan_build_apply() -> None:
+    """What the quickstart test below runs is what the README's first lines say."""
+    assert _first_commands() == FIRST_COMMANDS
+
+
+def _fresh_checkout(target: Path) -> None:
+    """A copy of this checkout as a clone would have it (tracked and new files)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file() and not source.is_symlink():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+
+
+def _locked_packages(venv: Path) -> None:
+    """Put the core lock's packages into ``venv`` as ``pip`` would, from this interpreter's
+    own installed copies (each at the version the lock pins, else the test fails): tests
+    never reach the package index, so the install in the README's first command finds its
+    dependencies already satisfied and installs the checkout alone."""
+    from importlib import metadata
+
+    site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    site.mkdir(parents=True)
+    pins = re.findall(
+        r"^([A-Za-z0-9_.-]+)==(\S+)", (ROOT / "requirements/main.txt").read_text(), re.M
+    )
+    for name, version in pins:
+        if name in ("pywin32",):  # Windows only
+            continue
+        dist = metadata.distribution(name)
+        assert dist.version == version, f"{name} {dist.version} installed, the lock pins {version}"
+        base = Path(str(dist.locate_file("")))
+        for file in dist.files or []:
+            source = base / file
+            if ".." in file.parts or not source.is_file():
+                continue  # scripts beside the interpreter, files RECORD lists but lacks
+            (site / file).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, site / file)
+
+
+def _as_user(argv: list[str]) -> list[str]:
+    """``argv`` as an unprivileged user in the docker group (the test runs as root)."""
+    socket = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://")
+    docker_group = os.stat(socket).st_gid
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.fail("tests run as root and setpriv (util-linux) is missing")
+    return [
+        setpriv,
+        f"--reuid={USER_UID}",
+        f"--regid={USER_UID}",
+        f"--groups={docker_group}",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--",
+        *argv,
+    ]
+
+
+@pytest.mark.usefixtures("docker_client")
+@pytest.mark.parametrize("who", ["root", "user"])
+def test_the_readme_first_five_commands_work_as_root_and_as_a_normal_user(who: str) -> None:
+    """Before: as root in a root-owned checkout the first plan exited 6 ("the project root
+    is owned by root … fix: chown -R 1000:1000 …", which hands the checkout to whoever is
+    uid 1000). Now the five commands run as written, each exits 0, and the checkout stays
+    its owner's: the run writes in a new folder owned by an unprivileged account."""
+    if who == "root" and os.geteuid() != 0:
+        pytest.skip("the root quickstart needs root")
+    user = who == "user"
+    # Outside pytest's own temporary folders: those are closed to other users.
+    home = Path(tempfile.mkdtemp(prefix="kagura-readme-"))
+    try:
+        checkout = home / "kagura-agent"
+        checkout.mkdir()
+        _fresh_checkout(checkout)
+        _locked_packages(checkout / ".venv")
+        if user and os.geteuid() == 0:
+            for path in (home, *home.rglob("*")):
+                os.lchown(path, USER_UID, USER_UID)
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("KAGURA", "XDG_", "PYTHON", "VIRTUAL_ENV"))
+        }
+        # The machine's system python3, as a fresh machine has it, and a home of one's own.
+        env |= {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "NO_COLOR": "1"}
+        env |= {"PIP_NO_CACHE_DIR": "1", "PIP_NO_INDEX": "1"}
+        script = "set -e\n" + "".join(
+            f"echo '=== {i}'\n{command}\n" for i, command in enumerate(FIRST_COMMANDS, 1)
+        )
+        argv = ["bash", "-c", script]
+        done = subprocess.run(
+            _as_user(argv) if user and os.geteuid() == 0 else argv,
+            cwd=checkout,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        said = f"{done.stdout}\n{done.stderr}"
+        assert done.returncode == 0, said[-6000:]
+        assert "=== 5" in done.stdout
+        project = checkout / "hello"
+        owner = project.stat()
+        if who == "root":
+            from kagura_agent.membrane.account import AGENT_ACCOUNT, agent_account_uid
+
+            assert owner.st_uid == agent_account_uid() != 0
+            assert f"owned by {AGENT_ACCOUNT}, uid {owner.st_uid}" in done.stdout
+        else:
+            assert owner.st_uid == (USER_UID if os.geteuid() == 0 else os.geteuid())
+        assert "applyable    yes" in done.stdout
+        assert "succeeded" in done.stderr, said[-4000:]
+        written = (project / "hello.txt").read_text()
+        assert written == f"hello from uid {owner.st_uid} in /workspace\n"
+        assert (project / "hello.txt").stat().st_uid == owner.st_uid
+        # Nothing of the checkout changed hands: only the new project is the agent's.
+        top = checkout.stat().st_uid
+        for path in checkout.rglob("*"):
+            if project in path.parents or path == project or ".venv" in path.parts:
+                continue
+            assert path.lstat().st_uid == top, path
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

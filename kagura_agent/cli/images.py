@@ -29,6 +29,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="build on the digest-pinned upstream images even if the bootstrap image exists",
     )
+    build.add_argument(
+        "--missing",
+        action="store_true",
+        help="only the recipes not built yet or stale (recipe, lock or parent changed), and"
+        " the recipes built on them; nothing when all are built and fresh",
+    )
     build.add_argument("--json", action="store_true", help="print the built images as JSON")
     build.set_defaults(handler=_build)
 
@@ -76,9 +82,18 @@ def _build(args: argparse.Namespace) -> int:
     from kagura_agent.membrane.build import build
     from kagura_agent.membrane.runtime import connect
 
+    names = list(args.names)
+    if args.missing:
+        names = _missing(names)
+        if not names:
+            if args.json:
+                print_ok({"images": []})
+            else:
+                print("every image is built and fresh: nothing to build")
+            return 0
     rows = build(
         connect(timeout=1800),
-        list(args.names),
+        names,
         log=_progress(args.verbose),
         upstream=args.from_upstream,
     )
@@ -88,6 +103,23 @@ def _build(args: argparse.Namespace) -> int:
         for row in rows:
             print(f"{row['ref']:<28} {row['id'][:19]}  {row['seconds']}s")
     return 0
+
+
+def _missing(names: list[str]) -> list[str]:
+    """Of ``names`` (all recipes when empty): those not built or stale, and every recipe
+    built on one of them (its parent is about to change)."""
+    from kagura_agent.membrane import images
+
+    directory = images.recipes_dir()
+    wanted = names or images.recipe_names(directory)
+    todo = {row["name"] for row in images.list_images(directory) if row["stale"]}
+    for name in wanted:
+        parent = images.parent_recipe(directory / name)
+        while parent and name not in todo:
+            if parent in todo:
+                todo.add(name)
+            parent = images.parent_recipe(directory / parent)
+    return [name for name in wanted if name in todo]
 
 
 def _push(args: argparse.Namespace) -> int:

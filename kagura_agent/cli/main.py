@@ -21,6 +21,7 @@ from kagura_agent.errors import ExitCode, KaguraError, Terminated
 
 # Command modules in the order --help lists them.
 COMMAND_MODULES: tuple[str, ...] = (
+    "init",
     "validate",
     "plan",
     "review",

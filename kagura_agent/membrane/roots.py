@@ -12,7 +12,8 @@ whose contents the host trusts. Refused, after resolving symlinks (realpath):
 - the state, cache and memory locations of this tool, its installation (the package,
   the Python prefix running it) and its source checkout (the checkout's top, its .git,
   manifests/, schemas/, images/, scripts/);
-- a directory owned by a user who is not the operator (see ``_owner_problem``);
+- a directory owned by a user who is not the operator (see ``_owner_problem``; root may
+  use a regular user's, or the dedicated ``kagura-agent`` account's);
 - any directory that *contains* one of the refused places (a parent of the state
   directory, say).
 
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kagura_agent.manifest.cache import cache_dir
+from kagura_agent.membrane.account import REGULAR_UIDS, agent_account_uid
 from kagura_agent.paths import PACKAGE_DIR, state_dir, under
 
 # Forbidden with everything below them.
@@ -228,13 +230,15 @@ def check_project_root(
 
 def _owner_problem(root: str, real: str, moved: str) -> str | None:
     """The operator must own the root. Root as operator may use a regular user's folder
-    (the agent then runs as that user), never a system account's (uid 1-999, nobody)."""
+    (the agent then runs as that user) or one of the dedicated agent account's (what
+    ``kagura-agent init`` makes as root, membrane/account.py), never another system
+    account's (uid 1-999, nobody)."""
     try:
         owner = os.stat(real).st_uid
     except OSError as exc:
         return f"project root {root}{moved} cannot be read: {exc.strerror}"
     uids = operator_uids()
-    if owner in uids or (0 in uids and 1000 <= owner < 65534):
+    if owner in uids or (0 in uids and (owner in REGULAR_UIDS or owner == agent_account_uid())):
         return None
     who = _user_name(owner)
     return (
