@@ -78,6 +78,7 @@ def test_under_json_and_in_chat_the_agent_text_stays_the_agents(
     kinds = {(e["kind"], e.get("type")) for e in carrying}
     assert kinds == {
         ("brain", "tool_call"),
+        ("brain", "tool_output"),  # the step's output as it came, line by line
         ("brain", "tool_result"),
         ("verify_output", None),
         ("note", None),  # ours: the verify command (the task's) and its exit code
@@ -105,8 +106,9 @@ def test_under_json_and_in_chat_the_agent_text_stays_the_agents(
         feed.line(line)
     said = [line for post in chat.posted for line in post.split("\n")]
     copies = [line for line in said if any(own.strip() in line for own in OWN)]
+    # Twice, as in the live view: the step's output as it came, and verify's tail.
     assert [line for line in copies if line.startswith(AGENT_MARK)] == [
         AGENT_MARK + own for own in OWN
-    ]
+    ] * 2
     call, verify = [line for line in copies if not line.startswith(AGENT_MARK)]
     assert call.startswith("▸ ") and verify.startswith('  ✗ verify "printf ')

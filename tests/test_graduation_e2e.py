@@ -27,8 +27,10 @@ import pytest
 from kagura_agent.apply.executor import ApplyOptions, RunResult, apply_plan
 from kagura_agent.clock import FixedClock, iso
 from kagura_agent.errors import ExitCode, RefusedError
+from kagura_agent.membrane.hardening import LABEL_STORE
 from kagura_agent.paths import repo_root
 from kagura_agent.plan.build import plan_tasks
+from kagura_agent.state import owner_key, state_location
 
 TASKS = ("a", "b", "c")
 AGENT_UID = 1000
@@ -93,10 +95,13 @@ def _make_scene(tmp_path: Path) -> Scene:
 @pytest.fixture()
 def scene(tmp_path: Path, state_dir: Path, docker_client: Any) -> Iterator[Scene]:
     yield _make_scene(tmp_path)
-    # apply removes its own containers; this only catches what a failing test left.
+    # apply removes its own containers; this only catches what a failing test left. Only
+    # this test's store's: the module's tests share task names, and a test on another
+    # worker must not lose its containers to this one's teardown.
+    store = f"{LABEL_STORE}={owner_key(state_location())}"
     for name in (*TASKS, "liar"):
         for container in docker_client.containers.list(
-            all=True, filters={"label": f"dev.kagura.task=grad-{name}"}
+            all=True, filters={"label": [f"dev.kagura.task=grad-{name}", store]}
         ):
             try:
                 container.remove(force=True)
