@@ -121,6 +121,9 @@ class Entrypoint:
         self.capabilities = CapabilityBridge(out.send)
         self.deadline: asyncio.Timeout | None = None  # the running turn's wall budget
         self.turn_started = 0.0
+        # A wall budget extended while the turn was still setting up (its engine loading):
+        # the turn starts with it.
+        self.early_wall: float | None = None
         self.turn_task: asyncio.Task[None] | None = None
         self.engine: Any = None  # the running turn's engine (steering goes to it)
         self.socket_path: str | None = None
@@ -156,6 +159,7 @@ class Entrypoint:
             if self.turn_task is not None and not self.turn_task.done():
                 self._emit(ErrorEvent(message="a turn is already running", code="protocol"))
             else:
+                self.early_wall = None
                 self.turn_task = asyncio.create_task(self._run_turn(msg))
         else:
             print(f"entrypoint: ignored message type {kind!r}", file=sys.stderr)
@@ -181,8 +185,15 @@ class Entrypoint:
         """The host extended the wall budget (an operator approved it): move the deadline."""
         number, wall = str(msg.get("lease", "")), msg.get("wall_seconds")
         taken = False
-        if self.deadline is not None and isinstance(wall, int | float) and wall > 0:
+        if not isinstance(wall, int | float) or wall <= 0:
+            pass
+        elif self.deadline is not None:
             self.deadline.reschedule(self.turn_started + float(wall))
+            taken = True
+        elif self.turn_task is not None and not self.turn_task.done():
+            # Asked for before the turn's clock started here (a slow engine import): the
+            # host's clock already runs, so this one can only start later, never earlier.
+            self.early_wall = float(wall)
             taken = True
         self.out.send({"type": "budget-extended", "lease": number, "taken": taken})
 
@@ -276,6 +287,8 @@ class Entrypoint:
         try:
             async with asyncio.timeout(turn.budget.wall_seconds) as deadline:
                 self.deadline, self.turn_started = deadline, asyncio.get_running_loop().time()
+                if self.early_wall is not None:
+                    deadline.reschedule(self.turn_started + self.early_wall)
                 async for event in brain.run(turn):
                     self._emit(event)
                     if is_terminal(event):
