@@ -49,7 +49,8 @@ if [ "$workers" != 0 ]; then
 fi
 echo "== pytest ($tier tier, ${workers} workers)"
 set +e
-python -m pytest -p no:benchmark "${parallel[@]}" "${selection[@]}" "$@" | tee "$logs/pytest.out"
+# Wide lines: each failure's one-line summary keeps its message (a CI log shows the end).
+COLUMNS=400 python -m pytest -p no:benchmark "${parallel[@]}" "${selection[@]}" "$@" | tee "$logs/pytest.out"
 tests=${PIPESTATUS[0]}
 set -e
 pytest_s=$((SECONDS - started))
@@ -61,7 +62,8 @@ for name in ruff-check ruff-format mypy; do
     cat "$logs/$name.out"
     if [ "$(cat "$logs/$name.rc")" != 0 ]; then failed=1; fi
 done
-echo "== pytest took ${pytest_s}s; its result again, last:"
+echo "== pytest took ${pytest_s}s; what failed and its result again, last:"
+grep -E '^(FAILED|ERROR) ' "$logs/pytest.out" | cut -c1-400 || true
 tail -n 1 "$logs/pytest.out"
 if [ "$tests" != 0 ]; then exit "$tests"; fi
 exit "$failed"

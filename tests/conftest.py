@@ -34,6 +34,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = resources.group(fixtures)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    if getattr(config.option, "loadgroup", False):  # a pytest-xdist worker under loadgroup
+        for item in items:
+            _name_group(item)
+
+
+def _name_group(item: pytest.Item) -> None:
+    """Suffix the test's id with its xdist group(s), as pytest-xdist's loadgroup scheduler
+    reads them: pytest-xdist 3.8 writes the suffix to ``Item._nodeid``, which pytest 9.2's
+    structured ids no longer read (pytest-dev/pytest-xdist#1386), so every group was
+    silently spread over all workers. Set on the structured id here; where pytest-xdist's
+    own renaming works, it adds the same group again and the scheduler reads the last."""
+    names = sorted(
+        {
+            str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+            for m in item.iter_markers("xdist_group")
+        }
+    )
+    if not names or "@" in item.nodeid.rpartition("]")[2]:
+        return
+    if isinstance(getattr(item, "_id", None), str) or not hasattr(item, "_id"):
+        return  # an older pytest: pytest-xdist's own renaming works there
+    from _pytest.nodeid import NodeId
+
+    item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -57,4 +57,8 @@ def test_no_turn_running_takes_no_extension(tmp_path: Path) -> None:
     out = Outbox(stream)
     app = Entrypoint(out, CredentialDir(tmp_path / "creds"), BridgeMemory(out.send))
     assert app.handle({"type": "budget", "lease": "7", "wall_seconds": 5.0})
-    assert json.loads(stream.getvalue()) == {"type": "budget-extended", "lease": "7", "taken": False}
+    assert json.loads(stream.getvalue()) == {
+        "type": "budget-extended",
+        "lease": "7",
+        "taken": False,
+    }

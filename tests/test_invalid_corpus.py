@@ -61,6 +61,14 @@ def in_corpus(monkeypatch: pytest.MonkeyPatch, state_dir: Path) -> Iterator[Path
         sock_path.unlink(missing_ok=True)
 
 
+def test_the_module_runs_on_one_worker(request: pytest.FixtureRequest) -> None:
+    """Under pytest-xdist's loadgroup the module's tests carry their group, or two workers
+    bind the one socket at once (tests/conftest.py names the group for pytest 9.2)."""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("not on a pytest-xdist worker under --dist loadgroup: one process")
+    assert request.node.nodeid.endswith("@invalid-corpus"), request.node.nodeid
+
+
 def test_corpus_is_large_enough() -> None:
     assert len(CASES) >= 40
     for case in CASES:

@@ -185,6 +185,10 @@ def test_a_runner_killed_mid_run_is_reaped_by_another(
     queued = queue.enqueue_plan(queue_url, plan, who="test")
     container = wait_for_container(docker_client, queued.run_id, timeout=120)
     assert len(cloudflare.live_tokens()) == 1
+    # Mid-run: its step has begun (a running container may still be loading its brain,
+    # and a runner killed then leaves a run that never started its step).
+    applied = project / "applied.txt"
+    wait_until(applied.exists, 120, "the step under way")
     survivor = runners("survivor", env=shared)
     wait_registered(queue_url, 2)
 
