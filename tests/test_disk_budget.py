@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from apply_helpers import (
     cli_env,
     kagura,
@@ -107,6 +108,9 @@ def test_a_deleted_file_held_open_counts_against_the_budget(tmp_path: Path) -> N
             fired.append,
             poll_seconds=0.01,
             scan_seconds=0.01,
+            # Measured every 0.2 s whatever the file system says: /tmp is shared, and what
+            # other tests free there hides these 8 MiB from its growth (seen under xdist).
+            rescan_seconds=0.2,
             holders=lambda: [holder.pid],
         )
         watch.start()
@@ -123,6 +127,37 @@ def test_a_deleted_file_held_open_counts_against_the_budget(tmp_path: Path) -> N
     assert not (tmp_path / "gone").exists()
     [reason] = fired
     assert "past its disk budget of 1 MiB" in reason
+
+
+def test_space_another_process_frees_does_not_hide_what_the_run_adds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file system is shared: a neighbour freeing 100 MiB there before the run writes
+    8 MiB leaves the file system 92 MiB below where the watch started. Its growth is
+    counted from the lowest it has been, so the run's 8 MiB still ask for a measure. (The
+    file system's usage is scripted here, the root and its measure are real; the periodic
+    measure is out of the way.)"""
+    from kagura_agent.apply import diskwatch
+
+    used = [1000 * 1024**2]
+    monkeypatch.setattr(diskwatch, "_fs_used", lambda root: used[0])
+    fired: list[str] = []
+    watch = DiskWatch(
+        tmp_path, 4 * 1024**2, fired.append, poll_seconds=0.01, rescan_seconds=3600
+    ).start()
+    try:
+        time.sleep(0.1)
+        used[0] -= 100 * 1024**2  # the neighbour frees
+        time.sleep(0.1)
+        (tmp_path / "big").write_bytes(b"x" * 8 * 1024**2)
+        used[0] += 8 * 1024**2
+        deadline = time.monotonic() + 10
+        while not fired and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        watch.stop()
+    [reason] = fired
+    assert "past its disk budget of 4 MiB" in reason
 
 
 # Opens PATH, deletes it, says ready; on SIGUSR1 writes SIZE bytes to it and holds it.
@@ -273,7 +308,9 @@ def test_creating_empty_files_without_end_is_stopped_at_the_budget(
     print(f"stopped after {created} empty files")
     assert done.returncode == 1, done.stderr[-3000:]
     assert "past its disk budget of 64 MiB" in done.stderr, done.stderr[-3000:]
-    assert 16_384 <= created < 400_000, created
+    # 64 MiB is 16,384 inodes of one 4 KiB block; the folder holding them takes its own
+    # blocks (~40 bytes a name: ~160 blocks), so the budget is reached a little before.
+    assert 16_000 <= created < 400_000, created
     [run_id] = run_ids(state_dir)
     assert leftovers(docker_client, run_id) == []
 
@@ -368,7 +405,9 @@ def test_held_containers_write_nothing_and_die_where_they_are_held(
         freezer = Freezer(lambda: [init])
         while not (folder / "log").exists():
             time.sleep(0.01)
-        with freezer.hold() as held:
+        # Freezing a loop that forks and writes settles within a second on a quiet machine,
+        # within several on a loaded one (cgroup v1 says FREEZING until every task stops).
+        with freezer.hold(timeout=20) as held:
             assert held
             size = (folder / "log").stat().st_size
             time.sleep(0.3)

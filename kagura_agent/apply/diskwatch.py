@@ -56,6 +56,10 @@ POLL_SECONDS = 0.05
 MIN_POLL_SECONDS = 0.002
 FS_POLL_SECONDS = 0.005  # statvfs: a few microseconds
 SCAN_SECONDS = 0.05  # the least time between two measures the file system's growth asks for
+# The longest the root goes unmeasured whatever the signals say: the file system is
+# shared, and what another process frees there hides what the run adds (at most a tenth
+# of the time is spent measuring, as for the other measures).
+RESCAN_SECONDS = 30.0
 MAX_SCAN_ENTRIES = 2_000_000
 
 
@@ -142,6 +146,7 @@ class DiskWatch:
         *,
         poll_seconds: float = POLL_SECONDS,
         scan_seconds: float = SCAN_SECONDS,
+        rescan_seconds: float = RESCAN_SECONDS,
         holders: Callable[[], Iterable[int]] = tuple,
         meter: Callable[[], int | None] = _unmetered,
         hold: Callable[[], AbstractContextManager[bool]] = _not_held,
@@ -156,6 +161,7 @@ class DiskWatch:
         self.on_over = on_over
         self.poll_seconds = poll_seconds
         self.scan_seconds = scan_seconds
+        self.rescan_seconds = rescan_seconds
         self.meter = meter
         self.hold = hold
         self.exceeded: str | None = None
@@ -191,16 +197,21 @@ class DiskWatch:
         measure, passes the budget; or when the file system as a whole has grown past it
         (what the meter does not see: an allocation, an empty file; everything when there
         is no meter). Readings come faster as the budget comes closer (``_wait``)."""
-        last_scan = cost = 0.0  # when the root was last measured, and what it took
+        # When the root was last measured (start() measured it), and what that took.
+        last_scan, cost = time.monotonic(), 0.0
         measured = 0  # the root's growth at the last measure
         since = self.meter()  # the meter then
         written_rate, fs_rate = _Rate(), _Rate()
         written, next_reading = since, 0.0
         while not self._stop.is_set():
             try:
-                grown_fs = _fs_used(self.root) - self._fs_start
+                used = _fs_used(self.root)
             except OSError:
                 return
+            # Growth from the lowest the file system has been since the start: another
+            # process freeing space there must not hide what the run adds after it.
+            self._fs_start = min(self._fs_start, used)
+            grown_fs = used - self._fs_start
             now = time.monotonic()
             if now >= next_reading:  # the file system's growth is read more often (cheaper)
                 written = self.meter()
@@ -213,7 +224,10 @@ class DiskWatch:
             # The file system's growth may be another process's: while it is past the
             # budget, measured again after ten times what the last measure took.
             spread = grown_fs > self.budget and since_scan >= max(self.scan_seconds, 10 * cost)
-            if metered or spread:
+            # Whatever the signals say, measured now and then (a freeing neighbour may
+            # hide writes made before it, too).
+            stale = since_scan >= max(self.rescan_seconds, 10 * cost)
+            if metered or spread or stale:
                 with self.hold():
                     # Nothing is written while held: the meter now is the measure's. (Not
                     # read, the older reading stays: it can only make the bound larger.)
