@@ -29,7 +29,7 @@ from recall import QUERIES, SCAN_QUERIES, SEED, TYPES, _percentiles, _queries, _
 from kagura_agent.memory import Memory, Source, default_trust
 from kagura_agent.memory.model import new_memory_id
 from kagura_agent.memory.postgres import PgMemoryStore
-from kagura_agent.state_pg import close_pools
+from kagura_agent.state.pg import close_pools
 
 ROOT = Path(__file__).resolve().parent.parent
 # KAGURA_BENCH_QUICK=1 (CI, tests/test_benches.py): one iteration at small sizes, to show

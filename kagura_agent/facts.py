@@ -53,6 +53,7 @@ from kagura_agent.state import (
     SchemaBehind,
     StateDbError,
     StateStore,
+    open_store_read_only,
     state_location,
 )
 
@@ -265,7 +266,7 @@ def _graduation(catalog: Catalog) -> dict[str, Any]:
     graduated yet" (fail closed), with a note when there was state it could not read."""
 
     knobs = graduation_settings(catalog).knobs
-    store = StateStore.read_only()
+    store = open_store_read_only()
     if store is None:
         return {"graduation": GraduationSnapshot(version=0, knobs=knobs)}
     with store:
@@ -349,7 +350,7 @@ def _session_facts(task: ResolvedTask) -> dict[str, Any]:
     """A named session's checkpoint, when this task may resume it (its owner's)."""
     if not task.session:
         return {}
-    store = StateStore.read_only()
+    store = open_store_read_only()
     if store is None:
         return {}
     owner = session_owner(task.project_root, task.kind)
@@ -385,7 +386,7 @@ def _kept_bytes(store: StateStore, found: Checkpoint, owner: dict[str, str]) -> 
 def _applying_run(plan: Mapping[str, Any]) -> str | None:
     """The newest run of ``plan`` (same task, same fingerprint) in the runs table."""
     # Read-only: planning must never create or migrate the state store.
-    store = StateStore.read_only()
+    store = open_store_read_only()
     if store is None:
         return None
     with store:

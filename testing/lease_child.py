@@ -25,7 +25,7 @@ from typing import Any
 
 from kagura_agent.membrane.leases import Broker, LeaseRequest
 from kagura_agent.membrane.providers import CredentialProvider, Minted, build_provider
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 
 SCOPE = {
     "permission_groups": ["c8fed203ed3043cba015a93ad1616f1f"],
@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
     def factory(kind: str, spec: Mapping[str, Any], secret: str) -> CredentialProvider:
         return Crashing(build_provider(kind, spec, secret), args.crash)
 
-    broker = Broker(StateStore(), run_id="run-child", provider_factory=factory)
+    broker = Broker(open_store(), run_id="run-child", provider_factory=factory)
     lease = broker.acquire(request(args.endpoint))
     if args.crash == "after-renew":
         lease.renew()

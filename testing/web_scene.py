@@ -37,7 +37,7 @@ from kagura_agent.membrane.egress.audit import open_store as open_egress
 from kagura_agent.membrane.egress.policy import load_policy
 from kagura_agent.plan.build import plan_tasks
 from kagura_agent.plan.model import Plan
-from kagura_agent.state import StateStore
+from kagura_agent.state import StateStore, open_store
 from testing.memory_runtime import BrainScript, MemoryRuntime
 
 REPO = Path(__file__).resolve().parents[1]
@@ -158,7 +158,7 @@ def seed_demo(base: Path) -> dict[str, str]:
         )
         runs[f"docs-{number}"] = result.run_id
         now = time.time()
-        with StateStore() as store:
+        with open_store() as store:
             proxy_decisions(
                 store,
                 plan,
@@ -181,7 +181,7 @@ def seed_demo(base: Path) -> dict[str, str]:
         verify_code=1,
     )
     runs["hostile"] = failed.run_id
-    with StateStore() as store:
+    with open_store() as store:
         for number, code in enumerate((0, 0, 0, 1, 0)):
             record_outcome(
                 store,

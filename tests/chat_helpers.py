@@ -136,10 +136,10 @@ def earn(category: str) -> None:
 
     from kagura_agent.clock import FixedClock
     from kagura_agent.graduation import record_outcome
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
     clock = FixedClock(datetime.now(UTC) - timedelta(minutes=1))
-    with StateStore() as store:
+    with open_store() as store:
         for n in (1, 2):
             record_outcome(
                 store, [category], f"run-earned-{n}", "t", "sha256:f", [("true", 0)], clock

@@ -180,7 +180,7 @@ def state_target(
 ) -> Iterator[Path | str]:
     """The state store a test runs against, once per backend: the SQLite file in the
     test's state directory, or a fresh PostgreSQL database. Either way it is also the
-    configured store (``StateStore()``, and the ``kagura-agent`` processes a test starts,
+    configured store (``open_store()``, and the ``kagura-agent`` processes a test starts,
     open it): KAGURA_AGENT_STATE_URL is set for PostgreSQL and unset for SQLite."""
     from kagura_agent.state import URL_ENV
 

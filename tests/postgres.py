@@ -37,7 +37,7 @@ class Server:
         """A new, empty database for one test; dropped (with its connections) after."""
         import psycopg
 
-        from kagura_agent import state_pg
+        from kagura_agent.state import pg as state_pg
 
         name = "t_" + secrets.token_hex(6)
         with psycopg.connect(self.url, autocommit=True) as admin:

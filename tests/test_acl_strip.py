@@ -29,7 +29,7 @@ from kagura_agent.apply.acl import (
 from kagura_agent.apply.runs import open_run, sweep_dead_runs
 from kagura_agent.apply.setid import CTIME_SLACK, clear_setid, ctime_floor
 from kagura_agent.clock import FixedClock
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 
 U = UNDEFINED_ID
 TEAM = 4242  # a group id; it needs no name on the host
@@ -225,7 +225,7 @@ def test_after_kill_9_the_sweep_uses_the_acls_recorded_when_the_run_opened(
     time.sleep(CTIME_SLACK + 1.1)
     clock = FixedClock(datetime.now(UTC).replace(microsecond=0))
     row = plan_for_root(tmp_path, root)
-    with StateStore() as store:
+    with open_store() as store:
         open_run(store, row, "run-dead", clock, root_acl=acl.snapshot(str(root)))
         with store.transaction() as conn:
             conn.execute("UPDATE runs SET pid_start = 'not-a-process-here'")
@@ -233,7 +233,7 @@ def test_after_kill_9_the_sweep_uses_the_acls_recorded_when_the_run_opened(
     (root / "f").write_text("x")
     _set(root / "f", acl.ACCESS, _named((USER, 7, STRANGER)))
     said: list[str] = []
-    with StateStore() as store:
+    with open_store() as store:
         swept = sweep_dead_runs(
             store,
             _NoContainers(),

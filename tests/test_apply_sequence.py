@@ -39,7 +39,7 @@ from kagura_agent.membrane.runtime import ContainerError
 from kagura_agent.plan.build import plan_tasks
 from kagura_agent.plan.injection import PLACEHOLDER
 from kagura_agent.plan.model import Plan
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from testing.memory_runtime import BrainScript, MemoryRuntime
 
 TOKEN = "kagura-sequence-canary-" + "s" * 24
@@ -88,12 +88,12 @@ def _runs(state_dir: Path) -> list[tuple[str, int]]:
 
 
 def _open_leases() -> list[str]:
-    with StateStore() as store:
+    with open_store() as store:
         return [row.name for row in Ledger(store, SystemClock()).open_rows()]
 
 
 def _all_leases() -> list[str]:
-    with StateStore() as store:
+    with open_store() as store:
         return [row.state for row in Ledger(store, SystemClock()).rows()]
 
 
@@ -333,7 +333,7 @@ def test_the_next_apply_removes_what_a_dead_run_left(scene: Scene) -> None:
     """A run whose applying process died (its row open, its owner gone) still had its
     container: the next apply removes it and closes the row as crashed, before it starts."""
     runtime = MemoryRuntime()
-    with StateStore() as store:
+    with open_store() as store:
         open_run(store, scene.plan, "run-dead", SystemClock())
         with store.transaction() as conn:
             conn.execute("UPDATE runs SET pid_start = 'not this process' WHERE run_id = 'run-dead'")

@@ -21,7 +21,7 @@ from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger
 from kagura_agent.membrane.leases.ledger import Owner
 from kagura_agent.membrane.leases.sweeper import Sweeper
 from kagura_agent.membrane.secrets import resolve
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 
 CANARY = "canary-root-5d1e88b0c2"
 
@@ -210,7 +210,7 @@ def test_the_broker_sends_the_root_secret_to_no_undeclared_loopback_endpoint(
 ) -> None:
     server, port = listener
     monkeypatch.setenv("KAGURA_TEST_CF_ROOT", CANARY)
-    store = StateStore()
+    store = open_store()
     try:
         broker = Broker(store, run_id="run-x", clock=FixedClock(datetime.now(UTC)))
         with pytest.raises(KaguraError) as caught:
@@ -231,7 +231,7 @@ def test_the_sweeper_never_calls_an_undeclared_endpoint_recorded_in_the_ledger(
     server, port = listener
     monkeypatch.setenv("KAGURA_TEST_CF_ROOT", CANARY)
     clock = FixedClock(datetime.now(UTC).replace(microsecond=0))
-    store = StateStore()
+    store = open_store()
     try:
         ledger = Ledger(store, clock)
         gone = Owner(pid=2**22 + 7, start="not-this-process", run_id="run-x")

@@ -187,7 +187,7 @@ def _midrun(tmp_path: Path, outcome: str, *documents: dict[str, Any], **budget: 
     from kagura_agent.clock import SystemClock
     from kagura_agent.membrane.secrets import Redactor
     from kagura_agent.plan.build import compile_tasks
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
     folder = manifest_set(tmp_path, *documents)
     project = make_project(tmp_path)
@@ -195,7 +195,7 @@ def _midrun(tmp_path: Path, outcome: str, *documents: dict[str, Any], **budget: 
     [c] = compile_tasks(str(folder), [str(task)])
     asker = StubAsker(outcome)
     live = LiveView(Redactor(), stream=__import__("io").StringIO(), as_json=True)
-    store = StateStore()
+    store = open_store()
     midrun = MidRun(
         store=store,
         run_id="run-budget",

@@ -26,7 +26,7 @@ from kagura_agent.cockpit.intents import classify
 from kagura_agent.cockpit.registry import Registry, Session
 from kagura_agent.cockpit.transport import Event
 from kagura_agent.errors import KaguraError
-from kagura_agent.state import Location, StateStore
+from kagura_agent.state import Location, StateStore, open_store
 
 ALICE, MALLORY = "U-alice", "U-mallory"
 THREAD = "C1:100.1"
@@ -310,7 +310,7 @@ def test_approval_in_chat_is_logged_and_bound_to_the_plan(
     out = transport.wait_for("(exit 0)")
     assert f"session {request} approved by test:{ALICE}" in out
     (session,) = cockpit.sessions()
-    decisions = approvals.history(StateStore(), category="egress:docs")
+    decisions = approvals.history(open_store(), category="egress:docs")
     assert [(d.outcome, d.who, d.via, d.fingerprint) for d in decisions] == [
         ("approved", f"test:{ALICE}", "test", session.fingerprint)
     ]
@@ -346,7 +346,7 @@ def test_a_session_answered_in_the_web_console_starts_from_its_cockpit(
     assert said == f"session {request} approved by web:alice"
     out = transport.wait_for("(exit 0)")
     assert f"session {request} approved by web:alice in the web console; applying" in out
-    decisions = approvals.history(StateStore(), category="egress:docs")
+    decisions = approvals.history(open_store(), category="egress:docs")
     assert [(d.outcome, d.who, d.via, d.request, d.fingerprint) for d in decisions] == [
         ("approved", "web:alice", "web", request, shown)
     ]
@@ -386,7 +386,7 @@ def test_deny_and_silence_run_nothing(cockpit_world: Any, state_dir: Path) -> No
     transport.wait_for("no answer within 1s; denied, nothing ran")
     states = sorted(s.state for s in cockpit.sessions())
     assert states == ["denied", "expired"]
-    outcomes = sorted(d.outcome for d in approvals.history(StateStore(), category="egress:docs"))
+    outcomes = sorted(d.outcome for d in approvals.history(open_store(), category="egress:docs"))
     assert outcomes == ["denied", "timeout"]
     assert run_ids(state_dir) == []
 

@@ -33,7 +33,7 @@ from kagura_agent.approvals import history
 from kagura_agent.membrane import images
 from kagura_agent.membrane.egress.owner import COMPONENT_OUTBOUND, LABEL_COMPONENT
 from kagura_agent.membrane.hardening import LABEL_RUN
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 
 pytestmark = pytest.mark.usefixtures("docker_client")
 
@@ -252,7 +252,7 @@ def test_mid_run_questions_on_the_terminal(
     assert "overran its" in out and "wall" in out
     assert MIDTOKEN not in out and CANARY not in out and API_KEY not in out
     ids = run_ids(state_dir)
-    with StateStore() as store:
+    with open_store() as store:
         rows = [r for run_id in ids for r in amendments(store, run_id)]
         log = history(store)
     outcomes = [(r["category"], r["outcome"]) for r in rows]

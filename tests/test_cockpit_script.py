@@ -69,7 +69,7 @@ from kagura_agent.approvals import history
 from kagura_agent.membrane import images
 from kagura_agent.membrane.egress.owner import COMPONENT_OUTBOUND, LABEL_COMPONENT
 from kagura_agent.membrane.hardening import LABEL_RUN
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from kagura_agent.units import format_duration
 
 pytestmark = pytest.mark.usefixtures("docker_client")
@@ -651,7 +651,7 @@ def test_a_scripted_session_per_transport(
     # The records: runs, their amendments, the approval log, the ledger, Docker.
     ids = run_ids(state_dir)
     assert len(ids) == 4, ids
-    with StateStore() as store:
+    with open_store() as store:
         rows = [amendments(store, run_id) for run_id in ids]
         log = history(store)
         runs = {

@@ -28,7 +28,7 @@ from kagura_agent.graduation.ledger import snapshot
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.paths import repo_root
 from kagura_agent.plan.build import plan_tasks
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 
 ROOT = repo_root()
 assert ROOT is not None
@@ -56,7 +56,7 @@ def _plan(task: Path, facts: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
 def _record(plan: dict[str, Any], run_id: str, verify: tuple[tuple[str, int, str], ...]) -> None:
     report = RunReport(BrainOutcome(turns=900, cost_usd=90.0), verify=verify)
     result = assemble(run_id, report, 2.0, ())
-    with StateStore() as store:
+    with open_store() as store:
         live = LiveView(Redactor(), stream=io.StringIO())
         record_result(RunContext(store, plan, run_id, None, live, SystemClock()), result)
 
@@ -109,12 +109,12 @@ def test_a_childs_success_is_no_graduation_evidence_its_failure_still_demotes(
         child = _child(tmp_path, parent, f"child-{number}", "true")
         assert "egress:pypi" in [a["category"] for a in child["approvals"]]
         _record(child, f"run-child{number}", (("true", 0, ""),))
-    with StateStore() as store:
+    with open_store() as store:
         pypi = snapshot(store, Knobs()).categories.get("egress:pypi")
     assert pypi is None or pypi.successes == 0, pypi
 
     failed = _child(tmp_path, parent, "child-x", "false")
     _record(failed, "run-childx", (("false", 1, ""),))
-    with StateStore() as store:
+    with open_store() as store:
         pypi = snapshot(store, Knobs()).categories["egress:pypi"]
     assert pypi.state == "locked" and "run-childx" in str(pypi.last_reset_reason)

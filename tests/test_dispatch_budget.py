@@ -25,7 +25,7 @@ from test_dispatch_runtime import doc_examples
 from kagura_agent.apply.allotment import Allotments, Left, lease_grants, left
 from kagura_agent.clock import FixedClock
 from kagura_agent.membrane.leases import Broker, LeaseRequest
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from testing.agent_test_image import ensure_agent_test_image
 
 BUDGET = {"turns": 2, "cost_usd": 0.05, "wall_seconds": 300}
@@ -94,7 +94,7 @@ def test_a_childs_credential_is_held_no_longer_than_the_parents_lease_has_left(
             "category": "credential:token/use",
         }
     )
-    with StateStore() as store:
+    with open_store() as store:
         broker = Broker(store, run_id="run-parent", clock=clock)
         lease = broker.acquire(request)
         try:

@@ -18,7 +18,7 @@ from kagura_agent.cli.main import main
 from kagura_agent.membrane.egress import audit
 from kagura_agent.membrane.egress.policy import load_policy
 from kagura_agent.membrane.egress.session import EgressSession
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from testing.egress_images import ensure_egress_images, start_forwarder
 
 EGRESS: dict[str, Any] = {"mode": "proxy", "allow": [{"host": "allowed.test", "port": 8443}]}
@@ -94,7 +94,7 @@ def test_reading_a_log_stops_at_the_ceiling_and_holds_one_line() -> None:
 def test_decisions_past_the_ceiling_are_counted_once_not_stored(
     state_dir: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    store = audit.open_store(StateStore())
+    store = audit.open_store(open_store())
     audit.record_run(store, "r", "2026-01-01T00:00:00Z", EGRESS)
     log = "\n".join(
         _line(method="CONNECT", host=f"h{i}.test", port="443", squid_status="TCP_DENIED")
@@ -180,7 +180,7 @@ def test_a_flooding_agent_is_stopped_at_the_log_ceiling(docker_client: Any, stat
         session.drain()
         session.close()
         assert reads == []
-        with StateStore() as store:
+        with open_store() as store:
             stored = audit.load_events(store, run_id)
             over = audit.unstored(audit.open_store(store), run_id)
         assert len(stored) == rows and len(session.events) == rows

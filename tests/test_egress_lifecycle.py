@@ -20,7 +20,7 @@ from kagura_agent.cli.main import main
 from kagura_agent.membrane.egress import audit
 from kagura_agent.membrane.egress.owner import current_owner
 from kagura_agent.membrane.egress.sweep import sweep_orphans
-from kagura_agent.state import StateStore
+from kagura_agent.state import StateStore, open_store
 from testing.egress_images import ensure_egress_images
 
 # A stand-in for the applying process: it starts a run's egress, says so, and waits.
@@ -78,7 +78,7 @@ def test_kill_9_leftovers_are_swept_on_next_start(
     child.kill()  # SIGKILL: no finally, no __exit__
     child.wait(timeout=30)
     assert len(_objects(docker_client, run_id)) == 3
-    store = audit.open_store(StateStore())
+    store = audit.open_store(open_store())
     removed = sweep_orphans(docker_client, store)
     assert _objects(docker_client, run_id) == []
     assert any(name.endswith("-proxy") for name in removed)
@@ -184,7 +184,7 @@ def test_two_state_directories_on_one_daemon_never_sweep_each_other(
 def test_egress_log_cli(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from kagura_agent.membrane.egress.policy import load_policy
 
-    store = audit.open_store(StateStore())
+    store = audit.open_store(open_store())
     allow = {"mode": "proxy", "allow": [{"host": "api.github.com"}]}
     audit.record_run(store, "run-a", "2026-01-01T00:00:00Z", allow)
     log = (
@@ -218,7 +218,7 @@ def test_egress_log_shows_what_the_agent_chose_on_one_line(
     they hold (hygiene.neutralise, as ``memory search`` prints an agent's note)."""
     from kagura_agent.membrane.egress.policy import load_policy
 
-    store = audit.open_store(StateStore())
+    store = audit.open_store(open_store())
     allow = {"mode": "proxy", "allow": [{"host": "api.github.com"}]}
     audit.record_run(store, "run-e", "2026-01-01T00:00:00Z", allow)
     forged = "%0a2026-01-01T00:00:09.000Z%20%20ALLOW%20GET%20%1b[2Jx"
@@ -268,7 +268,7 @@ def test_salvage_withholds_what_the_agent_chose(
         "KAGURA1 1767225605.000 127.0.0.1 POST http api.anthropic.com 80 200 TCP_MISS 1 2"
         " 10.0.0.2 - 3129 /v1/messages\n"
     )
-    store = audit.open_store(StateStore())
+    store = audit.open_store(open_store())
     allow = {"mode": "proxy", "allow": [{"host": "api.github.com"}, {"host": "*.example.com"}]}
     audit.record_run(store, "run-dead", "2026-01-01T00:00:00Z", allow)
     salvage(_DeadProxy(log), "proxy-id", "run-dead", store)

@@ -19,7 +19,7 @@ from kagura_agent.errors import RefusedError, SetupError
 from kagura_agent.membrane.egress import audit
 from kagura_agent.membrane.egress.owner import LABEL_COMPONENT
 from kagura_agent.membrane.egress.session import EgressSession
-from kagura_agent.state import StateStore
+from kagura_agent.state import StateStore, open_store
 from testing.egress_images import ensure_egress_images, start_forwarder
 from testing.fake_anthropic import SCRIPT as FAKE_ANTHROPIC_SCRIPT
 
@@ -221,7 +221,7 @@ def test_allowed_host_and_port_passes_and_is_audited(world: World) -> None:
     assert "hello from upstream" in out
     assert _status(out) == "200"
     world.session.close()
-    stored = audit.load_events(StateStore(), world.session.run_id)
+    stored = audit.load_events(open_store(), world.session.run_id)
     assert [(e.decision, e.host, e.port, e.entry) for e in stored] == [
         ("allow", "allowed.test", 8443, "allowed.test:8443/https")
     ]

@@ -33,7 +33,7 @@ from kagura_agent.apply.gitlinks import check_gitlinks, check_root_repository, s
 from kagura_agent.apply.runs import open_run, sweep_dead_runs
 from kagura_agent.apply.setid import ctime_floor
 from kagura_agent.clock import FixedClock
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["which", "git"], capture_output=True).returncode != 0, reason="no git"
@@ -315,14 +315,14 @@ def test_after_kill_9_the_next_applys_sweep_moves_it_aside_and_says_so(
     marker = tmp_path / "PWNED"
     clock = FixedClock(datetime.now(UTC).replace(microsecond=0))
     row = plan_for_root(tmp_path, root)
-    with StateStore() as store:
+    with open_store() as store:
         open_run(store, row, "run-dead", clock)
         with store.transaction() as conn:
             conn.execute("UPDATE runs SET pid_start = 'not-a-process-here'")
     (root / "lib" / ".git").unlink()
     _plant_repo(root / "lib" / ".git", marker)
     said: list[str] = []
-    with StateStore() as store:
+    with open_store() as store:
         swept = sweep_dead_runs(
             store,
             _NoContainers(),

@@ -241,8 +241,8 @@ def test_state_survives_a_restart(state_target: Location, clock: FixedClock) -> 
     script = (
         "import json, sys\n"
         "from kagura_agent.graduation import Knobs, snapshot\n"
-        "from kagura_agent.state import Location, StateStore\n"
-        "snap = snapshot(StateStore(), Knobs())\n"
+        "from kagura_agent.state import open_store\n"
+        "snap = snapshot(open_store(), Knobs())\n"
         "print(json.dumps(snap.to_json()))\n"
     )
     proc = subprocess.run(

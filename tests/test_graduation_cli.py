@@ -13,7 +13,7 @@ from kagura_agent import approvals
 from kagura_agent.cli import main as cli_main
 from kagura_agent.clock import FixedClock
 from kagura_agent.graduation import record_outcome
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 
 # Every test here runs against both state backends (SQLite, PostgreSQL).
 pytestmark = pytest.mark.usefixtures("state_target")
@@ -58,7 +58,7 @@ def _manifests(directory: Path, *, successes: int) -> Path:
 def _seed(state_dir: Path) -> None:
     """DNS earns a proposal (5 successes, 3 tasks, 8 days); APT has two successes."""
     clock = FixedClock(datetime(2025, 3, 1, tzinfo=UTC))
-    store = StateStore()
+    store = open_store()
     for index, task in enumerate(["dns-a", "dns-b", "dns-c", "dns-a", "dns-b"]):
         record_outcome(store, [DNS], f"run-{index}", task, PLAN, [("dig", 0)], clock)
         clock.advance(timedelta(days=2))

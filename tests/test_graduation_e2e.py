@@ -308,13 +308,13 @@ def test_brain_claiming_success_earns_no_evidence(scene: Scene) -> None:
 @pytest.mark.usefixtures("docker_client")
 def test_approval_for_one_plan_is_refused_for_another(scene: Scene) -> None:
     from kagura_agent.approvals import record_decision
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
     cat = scene.category
     clock = FixedClock(datetime(2030, 1, 1, tzinfo=UTC))
     plan_a, plan_b = _plan(scene, "a"), _plan(scene, "b")
     assert plan_a["intent"] != plan_b["intent"]
-    store = StateStore()
+    store = open_store()
     try:
         record_decision(
             store,
@@ -344,10 +344,10 @@ def test_approval_for_one_plan_is_refused_for_another(scene: Scene) -> None:
 def _graduate(category: str) -> None:
     """Evidence written straight to the ledger (a simulated week), then a human's unlock."""
     from kagura_agent import graduation
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
     clock = FixedClock(datetime(2030, 1, 1, tzinfo=UTC))
-    store = StateStore()
+    store = open_store()
     try:
         for index, name in enumerate(("a", "b", "c", "a", "b")):
             clock.advance(timedelta(days=2))

@@ -21,7 +21,7 @@ from golden import golden_plan
 from kagura_agent.apply.injected import WITHDRAWN, injection_of, keep_injected_fresh, proxy_secret
 from kagura_agent.clock import FixedClock
 from kagura_agent.membrane.leases import Broker, LeaseRequest
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from testing.moto import moto_server
 
 ROOT = "AKIAINJECTEDTEST0001:injected/root/" + "w" * 26
@@ -107,7 +107,7 @@ def test_a_renewed_sts_lease_replaces_the_proxys_key_and_a_spent_one_stops_the_r
         "budget_seconds": 1800,
     }
     clock = FixedClock(datetime.now(UTC))
-    lease = Broker(StateStore(), clock=clock).acquire(LeaseRequest.from_plan(entry))
+    lease = Broker(open_store(), clock=clock).acquire(LeaseRequest.from_plan(entry))
     first = proxy_secret(lease)
     proxy = Proxy(clock)
     stopped: list[str] = []
@@ -135,7 +135,7 @@ def test_a_standing_key_is_held_for_the_run_not_renewed_in_the_proxy(
     monkeypatch.setenv("LITELLM_KEY", "sk-gateway-standing-" + "s" * 24)
     (entry,) = golden_plan("sdk-gateway")["credentials"]
     clock = FixedClock(datetime.now(UTC))
-    lease = Broker(StateStore(), clock=clock).acquire(LeaseRequest.from_plan(entry))
+    lease = Broker(open_store(), clock=clock).acquire(LeaseRequest.from_plan(entry))
     assert proxy_secret(lease) == "sk-gateway-standing-" + "s" * 24
     proxy = Proxy()
 

@@ -16,7 +16,7 @@ from apply_helpers import make_project, manifest_set, token_provider, write_task
 from kagura_agent.clock import FixedClock
 from kagura_agent.membrane.leases import Broker, LeaseRequest
 from kagura_agent.plan.build import plan_tasks
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 
 OLD = "rotation-canary-old-0001"
 NEW = "rotation-canary-new-0002"
@@ -57,7 +57,7 @@ def test_runs_after_the_rotation_lease_the_new_key_runs_before_it_keep_the_old(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = FixedClock(datetime.now(UTC))
-    store = StateStore()
+    store = open_store()
     monkeypatch.setenv("KAGURA_TEST_TOKEN", OLD)
     running = Broker(store, clock=clock)  # a run started before the rotation
     first = running.acquire(LeaseRequest.from_plan(ENTRY))

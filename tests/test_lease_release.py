@@ -17,7 +17,7 @@ from kagura_agent.clock import FixedClock
 from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger
 from kagura_agent.membrane.providers.traits import TRAITS, release_says
 from kagura_agent.plan.render import _cred_line
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 
 REPO = Path(__file__).resolve().parent.parent
 KINDS_TABLE = re.compile(r"^\| `([a-z-]+)` \| ((?:`[a-z-]+`(?:, )?)+) \|", re.M)
@@ -60,7 +60,7 @@ def test_a_standing_secret_is_released_as_standing_not_as_lapsing(
 ) -> None:
     monkeypatch.setenv("KAGURA_TEST_TOKEN", "standing-canary")
     clock = FixedClock(datetime.now(UTC))
-    store = StateStore()
+    store = open_store()
     entry: dict[str, Any] = {
         "name": "token",
         "provider": "token",

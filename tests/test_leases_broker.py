@@ -13,7 +13,7 @@ from kagura_agent.clock import FixedClock
 from kagura_agent.errors import ExitCode, RefusedError, SetupError
 from kagura_agent.membrane.leases import Broker, Budget, LeaseRequest, Ledger
 from kagura_agent.membrane.providers import Bundle, Minted
-from kagura_agent.state import StateStore
+from kagura_agent.state import StateStore, open_store
 from testing.fake_cloudflare import ROOT_TOKEN, FakeCloudflare
 
 # Every test here runs against both state backends (SQLite, PostgreSQL).
@@ -29,7 +29,7 @@ SCOPE = {
 
 @pytest.fixture()
 def store(state_dir: Path) -> Iterator[StateStore]:
-    db = StateStore()
+    db = open_store()
     yield db
     db.close()
 

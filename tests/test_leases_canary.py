@@ -16,7 +16,7 @@ from kagura_agent.cli.main import main
 from kagura_agent.clock import FixedClock
 from kagura_agent.errors import KaguraError
 from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger, Sweeper
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from testing.fake_cloudflare import FakeCloudflare
 
 ROOT_CANARY = "cfroot-CANARY-5b1e0c7d9a2f4e6b8c0d1e2f3a4b"
@@ -68,7 +68,7 @@ def test_canaries_never_leak(
     caplog.set_level(logging.DEBUG)
     monkeypatch.setenv("KAGURA_TEST_CF_ROOT", ROOT_CANARY)
     clock = FixedClock(datetime.now(UTC))
-    store = StateStore()
+    store = open_store()
     broker = Broker(store, clock=clock)
     seen: list[str] = []  # every text that left the broker: reprs, messages, output
 

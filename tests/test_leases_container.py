@@ -30,7 +30,7 @@ from kagura_agent.brain.streams import DockerAttachStream
 from kagura_agent.clock import FixedClock
 from kagura_agent.membrane import images
 from kagura_agent.membrane.leases import Broker, LeaseRequest, deliver, keep_fresh, withdraw
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from testing.moto import moto_server
 
 pytestmark = pytest.mark.usefixtures("docker_client")
@@ -91,7 +91,7 @@ def test_leased_aws_credential_inside_a_container(
             role = iam.create_role(RoleName="deployer", AssumeRolePolicyDocument="{}")
             monkeypatch.setenv("KAGURA_TEST_AWS_ROOT", json.dumps(ROOT))
             clock = FixedClock(datetime.now(UTC))
-            store = StateStore()
+            store = open_store()
             request = LeaseRequest.from_plan(
                 {
                     "name": "aws-deployer",

@@ -15,7 +15,7 @@ from kagura_agent.cli.main import main
 from kagura_agent.clock import SystemClock
 from kagura_agent.membrane.leases import Ledger, sweep
 from kagura_agent.processes import owner_alive
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from testing.fake_cloudflare import ROOT_TOKEN, FakeCloudflare
 
 # Every test here runs against both state backends (SQLite, PostgreSQL).
@@ -42,7 +42,7 @@ def _child(endpoint: str, crash: str) -> subprocess.Popen[str]:
 
 
 def _rows(state_dir: Path) -> list[dict[str, object]]:
-    store = StateStore()
+    store = open_store()
     try:
         return [row.to_json() for row in Ledger(store, SystemClock()).rows()]
     finally:
@@ -105,7 +105,7 @@ def test_crash_between_ledger_steps_leaves_a_row_the_sweeper_resolves(
     [row] = _rows(state_dir)
     assert row["state"] == state and not row["closed_at"]
 
-    store = StateStore()
+    store = open_store()
     report = sweep(store)
     store.close()
 
@@ -124,7 +124,7 @@ def test_crash_during_renewal_revokes_both_credentials(
     assert len(cloudflare.ops("mint")) == 2
     assert {r["state"] for r in _rows(state_dir)} == {"live"}
 
-    store = StateStore()
+    store = open_store()
     report = sweep(store)
     store.close()
 

@@ -14,7 +14,7 @@ import pytest
 from kagura_agent.clock import FixedClock
 from kagura_agent.errors import RefusedError
 from kagura_agent.membrane.leases import Broker, LeaseRequest, deliver, keep_fresh, withdraw
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from testing.fake_cloudflare import ROOT_TOKEN, FakeCloudflare
 
 # Every test here runs against both state backends (SQLite, PostgreSQL).
@@ -61,7 +61,7 @@ def test_renewals_are_pushed_and_exhaustion_wipes_then_refuses(
 ) -> None:
     monkeypatch.setenv("KAGURA_TEST_CF_ROOT", ROOT_TOKEN)
     clock = FixedClock(datetime.now(UTC))
-    store = StateStore()
+    store = open_store()
     lease = Broker(store, clock=clock).acquire(request(cloudflare, renewals=1))
     channel = RecordingChannel()
 
@@ -90,7 +90,7 @@ def test_withdraw_wipes_and_releases_every_lease(
     cloudflare: FakeCloudflare, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KAGURA_TEST_CF_ROOT", ROOT_TOKEN)
-    store = StateStore()
+    store = open_store()
     broker = Broker(store)
     leases = [broker.acquire(request(cloudflare, renewals=0)) for _ in range(2)]
     channel = RecordingChannel()

@@ -15,7 +15,7 @@ from kagura_agent.cli.main import main
 from kagura_agent.clock import FixedClock
 from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger, Sweeper
 from kagura_agent.processes import owner_alive, process_start
-from kagura_agent.state import StateStore
+from kagura_agent.state import StateStore, open_store
 from testing.fake_cloudflare import ROOT_TOKEN, FakeCloudflare
 from testing.fake_gcp import FakeGcp
 
@@ -33,7 +33,7 @@ SCOPE = {
 @pytest.fixture()
 def store(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StateStore]:
     monkeypatch.setenv("KAGURA_TEST_CF_ROOT", ROOT_TOKEN)
-    db = StateStore()
+    db = open_store()
     yield db
     db.close()
 

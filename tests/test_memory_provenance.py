@@ -74,7 +74,7 @@ def test_the_agents_error_text_is_stored_untrusted_and_shown_quoted(
     from kagura_agent.apply.context import BrainOutcome, RunContext, RunReport, assemble
     from kagura_agent.apply.live import LiveView
     from kagura_agent.apply.record import record_result
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
     root, env = project
     plan = _plan(root, env)
@@ -82,7 +82,7 @@ def test_the_agents_error_text_is_stored_untrusted_and_shown_quoted(
     result = assemble("run-1", report, 1.5, ())
     assert result.outcome == "failed"  # decided before recording: the brain erred
     live = LiveView(Redactor(), stream=io.StringIO())
-    with StateStore() as store:
+    with open_store() as store:
         ctx = RunContext(store, plan, "run-1", None, live, SystemClock())
         record_result(ctx, result)
     with sqlite3.connect(state_dir / "memory.db") as db:

@@ -27,7 +27,7 @@ from test_midrun_apply import API_KEY, Decide, Operator, finish
 
 from kagura_agent.apply.midrun import amendments
 from kagura_agent.approvals import history
-from kagura_agent.state import StateStore
+from kagura_agent.state import StateStore, open_store
 from testing.agent_test_image import ensure_agent_test_image
 
 pytestmark = pytest.mark.usefixtures("docker_client")
@@ -264,7 +264,7 @@ def test_a_turn_budget_extended_from_the_cockpit_under_serve(
     assert "turn budget extended to 4 turns (approved by terminal:" in out, out
     assert "Finished all 3 turns (resumed " in out, out
     [run_id] = run_ids(state_dir)
-    with StateStore() as store:
+    with open_store() as store:
         [row] = amendments(store, run_id)
         decided = [d for d in history(store) if d.fingerprint == row["fingerprint"]]
     assert (row["category"], row["outcome"]) == ("budget:turns", "granted")

@@ -26,7 +26,7 @@ from kagura_agent.membrane.leases import Broker, LeaseRequest
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.plan.build import Compiled, compile_tasks
 from kagura_agent.plan.history import record_applied
-from kagura_agent.state import StateStore, state_location
+from kagura_agent.state import StateStore, open_store, state_location
 
 FP = "sha256:" + "a" * 64
 OTHER = "sha256:" + "b" * 64
@@ -69,7 +69,7 @@ def test_an_answer_counts_only_through_the_log_for_exactly_the_asked_plan(
         asker.nudged("m-run-1")
         return await task
 
-    with StateStore() as store:
+    with open_store() as store:
         answer = asyncio.run(scenario(store))
     assert answer.approved and answer.who == "slack:U1" and answer.via == "slack"
     assert [q.request for q in asked] == ["m-run-1"]
@@ -87,7 +87,7 @@ def test_a_replayed_approval_from_before_the_question_does_not_count(state_dir: 
         asker.nudged("m-run-1")
         return await task
 
-    with StateStore() as store:
+    with open_store() as store:
         answer = asyncio.run(scenario(store))
         log = history(store)
     assert not answer.approved and answer.outcome == "timeout"
@@ -110,7 +110,7 @@ def test_a_deny_denies_and_a_cockpit_that_goes_away_denies_at_once(state_dir: Pa
         later = await asker.ask(store, question(timeout=600), SystemClock())
         return denied, gone, later
 
-    with StateStore() as store:
+    with open_store() as store:
         denied, gone, later = asyncio.run(scenario(store))
     assert (denied.approved, denied.outcome, denied.who) == (False, "denied", "slack:U1")
     assert gone.outcome == "timeout" and "went away" in gone.reason
@@ -138,7 +138,7 @@ def test_an_answer_to_another_runs_question_on_the_same_plan_does_not_count(
         asker.nudged("m-runb-1")
         return await task
 
-    with StateStore() as store:
+    with open_store() as store:
         answer = asyncio.run(scenario(store))
         log = history(store)
     assert (answer.approved, answer.outcome) == (False, "denied")
@@ -154,7 +154,7 @@ def test_an_answer_in_the_log_without_a_nudge_is_read_there(state_dir: Path) -> 
         started = asyncio.get_running_loop().time()
         task = asyncio.create_task(asker.ask(store, question(timeout=30), SystemClock()))
         await asyncio.sleep(0.05)
-        with StateStore() as elsewhere:  # another connection, as another process has
+        with open_store() as elsewhere:  # another connection, as another process has
             decide(elsewhere, OTHER)  # another plan's approval: not this question's
             await asyncio.sleep(1.5)
             assert not task.done()
@@ -165,7 +165,7 @@ def test_an_answer_in_the_log_without_a_nudge_is_read_there(state_dir: Path) -> 
         answer = await task
         return answer, asyncio.get_running_loop().time() - started
 
-    with StateStore() as store:
+    with open_store() as store:
         answer, waited = asyncio.run(scenario(store))
     assert answer.approved and answer.who == "slack:U1"
     assert waited < 10  # read within a poll, long before the question's 30 s timeout
@@ -178,7 +178,7 @@ def test_the_cockpit_records_an_answer_for_its_question(state_dir: Path) -> None
     assert desk.asked("s-1", "C1:1", item) is not None
     said = desk.answer("m-run-1", approved=True, who="slack:U1", via="slack", nudge=lambda r: None)
     assert said == "m-run-1 egress:second approved by slack:U1"
-    with StateStore() as store:
+    with open_store() as store:
         [decision] = history(store)
     assert (decision.request, decision.fingerprint, decision.approved) == ("m-run-1", FP, True)
 
@@ -186,7 +186,7 @@ def test_the_cockpit_records_an_answer_for_its_question(state_dir: Path) -> None
 def test_without_a_terminal_or_a_cockpit_nobody_is_asked_and_it_is_denied(
     state_dir: Path,
 ) -> None:
-    with StateStore() as store:
+    with open_store() as store:
         answer = asyncio.run(NobodyAsker().ask(store, question(), SystemClock()))
         [decision] = history(store)
     assert not answer.approved
@@ -331,7 +331,7 @@ def test_a_sub_agents_budget_is_never_extended_past_what_its_parent_left_it(
     project = make_project(tmp_path)
     parent_task = write_task(project, "top", {"brain": "script", "steps": ["true"]})
     [parent] = compile_tasks(str(folder), [str(parent_task)])
-    with StateStore() as store:
+    with open_store() as store:
         record_applied(store, parent.plan, "2026-12-01T00:00:00Z")
     left = {"turns": 3, "wall_time": "300s"}
     spec = {"brain": "script", "steps": ["true"], "parent": {"task": "top", "budget": left}}
@@ -391,7 +391,7 @@ def _lease_run(tmp_path: Path, outcome: Any) -> tuple[Any, Any, Any, StubAsker, 
         credentials=[{"provider": "token", "scope": "use"}],
     )
     [entry] = [e for e in c.plan["credentials"] if e["category"] == "credential:token/use"]
-    store = StateStore()
+    store = open_store()
     clock = FixedClock(datetime.now(UTC))
     lease = Broker(store, run_id="run-units", clock=clock).acquire(
         LeaseRequest.from_plan({**entry, "class": "approved"})
@@ -529,7 +529,7 @@ def test_what_the_brain_writes_into_a_request_is_stored_scrubbed(
     c = compiled(tmp_path, egress_policy("second", "second.example.com"))
     redactor = Redactor()
     redactor.add(secret)
-    store = StateStore()
+    store = open_store()
     asker = StubAsker("denied")
     midrun = MidRun(
         store=store,
@@ -595,7 +595,7 @@ def test_identical_pending_questions_are_put_once(state_dir: Path) -> None:
             *(questions.ask(asker, store, _q("egress:second"), SystemClock()) for _ in range(25))
         )
 
-    with StateStore() as store:
+    with open_store() as store:
         answers = asyncio.run(scenario(store))
         assert len(asker.asked) == 1 and all(a.approved for a in answers)
         # Approved: the same question again is the same answer, unasked.
@@ -608,7 +608,7 @@ def test_a_denied_category_is_not_asked_again_this_run(state_dir: Path) -> None:
 
     asker = _CountingAsker(approved=False)
     questions = Questions()
-    with StateStore() as store:
+    with open_store() as store:
         first = asyncio.run(questions.ask(asker, store, _q("egress:second"), SystemClock()))
         assert not first.approved
         # Another plan, another request id: the same category stays denied, unasked —
@@ -635,7 +635,7 @@ def test_the_agents_questions_are_rate_limited(state_dir: Path) -> None:
     now = [1000.0]
     asker = _CountingAsker(approved=True)
     questions = Questions(monotonic=lambda: now[0])
-    with StateStore() as store:
+    with open_store() as store:
         for category in ("egress:a", "egress:b", "egress:c"):
             asyncio.run(questions.ask(asker, store, _q(category), SystemClock()))
         with pytest.raises(NotAsked, match="asked its operator 3 questions in the last 300s"):
@@ -660,7 +660,7 @@ def test_a_run_calling_request_access_in_a_loop_is_bounded(tmp_path: Path, state
 
     c = compiled(tmp_path)
     out = io.StringIO()
-    store = StateStore()
+    store = open_store()
     midrun = MidRun(
         store=store,
         run_id="run-loop",

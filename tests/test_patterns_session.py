@@ -21,7 +21,7 @@ from kagura_agent.patterns.checkpoint import (
     resume,
     save_checkpoint,
 )
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 
 # Every test here runs against both state backends (SQLite, PostgreSQL).
 pytestmark = pytest.mark.usefixtures("state_target")
@@ -35,7 +35,7 @@ def store(tmp_path: Path) -> Iterator[SqliteMemoryStore]:
 
 
 def test_checkpoint_survives_reopen_and_resume_says_where(tmp_path: Path) -> None:
-    state = StateStore()
+    state = open_store()
     assert resume(state, "nightly") is None and resume(state, None) is None
     for step in (1, 2):
         save_checkpoint(
@@ -51,7 +51,7 @@ def test_checkpoint_survives_reopen_and_resume_says_where(tmp_path: Path) -> Non
             clock=FixedClock(START),
         )
     state.close()
-    reopened = StateStore()
+    reopened = open_store()
     point = resume(reopened, "nightly")
     assert point is not None
     assert (point.step, point.next_step, point.brain_session_id) == (2, 3, "brain-42")
@@ -68,7 +68,7 @@ def test_checkpoint_survives_reopen_and_resume_says_where(tmp_path: Path) -> Non
     "pending", [[{"env": {"AWS_SECRET_ACCESS_KEY": "x"}}], [{"github_token": "ghs_x"}]]
 )
 def test_checkpoint_refuses_credentials(tmp_path: Path, pending: list[Any]) -> None:
-    state = StateStore()
+    state = open_store()
     with pytest.raises(CredentialInCheckpoint):
         save_checkpoint(state, Checkpoint(session="s", step=1, pending=pending))
     assert load_checkpoint(state, "s") is None

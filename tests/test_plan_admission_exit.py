@@ -28,7 +28,7 @@ from kagura_agent.errors import SetupError
 from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger, sweep
 from kagura_agent.membrane.lifetimes import lifetime_problem
 from kagura_agent.plan.admission import admit
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from testing.keys import rsa_pair
 
 # Plans here need no image facts, and every refusal comes before Docker is reached.
@@ -91,7 +91,7 @@ def test_a_budget_shorter_than_the_providers_credentials_is_a_plan_refusal(
     assert applied.returncode == 6, applied.stderr
     assert "could never be minted" in applied.stderr
     assert "budget exhausted" not in applied.stderr
-    assert not (state_dir / "state.db").exists() or not Ledger(StateStore()).rows()
+    assert not (state_dir / "state.db").exists() or not Ledger(open_store()).rows()
 
 
 def test_an_hour_of_budget_plans_and_the_check_agrees_with_the_broker(
@@ -153,7 +153,7 @@ def test_a_mint_that_never_reached_the_provider_leaves_nothing_lapsing(
         "standing": False,
         "class": "baseline",
     }
-    with StateStore() as store:
+    with open_store() as store:
         with pytest.raises(SetupError, match="ConnectError"):
             Broker(store, clock=clock).acquire(LeaseRequest.from_plan(entry))
         [row] = Ledger(store, clock).rows()

@@ -20,7 +20,7 @@ from kagura_agent.errors import RefusedError, UsageError
 from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger
 from kagura_agent.membrane.providers import ProviderError, build_provider
 from kagura_agent.membrane.secrets import Redactor
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from testing.moto import moto_server
 
 ROOT_KEY_ID = "AKIAKAGURACANARY0001"
@@ -115,7 +115,7 @@ def test_broker_renews_aws_before_expiry(
 ) -> None:
     monkeypatch.setenv("KAGURA_TEST_AWS_ROOT", ROOT)
     clock = FixedClock(datetime.now(UTC))
-    store = StateStore()
+    store = open_store()
     entry: dict[str, Any] = {
         "name": "aws-deployer",
         "provider": "aws-main",
@@ -157,7 +157,7 @@ def test_a_released_sts_lease_is_shown_lapsing_until_its_expiry(
     ``released``), records the kind, and ``leases list`` keeps it in view until it lapses."""
     monkeypatch.setenv("KAGURA_TEST_AWS_ROOT", ROOT)
     clock = FixedClock(datetime.now(UTC))
-    store = StateStore()
+    store = open_store()
     entry: dict[str, Any] = {
         "name": "aws-deployer",
         "provider": "aws-main",

@@ -14,7 +14,7 @@ from kagura_agent.clock import FixedClock
 from kagura_agent.errors import RefusedError
 from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger
 from kagura_agent.membrane.providers import ProviderError, build_provider
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from testing.fake_gcp import FakeGcp
 from testing.keys import rsa_pair
 
@@ -113,7 +113,7 @@ def test_broker_mint_renew_revoke(
 ) -> None:
     monkeypatch.setenv("KAGURA_TEST_GCP_KEY", service_account_key(gcp))
     clock = FixedClock(datetime.now(UTC))
-    store = StateStore()
+    store = open_store()
     entry = {
         "name": "gcp-deployer",
         "provider": "gcp-main",

@@ -13,7 +13,7 @@ from kagura_agent.clock import FixedClock
 from kagura_agent.errors import RefusedError, UsageError
 from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger
 from kagura_agent.membrane.providers import ProviderError, build_provider
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from testing.fake_github import FakeGithub
 from testing.keys import rsa_pair
 
@@ -141,7 +141,7 @@ def test_broker_mint_renew_revoke(
 ) -> None:
     monkeypatch.setenv("KAGURA_TEST_GH_KEY", rsa_pair("github")[0])
     clock = FixedClock(datetime.now(UTC))
-    store = StateStore()
+    store = open_store()
     entry = {
         "name": "gh-site",
         "provider": "github-main",

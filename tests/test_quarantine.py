@@ -21,7 +21,7 @@ from kagura_agent.apply.runs import open_run, sweep_dead_runs
 from kagura_agent.apply.setid import CTIME_SLACK
 from kagura_agent.clock import FixedClock
 from kagura_agent.errors import RefusedError
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 
 
 class _NoContainers:
@@ -52,7 +52,7 @@ def test_after_kill_9_the_sweep_quarantines_a_root_it_cannot_finish(
 ) -> None:
     clock = FixedClock(datetime.now(UTC).replace(microsecond=0))
     plan = plan_for_root(tmp_path, root)
-    with StateStore() as store:
+    with open_store() as store:
         open_run(store, plan, "run-dead", clock)
         with store.transaction() as conn:
             conn.execute("UPDATE runs SET pid_start = 'not-a-process-here'")
@@ -63,7 +63,7 @@ def test_after_kill_9_the_sweep_quarantines_a_root_it_cannot_finish(
     (root / "fine").chmod(0o4755)
     _immutable(stuck, True)
     said: list[tuple[str, str]] = []
-    with StateStore() as store:
+    with open_store() as store:
         swept = sweep_dead_runs(
             store,
             _NoContainers(),  # type: ignore[arg-type]
@@ -85,7 +85,7 @@ def test_after_kill_9_the_sweep_quarantines_a_root_it_cannot_finish(
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
     assert stat.S_IMODE((root / "fine").stat().st_mode) == 0o755  # the rest was cleared
 
-    with StateStore() as store:
+    with open_store() as store:
         with pytest.raises(RefusedError) as refused:
             refuse_quarantined(store, str(root))
         assert (
@@ -135,7 +135,7 @@ def test_a_planted_repository_it_cannot_move_aside_quarantines_the_root(
     _git(root, "commit", "-q", "-m", "submodule")
     time.sleep(CTIME_SLACK + 1.1)
     clock = FixedClock(datetime.now(UTC).replace(microsecond=0))
-    with StateStore() as store:
+    with open_store() as store:
         open_run(store, plan_for_root(tmp_path, root), "run-dead", clock)
         with store.transaction() as conn:
             conn.execute("UPDATE runs SET pid_start = 'not-a-process-here'")
@@ -148,7 +148,7 @@ def test_a_planted_repository_it_cannot_move_aside_quarantines_the_root(
     (planted / "config").write_text("[core]\n\tfsmonitor = touch PWNED; false\n")
     _immutable(root / "lib", True)
     said: list[tuple[str, str]] = []
-    with StateStore() as store:
+    with open_store() as store:
         sweep_dead_runs(
             store,
             _NoContainers(),  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ from kagura_agent.clock import SystemClock
 from kagura_agent.paths import repo_root
 from kagura_agent.plan import planfile
 from kagura_agent.plan.build import plan_tasks
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from testing import forked
 
 REPO = repo_root()
@@ -84,7 +84,7 @@ def test_a_plan_written_where_a_run_could_write_is_refused(
     # A run of the project: while it runs, its agent writes a manifest folder, a task
     # and a plan of its own in the root (the planner is what any agent can run).
     time.sleep(0.05)  # the operator's task file is older than the run
-    with StateStore() as store:
+    with open_store() as store:
         open_run(store, operators, "run-agent1", clock)
         forged_manifests = project / ".cache" / "m"
         forged_manifests.mkdir(parents=True)
@@ -141,7 +141,7 @@ def test_a_manifest_folder_a_run_could_write_is_no_operator_folder(
     task = _task(project / "task.yml", "  project_root: .\n")
     [operators] = plan_tasks(None, [str(task)])
     time.sleep(0.05)
-    with StateStore() as store:
+    with open_store() as store:
         open_run(store, operators, "run-agent2", SystemClock())
         (project / "sub" / "manifests").mkdir(parents=True)
         (project / "sub" / "manifests" / "egress.yml").write_text(EVIL_EGRESS, encoding="utf-8")
@@ -167,7 +167,7 @@ def test_a_task_file_a_run_could_write_is_no_operators_request(
     deploy = _task(project / "tasks" / "deploy.yml", "  project_root: ..\n")
     [operators] = plan_tasks(None, [str(build)])
     time.sleep(0.05)
-    with StateStore() as store:
+    with open_store() as store:
         open_run(store, operators, "run-agent3", SystemClock())
         _task(deploy, "  project_root: ..\n  verify: ['true']\n")
         close_run(store, "run-agent3", "success", 0, SystemClock())
@@ -195,7 +195,7 @@ def test_a_state_choice_a_run_could_write_chooses_no_store(tmp_path: Path, state
     [operators] = plan_tasks(None, [str(task)])
     time.sleep(0.05)
     sub = project / "sub"
-    with StateStore() as store:
+    with open_store() as store:
         open_run(store, operators, "run-agent4", SystemClock())
         (sub / "manifests").mkdir(parents=True)
         (sub / "manifests" / "state.yml").write_text(

@@ -26,7 +26,7 @@ from kagura_agent.patterns.checkpoint import (
 )
 from kagura_agent.plan.build import plan_tasks
 from kagura_agent.plan.model import Plan
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from testing.memory_runtime import MemoryRuntime
 
 # Every test here runs against both state backends (SQLite, PostgreSQL).
@@ -44,7 +44,7 @@ def _plan(base: Path, name: str, session: str) -> Plan:
 def _interrupted(plan: Plan) -> None:
     """What an interrupted run of ``plan`` leaves: a checkpoint bound to its task."""
     task = plan["task"]
-    with StateStore() as store:
+    with open_store() as store:
         save_checkpoint(
             store,
             Checkpoint(
@@ -59,7 +59,7 @@ def _interrupted(plan: Plan) -> None:
 
 def test_foreign_checkpoint_names_the_owner(tmp_path: Path, state_dir: Path) -> None:
     mine = session_owner(str(tmp_path), "alpha")
-    with StateStore() as store:
+    with open_store() as store:
         save_checkpoint(store, Checkpoint(session="s", step=1, owner=mine))
         assert foreign_checkpoint(store, "s", mine) is None
         assert foreign_checkpoint(store, None, mine) is None
@@ -84,7 +84,7 @@ def test_another_task_cannot_resume_the_session(tmp_path: Path, state_dir: Path)
     ):
         apply_plan(beta, ApplyOptions(clock=SystemClock()), checked)
     assert runtime.log == []  # refused before any container, network or lease
-    with StateStore() as store:
+    with open_store() as store:
         kept = load_checkpoint(store, "shared")
     assert kept is not None and kept.brain_session_id == "brain-conversation-of-alpha"
 
@@ -97,5 +97,5 @@ def test_the_owner_resumes_its_session(tmp_path: Path, state_dir: Path) -> None:
     checked: ApplyRuntime = runtime
     result = apply_plan(alpha, ApplyOptions(clock=SystemClock()), checked)
     assert (result.outcome, result.exit_code) == ("success", 0), result
-    with StateStore() as store:
+    with open_store() as store:
         assert load_checkpoint(store, "mine") is None  # finished: the checkpoint is cleared

@@ -17,8 +17,8 @@ import pytest
 from kagura_agent.errors import SetupError
 from kagura_agent.memory import Source, open_memory
 from kagura_agent.memory.postgres import PgMemoryStore
-from kagura_agent.state import URL_ENV, Location, StateStore, describe, state_location
-from kagura_agent.state_sql import Dialects, migration_sql, placeholders
+from kagura_agent.state import URL_ENV, Location, StateStore, describe, open_store, state_location
+from kagura_agent.state.sql import Dialects, migration_sql, placeholders
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,7 +28,7 @@ def test_the_embedded_store_is_the_default(
 ) -> None:
     monkeypatch.delenv(URL_ENV, raising=False)
     assert state_location() == state_dir / "state.db"
-    with StateStore() as store:
+    with open_store() as store:
         assert store.dialect == "sqlite" and store.location == state_dir / "state.db"
 
 
@@ -100,7 +100,7 @@ def pg_url(postgres_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def test_the_url_selects_postgresql(pg_url: str, state_dir: Path) -> None:
-    with StateStore() as store:
+    with open_store() as store:
         assert store.dialect == "postgres" and store.location == pg_url
         store.migrate(
             "demo", ["CREATE TABLE demo (id INTEGER PRIMARY KEY AUTOINCREMENT, n INTEGER);"]
@@ -155,7 +155,7 @@ def test_a_store_left_open_holds_no_connection(
 ) -> None:
     """Handles borrow a pooled connection per statement: 50 stores never closed, on a pool
     of 2, all still answer (a ledger's connection is never closed by its users)."""
-    from kagura_agent import state_pg
+    from kagura_agent.state import pg as state_pg
 
     state_pg.close_pools()
     monkeypatch.setenv(state_pg.POOL_ENV, "2")

@@ -28,7 +28,7 @@ ROUNDS = 3
 # versions it saw.
 CHILD = """
 import socket, sys
-from kagura_agent.state import URL_ENV, Location, SchemaBehind, StateDbError, StateStore
+from kagura_agent.state import URL_ENV, Location, SchemaBehind, StateDbError, StateStore, open_store
 from kagura_agent.apply import runs
 from kagura_agent.approvals import log
 from kagura_agent.clock import SystemClock
@@ -43,7 +43,7 @@ from kagura_agent.cockpit import registry
 with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as ready:
     ready.sendto(b".", sys.argv[1])
 sys.stdin.buffer.read()  # the barrier: end of file when the test closes the pipe
-store = StateStore()
+store = open_store()
 memory = SqliteMemoryStore(state_dir() / "memory.db")
 graduation.migrate(store)
 log.migrate(store)

@@ -17,7 +17,7 @@ from kagura_agent.apply.runs import open_run, sweep_dead_runs
 from kagura_agent.clock import FixedClock
 from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger, Sweeper
 from kagura_agent.processes import owner_alive, this_host
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from kagura_agent.team.reaper import revoke_run_leases
 from testing.fake_cloudflare import ROOT_TOKEN, FakeCloudflare
 
@@ -62,13 +62,13 @@ def test_a_lease_of_another_host_survives_its_sweep_until_the_reaper_revokes_it(
     monkeypatch.setenv("KAGURA_TEST_CF_ROOT", ROOT_TOKEN)
     clock = FixedClock(datetime.now(UTC).replace(microsecond=0))
     monkeypatch.setenv("KAGURA_AGENT_HOST_ID", "host-a")
-    with StateStore() as store:
+    with open_store() as store:
         Broker(store, run_id="run-on-a", clock=clock).acquire(request(cloudflare))
         # Host A's process is gone from host B's point of view: its pid is not B's.
         with store.transaction() as conn:
             conn.execute("UPDATE lease_grants SET owner_start = 'not-a-process-here'")
     monkeypatch.setenv("KAGURA_AGENT_HOST_ID", "host-b")
-    with StateStore() as store:
+    with open_store() as store:
         report = Sweeper(store, clock=clock).sweep()
         assert len(report.held) == 1 and report.revoked == []
         [row] = Ledger(store, clock).open_rows()
@@ -102,7 +102,7 @@ def test_a_run_of_another_host_is_left_to_that_host(
     root.mkdir()
     plan = plan_for_root(tmp_path, root)
     monkeypatch.setenv("KAGURA_AGENT_HOST_ID", "host-a")
-    with StateStore() as store:
+    with open_store() as store:
         open_run(store, plan, "run-a", clock)
         with store.transaction() as conn:
             conn.execute("UPDATE runs SET pid_start = 'not-a-process-here'")
@@ -111,12 +111,12 @@ def test_a_run_of_another_host_is_left_to_that_host(
     planted.chmod(0o4755)
     runtime = ListingRuntime()
     monkeypatch.setenv("KAGURA_AGENT_HOST_ID", "host-b")
-    with StateStore() as store:
+    with open_store() as store:
         assert sweep_dead_runs(store, runtime, clock) == []  # type: ignore[arg-type]
     assert runtime.removed == []
     assert planted.stat().st_mode & 0o7777 == 0o4755
     monkeypatch.setenv("KAGURA_AGENT_HOST_ID", "host-a")
-    with StateStore() as store:
+    with open_store() as store:
         assert sweep_dead_runs(store, runtime, clock) == ["run-a"]  # type: ignore[arg-type]
     assert runtime.removed == ["c-run-a"]
     assert planted.stat().st_mode & 0o7777 == 0o755

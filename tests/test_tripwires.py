@@ -59,10 +59,10 @@ MANIFESTS: tuple[dict[str, Any], ...] = (
 
 def _graduate(category: str) -> None:
     from kagura_agent import graduation
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
     clock = FixedClock(datetime(2030, 1, 1, tzinfo=UTC))
-    with StateStore() as store:
+    with open_store() as store:
         for index, name in enumerate(("a", "b", "c", "a", "b")):
             clock.advance(timedelta(days=2))
             graduation.record_outcome(

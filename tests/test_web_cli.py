@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kagura_agent.cli.main import main
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store, open_store_read_only
 from kagura_agent.web.queries import Notes, RunFilter, runs_page
 
 
@@ -99,7 +99,7 @@ def test_runs_pages_are_bounded_and_follow_on(state_dir: Path) -> None:
     (runs started in the same second stay in order by id), every run exactly once."""
     from kagura_agent.apply.runtable import MIGRATIONS
 
-    with StateStore() as store:
+    with open_store() as store:
         store.migrate("runs", MIGRATIONS)
         with store.transaction() as conn:
             for number in range(23):
@@ -108,7 +108,7 @@ def test_runs_pages_are_bounded_and_follow_on(state_dir: Path) -> None:
                     " VALUES (?, 't', 'fp', 1, ?, ?)",
                     (f"run-{number:03d}", f"2026-01-01T00:00:{number // 3:02d}Z", "k"),
                 )
-    store = StateStore.read_only()
+    store = open_store_read_only()
     assert store is not None
     seen: list[str] = []
     with store:

@@ -11,7 +11,7 @@ import pytest
 
 from kagura_agent.brain.events import CostEvent, DoneEvent, ToolCallEvent, ToolResultEvent
 from kagura_agent.clock import SystemClock, iso
-from kagura_agent.state import StateStore
+from kagura_agent.state import StateStore, open_store
 from kagura_agent.web import queries, timeline
 from kagura_agent.web.queries import Notes, RunFilter
 from testing.web_scene import Scene, apply_run, proxy_decisions, squid_line
@@ -31,7 +31,7 @@ def test_the_console_reads_a_run_on_either_backend(
             DoneEvent(result="done"),
         ],
     )
-    with StateStore() as store:
+    with open_store() as store:
         line = squid_line(time.time(), "CONNECT", "exfil.example.net", 443, status=403,
                           squid_status="TCP_DENIED")  # fmt: skip
         proxy_decisions(store, plan, result.run_id, iso(SystemClock().now()), [line])

@@ -57,7 +57,7 @@ from kagura_agent.plan import planfile
 from kagura_agent.plan.build import plan_tasks
 from kagura_agent.plan.history import record_applied
 from kagura_agent.plan.model import Budget, Plan
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 
 T = TypeVar("T")
 POLL_SECONDS = 0.2
@@ -321,7 +321,7 @@ class ChildDispatcher:
         self.ctx.live.phase(
             f"sub-agent {name} needs approval for {', '.join(needed)} (plan {fingerprint[:19]}…)"
         )
-        with self._tty, StateStore() as store:  # this thread's own connection
+        with self._tty, open_store() as store:  # this thread's own connection
             try:
                 obtain_approvals(
                     store,

@@ -68,7 +68,7 @@ from kagura_agent.patterns.checkpoint import foreign_checkpoint, session_owner
 from kagura_agent.plan import resume
 from kagura_agent.plan.admission import admit
 from kagura_agent.plan.model import Plan
-from kagura_agent.state import StateStore, owner_key
+from kagura_agent.state import StateStore, open_store, owner_key
 
 
 def refuse_unapplyable(plan: Plan, options: ApplyOptions) -> None:
@@ -109,7 +109,7 @@ def apply_plan(
     refuse_unapplyable(plan, options)
     with contextlib.ExitStack() as owned:
         if store is None:
-            store = owned.enter_context(StateStore())
+            store = owned.enter_context(open_store())
         live = LiveView(Redactor(), as_json=options.as_json)
         check_ready(plan["memory"])
         approved = _approvals(store, plan, options, live)

@@ -50,11 +50,10 @@ from dataclasses import dataclass
 from kagura_agent.apply import acl
 from kagura_agent.apply.treewalk import KEPT, Directory, TreeWalk, Unreached, open_root
 from kagura_agent.hygiene import neutralise
+from kagura_agent.state.history import CTIME_SLACK
 
 MAX_ENTRIES = 2_000_000
 MAX_SECONDS = 120.0
-# ctime comes from the kernel's coarse clock, which may lag time.time() slightly.
-CTIME_SLACK = 2
 SHOWN = 5
 SHOWN_CHARS = 120  # a name deeper than this is shown by its end
 BOUND_REASON = "the walk stopped at its bound"

@@ -19,8 +19,8 @@ from typing import Literal
 from kagura_agent.clock import Clock, iso, parse_iso
 from kagura_agent.errors import RefusedError, UsageError
 from kagura_agent.state import Connection, StateStore
-from kagura_agent.state_sql import Dialects, Migration
-from kagura_agent.state_types import Row
+from kagura_agent.state.sql import Dialects, Migration
+from kagura_agent.state.types import Row
 
 Outcome = Literal["approved", "denied", "timeout"]
 Kind = Literal["capability", "graduation", "memory-trust"]

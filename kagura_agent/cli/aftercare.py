@@ -26,9 +26,9 @@ def register(subparsers: Any) -> None:
 def _aftercare(args: argparse.Namespace) -> int:
     from kagura_agent.apply.aftercare import check_again
     from kagura_agent.hygiene import neutralise
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
-    with StateStore() as store:
+    with open_store() as store:
         report, mode = check_again(store, args.root)
     if args.json:
         print_ok(

@@ -208,7 +208,7 @@ def execute(plan: Plan, options: ApplyOptions, *, confirm: bool) -> int:
     from kagura_agent.cli.common import print_json, say_daemon_notice
     from kagura_agent.errors import RefusedError
     from kagura_agent.plan.render import render_text
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
     from kagura_agent.ui import Style
 
     if not options.as_json:
@@ -222,7 +222,7 @@ def execute(plan: Plan, options: ApplyOptions, *, confirm: bool) -> int:
         answer = input("Apply this plan? [y/N] ").strip().lower()
         if answer not in ("y", "yes"):
             raise RefusedError("not confirmed")
-    with StateStore() as store:
+    with open_store() as store:
         result = apply_plan(plan, options, store=store)
     if options.as_json:
         try:

@@ -63,9 +63,9 @@ def _log(args: argparse.Namespace) -> int:
     from kagura_agent.errors import UsageError
     from kagura_agent.hygiene import neutralise
     from kagura_agent.membrane.egress import audit
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
-    with StateStore() as store:
+    with open_store() as store:
         store = audit.open_store(store)
         run_id = args.run or audit.latest_run(store)
         if run_id is None:
@@ -118,9 +118,9 @@ def _sweep(args: argparse.Namespace) -> int:
     from kagura_agent.membrane.egress import audit
     from kagura_agent.membrane.egress.sweep import sweep_orphans
     from kagura_agent.membrane.runtime import connect, docker_errors
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
-    with docker_errors("sweeping egress orphans"), StateStore() as store:
+    with docker_errors("sweeping egress orphans"), open_store() as store:
         removed = sweep_orphans(connect(), audit.open_store(store), everyone=args.everyone)
     scope = "all" if args.everyone else "store"
     if args.json:
@@ -154,9 +154,9 @@ def _pool_serve(args: argparse.Namespace) -> int:
         print(f"egress pool: {line}", file=sys.stderr, flush=True)
 
     from kagura_agent.membrane.egress import audit
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
-    store = audit.open_store(StateStore())
+    store = audit.open_store(open_store())
     keeper = Keeper(connect(), settings, log=log, store=store)
 
     def stop(signum: int, frame: FrameType | None) -> None:

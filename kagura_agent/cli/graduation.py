@@ -79,10 +79,10 @@ def _knobs(args: argparse.Namespace) -> Knobs:
 
 def _status(args: argparse.Namespace) -> int:
     from kagura_agent.graduation import snapshot
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
     knobs = _knobs(args)
-    with StateStore() as store:
+    with open_store() as store:
         snap = snapshot(store, knobs)
     if args.json:
         print_ok(snap.to_json())
@@ -115,10 +115,10 @@ def _status(args: argparse.Namespace) -> int:
 
 def _proposals(args: argparse.Namespace) -> int:
     from kagura_agent.graduation import proposals
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
     knobs = _knobs(args)
-    with StateStore() as store:
+    with open_store() as store:
         found = proposals(store, knobs)
     if args.json:
         print_ok({"proposals": [status.to_json() for status in found]})
@@ -173,11 +173,11 @@ def _approve(args: argparse.Namespace) -> int:
     from kagura_agent.approvals import operator_name
     from kagura_agent.clock import SystemClock
     from kagura_agent.graduation import approve_graduation
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
     who = args.who or operator_name()
     knobs = _knobs(args)
-    with StateStore() as store:
+    with open_store() as store:
         approve_graduation(store, args.category, who=who, clock=SystemClock(), knobs=knobs)
     print(f"{args.category} graduated by {who}; one failed run demotes it again")
     return 0
@@ -188,11 +188,11 @@ def _reset(args: argparse.Namespace) -> int:
     from kagura_agent.clock import SystemClock
     from kagura_agent.graduation import reset
     from kagura_agent.manifest.workspace import load_workspace
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
     who = args.who or operator_name()
     defined = _defined(load_workspace(args.manifests, []).catalog, args.category)
-    with StateStore() as store:
+    with open_store() as store:
         reset(
             store,
             args.category,
@@ -208,9 +208,9 @@ def _reset(args: argparse.Namespace) -> int:
 def _history(args: argparse.Namespace) -> int:
     from kagura_agent import approvals
     from kagura_agent.graduation import events
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
-    with StateStore() as store:
+    with open_store() as store:
         decisions = approvals.history(store, category=args.category, limit=args.limit)
         changes = events(store, args.category)
     if args.json:

@@ -29,11 +29,11 @@ def _list(args: argparse.Namespace) -> int:
     from kagura_agent.apply.incidents import list_incidents
     from kagura_agent.errors import UsageError
     from kagura_agent.hygiene import neutralise
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
     if not 1 <= args.limit <= 1000:
         raise UsageError("--limit must be 1..1000")
-    with StateStore() as store:
+    with open_store() as store:
         incidents = list_incidents(store, args.limit)
     if args.json:
         print_ok({"incidents": incidents})

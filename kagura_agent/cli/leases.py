@@ -51,9 +51,9 @@ def _help(parser: argparse.ArgumentParser) -> int:
 def _list(args: argparse.Namespace) -> int:
     from kagura_agent.clock import SystemClock
     from kagura_agent.membrane.leases.ledger import Ledger
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
-    with StateStore() as store:
+    with open_store() as store:
         rows = Ledger(store, SystemClock()).rows(include_closed=args.all)
     if args.json:
         print_ok({"leases": [row.to_json() for row in rows]})
@@ -92,9 +92,9 @@ def _revoke(args: argparse.Namespace) -> int:
     from kagura_agent.errors import RefusedError, UsageError
     from kagura_agent.membrane.leases.ledger import Ledger
     from kagura_agent.membrane.leases.sweeper import Sweeper
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
-    with StateStore() as store:
+    with open_store() as store:
         ledger = Ledger(store, SystemClock())
         targets = [r for r in ledger.open_rows() if args.id in (r.id, r.lease)]
         if not targets:
@@ -116,9 +116,9 @@ def _revoke(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from kagura_agent.membrane.leases.sweeper import Sweeper
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
-    with StateStore() as store:
+    with open_store() as store:
         report = Sweeper(store).sweep()
     if args.json:
         print_ok({"sweep": report.__dict__})

@@ -194,7 +194,7 @@ def _trust(args: argparse.Namespace) -> int:
     from kagura_agent.approvals.log import record_decision
     from kagura_agent.clock import SystemClock
     from kagura_agent.errors import UsageError
-    from kagura_agent.state import StateStore
+    from kagura_agent.state import open_store
 
     reason = args.reason.strip()
     if not reason or len(reason) > 500:
@@ -207,7 +207,7 @@ def _trust(args: argparse.Namespace) -> int:
         memory = store.get(args.id)
         if memory is None:
             raise UsageError(f"no memory {args.id}")
-        with StateStore() as state:
+        with open_store() as state:
             decision = record_decision(
                 state,
                 category=f"memory:{memory.id}",

@@ -22,7 +22,7 @@ from kagura_agent.approvals import record_decision
 from kagura_agent.approvals.log import Outcome
 from kagura_agent.clock import Clock, iso
 from kagura_agent.state import Location, StateStore
-from kagura_agent.state_sql import Migration, with_rowid
+from kagura_agent.state.sql import Migration, with_rowid
 
 MIGRATIONS: list[Migration] = [
     with_rowid(

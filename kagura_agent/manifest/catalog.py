@@ -216,3 +216,11 @@ def _duplicate(manifest: Manifest, first: Manifest) -> Diagnostic:
         f"duplicate {manifest.kind} name {manifest.name!r}",
         hint=f"first defined at {first.file}:{line}",
     )
+
+
+def layer_paths(catalog: Catalog) -> list[str]:
+    """Every manifest folder of ``catalog`` and every file read as part of one."""
+    paths: list[str] = []
+    for info in catalog.layers:
+        paths += [str(info["path"]), *info["reads"]]
+    return paths

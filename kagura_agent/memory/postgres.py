@@ -21,7 +21,6 @@ from datetime import datetime
 from typing import Any, Literal
 
 from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
-from kagura_agent.memory import terms
 from kagura_agent.memory.model import (
     TRUST_TIERS,
     Edge,
@@ -39,8 +38,9 @@ from kagura_agent.memory.model import (
     tombstone_from_row,
     tombstone_row,
 )
+from kagura_agent.memory.terms import document_terms, tokens
 from kagura_agent.state import Connection, Location, StateStore
-from kagura_agent.state_sql import Dialects
+from kagura_agent.state.sql import Dialects
 
 COMPONENT = "memory-pg"
 RANK_WINDOW = 1000
@@ -258,7 +258,7 @@ class PgMemoryStore:
             tags=tags,
             tag_clause="m.seq IN (SELECT memory_seq FROM memory_tags WHERE tag = ?)",
         )
-        query_terms = terms.tokens(query)
+        query_terms = tokens(query)
         if not query_terms:
             sql = (
                 f"SELECT {_COLUMNS} FROM memory_items m"
@@ -348,7 +348,7 @@ class PgMemoryStore:
 
 
 def _terms(summary: str, details: str, tags: str) -> list[str]:
-    return sorted(terms.document_terms((summary, details, tags)))
+    return sorted(document_terms((summary, details, tags)))
 
 
 def _tsquery(query_terms: Sequence[str]) -> str:

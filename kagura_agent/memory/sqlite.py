@@ -18,7 +18,6 @@ from typing import Any, Literal
 
 from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
 from kagura_agent.errors import SetupError
-from kagura_agent.memory import terms
 from kagura_agent.memory.model import (
     TRUST_TIERS,
     Edge,
@@ -35,6 +34,15 @@ from kagura_agent.memory.model import (
     recall_filters,
     tombstone_from_row,
     tombstone_row,
+)
+from kagura_agent.memory.terms import MIGRATION as TERMS_MIGRATION
+from kagura_agent.memory.terms import (
+    count_added,
+    count_removed,
+    document_terms,
+    match_expression,
+    split_by_weight,
+    tokens,
 )
 from kagura_agent.state import StateDbError, StateStore
 
@@ -117,14 +125,14 @@ ALTER TABLE edges ADD COLUMN details TEXT NOT NULL DEFAULT '{}';
 """
 
 # v3: document frequencies, so recall can leave out terms too common to rank by.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, terms.MIGRATION, _V4, _V5)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, TERMS_MIGRATION, _V4, _V5)
 
 RANK_WINDOW = 1000
 
 
 def fts_query(text: str) -> str:
     """Turn free text into a safe FTS5 query: every term quoted, any term may match."""
-    return terms.match_expression(terms.tokens(text))
+    return match_expression(tokens(text))
 
 
 class SqliteMemoryStore:
@@ -202,7 +210,7 @@ class SqliteMemoryStore:
                 "INSERT INTO memory_tags(memory_rowid, tag) VALUES (?, ?)",
                 [(cursor.lastrowid, tag) for tag in memory.tags],
             )
-            terms.count_added(conn, terms.document_terms(row_text))
+            count_added(conn, document_terms(row_text))
         return memory
 
     def create_edge(
@@ -251,9 +259,7 @@ class SqliteMemoryStore:
             )
             conn.execute("DELETE FROM memory_tags WHERE memory_rowid = ?", (row["rowid"],))
             conn.execute("DELETE FROM memories WHERE rowid = ?", (row["rowid"],))
-            terms.count_removed(
-                conn, terms.document_terms((row["summary"], row["details"], row["tags"]))
-            )
+            count_removed(conn, document_terms((row["summary"], row["details"], row["tags"])))
             conn.execute(
                 "DELETE FROM edges WHERE source_id = ? OR target_id = ?", (memory_id, memory_id)
             )
@@ -294,7 +300,7 @@ class SqliteMemoryStore:
             tags=tags,
             tag_clause="m.rowid IN (SELECT memory_rowid FROM memory_tags WHERE tag = ?)",
         )
-        query_terms = terms.tokens(query)
+        query_terms = tokens(query)
         if not query_terms:
             sql = (
                 "SELECT m.* FROM memories m"
@@ -305,7 +311,7 @@ class SqliteMemoryStore:
         # Terms in more than half the memories carry no bm25 weight (see terms.py) but
         # would cost a read of their whole posting list: rank by the others, then fill
         # up with the newest memories that match only the common ones.
-        weighted, common = terms.split_by_weight(self.conn, query_terms)
+        weighted, common = split_by_weight(self.conn, query_terms)
         found = self._ranked(weighted, where, params, k) if weighted else []
         if len(found) < k and common:
             seen = {m.id for m in found}
@@ -329,7 +335,7 @@ class SqliteMemoryStore:
             " JOIN memories m ON m.rowid = ranked.rid"
             " ORDER BY ranked.score, m.rowid DESC LIMIT ?"
         )
-        args = [terms.match_expression(query_terms), *params, RANK_WINDOW, k]
+        args = [match_expression(query_terms), *params, RANK_WINDOW, k]
         return [memory_from_row(row) for row in self.conn.execute(sql, args)]
 
     def _newest_matching(
@@ -342,7 +348,7 @@ class SqliteMemoryStore:
             + "".join(f" AND {w}" for w in where)
             + " ORDER BY memories_fts.rowid DESC LIMIT ?"
         )
-        args = [terms.match_expression(query_terms), *params, k]
+        args = [match_expression(query_terms), *params, k]
         return [memory_from_row(row) for row in self.conn.execute(sql, args)]
 
     def get(self, memory_id: str) -> Memory | None:

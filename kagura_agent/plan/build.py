@@ -8,16 +8,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kagura_agent.apply.written import layer_paths, refuse_written
 from kagura_agent.errors import UsageError
 from kagura_agent.facts import Facts, ImagePin, gather_facts
 from kagura_agent.manifest.cache import PassCache, key
-from kagura_agent.manifest.catalog import Catalog
+from kagura_agent.manifest.catalog import Catalog, layer_paths
 from kagura_agent.manifest.task import ResolvedTask
 from kagura_agent.manifest.workspace import load_workspace
 from kagura_agent.plan.model import Plan, Violation
 from kagura_agent.plan.planner import compile_plan
 from kagura_agent.plan.policy import CHECKER_VERSION, check_rule
+from kagura_agent.state import refuse_written, state_location
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ def compile_tasks(
         refuse_written(
             "the manifest set or task file",
             layer_paths(workspace.catalog) + [task.path for task in workspace.tasks],
+            state_location(),
         )
     plans = []
     checker = CachedRuleChecker()

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from kagura_agent.plan.model import Plan
-from kagura_agent.state import SchemaBehind, StateStore
+from kagura_agent.state import SchemaBehind, StateStore, open_store_read_only
 
 MIGRATIONS = [
     """
@@ -37,7 +37,7 @@ def last_applied(task: str) -> dict[str, Any] | None:
     Read-only (``plan`` never creates or migrates the state store): None when there is
     no store, or its ``plans`` tables are not at this version yet.
     """
-    store = StateStore.read_only()
+    store = open_store_read_only()
     if store is None:
         return None
     with store:

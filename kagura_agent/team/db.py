@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from kagura_agent.errors import SetupError
 from kagura_agent.state import MissingTable, StateStore, state_location
-from kagura_agent.state_sql import Dialects, Migration
+from kagura_agent.state.sql import Dialects, Migration
 
 if TYPE_CHECKING:
     import psycopg

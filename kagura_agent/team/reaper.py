@@ -11,7 +11,7 @@ Every runner reaps for the whole team, so nothing waits for the dead host to ret
     → the job finished as failed, never retried: a lost run is not applied a second
       time behind its own back; an operator queues it again.
 
-The lease ledger is the state store's (``StateStore()``): with a shared PostgreSQL state
+The lease ledger is the state store's (``open_store()``): with a shared PostgreSQL state
 store every runner sees every run's leases; with the embedded SQLite one a runner sees
 only its own, and the event says how many it could revoke.
 """
@@ -25,7 +25,7 @@ from typing import Any
 from kagura_agent.clock import SystemClock
 from kagura_agent.membrane.leases import Sweeper
 from kagura_agent.membrane.leases.ledger import Ledger
-from kagura_agent.state import StateStore
+from kagura_agent.state import open_store
 from kagura_agent.team.db import EVENTS_CHANNEL
 from kagura_agent.team.queue import TASK_NAME
 
@@ -93,7 +93,7 @@ async def reap_once(app: Any, me: str, stalled_after: float) -> list[str]:
 def revoke_run_leases(run_id: str) -> tuple[int, int]:
     """Revoke the open ledger rows of ``run_id``; (revoked, found)."""
     clock = SystemClock()
-    with StateStore() as store:
+    with open_store() as store:
         rows = [row for row in Ledger(store, clock).open_rows() if row.run_id == run_id]
         sweeper = Sweeper(store, clock=clock)
         revoked = 0

@@ -33,7 +33,7 @@ from kagura_agent.clock import SystemClock, parse_iso
 from kagura_agent.membrane.leases import Sweeper
 from kagura_agent.membrane.runtime import connect as connect_docker
 from kagura_agent.membrane.runtime import docker_errors
-from kagura_agent.state import StateStore, owner_key
+from kagura_agent.state import open_store, owner_key
 from kagura_agent.team.children import WarmChildren
 from kagura_agent.team.db import connect, ensure_schema, pg_errors
 from kagura_agent.team.placement import Capacity
@@ -111,7 +111,7 @@ def daemon_runtimes() -> list[str]:
 def sweep_own_leftovers(config: RunnerConfig) -> None:
     """Containers, networks and leases an earlier life of this runner left behind."""
     clock = SystemClock()
-    with StateStore() as store:
+    with open_store() as store:
         leases = Sweeper(store, clock=clock).sweep()
         runtime = DockerApplyRuntime(owner_key=owner_key(store.location))
         try:

@@ -34,7 +34,7 @@ from kagura_agent.membrane.leases.ledger import COMPONENT as LEASES
 from kagura_agent.membrane.leases.ledger import MIGRATIONS as LEASE_MIGRATIONS
 from kagura_agent.plan.history import MIGRATIONS as PLAN_MIGRATIONS
 from kagura_agent.state import SchemaBehind, StateDbError, StateStore
-from kagura_agent.state_sql import Migration
+from kagura_agent.state.sql import Migration
 
 PAGE = 50  # rows of a list page
 TIMELINE = 500  # journal items of a run page

@@ -34,7 +34,7 @@ from kagura_agent.membrane.egress.modelport import INJECT_PORT, LOCAL_KIND, MODE
 from kagura_agent.membrane.egress.policy import EgressPolicy
 from kagura_agent.membrane.egress.squid import DENY_REASONS, LOG_TAG
 from kagura_agent.state import StateStore
-from kagura_agent.state_sql import Migration, with_rowid
+from kagura_agent.state.sql import Migration, with_rowid
 
 COMPONENT = "egress"
 # Bytes of the proxy's access log a run may produce (an honest request logs ~150 bytes:

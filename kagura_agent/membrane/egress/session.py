@@ -72,7 +72,7 @@ from kagura_agent.membrane.egress.sweep import (
 from kagura_agent.membrane.hardening import LABEL_RUN, LABEL_STORE, START_DIR
 from kagura_agent.membrane.runtime import docker_errors
 from kagura_agent.plan.model import Plan
-from kagura_agent.state import StateStore, owner_key
+from kagura_agent.state import StateStore, open_store, owner_key
 
 EventSink = Callable[[dict[str, Any]], None]
 # Re-exported: tests and bench/ build proxies the way sessions do.
@@ -275,7 +275,7 @@ class EgressSession:
         policy = load_policy(plan.get("egress")).on_host(docker_host_addresses())
         if policy.mode != "proxy":
             raise SetupError("egress mode is 'none': the agent gets network_mode none, no proxy")
-        store = audit.open_store(store or StateStore())
+        store = audit.open_store(store or open_store())
         if sweep:  # sweep=False: the caller has just swept (apply does, before its run row)
             with docker_errors("sweeping egress orphans"):
                 sweep_orphans(client, store)

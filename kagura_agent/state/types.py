@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from kagura_agent.errors import SetupError
-from kagura_agent.state_sql import Dialect
+from kagura_agent.state.sql import Dialect
 
 
 class StateDbError(SetupError):
@@ -40,7 +40,7 @@ class Cursor(Protocol):
 
 class Connection(Protocol):
     """One connection to the state store. SQL uses ``?`` placeholders and the subset both
-    dialects read (kagura_agent.state_sql); ``dialect`` says which one answers."""
+    dialects read (kagura_agent.state.sql); ``dialect`` says which one answers."""
 
     @property
     def dialect(self) -> Dialect: ...

@@ -1,6 +1,6 @@
 """The state store on PostgreSQL (team mode): psycopg 3 and one connection pool per URL.
 
-Imported by kagura_agent.state always, but psycopg and psycopg-pool are imported only when
+Imported by the state package always, but psycopg and psycopg-pool are imported only when
 a store is opened on a ``postgresql://`` URL, so ``validate`` and ``plan`` on the embedded
 default pay nothing for them.
 
@@ -11,7 +11,7 @@ What differs from SQLite, and how this keeps the same behaviour:
   (``pg_advisory_xact_lock``), so a component's read-check-write (a lease budget, the
   graduation sequence, "only if still awaiting approval") is serialised the same way
   across every process and host sharing the database. Reads take no lock;
-- placeholders and migration column types: ``state_sql``;
+- placeholders and migration column types: state/sql.py;
 - read-only stores: the session is ``default_transaction_read_only``; writes fail.
 
 Connections come from a process-wide pool per URL (``KAGURA_AGENT_STATE_POOL`` connections
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from kagura_agent.errors import SetupError
-from kagura_agent.state_sql import Dialect, placeholders
-from kagura_agent.state_types import Cursor, MissingTable, StateDbError
+from kagura_agent.state.sql import Dialect, placeholders
+from kagura_agent.state.types import Cursor, MissingTable, StateDbError
 
 if TYPE_CHECKING:
     import psycopg

@@ -88,3 +88,10 @@ def with_rowid(step: str, table: str) -> Dialects:
     ``table`` implicitly (queries order by it to break ties in insertion order)."""
     extra = f"\nALTER TABLE {table} ADD COLUMN rowid BIGINT GENERATED ALWAYS AS IDENTITY;\n"
     return Dialects(sqlite=step, postgres=migration_sql(step, "postgres") + extra)
+
+
+# Every store's record of which schema version each component is at (StateStore.migrate).
+VERSIONS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS schema_versions ("
+    " component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+)
