@@ -92,6 +92,20 @@ def test_runs_as_uid_1000_without_capabilities(runtime: DockerRuntime, project: 
     assert status["Seccomp:"] == "2"  # a filter is loaded: Docker's default profile
 
 
+def test_the_tools_an_agent_expects_are_in_the_image(runtime: DockerRuntime, project: Path) -> None:
+    """git and GitHub's gh among them (gh reaches GitHub only through a granted
+    credential and the run's egress, like everything else)."""
+    tools = "bash git gh curl jq rg ssh python3 ps"
+    code, out, _ = run(
+        runtime,
+        make_plan(project),
+        f"for t in {tools}; do command -v $t >/dev/null || echo missing $t; done; gh --version",
+    )
+    assert code == 0, out
+    assert "missing" not in out, out
+    assert out.startswith("gh version "), out
+
+
 def test_root_filesystem_is_read_only(runtime: DockerRuntime, project: Path) -> None:
     # Permissions alone would stop uid 1000 in /usr or /etc, so each refusal must be the
     # read-only file system's; /var/tmp (1777 on the image's root) is the control that
