@@ -42,3 +42,21 @@ def test_one_off_tasks_written_at_the_same_instant_are_two_files(
         "first",
         "second",
     ]
+
+
+@pytest.mark.usefixtures("without_docker")
+def test_with_the_script_brain_the_text_is_the_step_it_runs(
+    state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run --brain script "make test"` runs that command in the membrane. Before, it was
+    refused by a located error in the task file it had generated ("give steps, not a
+    prompt"), pointing the user at a file they never wrote."""
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    text = "echo {{ 7*7 }} > out.txt"
+    path = write_adhoc_task(text, manifests=None, brain="script")
+    [plan] = plan_tasks(None, [str(path)])
+    assert plan["task"]["steps"] == [text]
+    assert plan["task"]["prompt"] is None
+    assert plan["brain"]["engine"] == "script"

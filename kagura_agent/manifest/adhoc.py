@@ -38,11 +38,14 @@ def write_adhoc_task(
     writes from many threads): named by the clock's millisecond plus a random suffix.
     """
     catalog = load_workspace(manifests, []).catalog
+    chosen = checked_brain(
+        catalog, brain=brain, image=image, egress=egress, tool_servers=tool_servers
+    )
+    found = catalog.get("Brain", chosen)
     document = adhoc_task(
         text,
-        brain=checked_brain(
-            catalog, brain=brain, image=image, egress=egress, tool_servers=tool_servers
-        ),
+        brain=chosen,
+        script=found is not None and found.spec["engine"] == "script",
         image=image,
         egress=egress,
         session=session,
@@ -67,16 +70,17 @@ def adhoc_task(
     session: str | None,
     project_root: Path,
     tool_servers: Sequence[str] = (),
+    script: bool = False,
 ) -> dict[str, Any]:
-    """The Task document: ``text`` is a template *value*, never template source."""
+    """The Task document: ``text`` is a template *value*, never template source. For the
+    script brain (``script``) the text is the one step it runs (steps are no template)."""
     name = re.sub(r"[^a-z0-9-]+", "-", text.lower())[:40].strip("-") or "task"
-    spec: dict[str, Any] = {
-        "brain": brain,
-        "prompt": "{{ text }}",
-        "vars": {"text": text},
-        "project_root": str(project_root),
-        "kind": "adhoc",
-    }
+    spec: dict[str, Any] = {"brain": brain}
+    if script:
+        spec["steps"] = [text]
+    else:
+        spec.update({"prompt": "{{ text }}", "vars": {"text": text}})
+    spec.update({"project_root": str(project_root), "kind": "adhoc"})
     if session:
         spec["session"] = session
     if egress:
