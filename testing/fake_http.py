@@ -37,6 +37,15 @@ class Request:
         return token if scheme.lower() in ("bearer", "token") and token else None
 
 
+@dataclass
+class Raw:
+    """A response body that is not JSON (a handler returns ``(status, Raw(...))``)."""
+
+    content_type: str
+    data: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+
 Handler = Callable[[Request], tuple[int, Any]]
 
 
@@ -149,6 +158,16 @@ class FakeServer:
                     )
                     status, payload = handler(request)
                     break
+        if isinstance(payload, Raw):
+            data = payload.data
+            http.send_response(status)
+            http.send_header("content-type", payload.content_type)
+            for name, value in payload.headers.items():
+                http.send_header(name, value)
+            http.send_header("content-length", str(len(data)))
+            http.end_headers()
+            http.wfile.write(data)
+            return
         data = b"" if payload is None else json.dumps(payload).encode()
         http.send_response(status)
         if payload is not None:

@@ -35,6 +35,7 @@ ELSEWHERE = {
     "queue cancel": "test_team_docs.py (needs PostgreSQL)",
     "aftercare": "test_apply_setid.py::test_a_root_the_walk_cannot_finish_is_quarantined_until_checked_again",
     "queue follow": "streams one JSON object per event; test_team_runners.py reads them",
+    "push": "test_agent_push.py::test_the_branch_is_pushed_with_a_token_leased_for_it_and_released",
     "init": "test_init.py::test_init_never_overwrites_and_leaves_nothing_behind (makes a folder)",
 }
 

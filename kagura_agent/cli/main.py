@@ -36,6 +36,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graduation",
     "memory",
     "leases",
+    "push",
     "incidents",
     "aftercare",
     "egress",
