@@ -230,6 +230,35 @@ def test_allowed_host_and_port_passes_and_is_audited(world: World) -> None:
     assert kinds == ["egress.decision", "egress.summary"]
 
 
+HOLD_TUNNEL = """
+import os, socket, sys, time, urllib.parse
+proxy = urllib.parse.urlsplit(os.environ.get("https_proxy") or os.environ["HTTPS_PROXY"])
+s = socket.create_connection((proxy.hostname, proxy.port))
+s.sendall(b"CONNECT allowed.test:8443 HTTP/1.1\\r\\nHost: allowed.test:8443\\r\\n\\r\\n")
+print(s.recv(200).split(b"\\r\\n")[0].decode(), flush=True)
+s.sendall(b"GET / HTTP/1.1\\r\\nHost: allowed.test\\r\\n\\r\\n")
+s.recv(4096)
+time.sleep(600)
+"""
+
+
+def test_a_tunnel_still_open_when_the_run_ends_is_logged(world: World) -> None:
+    """The agent holds a CONNECT open to the end of the run: the decision and what went
+    through are in the run's egress log all the same."""
+    exec_id = world.client.api.exec_create(
+        world.agent.id, ["python3", "-c", HOLD_TUNNEL], user="1000:1000"
+    )["Id"]
+    stream = world.client.api.exec_start(exec_id, stream=True)
+    first = next(iter(stream)).decode()
+    assert "200" in first, first
+    world.session.close()
+    stored = audit.load_events(open_store(), world.session.run_id)
+    assert [(e.decision, e.host, e.port, e.method) for e in stored] == [
+        ("allow", "allowed.test", 8443, "CONNECT")
+    ]
+    assert stored[0].bytes_out > 0
+
+
 def test_denied_host_gets_a_clear_denial(world: World) -> None:
     code, out = world.through_proxy("http://unlisted.test:8443/")
     assert code != 0 and "CONNECT tunnel failed, response 403" in out
