@@ -21,6 +21,12 @@ import functools
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+# Every test here reads the same parsed package (_parsed, imports: cached per process):
+# on one xdist worker it is parsed once, not once on each worker a test lands on.
+pytestmark = pytest.mark.xdist_group("import-graph")
+
 PACKAGE = Path(__file__).resolve().parents[1] / "kagura_agent"
 
 
