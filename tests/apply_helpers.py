@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from resources import docker_unreachable
 
 from kagura_agent.state import URL_ENV, Location, MissingTable, StateStore
 
@@ -108,7 +109,19 @@ def cli_env(state_dir: Path, **extra: str) -> dict[str, str]:
 def kagura(
     args: list[str], env: dict[str, str], *, stdin: str = "", timeout: float = 180
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m kagura_agent ARGS`` to completion."""
+    """``python -m kagura_agent ARGS`` to completion.
+
+    Where ``env`` cannot reach Docker (a test not marked ``docker``), no container is
+    started and the process boundary is only an interpreter's: the run is a child of the
+    fork server (testing/forked.py: its own pid, environment, directory, streams and exit
+    status, without an interpreter start and the package's imports each time). A test
+    about the interpreter itself (``-I``, start-up variables, what gets imported) starts
+    its own ``subprocess``."""
+    if docker_unreachable(env):
+        from testing import forked
+
+        child = forked.run(args, cwd=REPO, env=env, stdin=stdin.encode(), timeout=timeout)
+        return child.text()
     return subprocess.run(
         [sys.executable, "-m", "kagura_agent", *args],
         env=env,

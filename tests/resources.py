@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
@@ -47,6 +48,8 @@ POSTGRES_PARAMETER = "postgres"
 SLOW_FIXTURES = frozenset({"bench_run", "installed_wheel"})
 # Where a test that runs without Docker points DOCKER_HOST (the without_docker fixture).
 NO_DOCKER = "unix:///nonexistent/kagura-test-no-docker.sock"
+# The folder of the tripwire socket a test not marked docker sees as DOCKER_HOST.
+TRIPWIRE_PREFIX = "kagura-no-docker-"
 ROOT = Path(__file__).resolve().parents[1]
 MARKERS = ("docker", "postgres", "slow")
 # Under pytest-xdist (--dist loadgroup), the tests that share something one worker must
@@ -68,6 +71,13 @@ def missing(reason: str) -> NoReturn:
     if os.environ.get("KAGURA_REQUIRE_DOCKER") == "1":
         pytest.fail(f"KAGURA_REQUIRE_DOCKER=1 but {reason}")
     pytest.skip(reason)
+
+
+def docker_unreachable(env: Mapping[str, str]) -> bool:
+    """Whether a process with ``env`` cannot reach Docker: its DOCKER_HOST is the tripwire
+    (a test not marked ``docker``) or the socket that does not exist (``without_docker``)."""
+    host = env.get("DOCKER_HOST", "")
+    return host == NO_DOCKER or host.startswith(f"unix://{tempfile.gettempdir()}/{TRIPWIRE_PREFIX}")
 
 
 def fast_tier() -> bool:
@@ -128,7 +138,7 @@ class Tripwire:
     answers nothing (the client fails at once)."""
 
     def __init__(self) -> None:
-        self.folder = tempfile.mkdtemp(prefix="kagura-no-docker-")
+        self.folder = tempfile.mkdtemp(prefix=TRIPWIRE_PREFIX)
         self.path = str(Path(self.folder) / "docker.sock")
         self.hits = 0
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

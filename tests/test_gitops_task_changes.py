@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kagura_agent import gitops
+from testing import forked
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("without_docker")
@@ -65,14 +65,9 @@ def _kagura(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
         "KAGURA_AGENT_STATE_DIR": str(repo.parent / "state"),
         "NO_COLOR": "1",
     }
-    return subprocess.run(
-        [sys.executable, "-m", "kagura_agent", *args],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    # A child of the fork server (testing/forked.py): a real process, without an
+    # interpreter start and the package's imports per command.
+    return forked.run(args, cwd=repo, env=env, timeout=120).text()
 
 
 @pytest.fixture()
