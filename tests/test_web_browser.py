@@ -59,6 +59,9 @@ FLAGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+# One browser and one demo store (module fixtures) for the module: on one xdist worker,
+# not started again on each worker a test lands on.
+pytestmark = pytest.mark.xdist_group("web-browser")
 
 
 @pytest.fixture(scope="module")
