@@ -22,7 +22,7 @@ from kagura_agent.membrane.secrets import resolve
 from kagura_agent.memory.factory import section_from_manifest
 from kagura_agent.memory.gate import check_ready
 from kagura_agent.paths import state_dir
-from kagura_agent.plan.planner import root_access
+from kagura_agent.plan.hardening import root_access
 from kagura_agent.state import StateStore, describe, state_location
 
 

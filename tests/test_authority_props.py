@@ -25,7 +25,8 @@ from kagura_agent.errors import ValidationError
 from kagura_agent.facts import Facts
 from kagura_agent.manifest.catalog import Catalog
 from kagura_agent.manifest.workspace import load_workspace
-from kagura_agent.plan.planner import HARDENING_DEFAULTS, compile_plan
+from kagura_agent.plan.hardening import HARDENING_DEFAULTS
+from kagura_agent.plan.planner import compile_plan
 from kagura_agent.units import parse_size
 
 ROOT = Path(__file__).resolve().parent.parent

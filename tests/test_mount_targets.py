@@ -16,7 +16,7 @@ from kagura_agent.membrane.floor import (
     normalise_target,
     target_problem,
 )
-from kagura_agent.plan.planner import tmpfs_mounts
+from kagura_agent.plan.hardening import tmpfs_mounts
 
 FACTS = {"image_digests": {"kagura/agent:0.1.0": "sha256:" + "a" * 64}, "graduation": {}}
 
