@@ -5,8 +5,6 @@ from __future__ import annotations
 import configparser
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,6 +19,7 @@ from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger
 from kagura_agent.membrane.providers import ProviderError, build_provider
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.state import open_store
+from testing import forked
 from testing.moto import moto_server
 
 ROOT_KEY_ID = "AKIAKAGURACANARY0001"
@@ -187,13 +186,12 @@ def test_a_released_sts_lease_is_shown_lapsing_until_its_expiry(
     assert shown["revocable"] is False and shown["release"] == "lapses"
     assert shown["ends"] == f"cannot be revoked: lapses at {shown['expires_at']}"
     assert [r.id for r in ledger.rows(include_closed=False)] == [row.id]
-    listed = subprocess.run(
-        [sys.executable, "-m", "kagura_agent", "leases", "list"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "NO_COLOR": "1"},
-    ).stdout
+    # A real process (a child of the fork server, testing/forked.py) reads the store.
+    shown_by_cli = forked.run(
+        ["leases", "list"], cwd=Path.cwd(), env={**os.environ, "NO_COLOR": "1"}
+    ).text()
+    assert shown_by_cli.returncode == 0, shown_by_cli.stderr
+    listed = shown_by_cli.stdout
     line = next(ln for ln in listed.splitlines() if ln.startswith(row.id))
     assert " lapsing " in line and " lapses " in line, listed
     assert "  lapses: cannot be revoked: lapses at its expiry" in listed

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from testing import forked
+
 ROOT = Path(__file__).resolve().parents[1]
 CANARY = "sk-ant-setup-canary-" + "q" * 24
 
@@ -103,25 +105,10 @@ def test_setup_through_a_pty_then_again(tmp_path: Path, env: dict[str, str]) -> 
 
 
 def test_setup_by_flags_alone(tmp_path: Path, env: dict[str, str]) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kagura_agent",
-            "setup",
-            "--yes",
-            "--dir",
-            "ops",
-            "--anthropic-key-env",
-            "MY_KEY",
-            PLAIN,
-        ],
-        cwd=tmp_path,
-        env={**env, "MY_KEY": CANARY},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = _run(
+        ["setup", "--yes", "--dir", "ops", "--anthropic-key-env", "MY_KEY", PLAIN],
+        tmp_path,
+        {**env, "MY_KEY": CANARY},
     )
     assert done.returncode == 4, done.stdout + done.stderr
     assert "manifests: wrote ops/operator.yml" in done.stdout
@@ -130,27 +117,19 @@ def test_setup_by_flags_alone(tmp_path: Path, env: dict[str, str]) -> None:
     assert f"export KAGURA_AGENT_MANIFESTS={tmp_path / 'ops'}" in done.stdout
     assert "PASS  secret anthropic" in done.stdout
     assert CANARY not in done.stdout + done.stderr
-    missing = subprocess.run(
-        [sys.executable, "-m", "kagura_agent", "setup", "--yes", "--anthropic-key-env", "NOPE"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    missing = _run(["setup", "--yes", "--anthropic-key-env", "NOPE"], tmp_path, env)
     assert missing.returncode == 3 and "$NOPE is empty or not set" in missing.stderr
 
 
+def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python -m kagura_agent ARGV`` without a terminal, as a child of the fork server
+    (testing/forked.py): a real process without an interpreter start per command. The
+    terminal's case (a pty) starts its own interpreter (_interactive)."""
+    return forked.run(argv, cwd=cwd, env=env, timeout=120).text()
+
+
 def _setup(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kagura_agent", "setup", "--yes", *args],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return _run(["setup", "--yes", *args], cwd, env)
 
 
 def test_no_key_given_writes_nothing_and_the_environment_keeps_working(
@@ -210,14 +189,7 @@ def test_doctor_fails_an_operator_reference_that_does_not_resolve(
         .split('"""', 1)[0]
         .format(service="kagura-agent")
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "kagura_agent", "doctor"],
-        cwd=tmp_path,
-        env={**env, "ANTHROPIC_API_KEY": CANARY},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _run(["doctor"], tmp_path, {**env, "ANTHROPIC_API_KEY": CANARY})
     assert done.returncode == 4
     assert "FAIL  secret anthropic" in done.stdout
     assert "FAIL  brain claude credential" in done.stdout
