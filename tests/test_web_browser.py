@@ -5,7 +5,10 @@ components (testing/web_scene.py: apply's sequence against the in-memory runtime
 proxy log parser, the journal, the graduation ledger). The browser logs in with the URL
 the console printed first, looks at the pages as an operator would, and makes the attacks
 a browser can make: no token, a forged CSRF token, a cross-site form, agent-written markup.
-The screenshots of the four main pages in docs/web/ are made here, so they stay current.
+The screenshots of the main pages in docs/web/ are made here: with
+KAGURA_UPDATE_SCREENSHOTS=1 they replace docs/web/*.png (their pixels change with every
+run's times and ids, so an ordinary run writes them to its own folder and only checks
+they are PNG images of a full page).
 
 Without chromium (or Playwright) these tests skip, and fail under KAGURA_REQUIRE_DOCKER=1
 (CI installs chromium: scripts/ci-setup.sh).
@@ -19,6 +22,7 @@ import os
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -167,8 +171,13 @@ def _page(browser: Any, console: Console) -> Any:
 
 
 def _shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / name), full_page=True)
+    if os.environ.get("KAGURA_UPDATE_SCREENSHOTS") == "1":
+        folder = SHOTS
+    else:
+        folder = Path(tempfile.gettempdir()) / f"kagura-shots-{os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    data = page.screenshot(path=str(folder / name), full_page=True)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
 
 
 # --- the pages -------------------------------------------------------------------------
