@@ -16,11 +16,13 @@ import asyncio
 import json
 import threading
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Literal, TypeVar, cast
 
 from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
 from kagura_agent.errors import SetupError
+from kagura_agent.memory.common import new_memory, stored_now, tombstone_of
 from kagura_agent.memory.model import (
     Edge,
     Memory,
@@ -29,7 +31,6 @@ from kagura_agent.memory.model import (
     Tombstone,
     Trust,
     check_edge_type,
-    default_trust,
 )
 
 ENVELOPE = "kagura_agent"
@@ -119,41 +120,38 @@ class CloudMemoryStore:
         task_kind: str | None = None,
     ) -> Memory:
         """Store one memory in the context, provenance in tags and the details envelope."""
-        tier = trust or default_trust(source)
-        created = parse_iso(iso(self.clock.now()))
-        user_tags = tuple(dict.fromkeys(tags))
+        memory = new_memory(
+            self.clock,
+            type=type,
+            summary=summary,
+            source=source,
+            trust=trust,
+            details=details,
+            tags=tags,
+            task_kind=task_kind,
+        )
         envelope = {
             "summary": summary,
             "source": source.to_json(),
-            "trust": tier,
+            "trust": memory.trust,
             "task_kind": task_kind,
-            "created": iso(created),
-            "tags": list(user_tags),
-            "details": dict(details or {}),
+            "created": iso(memory.created),
+            "tags": list(memory.tags),
+            "details": dict(memory.details),
         }
         answer = self._call(
             self._client.remember(
                 self.context_id,
                 summary=_cloud_summary(type, summary),
-                content=json.dumps(dict(details or {}), sort_keys=True) or summary,
+                content=json.dumps(dict(memory.details), sort_keys=True) or summary,
                 type=type,
-                tags=[*user_tags, *_provenance_tags(tier, source, task_kind)],
+                tags=[*memory.tags, *_provenance_tags(memory.trust, source, task_kind)],
                 source_type="api",
                 details={ENVELOPE: envelope},
             ),
             "remember",
         )
-        return Memory(
-            id=str(answer["memory_id"]),
-            type=type,
-            summary=summary,
-            source=source,
-            trust=tier,
-            created=created,
-            details=dict(details or {}),
-            tags=user_tags,
-            task_kind=task_kind,
-        )
+        return replace(memory, id=str(answer["memory_id"]))  # the server names it
 
     def create_edge(
         self,
@@ -187,16 +185,7 @@ class CloudMemoryStore:
                 "delete_edge",
             )
         self._call(self._client.forget(self.context_id, memory_id=memory_id), "forget")
-        tombstone = Tombstone(
-            memory_id=memory.id,
-            type=memory.type,
-            source=memory.source,
-            trust=memory.trust,
-            created=memory.created,
-            forgotten=parse_iso(iso(self.clock.now())),
-            reason=reason,
-            cascade_of=cascade_of,
-        )
+        tombstone = tombstone_of(memory, stored_now(self.clock), reason, cascade_of)
         self._call(
             self._client.remember(
                 self.context_id,

@@ -9,14 +9,13 @@ tier, so a caller can tell the planner which inputs were untrusted.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol, cast, get_args
+from typing import Any, Literal, Protocol, get_args
 
-from kagura_agent.clock import iso, parse_iso
+from kagura_agent.clock import iso
 
 SourceKind = Literal["run", "task", "transport", "import"]
 Trust = Literal["trusted", "untrusted"]
@@ -221,111 +220,3 @@ class MemoryStore(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def recall_filters(
-    *,
-    include_untrusted: bool,
-    type: str | None,
-    task_kind: str | None,
-    source: Source | None,
-    tags: Sequence[str],
-    tag_clause: str,
-) -> tuple[list[str], list[Any]]:
-    """The WHERE clauses (on alias ``m``) and their parameters that every SQL backend's
-    recall applies; ``tag_clause`` is the backend's test for one tag (one ``?``)."""
-    where: list[str] = []
-    params: list[Any] = []
-    if not include_untrusted:
-        where.append("m.trust = 'trusted'")
-    if type is not None:
-        where.append("m.type = ?")
-        params.append(type)
-    if task_kind is not None:
-        where.append("m.task_kind = ?")
-        params.append(task_kind)
-    if source is not None:
-        where.append("m.source_kind = ? AND m.source_id = ?")
-        params += [source.kind, source.id]
-    for tag in tags:
-        where.append(tag_clause)
-        params.append(tag)
-    return where, params
-
-
-def tombstone_row(
-    memory: Memory, tombstone: Tombstone, reason: str, cascade_of: str | None
-) -> tuple[Any, ...]:
-    """A forgotten memory's tombstone as the SQL backends store it (in column order:
-    memory_id, type, source_kind, source_id, trust, created, forgotten, reason, cascade_of)."""
-    return (
-        memory.id,
-        memory.type,
-        memory.source.kind,
-        memory.source.id,
-        memory.trust,
-        iso(memory.created),
-        iso(tombstone.forgotten),
-        reason,
-        cascade_of,
-    )
-
-
-class SqlRow(Protocol):
-    """A result row of either SQL backend (sqlite3.Row or the state seam's Row)."""
-
-    def __getitem__(self, key: str, /) -> Any: ...
-
-    def keys(self) -> list[str]: ...
-
-
-def memory_from_row(row: SqlRow) -> Memory:
-    """A memory as both SQL backends store it (details and tags as JSON text)."""
-    return Memory(
-        id=row["id"],
-        type=row["type"],
-        summary=row["summary"],
-        source=Source(cast(SourceKind, row["source_kind"]), row["source_id"]),
-        trust=cast(Trust, row["trust"]),
-        created=parse_iso(row["created"]),
-        details=json.loads(row["details"]),
-        tags=tuple(json.loads(row["tags"])),
-        task_kind=row["task_kind"],
-    )
-
-
-def edge_from_row(row: SqlRow) -> Edge:
-    # A SQLite store opened read-only before its v5 migration has no details column.
-    details = json.loads(row["details"]) if "details" in row.keys() else {}  # noqa: SIM118 - a sqlite3.Row's `in` looks at values
-    return Edge(row["source_id"], row["target_id"], row["type"], parse_iso(row["created"]), details)
-
-
-def tombstone_from_row(row: SqlRow) -> Tombstone:
-    return Tombstone(
-        memory_id=row["memory_id"],
-        type=row["type"],
-        source=Source(cast(SourceKind, row["source_kind"]), row["source_id"]),
-        trust=cast(Trust, row["trust"]),
-        created=parse_iso(row["created"]),
-        forgotten=parse_iso(row["forgotten"]),
-        reason=row["reason"],
-        cascade_of=row["cascade_of"],
-    )
-
-
-def edges_query(
-    table: str, memory_id: str, type: str | None, direction: Literal["out", "in", "both"]
-) -> tuple[str, list[str]]:
-    """The SQL (``?`` placeholders) and parameters listing ``memory_id``'s edges in
-    ``table``, oldest first."""
-    clauses = {
-        "out": "source_id = ?",
-        "in": "target_id = ?",
-        "both": "(source_id = ? OR target_id = ?)",
-    }
-    params = [memory_id] * (2 if direction == "both" else 1)
-    sql = f"SELECT * FROM {table} WHERE {clauses[direction]}"
-    if type is not None:
-        sql += " AND type = ?"
-        params.append(type)
-    return sql + " ORDER BY created, source_id, target_id", params

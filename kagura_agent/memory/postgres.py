@@ -17,26 +17,31 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import datetime
 from typing import Any, Literal
 
-from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
+from kagura_agent.clock import Clock, SystemClock, iso
+from kagura_agent.memory.common import (
+    check_ends,
+    check_trust,
+    document_text,
+    edge_from_row,
+    edges_query,
+    memory_from_row,
+    new_memory,
+    ranked_then_newest,
+    recall_filters,
+    stored_now,
+    tombstone_from_row,
+    tombstone_of,
+    tombstone_row,
+)
 from kagura_agent.memory.model import (
-    TRUST_TIERS,
     Edge,
     Memory,
     Source,
     Tombstone,
     Trust,
     check_edge_type,
-    default_trust,
-    edge_from_row,
-    edges_query,
-    memory_from_row,
-    new_memory_id,
-    recall_filters,
-    tombstone_from_row,
-    tombstone_row,
 )
 from kagura_agent.memory.terms import document_terms, tokens
 from kagura_agent.state import Connection, Location, StateStore
@@ -125,9 +130,6 @@ class PgMemoryStore:
         self._state.migrate(COMPONENT, MIGRATIONS)
         self.conn = self._state.conn
 
-    def _now(self) -> datetime:
-        return parse_iso(iso(self.clock.now()))
-
     # -- writes ----------------------------------------------------------------
 
     def remember(
@@ -142,15 +144,14 @@ class PgMemoryStore:
         task_kind: str | None = None,
     ) -> Memory:
         """Store one memory in one transaction (the row, its terms and its tags)."""
-        memory = Memory(
-            id=new_memory_id(),
+        memory = new_memory(
+            self.clock,
             type=type,
             summary=summary,
             source=source,
-            trust=trust or default_trust(source),
-            created=self._now(),
-            details=dict(details or {}),
-            tags=tuple(dict.fromkeys(tags)),
+            trust=trust,
+            details=details,
+            tags=tags,
             task_kind=task_kind,
         )
         with self._state.transaction() as conn:
@@ -175,14 +176,18 @@ class PgMemoryStore:
     ) -> Edge:
         """Link two stored memories; a repeated link is kept once (with its first details)."""
         check_edge_type(type)
-        for memory_id in (source_id, target_id):
-            if self.get(memory_id) is None:
-                raise KeyError(f"no memory {memory_id}")
+        check_ends(self.get, source_id, target_id)
         with self._state.transaction() as conn:
             conn.execute(
                 "INSERT INTO memory_edges(source_id, target_id, type, created, details)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (source_id, target_id, type, iso(self._now()), json.dumps(dict(details or {}))),
+                (
+                    source_id,
+                    target_id,
+                    type,
+                    iso(stored_now(self.clock)),
+                    json.dumps(dict(details or {})),
+                ),
             )
             row = conn.execute(
                 "SELECT * FROM memory_edges WHERE source_id = ? AND target_id = ? AND type = ?",
@@ -202,16 +207,7 @@ class PgMemoryStore:
             if row is None:
                 return None
             memory = memory_from_row(row)
-            tombstone = Tombstone(
-                memory_id=memory.id,
-                type=memory.type,
-                source=memory.source,
-                trust=memory.trust,
-                created=memory.created,
-                forgotten=self._now(),
-                reason=reason,
-                cascade_of=cascade_of,
-            )
+            tombstone = tombstone_of(memory, stored_now(self.clock), reason, cascade_of)
             conn.execute("DELETE FROM memory_items WHERE seq = ?", (row["seq"],))
             gone = _terms(row["summary"], row["details"], row["tags"])
             _count(conn, Counter({term: -1 for term in gone}), -1)
@@ -230,8 +226,7 @@ class PgMemoryStore:
 
     def set_trust(self, memory_id: str, trust: Trust) -> Memory | None:
         """Change a memory's tier (the ``memory trust`` command logs who and why)."""
-        if trust not in TRUST_TIERS:
-            raise ValueError(f"trust must be one of {TRUST_TIERS}, not {trust!r}")
+        check_trust(trust)
         with self._state.transaction() as conn:
             conn.execute("UPDATE memory_items SET trust = ? WHERE id = ?", (trust, memory_id))
         return self.get(memory_id)
@@ -267,12 +262,13 @@ class PgMemoryStore:
             )
             return [memory_from_row(row) for row in self.conn.execute(sql, [*params, k])]
         weighted, common = self._split(query_terms)
-        found = self._ranked(weighted, where, params, k) if weighted else []
-        if len(found) < k and common:
-            seen = {m.id for m in found}
-            newest = self._newest_matching(common, where, params, k + len(found))
-            found += [m for m in newest if m.id not in seen][: k - len(found)]
-        return found
+        return ranked_then_newest(
+            weighted,
+            common,
+            k,
+            lambda terms, n: self._ranked(terms, where, params, n),
+            lambda terms, n: self._newest_matching(terms, where, params, n),
+        )
 
     def _split(self, query_terms: list[str]) -> tuple[list[str], list[str]]:
         # One round trip: the total rides along with each known term (none known: every
@@ -358,11 +354,7 @@ def _tsquery(query_terms: Sequence[str]) -> str:
 
 def _insert(conn: Connection, memory: Memory) -> list[str]:
     """Insert one memory and its tags; returns its index terms (for ``_count``)."""
-    text = (
-        memory.summary,
-        json.dumps(memory.details, sort_keys=True),
-        json.dumps(list(memory.tags)),
-    )
+    text = document_text(memory)
     found = _terms(*text)
     row = conn.execute(
         "INSERT INTO memory_items(id, type, summary, details, tags, source_kind, source_id,"

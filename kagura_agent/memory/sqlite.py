@@ -12,28 +12,33 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from kagura_agent.clock import Clock, SystemClock, iso, parse_iso
+from kagura_agent.clock import Clock, SystemClock, iso
 from kagura_agent.errors import SetupError
+from kagura_agent.memory.common import (
+    check_ends,
+    check_trust,
+    document_text,
+    edge_from_row,
+    edges_query,
+    memory_from_row,
+    new_memory,
+    ranked_then_newest,
+    recall_filters,
+    stored_now,
+    tombstone_from_row,
+    tombstone_of,
+    tombstone_row,
+)
 from kagura_agent.memory.model import (
-    TRUST_TIERS,
     Edge,
     Memory,
     Source,
     Tombstone,
     Trust,
     check_edge_type,
-    default_trust,
-    edge_from_row,
-    edges_query,
-    memory_from_row,
-    new_memory_id,
-    recall_filters,
-    tombstone_from_row,
-    tombstone_row,
 )
 from kagura_agent.memory.terms import MIGRATION as TERMS_MIGRATION
 from kagura_agent.memory.terms import (
@@ -156,11 +161,6 @@ class SqliteMemoryStore:
             raise SetupError(f"memory store {path} cannot be migrated: {exc}") from exc
         self.conn = self._state.sqlite()
 
-    def _now(self) -> datetime:
-        # Stored times have second precision; returning the same value keeps a
-        # remembered Memory equal to the one read back.
-        return parse_iso(iso(self.clock.now()))
-
     # -- writes ----------------------------------------------------------------
 
     def remember(
@@ -175,22 +175,17 @@ class SqliteMemoryStore:
         task_kind: str | None = None,
     ) -> Memory:
         """Store one memory in one transaction (the row, its FTS entry and its tags)."""
-        memory = Memory(
-            id=new_memory_id(),
+        memory = new_memory(
+            self.clock,
             type=type,
             summary=summary,
             source=source,
-            trust=trust or default_trust(source),
-            created=self._now(),
-            details=dict(details or {}),
-            tags=tuple(dict.fromkeys(tags)),
+            trust=trust,
+            details=details,
+            tags=tags,
             task_kind=task_kind,
         )
-        row_text = (
-            memory.summary,
-            json.dumps(memory.details, sort_keys=True),
-            json.dumps(list(memory.tags)),
-        )
+        row_text = document_text(memory)
         with self._state.sqlite_transaction() as conn:
             cursor = conn.execute(
                 "INSERT INTO memories(id, type, summary, details, tags, source_kind, source_id,"
@@ -222,10 +217,8 @@ class SqliteMemoryStore:
     ) -> Edge:
         """Link two stored memories; a repeated link is kept once (with its first details)."""
         check_edge_type(type)
-        for memory_id in (source_id, target_id):
-            if self.get(memory_id) is None:
-                raise KeyError(f"no memory {memory_id}")
-        created = self._now()
+        check_ends(self.get, source_id, target_id)
+        created = stored_now(self.clock)
         with self._state.sqlite_transaction() as conn:
             conn.execute(
                 "INSERT OR IGNORE INTO edges(source_id, target_id, type, created, details)"
@@ -247,16 +240,7 @@ class SqliteMemoryStore:
             if row is None:
                 return None
             memory = memory_from_row(row)
-            tombstone = Tombstone(
-                memory_id=memory.id,
-                type=memory.type,
-                source=memory.source,
-                trust=memory.trust,
-                created=memory.created,
-                forgotten=self._now(),
-                reason=reason,
-                cascade_of=cascade_of,
-            )
+            tombstone = tombstone_of(memory, stored_now(self.clock), reason, cascade_of)
             conn.execute("DELETE FROM memory_tags WHERE memory_rowid = ?", (row["rowid"],))
             conn.execute("DELETE FROM memories WHERE rowid = ?", (row["rowid"],))
             count_removed(conn, document_terms((row["summary"], row["details"], row["tags"])))
@@ -272,8 +256,7 @@ class SqliteMemoryStore:
 
     def set_trust(self, memory_id: str, trust: Trust) -> Memory | None:
         """Change a memory's tier (the ``memory trust`` command logs who and why)."""
-        if trust not in TRUST_TIERS:
-            raise ValueError(f"trust must be one of {TRUST_TIERS}, not {trust!r}")
+        check_trust(trust)
         with self._state.sqlite_transaction() as conn:
             conn.execute("UPDATE memories SET trust = ? WHERE id = ?", (trust, memory_id))
         return self.get(memory_id)
@@ -308,16 +291,14 @@ class SqliteMemoryStore:
                 + " ORDER BY m.created DESC, m.rowid DESC LIMIT ?"
             )
             return [memory_from_row(row) for row in self.conn.execute(sql, [*params, k])]
-        # Terms in more than half the memories carry no bm25 weight (see terms.py) but
-        # would cost a read of their whole posting list: rank by the others, then fill
-        # up with the newest memories that match only the common ones.
         weighted, common = split_by_weight(self.conn, query_terms)
-        found = self._ranked(weighted, where, params, k) if weighted else []
-        if len(found) < k and common:
-            seen = {m.id for m in found}
-            newest = self._newest_matching(common, where, params, k + len(found))
-            found += [m for m in newest if m.id not in seen][: k - len(found)]
-        return found
+        return ranked_then_newest(
+            weighted,
+            common,
+            k,
+            lambda terms, n: self._ranked(terms, where, params, n),
+            lambda terms, n: self._newest_matching(terms, where, params, n),
+        )
 
     def _ranked(
         self, query_terms: list[str], where: list[str], params: list[Any], k: int
