@@ -1,4 +1,4 @@
-"""The host-side setuid/setgid check (apply/setid.py) on a large project root.
+"""The host-side setuid/setgid check (apply/aftercare/setid.py) on a large project root.
 
 Builds a tree of N files (default 100,000: 1,000 directories of 100 files) in a temp
 folder, then times ``clear_setid`` over it, cold-ish (first walk after building) and
@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kagura_agent.apply import acl
-from kagura_agent.apply.setid import clear_setid, ctime_floor
+from kagura_agent.apply.aftercare import acl
+from kagura_agent.apply.aftercare.setid import clear_setid, ctime_floor
 
 PER_DIR = 100
 

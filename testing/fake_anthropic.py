@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kagura_agent.apply.context import EgressSink
-from kagura_agent.apply.docker import DockerApplyRuntime
+from kagura_agent.apply.run.context import EgressSink
+from kagura_agent.apply.run.docker import DockerApplyRuntime
 from kagura_agent.clock import Clock
 from kagura_agent.membrane.egress.modelport import Injection
 from kagura_agent.membrane.egress.session import EgressSession
@@ -233,7 +233,7 @@ def route_from_env() -> None:
     if not raw:
         return
     from kagura_agent import hostproc
-    from kagura_agent.apply import executor
+    from kagura_agent.apply.run import executor
 
     fake = Route(**json.loads(raw))
     runtime: Any = FakeAnthropicRuntime

@@ -24,8 +24,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from kagura_agent.apply.context import EgressSink
-from kagura_agent.apply.docker import DockerApplyRuntime
+from kagura_agent.apply.run.context import EgressSink
+from kagura_agent.apply.run.docker import DockerApplyRuntime
 from kagura_agent.clock import Clock
 from kagura_agent.membrane.egress.modelport import Injection
 from kagura_agent.membrane.egress.session import EgressSession

@@ -1,6 +1,6 @@
 """An in-memory runtime for apply: containers, networks and proxies kept in dicts.
 
-A real implementation of ``kagura_agent.apply.context.ApplyRuntime`` (mypy checks it
+A real implementation of ``kagura_agent.apply.run.context.ApplyRuntime`` (mypy checks it
 against the Protocol), so tests drive apply's whole sequence — leases, egress, the agent
 container, the brain channel, verify, record, clean-up — in a fraction of a second and
 without Docker. What Docker and the container would do is scripted:
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from kagura_agent.apply.context import ContainerState, EgressSink
+from kagura_agent.apply.run.context import ContainerState, EgressSink
 from kagura_agent.brain.events import BrainEvent, DoneEvent, event_to_json
 from kagura_agent.brain.streams import DuplexStream, StreamClosed
 from kagura_agent.clock import Clock

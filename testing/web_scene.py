@@ -19,8 +19,8 @@ from urllib.parse import quote
 
 import yaml
 
-from kagura_agent.apply.context import RunResult
-from kagura_agent.apply.executor import ApplyOptions, apply_plan
+from kagura_agent.apply.run.context import RunResult
+from kagura_agent.apply.run.executor import ApplyOptions, apply_plan
 from kagura_agent.brain.events import (
     BrainEvent,
     CostEvent,

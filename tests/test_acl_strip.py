@@ -1,4 +1,5 @@
-"""The ACL half of the host-side walk (apply/acl.py, apply/setid.py), unit level: the
+"""The ACL half of the host-side walk (apply/aftercare/acl.py, apply/aftercare/setid.py), unit
+level: the
 xattr parser, and on a real file system what a run added is removed while the ACLs an
 operator set before it (and what new files inherit from them) stay."""
 
@@ -16,8 +17,8 @@ from pathlib import Path
 import pytest
 from apply_helpers import plan_for_root
 
-from kagura_agent.apply import acl
-from kagura_agent.apply.acl import (
+from kagura_agent.apply.aftercare import acl
+from kagura_agent.apply.aftercare.acl import (
     GROUP,
     GROUP_OBJ,
     MASK,
@@ -26,8 +27,8 @@ from kagura_agent.apply.acl import (
     USER,
     USER_OBJ,
 )
-from kagura_agent.apply.runs import open_run, sweep_dead_runs
-from kagura_agent.apply.setid import CTIME_SLACK, clear_setid, ctime_floor
+from kagura_agent.apply.aftercare.setid import CTIME_SLACK, clear_setid, ctime_floor
+from kagura_agent.apply.records.runs import open_run, sweep_dead_runs
 from kagura_agent.clock import FixedClock
 from kagura_agent.state import open_store
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from apply_helpers import cli_env, kagura, make_project, manifest_set, write_task
 
-from kagura_agent.apply import acl
-from kagura_agent.apply.acl import GROUP, GROUP_OBJ, MASK, OTHER, USER_OBJ
-from kagura_agent.apply.setid import CTIME_SLACK
+from kagura_agent.apply.aftercare import acl
+from kagura_agent.apply.aftercare.acl import GROUP, GROUP_OBJ, MASK, OTHER, USER_OBJ
+from kagura_agent.apply.aftercare.setid import CTIME_SLACK
 
 pytestmark = pytest.mark.usefixtures("docker_client")
 

@@ -19,8 +19,8 @@ from apply_helpers import (
     write_task,
 )
 
-from kagura_agent.apply.parentdeath import PARENT_ENV, PARENT_ROOT_ENV, child_environment
-from kagura_agent.apply.runs import root_locks
+from kagura_agent.apply.guards.parentdeath import PARENT_ENV, PARENT_ROOT_ENV, child_environment
+from kagura_agent.apply.records.runs import root_locks
 from kagura_agent.errors import RefusedError
 
 

@@ -108,7 +108,7 @@ def test_a_saved_plan_is_fresh_from_another_working_directory(
     tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Input files are named relative to where plan ran; apply re-plans from there."""
-    from kagura_agent.apply.freshness import check_saved_plan_fresh
+    from kagura_agent.apply.run.freshness import check_saved_plan_fresh
     from kagura_agent.plan import planfile
 
     project = make_project(tmp_path)
@@ -129,7 +129,7 @@ def test_a_plan_made_beside_the_packaged_manifests_is_fresh(
 ) -> None:
     """Planned in the checkout with no --manifests (./manifests is the packaged set):
     apply re-plans with the absolute manifests_dir and must see the same inputs."""
-    from kagura_agent.apply.freshness import check_saved_plan_fresh
+    from kagura_agent.apply.run.freshness import check_saved_plan_fresh
     from kagura_agent.plan import planfile
 
     checkout = Path(__file__).resolve().parents[1]
@@ -145,7 +145,7 @@ def test_a_plan_made_beside_the_packaged_manifests_is_fresh(
 
 
 def test_a_fact_alone_is_shown_and_a_changed_intent_is_stale() -> None:
-    from kagura_agent.apply.freshness import check_fresh
+    from kagura_agent.apply.run.freshness import check_fresh
     from kagura_agent.errors import RefusedError
     from kagura_agent.plan.intent import intent_fingerprint
     from kagura_agent.plan.planner import fingerprint

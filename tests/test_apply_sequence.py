@@ -22,15 +22,15 @@ from typing import Any
 import pytest
 from apply_helpers import NOWHERE, make_project, manifest_set, token_provider, write_task
 
-from kagura_agent.apply.context import (
+from kagura_agent.apply.records.runs import open_run
+from kagura_agent.apply.run.context import (
     ApplyRuntime,
     BrainOutcome,
     RunReport,
     assemble,
     decide,
 )
-from kagura_agent.apply.executor import ApplyOptions, RunResult, apply_plan
-from kagura_agent.apply.runs import open_run
+from kagura_agent.apply.run.executor import ApplyOptions, RunResult, apply_plan
 from kagura_agent.brain.events import CostEvent, DoneEvent, ErrorEvent, TextEvent
 from kagura_agent.clock import SystemClock
 from kagura_agent.errors import ExitCode, KaguraError, Terminated

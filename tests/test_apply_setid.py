@@ -1,6 +1,6 @@
 """A run's agent sets setuid/setgid bits in the project root from inside a real container;
 after apply exits none is left on the host (a setgid directory is kept: see
-apply/setid.py), and the live view names what was cleared. After ``kill -9`` the next
+apply/aftercare/setid.py), and the live view names what was cleared. After ``kill -9`` the next
 apply's sweep of dead runs does it for the dead run's root."""
 
 from __future__ import annotations

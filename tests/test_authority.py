@@ -261,7 +261,7 @@ def test_apply_rechecks_the_floor_on_a_hand_edited_plan(
     at_tmp: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A plan file edited to add SYS_ADMIN (and to say it is applyable) is refused."""
-    from kagura_agent.apply.executor import ApplyOptions, refuse_unapplyable
+    from kagura_agent.apply.run.executor import ApplyOptions, refuse_unapplyable
     from kagura_agent.errors import RefusedError
     from kagura_agent.membrane.hardening import container_kwargs
 

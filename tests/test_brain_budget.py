@@ -181,9 +181,9 @@ def _midrun(tmp_path: Path, outcome: str, *documents: dict[str, Any], **budget: 
     from apply_helpers import make_project, manifest_set, write_task
     from test_midrun_units import StubAsker
 
-    from kagura_agent.apply.amend import Amender
-    from kagura_agent.apply.live import LiveView
-    from kagura_agent.apply.midrun import MidRun
+    from kagura_agent.apply.midrun.amend import Amender
+    from kagura_agent.apply.midrun.grants import MidRun
+    from kagura_agent.apply.records.live import LiveView
     from kagura_agent.clock import SystemClock
     from kagura_agent.membrane.secrets import Redactor
     from kagura_agent.plan.build import compile_tasks
@@ -215,7 +215,7 @@ CEILING = {"kind": "Policy", "metadata": {"name": "cap"}, "spec": {"ceilings": {
 def test_the_host_doubles_a_turn_budget_to_the_ceiling_then_refuses(
     tmp_path: Path, state_dir: Path
 ) -> None:
-    from kagura_agent.apply.midrun import amendments
+    from kagura_agent.apply.midrun.grants import amendments
 
     midrun, asker, store = _midrun(tmp_path, "approved", CEILING, turns=3)
     # The engine says 2 turns; the host counted 3 from the events: the host's count wins.

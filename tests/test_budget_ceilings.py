@@ -88,7 +88,7 @@ def test_a_budget_within_the_ceilings_is_applyable(
 def test_apply_refuses_a_budget_over_a_ceiling_before_any_side_effect(
     base: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kagura_agent.apply.executor import ApplyOptions, refuse_unapplyable
+    from kagura_agent.apply.run.executor import ApplyOptions, refuse_unapplyable
     from kagura_agent.errors import RefusedError
 
     plan = _plan(base, "{disk: 900g}", capsys)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from apply_helpers import make_project, manifest_set, write_task
 
-from kagura_agent.apply.executor import ApplyOptions, apply_plan
+from kagura_agent.apply.run.executor import ApplyOptions, apply_plan
 from kagura_agent.errors import RefusedError
 from kagura_agent.plan.build import plan_tasks
 from testing.agent_test_image import ensure_agent_test_image

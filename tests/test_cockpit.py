@@ -240,7 +240,7 @@ def test_a_restart_settles_runs_whose_apply_is_gone(
 ) -> None:
     """An apply that ended while no cockpit ran gets the outcome it recorded; one that was
     killed before it could record any is lost; a pending request lapses."""
-    from kagura_agent.apply.runs import MIGRATIONS
+    from kagura_agent.apply.records.runs import MIGRATIONS
 
     transport, start, _, _ = cockpit_world
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],

@@ -28,7 +28,7 @@ from apply_helpers import REPO, cli_env, leftovers, live_leases, make_project, r
 from chat_helpers import API_KEY, CANARY, session_world
 from test_midrun_apply import UPSTREAM, WAIT_UPSTREAM, access, fetch, policy
 
-from kagura_agent.apply.midrun import amendments
+from kagura_agent.apply.midrun.grants import amendments
 from kagura_agent.approvals import history
 from kagura_agent.membrane import images
 from kagura_agent.membrane.egress.owner import COMPONENT_OUTBOUND, LABEL_COMPONENT

@@ -64,7 +64,7 @@ from chat_helpers import (
 )
 from test_midrun_apply import WAIT_UPSTREAM, access, fetch, policy
 
-from kagura_agent.apply.midrun import amendments
+from kagura_agent.apply.midrun.grants import amendments
 from kagura_agent.approvals import history
 from kagura_agent.membrane import images
 from kagura_agent.membrane.egress.owner import COMPONENT_OUTBOUND, LABEL_COMPONENT

@@ -33,7 +33,7 @@ from conformance import (
 )
 from test_midrun_apply import Operator, finish
 
-from kagura_agent.apply.midrun import amendments
+from kagura_agent.apply.midrun.grants import amendments
 from kagura_agent.state import StateStore
 from testing.agent_test_image import ensure_agent_test_image
 from testing.egress_images import ensure_egress_images
@@ -131,7 +131,7 @@ def test_a_turn_budget_stops_the_cli_and_an_extension_goes_on_in_the_same_sessio
 
     The CLI runs the tool calls of the last turn its --max-turns allows, then stops: those
     are that turn's own, whether the proxy's log line of the call reaches the host before
-    the tool call or after it (apply/midrun.py past_budget stops a tool call only past the
+    the tool call or after it (apply/midrun/grants.py past_budget stops a tool call only past the
     budget). Before, with the log line first, the run failed ("went on past its budget")
     where the operator would have been asked: 2 runs in 5."""
     real, base = images

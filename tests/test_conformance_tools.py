@@ -55,7 +55,7 @@ from test_midrun_apply import (
 from test_tool_servers_e2e import _attach_when_outbound_exists, tickets_server
 from tool_server_doc import example
 
-from kagura_agent.apply.midrun import amendments
+from kagura_agent.apply.midrun.grants import amendments
 from kagura_agent.state import StateStore
 from testing.agent_test_image import ensure_agent_test_image
 from testing.egress_images import ensure_egress_images

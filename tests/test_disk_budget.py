@@ -28,8 +28,8 @@ from apply_helpers import (
     write_task,
 )
 
-from kagura_agent.apply.cgroupio import Freezer, WriteMeter, cgroup_dir
-from kagura_agent.apply.diskwatch import DiskWatch, tree_bytes
+from kagura_agent.apply.guards.cgroupio import Freezer, WriteMeter, cgroup_dir
+from kagura_agent.apply.guards.diskwatch import DiskWatch, tree_bytes
 from kagura_agent.membrane import images
 
 BUDGET = 64 * 1024**2
@@ -137,7 +137,7 @@ def test_space_another_process_frees_does_not_hide_what_the_run_adds(
     counted from the lowest it has been, so the run's 8 MiB still ask for a measure. (The
     file system's usage is scripted here, the root and its measure are real; the periodic
     measure is out of the way.)"""
-    from kagura_agent.apply import diskwatch
+    from kagura_agent.apply.guards import diskwatch
 
     used = [1000 * 1024**2]
     monkeypatch.setattr(diskwatch, "_fs_used", lambda root: used[0])
@@ -244,7 +244,7 @@ def test_the_budget_holds_while_another_process_writes_to_the_same_disk(
     and frees space on the same disk: before, the root was measured only when the file
     system had grown past the budget (once a second at most while it stood there), and
     here it never did — the run wrote its whole 1 GiB past a 64 MiB budget. What the
-    run's own processes write (apply/cgroupio.WriteMeter) stops it near the budget."""
+    run's own processes write (apply/guards/cgroupio.WriteMeter) stops it near the budget."""
     other = tmp_path / "other"
     other.mkdir()
     stop = multiprocessing.Event()

@@ -18,9 +18,9 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from kagura_agent.apply.context import BrainOutcome, RunContext, RunReport, assemble
-from kagura_agent.apply.live import LiveView
-from kagura_agent.apply.record import record_result
+from kagura_agent.apply.records.live import LiveView
+from kagura_agent.apply.records.record import record_result
+from kagura_agent.apply.run.context import BrainOutcome, RunContext, RunReport, assemble
 from kagura_agent.brain.plan_turn import turn_from_plan
 from kagura_agent.clock import SystemClock
 from kagura_agent.graduation.knobs import Knobs
@@ -67,7 +67,7 @@ def _parent(tmp_path: Path) -> dict[str, Any]:
 
 
 def _child(tmp_path: Path, parent: dict[str, Any], name: str, verify: str) -> dict[str, Any]:
-    """A child task as the dispatch tool writes it (apply/dispatch.py ``_write_task``)."""
+    """A child task as the dispatch tool writes it (apply/midrun/dispatch.py ``_write_task``)."""
     task = _task(
         tmp_path / "proj" / name,
         name,

@@ -1,4 +1,4 @@
-"""A dispatched child is planned from what its parent has left (apply/allotment.py,
+"""A dispatched child is planned from what its parent has left (apply/midrun/allotment.py,
 plan/budget.py), never from the brain's defaults, and the parent with its children stays
 within the parent's budget.
 
@@ -22,7 +22,7 @@ import pytest
 from apply_helpers import cli_env, kagura, last_json, make_project, manifest_set, write_task
 from test_dispatch_runtime import doc_examples
 
-from kagura_agent.apply.allotment import Allotments, Left, lease_grants, left
+from kagura_agent.apply.midrun.allotment import Allotments, Left, lease_grants, left
 from kagura_agent.clock import FixedClock
 from kagura_agent.membrane.leases import Broker, LeaseRequest
 from kagura_agent.state import open_store

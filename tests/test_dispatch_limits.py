@@ -1,5 +1,5 @@
 """How deep sub-agents nest and how many one run asks for: Policy ceilings ``depth`` and
-``children_total`` (plan/budget.py sets the plan's limits; apply/dispatch.py refuses past
+``children_total`` (plan/budget.py sets the plan's limits; apply/midrun/dispatch.py refuses past
 them). Planner part through facts; Docker part with real runs: a chain of sub-agents
 dispatching sub-agents stops at the depth ceiling, and a fan-out at the total ceiling,
 each with the reason as the refused dispatch's answer. Before, children dispatched
@@ -15,7 +15,7 @@ from typing import Any
 
 from apply_helpers import cli_env, kagura, last_json, make_project, manifest_set, write_task
 
-from kagura_agent.apply.dispatch import _may_not_dispatch
+from kagura_agent.apply.midrun.dispatch import _may_not_dispatch
 from kagura_agent.paths import repo_root
 from kagura_agent.plan.build import plan_tasks
 from testing.agent_test_image import ensure_agent_test_image

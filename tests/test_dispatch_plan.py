@@ -131,7 +131,7 @@ def test_widening_is_rendered_and_refused_by_apply(
     assert main(["plan", "--format", "markdown", *args]) == 6
     assert "| parent | task `parent` (egress https://api.github.com:443" in capsys.readouterr().out
 
-    from kagura_agent.apply.executor import ApplyOptions, refuse_unapplyable
+    from kagura_agent.apply.run.executor import ApplyOptions, refuse_unapplyable
     from kagura_agent.errors import RefusedError
 
     plan = _plan(child_task, {"parent_plan": parent_plan}, tmp_path)
@@ -175,7 +175,7 @@ def test_a_child_cannot_write_what_the_parent_had_read_only(tmp_path: Path, work
         "/workspace/.git",
         "/workspace/tasks",
     }
-    # Where apply/dispatch.py writes it: in the state directory, its root the workdir.
+    # Where apply/midrun/dispatch.py writes it: in the state directory, its root the workdir.
     child_task = _task(
         tmp_path / "state" / "children",
         "child",

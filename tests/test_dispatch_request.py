@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from brain_helpers import attached, collect
 
-from kagura_agent.apply.child_request import ChildRequest, Refused, make_workdir
+from kagura_agent.apply.midrun.child_request import ChildRequest, Refused, make_workdir
 from kagura_agent.brain.channel import ChannelLimits
 from kagura_agent.brain.events import DoneEvent, ToolResultEvent
 from kagura_agent.brain.protocol import Turn

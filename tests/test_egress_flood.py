@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kagura_agent.apply.tripwire import Tripwire
+from kagura_agent.apply.guards.tripwire import Tripwire
 from kagura_agent.cli.main import main
 from kagura_agent.membrane.egress import audit
 from kagura_agent.membrane.egress.policy import load_policy

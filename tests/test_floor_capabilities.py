@@ -20,7 +20,7 @@ import pytest
 from apply_helpers import run_ids
 from plan_forgery import forge
 
-from kagura_agent.apply.executor import ApplyOptions, refuse_unapplyable
+from kagura_agent.apply.run.executor import ApplyOptions, refuse_unapplyable
 from kagura_agent.cli.main import main
 from kagura_agent.errors import RefusedError
 from kagura_agent.manifest import loader, workspace

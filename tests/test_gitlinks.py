@@ -1,5 +1,5 @@
 """A run cannot plant a submodule repository whose configuration the operator's next
-``git status`` in the project root would run (apply/gitlinks.py).
+``git status`` in the project root would run (apply/aftercare/gitlinks.py).
 
 ``git status`` in a superproject runs ``git status`` in every populated submodule, with
 that repository's own configuration: ``core.fsmonitor`` there is a command. Each attack
@@ -29,9 +29,9 @@ from apply_helpers import (
     write_task,
 )
 
-from kagura_agent.apply.gitlinks import check_gitlinks, check_root_repository, snapshot
-from kagura_agent.apply.runs import open_run, sweep_dead_runs
-from kagura_agent.apply.setid import ctime_floor
+from kagura_agent.apply.aftercare.gitlinks import check_gitlinks, check_root_repository, snapshot
+from kagura_agent.apply.aftercare.setid import ctime_floor
+from kagura_agent.apply.records.runs import open_run, sweep_dead_runs
 from kagura_agent.clock import FixedClock
 from kagura_agent.state import open_store
 

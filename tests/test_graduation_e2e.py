@@ -24,7 +24,7 @@ from typing import Any
 import docker
 import pytest
 
-from kagura_agent.apply.executor import ApplyOptions, RunResult, apply_plan
+from kagura_agent.apply.run.executor import ApplyOptions, RunResult, apply_plan
 from kagura_agent.clock import FixedClock, iso
 from kagura_agent.errors import ExitCode, RefusedError
 from kagura_agent.membrane.hardening import LABEL_STORE

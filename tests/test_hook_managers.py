@@ -1,7 +1,7 @@
 """What the operator's git hooks run after a run: protected, or moved aside and said.
 
 manifest/hooksurface.py reads the installed hooks; the plan mounts the hook managers'
-existing configuration read-only; apply/hookcheck.py moves aside, after the run, what
+existing configuration read-only; apply/aftercare/hookcheck.py moves aside, after the run, what
 the run created or changed that the hooks would read or run (a module shadowing what
 pre-commit's ``python -mpre_commit`` imports from the top of the work tree, a new
 ``lefthook-local.yml``, overcommit plugins, ``package.json``'s simple-git-hooks section, a
@@ -30,7 +30,7 @@ from apply_helpers import (
 )
 from planting import marks_left, module_code, writing_step
 
-from kagura_agent.apply.hookcheck import check_hooks
+from kagura_agent.apply.aftercare.hookcheck import check_hooks
 from kagura_agent.manifest.hooksurface import surface
 
 PRE_COMMIT = shutil.which("pre-commit")

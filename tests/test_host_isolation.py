@@ -471,7 +471,7 @@ def test_the_tests_model_route_reaches_isolated_children(tmp_path: Path) -> None
     from testing.fake_anthropic import Route, route_env
 
     fake = Route(network="net", address="10.0.0.9", port=8080)
-    child = "from kagura_agent.apply import executor\nprint(executor.DockerApplyRuntime)"
+    child = "from kagura_agent.apply.run import executor\nprint(executor.DockerApplyRuntime)"
     parent = (
         "from kagura_agent import hostproc\n"
         f"done = hostproc.run(hostproc.python_code_argv({child!r}), env=hostproc.environment(),"

@@ -188,7 +188,7 @@ def test_the_walker_counts_function_level_imports_and_package_faces() -> None:
     # ``from kagura_agent.state import history`` names the submodule and runs the package
     # face first, whose __init__ imports our modules (an empty face closes no cycle).
     assert {"kagura_agent.state.history", "kagura_agent.state"} <= imports(
-        "kagura_agent.apply.written"
+        "kagura_agent.apply.run.freshness"
     )
 
 

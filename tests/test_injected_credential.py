@@ -1,4 +1,4 @@
-"""The brain's credential at the proxy (apply/injected.py): what the port is given for each
+"""The brain's credential at the proxy (apply/midrun/injected.py): what the port is given for each
 endpoint, what the CLI is told instead, and a leased credential renewed into the proxy.
 
 The lease is a real AWS STS one (boto3 against moto_server), on a clock the test moves:
@@ -18,7 +18,12 @@ from pathlib import Path
 import pytest
 from golden import golden_plan
 
-from kagura_agent.apply.injected import WITHDRAWN, injection_of, keep_injected_fresh, proxy_secret
+from kagura_agent.apply.midrun.injected import (
+    WITHDRAWN,
+    injection_of,
+    keep_injected_fresh,
+    proxy_secret,
+)
 from kagura_agent.clock import FixedClock
 from kagura_agent.membrane.leases import Broker, LeaseRequest
 from kagura_agent.state import open_store

@@ -24,7 +24,7 @@ from apply_helpers import REPO, cli_env, make_project, manifest_set, run_ids, wr
 from test_midrun_apply import Operator, finish
 from test_team_runners import cloudflare_provider
 
-from kagura_agent.apply.midrun import amendments
+from kagura_agent.apply.midrun.grants import amendments
 from kagura_agent.state import StateStore
 from testing.fake_cloudflare import ROOT_TOKEN
 

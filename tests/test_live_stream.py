@@ -21,8 +21,8 @@ from typing import Any
 from apply_helpers import REPO, cli_env, last_json, make_project, manifest_set
 from apply_helpers import write_task as write_task_file
 
-from kagura_agent.apply.live import LiveView
-from kagura_agent.apply.midrun import ANSWER_MARGIN, lease_lead, wall_lead
+from kagura_agent.apply.midrun.grants import ANSWER_MARGIN, lease_lead, wall_lead
+from kagura_agent.apply.records.live import LiveView
 from kagura_agent.brain.events import ToolCallEvent, ToolOutputEvent, ToolResultEvent
 from kagura_agent.cli.queue import _line
 from kagura_agent.cockpit.runner import Feed, Progress, chat_line

@@ -1,6 +1,6 @@
 """Memory provenance: what the agent said stays untrusted until an operator says otherwise.
 
-- the brain's error text becomes an *untrusted* failure memory (apply/record.py), which
+- the brain's error text becomes an *untrusted* failure memory (apply/records/record.py), which
   the next plan shows quoted with its tier and which never reaches the next brain's
   prompt unless the task opts into untrusted memory;
 - the host-side recall filter keeps untrusted memories from the brain of a trusted run;
@@ -24,7 +24,7 @@ import pytest
 from apply_helpers import make_project
 from golden import golden_plan
 
-from kagura_agent.apply.hostmem import HostMemory, open_host_memory
+from kagura_agent.apply.midrun.hostmem import HostMemory, open_host_memory
 from kagura_agent.brain.plan_turn import turn_from_plan
 from kagura_agent.clock import SystemClock
 from kagura_agent.membrane.secrets import Redactor
@@ -71,9 +71,9 @@ def _plan(root: Path, env: dict[str, str]) -> dict[str, Any]:
 def test_the_agents_error_text_is_stored_untrusted_and_shown_quoted(
     project: tuple[Path, dict[str, str]], state_dir: Path
 ) -> None:
-    from kagura_agent.apply.context import BrainOutcome, RunContext, RunReport, assemble
-    from kagura_agent.apply.live import LiveView
-    from kagura_agent.apply.record import record_result
+    from kagura_agent.apply.records.live import LiveView
+    from kagura_agent.apply.records.record import record_result
+    from kagura_agent.apply.run.context import BrainOutcome, RunContext, RunReport, assemble
     from kagura_agent.state import open_store
 
     root, env = project

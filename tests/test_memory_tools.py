@@ -30,7 +30,7 @@ from apply_helpers import (
 )
 from brain_helpers import attached, collect
 
-from kagura_agent.apply.hostmem import HostMemory
+from kagura_agent.apply.midrun.hostmem import HostMemory
 from kagura_agent.brain.channel import MemoryRefused
 from kagura_agent.brain.events import DoneEvent, ToolResultEvent
 from kagura_agent.brain.protocol import Turn

@@ -34,7 +34,7 @@ from apply_helpers import (
     write_task,
 )
 
-from kagura_agent.apply.midrun import amendments
+from kagura_agent.apply.midrun.grants import amendments
 from kagura_agent.approvals import history, record_decision
 from kagura_agent.clock import SystemClock
 from kagura_agent.membrane import images

@@ -25,7 +25,7 @@ import pytest
 from apply_helpers import REPO, cli_env, leftovers, make_project, manifest_set, run_ids, write_task
 from test_midrun_apply import API_KEY, Decide, Operator, finish
 
-from kagura_agent.apply.midrun import amendments
+from kagura_agent.apply.midrun.grants import amendments
 from kagura_agent.approvals import history
 from kagura_agent.state import StateStore, open_store
 from testing.agent_test_image import ensure_agent_test_image

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from apply_helpers import make_project, manifest_set, token_provider, write_task
 
-from kagura_agent.apply.amend import Amender, Refused
-from kagura_agent.apply.live import LiveView
-from kagura_agent.apply.midrun import MidRun, amendments
+from kagura_agent.apply.midrun.amend import Amender, Refused
+from kagura_agent.apply.midrun.grants import MidRun, amendments
+from kagura_agent.apply.records.live import LiveView
 from kagura_agent.approvals import history, record_decision
 from kagura_agent.approvals.midrun import Answer, ChatAsker, NobodyAsker, Question
 from kagura_agent.clock import FixedClock, SystemClock
@@ -458,7 +458,7 @@ def test_the_brains_lease_at_the_proxy_is_asked_about_too(
     tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The brain's credential held by the proxy (an STS key for Bedrock, a GCP token for
-    Vertex: apply/injected.py) is never in ``leases`` (those are delivered into the
+    Vertex: apply/midrun/injected.py) is never in ``leases`` (those are delivered into the
     container); its budget is asked about all the same. Before: never asked, the run
     stopped when it ran out."""
     monkeypatch.setenv("KAGURA_TEST_TOKEN", "kagura-units-token-" + "u" * 20)
@@ -656,7 +656,7 @@ def test_a_run_calling_request_access_in_a_loop_is_bounded(tmp_path: Path, state
     """Refused requests ask nobody but each is a line and a record: past MAX_REQUESTS a
     run's are refused without either (said once), so a loop of them neither floods the
     live view nor grows the state store without end."""
-    from kagura_agent.apply import midrun as midrun_module
+    from kagura_agent.apply.midrun import grants as midrun_module
 
     c = compiled(tmp_path)
     out = io.StringIO()

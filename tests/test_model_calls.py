@@ -1,4 +1,5 @@
-"""The turn budget held to the model calls the host counts at the proxy (apply/modelcalls.py).
+"""The turn budget held to the model calls the host counts at the proxy
+(apply/guards/modelcalls.py).
 
 Unit part: which lines of squid's access log are model calls. Docker part: ``apply_plan``
 in-process with the run's key injected towards a fake Anthropic API
@@ -15,9 +16,9 @@ from typing import Any
 import pytest
 from apply_helpers import leftovers, make_project, manifest_set, run_row, write_task
 
-from kagura_agent.apply.executor import ApplyOptions, apply_plan
-from kagura_agent.apply.modelcalls import ModelCalls, is_model_call, mismatch
-from kagura_agent.apply.tripwire import Tripwire
+from kagura_agent.apply.guards.modelcalls import ModelCalls, is_model_call, mismatch
+from kagura_agent.apply.guards.tripwire import Tripwire
+from kagura_agent.apply.run.executor import ApplyOptions, apply_plan
 from kagura_agent.membrane.egress import audit
 from kagura_agent.membrane.egress.policy import load_policy
 from kagura_agent.plan.build import plan_tasks

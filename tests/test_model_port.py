@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from kagura_agent.apply.modelcalls import ModelCalls
+from kagura_agent.apply.guards.modelcalls import ModelCalls
 from kagura_agent.membrane.egress.modelport import LOCAL_BETAS, Injection
 from kagura_agent.membrane.egress.session import EgressSession
 from testing.egress_images import ensure_egress_images, start_forwarder

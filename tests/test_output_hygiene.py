@@ -145,7 +145,7 @@ def test_live_view_shows_agent_output_without_its_escapes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The agent's text and tool output are inputs too; only our own styling escapes remain."""
-    from kagura_agent.apply.live import LiveView
+    from kagura_agent.apply.records.live import LiveView
     from kagura_agent.brain.events import DoneEvent, TextEvent, ToolResultEvent
     from kagura_agent.membrane.secrets import Redactor
 
@@ -195,7 +195,7 @@ def test_the_agent_printing_our_own_lines_cannot_pass_for_them(
     """What the agent writes (assistant text, tool output, a failed verify command's
     output, a tool call's command) is framed line by line; our lines never carry the
     frame. A reader, and this test, tell them apart by the first characters alone."""
-    from kagura_agent.apply.live import LiveView
+    from kagura_agent.apply.records.live import LiveView
     from kagura_agent.hygiene import AGENT_MARK
     from kagura_agent.membrane.secrets import Redactor
 
@@ -225,7 +225,7 @@ def test_the_agent_printing_our_own_lines_cannot_pass_for_them(
 
 
 def test_under_json_the_agent_text_is_never_in_a_note_or_a_phase() -> None:
-    from kagura_agent.apply.live import LiveView
+    from kagura_agent.apply.records.live import LiveView
     from kagura_agent.membrane.secrets import Redactor
 
     out = io.StringIO()
@@ -243,7 +243,7 @@ def test_in_chat_the_agent_text_is_framed_and_our_lines_stay_lines() -> None:
     """The cockpit relays apply's --json events: what the agent wrote arrives framed line
     by line (assistant text, the final answer, verify output), and none of our lines can
     be split into two by what it quotes."""
-    from kagura_agent.apply.live import LiveView
+    from kagura_agent.apply.records.live import LiveView
     from kagura_agent.cockpit.runner import Feed, Progress
     from kagura_agent.hygiene import AGENT_MARK
     from kagura_agent.membrane.secrets import Redactor
@@ -289,7 +289,7 @@ def test_in_the_web_console_the_agent_text_is_only_in_agent_entries() -> None:
     """The run's journal (what the live view showed) read back as the console's timeline:
     every entry that carries the agent's words is in the agent's tone (its frame on the
     page) — the final answer and a failed verify command's output too."""
-    from kagura_agent.apply.live import LiveView
+    from kagura_agent.apply.records.live import LiveView
     from kagura_agent.membrane.secrets import Redactor
     from kagura_agent.web.timeline import journal_entries
 

@@ -9,12 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-from kagura_agent.apply.parentdeath import PARENT_ENV, stop_with_parent
+from kagura_agent.apply.guards.parentdeath import PARENT_ENV, stop_with_parent
 
 # A child that waits for SIGINT and leaves a mark when it arrives.
 CHILD = """
 import os, sys, time
-from kagura_agent.apply.parentdeath import stop_with_parent
+from kagura_agent.apply.guards.parentdeath import stop_with_parent
 try:
     assert stop_with_parent()
     print("ready", flush=True)
@@ -27,7 +27,7 @@ except KeyboardInterrupt:
 # A parent that starts that child with child_environment() and waits forever.
 PARENT = """
 import subprocess, sys, time
-from kagura_agent.apply.parentdeath import child_environment
+from kagura_agent.apply.guards.parentdeath import child_environment
 child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], env=child_environment())
 print(child.pid, flush=True)
 time.sleep(60)
@@ -87,7 +87,7 @@ def _alive(pid: int) -> bool:
 # A child whose clean-up takes a while, and which says whether it was interrupted again.
 SLOW_CHILD = """
 import os, sys, time
-from kagura_agent.apply.parentdeath import stop_with_parent
+from kagura_agent.apply.guards.parentdeath import stop_with_parent
 marks = []
 try:
     assert stop_with_parent()
@@ -107,7 +107,7 @@ os.rename(sys.argv[1] + ".tmp", sys.argv[1])
 # then hands the child to another thread of this process), with more threads besides.
 THREADED_PARENT = """
 import subprocess, sys, threading, time
-from kagura_agent.apply.parentdeath import child_environment
+from kagura_agent.apply.guards.parentdeath import child_environment
 children = []
 def start():
     child = subprocess.Popen(

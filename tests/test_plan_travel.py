@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from apply_helpers import cli_env, kagura, make_project, manifest_set, run_ids, write_task
 
-from kagura_agent.apply.freshness import check_fresh
+from kagura_agent.apply.run.freshness import check_fresh
 from kagura_agent.errors import RefusedError
 from kagura_agent.plan.build import plan_tasks
 from kagura_agent.plan.history import last_applied
@@ -230,7 +230,7 @@ def test_a_plan_made_anywhere_is_fresh_for_a_child_working_for_a_checkout(
     """A team runner started in a source checkout hands its children that folder; the
     packaged manifests are ./manifests there, yet a plan made in a folder above neither
     the task nor the checkout (its inputs named absolutely or <packaged>/NAME) is fresh."""
-    from kagura_agent.apply.freshness import check_saved_plan_fresh
+    from kagura_agent.apply.run.freshness import check_saved_plan_fresh
     from kagura_agent.paths import NEUTRAL_CWD, WORKDIR_ENV
 
     checkout = Path(__file__).resolve().parents[1]

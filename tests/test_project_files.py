@@ -34,7 +34,7 @@ def test_the_license_is_the_full_apache_2_text_pyproject_names() -> None:
 
 
 # Verify runs in a fresh container from the same image and mounts, with no network and
-# no credentials, after the agent's container is stopped (apply/verify.py).
+# no credentials, after the agent's container is stopped (apply/run/verify.py).
 STALE = re.compile(
     r"verify\W+(runs|is run|executes)\W+(inside|in)\W+(the\W+)?(run's|agent's|same)\W+container",
     re.I,

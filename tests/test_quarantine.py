@@ -1,4 +1,4 @@
-"""A project root the aftercare walk cannot finish is quarantined (apply/quarantine.py):
+"""A project root the aftercare walk cannot finish is quarantined (apply/aftercare/quarantine.py):
 after ``kill -9`` the next apply's sweep of dead runs does it, loudly (red lines that say
 what it means and the command that lifts it), never as a quiet note; apply then refuses
 the root until ``kagura-agent aftercare ROOT`` has checked it to the end."""
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from apply_helpers import plan_for_root
 
-from kagura_agent.apply.aftercare import check_again
-from kagura_agent.apply.quarantine import refuse_quarantined
-from kagura_agent.apply.runs import open_run, sweep_dead_runs
-from kagura_agent.apply.setid import CTIME_SLACK
+from kagura_agent.apply.aftercare.quarantine import refuse_quarantined
+from kagura_agent.apply.aftercare.root import check_again
+from kagura_agent.apply.aftercare.setid import CTIME_SLACK
+from kagura_agent.apply.records.runs import open_run, sweep_dead_runs
 from kagura_agent.clock import FixedClock
 from kagura_agent.errors import RefusedError
 from kagura_agent.state import open_store

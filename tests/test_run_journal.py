@@ -1,4 +1,4 @@
-"""The run's journal (apply/journal.py): what the live view showed, in the state store.
+"""The run's journal (apply/records/journal.py): what the live view showed, in the state store.
 
 apply runs against the in-memory runtime (testing/memory_runtime.py) with the real
 leases, redactor and state store; the journal is read back from ``run_events`` as the web
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from apply_helpers import NOWHERE, make_project, manifest_set, token_provider, write_task
 
-from kagura_agent.apply import journal as journal_module
-from kagura_agent.apply.executor import ApplyOptions, apply_plan
-from kagura_agent.apply.journal import EVENT_CEILING, Journal, bounded
+from kagura_agent.apply.records import journal as journal_module
+from kagura_agent.apply.records.journal import EVENT_CEILING, Journal, bounded
+from kagura_agent.apply.run.executor import ApplyOptions, apply_plan
 from kagura_agent.brain.events import (
     CostEvent,
     DoneEvent,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kagura_agent.apply.runs import close_run, open_run
+from kagura_agent.apply.records.runs import close_run, open_run
 from kagura_agent.clock import SystemClock
 from kagura_agent.paths import repo_root
 from kagura_agent.plan import planfile

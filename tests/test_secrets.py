@@ -195,7 +195,7 @@ def test_a_secret_the_agent_prints_is_scrubbed_from_the_live_view(
     quotes and a password's backslash are escaped: all three leaked whole."""
     import io
 
-    from kagura_agent.apply.live import LiveView
+    from kagura_agent.apply.records.live import LiveView
     from kagura_agent.brain.events import ToolResultEvent
 
     redactor = Redactor()

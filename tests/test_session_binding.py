@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from apply_helpers import make_project, write_task
 
-from kagura_agent.apply.context import ApplyRuntime
-from kagura_agent.apply.executor import ApplyOptions, apply_plan
+from kagura_agent.apply.run.context import ApplyRuntime
+from kagura_agent.apply.run.executor import ApplyOptions, apply_plan
 from kagura_agent.clock import SystemClock
 from kagura_agent.errors import RefusedError
 from kagura_agent.patterns.checkpoint import (

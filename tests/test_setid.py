@@ -1,4 +1,4 @@
-"""The host-side setuid/setgid check of a run's project root (apply/setid.py), unit level:
+"""The host-side setuid/setgid check of a run's project root (apply/aftercare/setid.py), unit level:
 what it clears and keeps, the ctime bound, its bound on work, and a symlink swapped in
 mid-walk never making it chmod anything outside the root."""
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from kagura_agent.apply import setid
-from kagura_agent.apply.setid import clear_setid, ctime_floor
+from kagura_agent.apply.aftercare import setid
+from kagura_agent.apply.aftercare.setid import clear_setid, ctime_floor
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,7 +111,7 @@ def test_the_walk_is_bounded_and_says_so(tmp_path: Path) -> None:
         _file(root / f"f{i}", 0o644)
     report = clear_setid(str(root), ctime_floor(), max_entries=4)
     assert report.truncated and report.scanned == 4
-    # Not reached: the root is quarantined by the caller (apply/quarantine.py).
+    # Not reached: the root is quarantined by the caller (apply/aftercare/quarantine.py).
     assert not report.complete and report.why == ((setid.BOUND_REASON, 6),)
 
 
@@ -216,7 +216,7 @@ def test_the_walk_holds_a_bounded_number_of_descriptors_and_keeps_its_place(
     """With a budget of 3 open directories, a chain of 40 is walked: a level that gave up
     its fd is opened again as '..' of its child and must be the same inode. A subtree
     moved out from under the walk stops it, reported (never a chmod elsewhere)."""
-    from kagura_agent.apply import treewalk
+    from kagura_agent.apply.aftercare import treewalk
 
     root = _dir(tmp_path / "root", 0o755)
     since = ctime_floor()
@@ -272,7 +272,7 @@ def test_an_operator_walks_directories_the_agent_made_unreadable(tmp_path: Path)
         for path in (deep, root / "a", root):
             path.chmod(0)
         script = (
-            "import os, sys; from kagura_agent.apply.setid import clear_setid;"
+            "import os, sys; from kagura_agent.apply.aftercare.setid import clear_setid;"
             "os.setgroups([]); os.setgid(1000); os.setuid(1000);"
             "r = clear_setid(sys.argv[1], 0);"
             "print(r.cleared.shown, r.problems.shown, r.complete)"
@@ -376,7 +376,7 @@ def test_an_operator_clears_a_setuid_file_it_cannot_read(tmp_path: Path) -> None
         os.chown(target, 1000, 1000)
         target.chmod(0o4111)
         script = (
-            "import os, sys; from kagura_agent.apply.setid import clear_setid;"
+            "import os, sys; from kagura_agent.apply.aftercare.setid import clear_setid;"
             "os.setgroups([]); os.setgid(1000); os.setuid(1000);"
             "r = clear_setid(sys.argv[1], 0); print(r.cleared.shown, r.problems.shown)"
         )

@@ -29,7 +29,7 @@ ROUNDS = 3
 CHILD = """
 import socket, sys
 from kagura_agent.state import URL_ENV, Location, SchemaBehind, StateDbError, StateStore, open_store
-from kagura_agent.apply import runs
+from kagura_agent.apply.records import runs
 from kagura_agent.approvals import log
 from kagura_agent.clock import SystemClock
 from kagura_agent.graduation import ledger as graduation

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from apply_helpers import plan_for_root
 
-from kagura_agent.apply.runs import open_run, sweep_dead_runs
+from kagura_agent.apply.records.runs import open_run, sweep_dead_runs
 from kagura_agent.clock import FixedClock
 from kagura_agent.membrane.leases import Broker, LeaseRequest, Ledger, Sweeper
 from kagura_agent.processes import owner_alive, this_host

@@ -27,7 +27,7 @@ CHILD = """
 import sys, time
 start, team_first = float(sys.argv[1]), sys.argv[2] == "1"
 from kagura_agent.state import StateStore
-from kagura_agent.apply import runs
+from kagura_agent.apply.records import runs
 from kagura_agent.clock import SystemClock
 from kagura_agent.membrane.leases.ledger import Ledger
 from kagura_agent.team.db import ensure_schema

@@ -23,9 +23,9 @@ from apply_helpers import REPO, cli_env, kagura, make_project, manifest_set, wri
 from brain_helpers import attached
 from golden import golden_plan
 
-from kagura_agent.apply.context import RunContext
-from kagura_agent.apply.conversation import Conversation
-from kagura_agent.apply.live import LiveView
+from kagura_agent.apply.records.live import LiveView
+from kagura_agent.apply.run.context import RunContext
+from kagura_agent.apply.run.conversation import Conversation
 from kagura_agent.brain.channel import ChannelLimits, TranscriptRefused
 from kagura_agent.brain.transcript import TranscriptError, project_key
 from kagura_agent.clock import FixedClock

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from apply_helpers import cli_env, kagura, make_project, manifest_set, write_task
 
-from kagura_agent.apply.inotify import Watcher, describe
-from kagura_agent.apply.tripwire import ContainerTraps, Tripwire
+from kagura_agent.apply.guards.inotify import Watcher, describe
+from kagura_agent.apply.guards.tripwire import ContainerTraps, Tripwire
 
 ROOT = Path(__file__).resolve().parents[1]
 KNOBS = {"canary_file": "/home/agent/.git-credentials", "creds_after_wipe": True}
@@ -161,7 +161,7 @@ def test_the_decoy_watch_is_skipped_only_for_the_entrypoints_own_processes(
 ) -> None:
     """Every process left after the wipe must have been there before the turn, with the
     same start, and be undumpable then and now; anything else keeps the watch."""
-    import kagura_agent.apply.tripwire as tripwire_module
+    import kagura_agent.apply.guards.tripwire as tripwire_module
 
     looks: list[dict[int, tuple[str, bool]] | None] = []
     monkeypatch.setattr(tripwire_module, "namespace_processes", lambda pid: looks.pop(0))

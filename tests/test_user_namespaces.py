@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from apply_helpers import cli_env, kagura, make_project, manifest_set, write_task
 
-from kagura_agent.apply.freshness import check_fresh
+from kagura_agent.apply.run.freshness import check_fresh
 from kagura_agent.errors import RefusedError
 from kagura_agent.membrane.isolation import notice_once
 from kagura_agent.plan.build import plan_tasks

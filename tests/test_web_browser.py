@@ -33,10 +33,10 @@ from typing import Any
 import pytest
 from resources import missing
 
-from kagura_agent.apply.journal import Journal
-from kagura_agent.apply.live import LiveView
-from kagura_agent.apply.midrun import announce
-from kagura_agent.apply.runs import close_run, new_run_id, open_run
+from kagura_agent.apply.midrun.grants import announce
+from kagura_agent.apply.records.journal import Journal
+from kagura_agent.apply.records.live import LiveView
+from kagura_agent.apply.records.runs import close_run, new_run_id, open_run
 from kagura_agent.approvals import history, operator_name
 from kagura_agent.approvals.midrun import Answer, ChatAsker, Question
 from kagura_agent.brain.events import (
@@ -215,7 +215,8 @@ def test_a_live_runs_timeline_updates_while_the_page_is_open(
     browser: Any, world: World, console: Console
 ) -> None:
     """The run is written by the real writers while the page is open: its row opened
-    (apply/runs.open_run), its live view's journal, the proxy's decisions, then its close."""
+    (apply/records/runs.open_run), its live view's journal, the proxy's decisions, then its
+    close."""
     clock = SystemClock()
     run_id = new_run_id()
     with StateStore(store_location(world)) as store:

@@ -97,7 +97,7 @@ def test_the_cli_and_plan_do_not_import_the_web_stack() -> None:
 def test_runs_pages_are_bounded_and_follow_on(state_dir: Path) -> None:
     """Keyset pages: each at most ``limit`` runs, the next one starting after the last
     (runs started in the same second stay in order by id), every run exactly once."""
-    from kagura_agent.apply.runtable import MIGRATIONS
+    from kagura_agent.state.history import MIGRATIONS
 
     with open_store() as store:
         store.migrate("runs", MIGRATIONS)

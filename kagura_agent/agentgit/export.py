@@ -25,7 +25,7 @@ _REF_LINE = re.compile(r"^([0-9a-f]{40}(?:[0-9a-f]{24})?) (refs/\S+)$")
 
 
 class Execs(Protocol):
-    """What the export needs of the runtime (apply/context.ApplyRuntime has it)."""
+    """What the export needs of the runtime (apply/run/context.ApplyRuntime has it)."""
 
     def exec_stream(
         self,

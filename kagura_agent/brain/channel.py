@@ -73,14 +73,14 @@ class MemoryServer(Protocol):
 
 
 class Dispatcher(Protocol):
-    """Sub-agents run by the host for the brain (apply/dispatch.py). ``dispatch`` answers
+    """Sub-agents run by the host for the brain (apply/midrun/dispatch.py). ``dispatch`` answers
     when the child has finished, with its result or the reason it was refused."""
 
     async def dispatch(self, request: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
 class CapabilityServer(Protocol):
-    """The host's side of mid-run capability requests (apply/midrun.py): decides, asks an
+    """The host's side of mid-run capability requests (apply/midrun/grants.py): decides, asks an
     operator when the manifests allow it, applies a grant; returns (granted, message)."""
 
     async def request(self, kind: str, name: str, reason: str) -> tuple[bool, str]: ...

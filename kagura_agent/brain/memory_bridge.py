@@ -19,7 +19,7 @@ from kagura_agent.brain.replies import PendingReplies
 
 MEMORY_SOCKET_ENV = "KAGURA_MEMORY_SOCKET"
 MEMORY_OPS = ("recall", "remember", "get", "explore", "link")
-# Requests the host serves beside memory: ``dispatch`` runs a sub-agent (apply/dispatch.py)
+# Requests the host serves beside memory: ``dispatch`` runs a sub-agent (apply/midrun/dispatch.py)
 # and answers when the child has finished, so it waits as long as the turn may run.
 HOST_OPS = ("dispatch",)
 REQUEST_TIMEOUT_SECONDS = 30.0

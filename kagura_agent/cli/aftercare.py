@@ -24,7 +24,7 @@ def register(subparsers: Any) -> None:
 
 
 def _aftercare(args: argparse.Namespace) -> int:
-    from kagura_agent.apply.aftercare import check_again
+    from kagura_agent.apply.aftercare.root import check_again
     from kagura_agent.hygiene import neutralise
     from kagura_agent.state import open_store
 

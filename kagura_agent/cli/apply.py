@@ -13,7 +13,7 @@ from kagura_agent.cli.common import add_manifest_option, seconds
 from kagura_agent.plan.model import Plan
 
 if TYPE_CHECKING:
-    from kagura_agent.apply.executor import ApplyOptions
+    from kagura_agent.apply.run.executor import ApplyOptions
 
 
 def register(subparsers: Any) -> None:
@@ -110,9 +110,9 @@ def add_apply_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kagura_agent.apply.executor import refuse_unapplyable
-    from kagura_agent.apply.freshness import localize, refuse_agent_written
-    from kagura_agent.apply.parentdeath import stop_with_parent, take_back_sigint
+    from kagura_agent.apply.guards.parentdeath import stop_with_parent, take_back_sigint
+    from kagura_agent.apply.run.executor import refuse_unapplyable
+    from kagura_agent.apply.run.freshness import localize, refuse_agent_written
     from kagura_agent.plan import planfile
 
     take_back_sigint()  # started with SIGINT ignored (nohup, a background job): stoppable
@@ -148,8 +148,8 @@ def run(args: argparse.Namespace) -> int:
 
 def queue(args: argparse.Namespace, target: Path) -> int:
     """``apply --queue PLAN.json``: check the saved plan is fresh, then queue it."""
-    from kagura_agent.apply.executor import ApplyOptions, refuse_unapplyable
-    from kagura_agent.apply.freshness import check_saved_plan_fresh, refuse_agent_written
+    from kagura_agent.apply.run.executor import ApplyOptions, refuse_unapplyable
+    from kagura_agent.apply.run.freshness import check_saved_plan_fresh, refuse_agent_written
     from kagura_agent.approvals.asking import operator_name
     from kagura_agent.cli.common import print_json
     from kagura_agent.errors import UsageError
@@ -189,7 +189,7 @@ def apply_options(
     args: argparse.Namespace, *, accept_since: datetime | None = None
 ) -> ApplyOptions:
     """The apply options every applying command shares (``add_apply_options``), unpacked."""
-    from kagura_agent.apply.executor import ApplyOptions
+    from kagura_agent.apply.run.executor import ApplyOptions
 
     return ApplyOptions(
         approve=tuple(args.approve),
@@ -204,7 +204,7 @@ def apply_options(
 
 def execute(plan: Plan, options: ApplyOptions, *, confirm: bool) -> int:
     """Show ``plan``, ask when ``confirm`` (a terminal only), apply it; the run's exit code."""
-    from kagura_agent.apply.executor import apply_plan, refuse_unapplyable
+    from kagura_agent.apply.run.executor import apply_plan, refuse_unapplyable
     from kagura_agent.cli.common import print_json, say_daemon_notice
     from kagura_agent.errors import RefusedError
     from kagura_agent.plan.render import render_text

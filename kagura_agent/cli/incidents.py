@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from kagura_agent.apply.incidents import list_incidents
+    from kagura_agent.apply.records.incidents import list_incidents
     from kagura_agent.errors import UsageError
     from kagura_agent.hygiene import neutralise
     from kagura_agent.state import open_store

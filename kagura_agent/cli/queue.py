@@ -56,7 +56,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_follow(args: argparse.Namespace) -> int:
-    from kagura_agent.apply.live import LiveView
+    from kagura_agent.apply.records.live import LiveView
     from kagura_agent.membrane.secrets import Redactor
     from kagura_agent.team.db import queue_url
     from kagura_agent.team.queue import follow

@@ -11,7 +11,7 @@ import os
 import threading
 from pathlib import Path
 
-from kagura_agent.apply.executor import ApplyOptions, refuse_unapplyable
+from kagura_agent.apply.run.executor import ApplyOptions, refuse_unapplyable
 from kagura_agent.approvals.log import Decision, Outcome, latest_decision
 from kagura_agent.clock import iso, parse_iso
 from kagura_agent.cockpit.desk import GRADUATION_PREFIX, Desk

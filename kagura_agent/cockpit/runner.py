@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-from kagura_agent.apply.live import egress_line, tool_call_detail
+from kagura_agent.apply.records.live import egress_line, tool_call_detail
 from kagura_agent.brain.events import MAX_TEXT_CHARS
 from kagura_agent.clock import iso
 from kagura_agent.hostproc import kagura_argv, kagura_environment, popen

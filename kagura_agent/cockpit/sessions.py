@@ -356,7 +356,7 @@ def _state_for(exit_code: int) -> str:
 
 def _conflict(a: Session, b: Session) -> bool:
     """Whether two sessions' applies would fight over apply's locks: the same brain
-    session, or project roots one inside the other (apply/runs.py ``root_locks``)."""
+    session, or project roots one inside the other (apply/records/runs.py ``root_locks``)."""
     nested = bool(a.root and b.root and (under(a.root, b.root) or under(b.root, a.root)))
     return nested or bool(a.brain_session and a.brain_session == b.brain_session)
 

@@ -44,7 +44,8 @@ def git_metadata(root: str, catalog: Catalog) -> list[tuple[str, str]]:
         what = "the git hooks folder core.hooksPath names (they run on the operator's next commit)"
         found.append((hooks, what))
     # What the installed hooks read from the work tree: the hook managers' own
-    # configuration files and folders (the rest is checked after the run: apply/hookcheck.py).
+    # configuration files and folders (the rest is checked after the run:
+    # apply/aftercare/hookcheck.py).
     for item in surface(top, hooks).watched:
         path = os.path.join(top, item.rel)
         if item.protect == "always" or (item.protect == "existing" and os.path.lexists(path)):

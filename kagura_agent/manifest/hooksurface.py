@@ -23,7 +23,7 @@ there read and run files of the work tree, which the agent writes:
 ``surface(top, hooks)`` reads the installed hooks (never running one) and returns what
 they would read or run: paths relative to the top, with whether the plan protects them
 read-only for the run (a dedicated configuration file or folder that exists) or the
-aftercare only checks them (apply/hookcheck.py moves aside what the run created or
+aftercare only checks them (apply/aftercare/hookcheck.py moves aside what the run created or
 changed).
 """
 

@@ -102,7 +102,7 @@ FSIZE_SLACK = 1024**2
 def _ulimits(nofile: int, disk_bytes: int) -> list[dict[str, Any]]:
     """Open files; and no single file much larger than the run's disk budget, however it
     grows (written, allocated with fallocate, extended with truncate): the kernel refuses
-    it (EFBIG) at once, where the host's disk watch (apply/diskwatch.py) would see an
+    it (EFBIG) at once, where the host's disk watch (apply/guards/diskwatch.py) would see an
     allocation only after it was made."""
     found: list[dict[str, Any]] = [{"name": "nofile", "soft": nofile, "hard": nofile}]
     if disk_bytes > 0:

@@ -2,7 +2,7 @@
 
 The parent hands the child context as memories and passes their ids (the plan's
 ``task.parent = {"run", "context_memories"}``), never prompt text. At run time the
-brain's ``dispatch`` tool (apply/dispatch.py) uses ``load_context`` for the memories it
+brain's ``dispatch`` tool (apply/midrun/dispatch.py) uses ``load_context`` for the memories it
 chose, ``handoff`` for its notes, and ``child_outputs`` to read the child's result. The child's plan may
 only narrow the parent's capabilities — ``narrowing_violations`` (pure, used by the
 planner) lists every way it does not. The child records its output as memories that

@@ -6,13 +6,13 @@ again. ``Spent`` is what the checkpoint keeps for it, summed over every run of t
 since it last finished:
 
     turns        the larger of the turns the engine reported and the model calls counted
-                 at the proxy, plus what finished sub-agents used (apply/allotment.py)
+                 at the proxy, plus what finished sub-agents used (apply/midrun/allotment.py)
     cost_usd     the dollars reported, plus what finished sub-agents used
     wall_seconds the host's clock from the brain's start to the checkpoint
     leases       per credential category: the seconds a lease of it was held, and the
                  renewals it used
 
-The figures come from the host (apply/allotment.run_spent); the checkpoint is the host's
+The figures come from the host (apply/midrun/allotment.run_spent); the checkpoint is the host's
 own row, but it is read back defensively: anything that is not a finite, non-negative
 number counts as nothing spent *and* is reported, never a crash.
 """

@@ -5,12 +5,12 @@ transcript, ``~/.claude/projects/<working directory>/<ID>.jsonl`` (measured on t
 CLI: a HOME holding that file and nothing else resumes; without it the CLI answers "No
 conversation found"). A container's HOME is a tmpfs that ends with the run, so the host
 keeps that one file for the session and hands it back to the next run's container before
-its CLI starts (apply/conversation.py). Nothing else of HOME is kept: no settings, hooks,
+its CLI starts (apply/run/conversation.py). Nothing else of HOME is kept: no settings, hooks,
 plugins, memory files, credentials or other sessions' transcripts.
 
 The transcript is the agent's writing (the model's words, every tool's output): untrusted
 bytes. The host never runs it and reads it only as text, to scrub the run's secrets
-(apply/conversation.py); here it is stored compressed, bounded:
+(apply/run/conversation.py); here it is stored compressed, bounded:
 
     max_bytes  the most one transcript may hold (uncompressed; more is not kept at all)
     per_owner  transcripts kept per session owner (task kind + project root, as a

@@ -14,7 +14,7 @@ docker.sock mount, with its fingerprints recomputed so that it loads, it still s
 2. the refusals the planner recorded (policy denials, denied capabilities, tenancy, an
    unwritable root, ceilings) are kept: they need the manifests to recompute, and an edit
    can only remove them — ``apply`` of a saved plan re-plans it from its inputs first
-   (apply/freshness.py), which is where such an edit is caught;
+   (apply/run/freshness.py), which is where such an edit is caught;
 3. a plan that says it is not applyable stays refused, whatever its lists say.
 
 ``edited`` says the recorded floor differs from the recomputed one: the file was changed

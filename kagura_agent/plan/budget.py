@@ -10,7 +10,7 @@ Where each limit comes from, first match wins per dimension:
 3. the brain's budget, else the defaults (manifest/task.DEFAULT_BUDGET);
 
 and a dispatched child's limits are then cut to what its parent had left for it
-(``spec.parent.budget``, written by the host: apply/allotment.py), and never exceed the
+(``spec.parent.budget``, written by the host: apply/midrun/allotment.py), and never exceed the
 parent's last applied plan: never the brain's defaults over a parent with less. A resumed
 session's limits are last cut to what the session has left (plan/resume.py).
 

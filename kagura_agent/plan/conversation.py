@@ -3,7 +3,7 @@
 An sdk brain in a container writes its conversation to HOME, a tmpfs that ends with the
 run; the host keeps the CLI's transcript of a named session's conversation and nothing
 else of HOME (patterns/transcripts.py), and hands it back to the next run's container
-before its CLI starts (apply/conversation.py). The plan shows both: what is kept, and
+before its CLI starts (apply/run/conversation.py). The plan shows both: what is kept, and
 what this run gets back. Pure, like the rest of the planner.
 """
 

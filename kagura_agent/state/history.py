@@ -1,6 +1,6 @@
 """Run history: the ``runs`` table (one row per apply) and what it says about files.
 
-apply writes a row when a run opens and closes it when the run ends (apply/runs.py); this
+apply writes a row when a run opens and closes it when the run ends (apply/records/runs.py); this
 module owns the table's schema and reads the history back. It sits below apply so that
 whoever must judge a file by the runs — the planner, apply, the choice of the store
 itself (state/choose.py) — reads it without importing apply.
@@ -41,7 +41,7 @@ from kagura_agent.paths import under
 from kagura_agent.state.store import Location, SchemaBehind, StateStore
 
 # ctime comes from the kernel's coarse clock, which may lag time.time() slightly: a run's
-# write window opens this many seconds before its row (apply/setid.ctime_floor).
+# write window opens this many seconds before its row (apply/aftercare/setid.ctime_floor).
 CTIME_SLACK = 2
 
 # The ``runs`` table's schema, oldest first (StateStore.migrate).
@@ -71,7 +71,7 @@ MIGRATIONS = [
     ALTER TABLE runs ADD COLUMN setid_since BIGINT;
     """,
     # The turns the brain reported and the model calls the host counted at the proxy
-    # (apply/modelcalls.py; NULL when not counted): an operator sees where they differ.
+    # (apply/guards/modelcalls.py; NULL when not counted): an operator sees where they differ.
     """
     ALTER TABLE runs ADD COLUMN turns INTEGER;
     ALTER TABLE runs ADD COLUMN model_calls INTEGER;
@@ -83,7 +83,7 @@ MIGRATIONS = [
     ALTER TABLE runs ADD COLUMN closed_ns BIGINT;
     """,
     # The project root's POSIX ACLs at the start of the run (acl.snapshot; NULL: not
-    # recorded): the walk after it keeps them (apply/acl.py).
+    # recorded): the walk after it keeps them (apply/aftercare/acl.py).
     "ALTER TABLE runs ADD COLUMN root_acl TEXT",
     # The task kind, the budget in force with the forecast it was learnt from (JSON: the
     # plan's budget turns, cost_usd, wall_seconds and forecast) and the dollars the brain
@@ -133,7 +133,7 @@ def written_during_runs(store: StateStore, paths: Iterable[str]) -> list[Written
     return found
 
 
-# The runs schema version from which each column of the query exists (runtable.py).
+# The runs schema version from which each column of the query exists (MIGRATIONS above).
 _ROOTS_FROM, _WINDOWS_FROM = 3, 5
 
 

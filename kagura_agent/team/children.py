@@ -23,7 +23,7 @@ PR_SET_PDEATHSIG = 1
 CHILD = (
     "import json, sys\n"
     "import kagura_agent.cli.main as cli\n"
-    "import kagura_agent.apply.executor, kagura_agent.apply.freshness, kagura_agent.cli.apply\n"
+    "import kagura_agent.apply.run.executor, kagura_agent.apply.run.freshness, kagura_agent.cli.apply\n"
     "cli.build_parser()\n"
     "line = sys.stdin.readline()\n"
     "if not line.strip():\n"

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from kagura_agent.apply.context import ApplyOptions
-from kagura_agent.apply.executor import refuse_unapplyable
-from kagura_agent.apply.runs import new_run_id
+from kagura_agent.apply.records.runs import new_run_id
+from kagura_agent.apply.run.context import ApplyOptions
+from kagura_agent.apply.run.executor import refuse_unapplyable
 from kagura_agent.clock import Clock, SystemClock
 from kagura_agent.errors import RefusedError, UsageError
 from kagura_agent.plan.model import Plan

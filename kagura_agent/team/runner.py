@@ -27,8 +27,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kagura_agent.apply.docker import DockerApplyRuntime
-from kagura_agent.apply.runs import sweep_dead_runs
+from kagura_agent.apply.records.runs import sweep_dead_runs
+from kagura_agent.apply.run.docker import DockerApplyRuntime
 from kagura_agent.clock import SystemClock, parse_iso
 from kagura_agent.membrane.leases import Sweeper
 from kagura_agent.membrane.runtime import connect as connect_docker

@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kagura_agent.apply.incidents import MIGRATIONS as INCIDENT_MIGRATIONS
-from kagura_agent.apply.journal import COMPONENT as JOURNAL
-from kagura_agent.apply.journal import MIGRATIONS as JOURNAL_MIGRATIONS
-from kagura_agent.apply.midrun import MIGRATIONS as AMENDMENT_MIGRATIONS
-from kagura_agent.apply.runtable import MIGRATIONS as RUN_MIGRATIONS
+from kagura_agent.apply.midrun.grants import MIGRATIONS as AMENDMENT_MIGRATIONS
+from kagura_agent.apply.records.incidents import MIGRATIONS as INCIDENT_MIGRATIONS
+from kagura_agent.apply.records.journal import COMPONENT as JOURNAL
+from kagura_agent.apply.records.journal import MIGRATIONS as JOURNAL_MIGRATIONS
 from kagura_agent.approvals.log import MIGRATIONS as APPROVAL_MIGRATIONS
 from kagura_agent.clock import parse_iso
 from kagura_agent.cockpit.registry import MIGRATIONS as SESSION_MIGRATIONS
@@ -34,6 +33,7 @@ from kagura_agent.membrane.leases.ledger import COMPONENT as LEASES
 from kagura_agent.membrane.leases.ledger import MIGRATIONS as LEASE_MIGRATIONS
 from kagura_agent.plan.history import MIGRATIONS as PLAN_MIGRATIONS
 from kagura_agent.state import SchemaBehind, StateDbError, StateStore
+from kagura_agent.state.history import MIGRATIONS as RUN_MIGRATIONS
 from kagura_agent.state.sql import Migration
 
 PAGE = 50  # rows of a list page

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kagura_agent.apply.live import tool_call_detail
+from kagura_agent.apply.records.live import tool_call_detail
 from kagura_agent.clock import parse_iso
 
 # An entry's tone: how it is marked on the page (a class, never a colour from the data).

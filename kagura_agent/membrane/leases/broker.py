@@ -14,7 +14,7 @@ its end — it is the budget, not the renewal margin, that ends a lease — and
 ``FINAL_MARGIN`` before that end the lease fails closed: the current credential is wiped
 and revoked and RefusedError (exit 6) is raised — never an expired or a wider
 credential. ``held_until`` says when that will be, so the run can ask an operator to
-extend the budget first (apply/midrun.py).
+extend the budget first (apply/midrun/grants.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,144 @@
+"""The Docker implementation of :class:`~kagura_agent.apply.run.context.ApplyRuntime`.
+
+``DockerRuntime`` (membrane/runtime.py) creates and drives the hardened containers; this
+adds what apply needs on top, through the same client: the brain stream over an
+attached socket, container state, exec (verify), and the run's egress proxy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
+
+from kagura_agent.apply.run.context import ContainerState, EgressSink
+from kagura_agent.brain.streams import DockerAttachStream, DuplexStream
+from kagura_agent.clock import Clock
+from kagura_agent.membrane.egress.modelport import Injection
+from kagura_agent.membrane.egress.session import AgentNetworkConfig, EgressSession
+from kagura_agent.membrane.egress.sweep import sweep_orphans
+from kagura_agent.membrane.runtime import DockerRuntime, docker_errors
+from kagura_agent.plan.model import Plan
+from kagura_agent.state import StateStore
+
+
+class DockerApplyRuntime(DockerRuntime):
+    """Docker, as apply drives it."""
+
+    @contextlib.contextmanager
+    def attach(self, container_id: str) -> Iterator[DuplexStream]:
+        sock = self.attach_socket(container_id)
+        try:
+            yield DockerAttachStream(sock)
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def state(self, container_id: str) -> ContainerState:
+        state = self.inspect(container_id)["State"]
+        code = state.get("ExitCode")
+        return ContainerState(
+            running=bool(state.get("Running")),
+            pid=int(state.get("Pid") or 0),
+            exit_code=None if code is None else int(code),
+        )
+
+    def exec(
+        self, container_id: str, argv: list[str], *, user: str, workdir: str
+    ) -> tuple[int, bytes]:
+        api = self.client.api
+        with docker_errors(f"running {argv[-1]!r} in container {container_id[:12]}"):
+            exec_id = api.exec_create(
+                container_id, argv, user=user, workdir=workdir, stdout=True, stderr=True
+            )["Id"]
+            output = api.exec_start(exec_id, demux=False) or b""
+            code = api.exec_inspect(exec_id).get("ExitCode")
+        return int(code if code is not None else -1), bytes(output)
+
+    def exec_stream(
+        self,
+        container_id: str,
+        argv: list[str],
+        *,
+        user: str,
+        workdir: str,
+        into: BinaryIO,
+        limit: int,
+    ) -> tuple[int, int, bool]:
+        from docker.utils.socket import STDOUT, frames_iter
+
+        api = self.client.api
+        written, whole = 0, True
+        with docker_errors(f"running {argv[0]!r} in container {container_id[:12]}"):
+            exec_id = api.exec_create(
+                container_id, argv, user=user, workdir=workdir, stdout=True, stderr=False
+            )["Id"]
+            sock = api.exec_start(exec_id, socket=True)
+            try:
+                for stream, chunk in frames_iter(sock, tty=False):
+                    if stream != STDOUT:
+                        continue
+                    if written + len(chunk) > limit:
+                        into.write(chunk[: limit - written])
+                        written, whole = limit, False
+                        break  # the rest is never read: its socket is closed below
+                    into.write(chunk)
+                    written += len(chunk)
+            finally:
+                with contextlib.suppress(OSError):
+                    sock.close()
+            code = _exit_code(api, exec_id) if whole else None
+        return int(code if code is not None else -1), written, whole
+
+    def start_egress(
+        self,
+        plan: Plan,
+        run_id: str,
+        on_event: EgressSink,
+        *,
+        store: StateStore,
+        clock: Clock,
+        injection: Injection | None,
+        injection_secret: str | None,
+        scrub: Callable[[str], str] | None = None,
+    ) -> EgressSession:
+        return EgressSession.start(
+            self.client,
+            plan,
+            run_id,
+            on_event,
+            store=store,
+            clock=clock,
+            injection=injection,
+            injection_secret=injection_secret,
+            scrub=scrub,
+            # apply's _sweep() ran sweep_egress at the start of this run: not again here
+            # (3-4 daemon list calls per run, many at once when runs start together).
+            sweep=False,
+            # The operator's pool knob (Policy spec.egress_pool), as the plan shows it.
+            from_pool=bool(plan["egress"].get("pool", False)),
+            # Past this much of the proxy's log the run is stopped as a flood.
+            log_ceiling=plan["tripwires"]["egress_log_bytes"],
+        )
+
+    def start_forwarder(self, container_id: str, config: AgentNetworkConfig) -> None:
+        # apply creates every agent container that has egress with ``forward``: its own
+        # command listens before the entrypoint runs (no exec, nothing to wait for); a
+        # warm session's squid must have this run's configuration first.
+        if config.wait_ready is not None:
+            config.wait_ready()
+
+    def sweep_egress(self, store: StateStore) -> list[str]:
+        return sweep_orphans(self.client, store)
+
+
+def _exit_code(api: Any, exec_id: str, wait: float = 5.0) -> int | None:
+    """An exec's exit code once Docker has it (its output ended: it is ending)."""
+    deadline = time.monotonic() + wait
+    while True:
+        found = api.exec_inspect(exec_id)
+        if not found.get("Running") or time.monotonic() > deadline:
+            code = found.get("ExitCode")
+            return None if code is None or found.get("Running") else int(code)
+        time.sleep(0.05)
