@@ -7,12 +7,14 @@ also while another host process writes to the same file system all through the r
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +160,40 @@ def test_space_another_process_frees_does_not_hide_what_the_run_adds(
         watch.stop()
     [reason] = fired
     assert "past its disk budget of 4 MiB" in reason
+
+
+def test_the_periodic_measure_holds_nothing_until_it_finds_the_budget_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Measured every 0.1 s with no signal near the budget: never held (a held container
+    refuses `docker exec`: verify's, the agent branch's — seen as "cannot exec in a paused
+    container"). Once such a measure finds the budget passed, it is measured again held,
+    and only that measure stops the run."""
+    from kagura_agent.apply.guards import diskwatch
+
+    monkeypatch.setattr(diskwatch, "_fs_used", lambda root: 10**12)  # no growth signal
+    holds: list[float] = []
+
+    @contextlib.contextmanager
+    def hold() -> Iterator[bool]:
+        holds.append(time.monotonic())
+        yield True
+
+    fired: list[str] = []
+    watch = DiskWatch(
+        tmp_path, 4 * 1024**2, fired.append, poll_seconds=0.01, rescan_seconds=0.1, hold=hold
+    ).start()
+    try:
+        time.sleep(0.6)
+        quiet_scans = watch.scans
+        assert quiet_scans >= 3 and holds == [], (quiet_scans, holds)
+        (tmp_path / "big").write_bytes(b"x" * 8 * 1024**2)
+        deadline = time.monotonic() + 10
+        while not fired and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        watch.stop()
+    assert len(holds) == 1 and fired, (holds, fired)
 
 
 # Opens PATH, deletes it, says ready; on SIGUSR1 writes SIZE bytes to it and holds it.

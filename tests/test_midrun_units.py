@@ -686,3 +686,58 @@ def test_a_run_calling_request_access_in_a_loop_is_bounded(tmp_path: Path, state
     notes = [json.loads(line)["message"] for line in out.getvalue().splitlines()]
     assert sum("mid-run request" in n and "nowhere.test" in n for n in notes) == limit
     assert sum("the rest are refused without being shown or recorded" in n for n in notes) == 1
+
+
+class _TurnChannel:
+    """The brain channel as watch_wall sees it: whether the turn is sent, what it was told."""
+
+    def __init__(self) -> None:
+        self.turn_sent = asyncio.Event()
+        self.extended: list[float] = []
+
+    async def send_credentials(self, lease: str, bundle: Any) -> None: ...
+
+    async def revoke_credentials(self, lease: str) -> None: ...
+
+    async def extend_wall(self, number: int, wall_seconds: float) -> bool:
+        self.extended.append(wall_seconds)
+        return True
+
+
+@pytest.mark.usefixtures("without_docker")
+def test_a_wall_extension_waits_for_the_turn_to_be_sent(tmp_path: Path, state_dir: Path) -> None:
+    """A 12 s budget is asked about at once (the answer floor is longer), but only once
+    the turn is on its way: an extension granted before reached a container with no turn
+    to extend ("approved, but the container did not take the new deadline", seen in CI)."""
+    c = compiled(tmp_path, budget={"wall_time": "12s"})
+    store = open_store()
+    asker = StubAsker("approved")
+    midrun = MidRun(
+        store=store,
+        run_id="run-wall",
+        live=LiveView(Redactor(), stream=io.StringIO(), as_json=True),
+        clock=FixedClock(datetime.now(UTC)),
+        asker=asker,
+        amender=Amender(c, c.plan),
+        timeout=30,
+    )
+    channel = _TurnChannel()
+    midrun.channel = channel
+
+    async def scenario() -> None:
+        watching = asyncio.create_task(midrun.watch_wall())
+        await asyncio.sleep(0.3)
+        assert asker.asked == [] and channel.extended == []  # no turn yet: nothing asked
+        channel.turn_sent.set()
+        for _ in range(100):
+            if channel.extended:
+                break
+            await asyncio.sleep(0.02)
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+
+    asyncio.run(scenario())
+    # (Asked again at once for 48 s: 24 s is still inside the answer floor.)
+    assert asker.asked[0].category == "budget:wall_seconds"
+    assert channel.extended[0] == 24.0
+    store.close()

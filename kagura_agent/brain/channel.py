@@ -144,6 +144,9 @@ class BrainChannel:
         self._dispatching = 0  # sub-agents running: the parent waits, it is not idle
         self.capabilities = capabilities
         self._deadline: float | None = None  # the running turn's host-side wall deadline
+        # Set once the turn is sent: a wall budget is extended only after (before, the
+        # container has no turn whose deadline it could move).
+        self.turn_sent = asyncio.Event()
         self._holds = 0  # capability requests waiting for an operator: not idle time
         self.limits = limits or ChannelLimits()
         self._on_stop = on_stop
@@ -293,6 +296,7 @@ class BrainChannel:
             yield ErrorEvent(message=f"the brain channel is closed: {exc}", code="crash")
             await self.stop()
             return
+        self.turn_sent.set()
         while True:
             now = loop.time()
             if self._holds:  # waiting for an operator is not the brain being idle

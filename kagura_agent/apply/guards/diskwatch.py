@@ -199,6 +199,7 @@ class DiskWatch:
         is no meter). Readings come faster as the budget comes closer (``_wait``)."""
         # When the root was last measured (start() measured it), and what that took.
         last_scan, cost = time.monotonic(), 0.0
+        recheck = False  # an unheld measure found the budget passed: measure it held
         measured = 0  # the root's growth at the last measure
         since = self.meter()  # the meter then
         written_rate, fs_rate = _Rate(), _Rate()
@@ -225,12 +226,16 @@ class DiskWatch:
             # budget, measured again after ten times what the last measure took.
             spread = grown_fs > self.budget and since_scan >= max(self.scan_seconds, 10 * cost)
             # Whatever the signals say, measured now and then (a freeing neighbour may
-            # hide writes made before it, too).
+            # hide writes made before it, too) — without holding the run: nothing says it
+            # is near its budget, and a held container refuses `docker exec` (verify, the
+            # agent's branch). Past the budget, it is measured again held before it stops.
             stale = since_scan >= max(self.rescan_seconds, 10 * cost)
-            if metered or spread or stale:
-                with self.hold():
+            if metered or spread or stale or recheck:
+                held, recheck = metered or spread or recheck, False
+                with self.hold() if held else contextlib.nullcontext():
                     # Nothing is written while held: the meter now is the measure's. (Not
-                    # read, the older reading stays: it can only make the bound larger.)
+                    # read, the older reading stays: it can only make the bound larger;
+                    # unheld, what is written during the walk may count twice: larger too.)
                     fresh = self.meter()
                     since = written = fresh if fresh is not None else since
                     began = time.monotonic()
@@ -239,7 +244,9 @@ class DiskWatch:
                     last_scan, measured = time.monotonic(), grown
                     cost = last_scan - began
                     self.peak = max(self.peak, grown)
-                    if grown > self.budget:
+                    if grown > self.budget and not held:
+                        recheck = True  # measured again at once, held
+                    elif grown > self.budget:
                         self.exceeded = (
                             f"the run added {format_size(grown)} to the project root,"
                             f" past its disk budget of {format_size(self.budget)}"

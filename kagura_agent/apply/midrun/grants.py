@@ -115,6 +115,9 @@ class Channel(Protocol):
 
     async def extend_wall(self, number: int, wall_seconds: float) -> bool: ...
 
+    @property
+    def turn_sent(self) -> asyncio.Event: ...
+
 
 class MidRun:
     """One run's mid-run grants. apply sets ``egress``, ``broker``, ``leases`` and
@@ -305,8 +308,12 @@ class MidRun:
 
     async def watch_wall(self) -> None:
         """Ask to extend the wall budget before it ends; until cancelled (the turn ended)
-        or an extension is refused, denied or unanswered (then the run stops at its end)."""
+        or an extension is refused, denied or unanswered (then the run stops at its end).
+        Its clock starts when the turn is sent: an extension granted before would reach a
+        container with no turn to extend."""
         loop = asyncio.get_running_loop()
+        if self.channel is not None:
+            await self.channel.turn_sent.wait()
         started = loop.time()
         while True:
             wall = self.plan["budget"]["wall_seconds"]
