@@ -31,7 +31,7 @@ from apply_helpers import (
 )
 
 from kagura_agent.apply.guards.cgroupio import Freezer, WriteMeter, cgroup_dir
-from kagura_agent.apply.guards.diskwatch import DiskWatch, tree_bytes
+from kagura_agent.apply.guards.diskwatch import Cadence, DiskWatch, tree_bytes
 from kagura_agent.membrane import images
 
 BUDGET = 64 * 1024**2
@@ -52,8 +52,7 @@ def test_the_watch_fires_once_past_the_budget(tmp_path: Path) -> None:
         tmp_path,
         1024**2,
         fired.append,
-        poll_seconds=0.01,
-        scan_seconds=0.01,
+        cadence=Cadence(poll_seconds=0.01, scan_seconds=0.01),
         meter=_own_writes,
     )
     watch.start()
@@ -79,7 +78,9 @@ def test_empty_files_count_against_the_budget(tmp_path: Path) -> None:
     """Zero bytes each, an inode each: 2,000 empty files are past a 1 MiB budget (a host's
     inodes run out long before its bytes; each entry is charged a block)."""
     fired: list[str] = []
-    watch = DiskWatch(tmp_path, 1024**2, fired.append, poll_seconds=0.01, scan_seconds=0.01)
+    watch = DiskWatch(
+        tmp_path, 1024**2, fired.append, cadence=Cadence(poll_seconds=0.01, scan_seconds=0.01)
+    )
     watch.start()
     try:
         (tmp_path / "many").mkdir()
@@ -108,11 +109,9 @@ def test_a_deleted_file_held_open_counts_against_the_budget(tmp_path: Path) -> N
             tmp_path,
             1024**2,
             fired.append,
-            poll_seconds=0.01,
-            scan_seconds=0.01,
             # Measured every 0.2 s whatever the file system says: /tmp is shared, and what
             # other tests free there hides these 8 MiB from its growth (seen under xdist).
-            rescan_seconds=0.2,
+            cadence=Cadence(poll_seconds=0.01, scan_seconds=0.01, rescan_seconds=0.2),
             holders=lambda: [holder.pid],
         )
         watch.start()
@@ -145,7 +144,7 @@ def test_space_another_process_frees_does_not_hide_what_the_run_adds(
     monkeypatch.setattr(diskwatch, "_fs_used", lambda root: used[0])
     fired: list[str] = []
     watch = DiskWatch(
-        tmp_path, 4 * 1024**2, fired.append, poll_seconds=0.01, rescan_seconds=3600
+        tmp_path, 4 * 1024**2, fired.append, cadence=Cadence(poll_seconds=0.01, rescan_seconds=3600)
     ).start()
     try:
         time.sleep(0.1)
@@ -181,7 +180,11 @@ def test_the_periodic_measure_holds_nothing_until_it_finds_the_budget_passed(
 
     fired: list[str] = []
     watch = DiskWatch(
-        tmp_path, 4 * 1024**2, fired.append, poll_seconds=0.01, rescan_seconds=0.1, hold=hold
+        tmp_path,
+        4 * 1024**2,
+        fired.append,
+        cadence=Cadence(poll_seconds=0.01, rescan_seconds=0.1),
+        hold=hold,
     ).start()
     try:
         time.sleep(0.6)

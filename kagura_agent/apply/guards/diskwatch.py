@@ -48,6 +48,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 
 from kagura_agent.units import format_size
@@ -135,6 +136,17 @@ def _not_held() -> Iterator[bool]:
     yield False
 
 
+@dataclass(frozen=True)
+class Cadence:
+    """How often the watch reads and measures: the write count at least every
+    ``poll_seconds``; the root, while the file system's growth is past the budget, at most
+    every ``scan_seconds``; the root whatever the signals, every ``rescan_seconds``."""
+
+    poll_seconds: float = POLL_SECONDS
+    scan_seconds: float = SCAN_SECONDS
+    rescan_seconds: float = RESCAN_SECONDS
+
+
 class DiskWatch:
     """Call ``on_over(reason)`` once when ``root`` has grown by more than ``budget``."""
 
@@ -144,9 +156,7 @@ class DiskWatch:
         budget: int,
         on_over: Callable[[str], None],
         *,
-        poll_seconds: float = POLL_SECONDS,
-        scan_seconds: float = SCAN_SECONDS,
-        rescan_seconds: float = RESCAN_SECONDS,
+        cadence: Cadence = Cadence(),
         holders: Callable[[], Iterable[int]] = tuple,
         meter: Callable[[], int | None] = _unmetered,
         hold: Callable[[], AbstractContextManager[bool]] = _not_held,
@@ -159,9 +169,9 @@ class DiskWatch:
         self.holders = holders
         self.budget = budget
         self.on_over = on_over
-        self.poll_seconds = poll_seconds
-        self.scan_seconds = scan_seconds
-        self.rescan_seconds = rescan_seconds
+        self.poll_seconds = cadence.poll_seconds
+        self.scan_seconds = cadence.scan_seconds
+        self.rescan_seconds = cadence.rescan_seconds
         self.meter = meter
         self.hold = hold
         self.exceeded: str | None = None
