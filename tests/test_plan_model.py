@@ -14,7 +14,8 @@ import pytest
 from apply_helpers import make_project, manifest_set, run_ids, write_task
 
 from kagura_agent.cli.main import main
-from kagura_agent.plan.model import DESCRIPTIONS, Plan, ShapeError, check_shape, rows
+from kagura_agent.plan.fields import DESCRIPTIONS
+from kagura_agent.plan.model import Plan, ShapeError, check_shape, rows
 from kagura_agent.plan.planner import fingerprint
 
 GOLDEN = Path(__file__).parent / "plans"
