@@ -207,8 +207,8 @@ class DiskWatch:
         measure, passes the budget; or when the file system as a whole has grown past it
         (what the meter does not see: an allocation, an empty file; everything when there
         is no meter). Readings come faster as the budget comes closer (``_wait``)."""
-        # When the root was last measured (start() measured it), and what that took.
-        last_scan, cost = time.monotonic(), 0.0
+        last_scan = cost = 0.0  # when the root was last measured, and what that took
+        started = time.monotonic()  # start() measured it then (the periodic measure's zero)
         recheck = False  # an unheld measure found the budget passed: measure it held
         measured = 0  # the root's growth at the last measure
         since = self.meter()  # the meter then
@@ -239,7 +239,7 @@ class DiskWatch:
             # hide writes made before it, too) — without holding the run: nothing says it
             # is near its budget, and a held container refuses `docker exec` (verify, the
             # agent's branch). Past the budget, it is measured again held before it stops.
-            stale = since_scan >= max(self.rescan_seconds, 10 * cost)
+            stale = now - max(last_scan, started) >= max(self.rescan_seconds, 10 * cost)
             if metered or spread or stale or recheck:
                 held, recheck = metered or spread or recheck, False
                 with self.hold() if held else contextlib.nullcontext():
