@@ -34,6 +34,11 @@ from kagura_agent.apply.guards.cgroupio import Freezer, WriteMeter, cgroup_dir
 from kagura_agent.apply.guards.diskwatch import Cadence, DiskWatch, tree_bytes
 from kagura_agent.membrane import images
 
+# One worker for the module (pytest-xdist --dist loadgroup): its runs write gigabytes each
+# and measure how far past a budget they got; side by side, each is the others' "another
+# process writing to the same disk", and the bounds stop meaning what they say.
+pytestmark = pytest.mark.xdist_group("disk-budget")
+
 BUDGET = 64 * 1024**2
 
 
@@ -466,3 +471,22 @@ def test_a_pid_that_is_no_containers_is_never_frozen() -> None:
     with freezer.hold() as held:
         assert held is False
     assert WriteMeter(lambda: [os.getpid()]).read() is None
+
+
+def test_what_a_step_wrote_past_the_budget_between_two_readings_is_found_at_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No reading sees the step's write (the file system's figures unchanged, as before
+    writeback; a cadence far slower than the step): when the watch stops, one last
+    measure finds it, and ``exceeded`` says so (``late``: nobody was stopped). Before, a
+    verify writing 65 MiB in ~40 ms against 64 MiB ended with no word of the budget."""
+    from kagura_agent.apply.guards import diskwatch
+
+    monkeypatch.setattr(diskwatch, "_fs_used", lambda root: 10**12)
+    fired: list[str] = []
+    slow = Cadence(poll_seconds=3600, scan_seconds=3600, rescan_seconds=3600)
+    watch = DiskWatch(tmp_path, 4 * 1024**2, fired.append, cadence=slow).start()
+    (tmp_path / "big").write_bytes(b"x" * 8 * 1024**2)
+    watch.stop()
+    assert fired == [] and watch.late
+    assert watch.exceeded is not None and "past its disk budget of 4 MiB" in watch.exceeded

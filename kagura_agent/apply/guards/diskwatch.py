@@ -181,6 +181,8 @@ class DiskWatch:
         self._thread: threading.Thread | None = None
         self._root_start = 0
         self._fs_start = 0
+        self._final_done = False
+        self.late = False  # exceeded found by the last measure at stop(), not while running
 
     def start(self) -> DiskWatch:
         self._root_start = tree_bytes(self.root)
@@ -190,9 +192,31 @@ class DiskWatch:
         return self
 
     def stop(self) -> None:
+        """Stop watching; then measure the root once more: a step that wrote past the
+        budget between two readings and ended (the file-size limit stops one file 1 MiB
+        past it) is past it all the same — the file system's own figures may not show it
+        yet (blocks are allocated at writeback) — and ``exceeded`` says so (``late``:
+        found here, nobody stopped)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self.exceeded is not None or self._final_done or self._thread is None:
+            return
+        self._final_done = True
+        try:
+            grown = tree_bytes(self.root) - self._root_start + self._held()
+        except OSError:
+            return
+        self.peak = max(self.peak, grown)
+        if grown > self.budget:
+            self.exceeded = self._reason(grown)
+            self.late = True
+
+    def _reason(self, grown: int) -> str:
+        return (
+            f"the run added {format_size(grown)} to the project root,"
+            f" past its disk budget of {format_size(self.budget)}"
+        )
 
     def _held(self) -> int:
         try:
@@ -257,10 +281,7 @@ class DiskWatch:
                     if grown > self.budget and not held:
                         recheck = True  # measured again at once, held
                     elif grown > self.budget:
-                        self.exceeded = (
-                            f"the run added {format_size(grown)} to the project root,"
-                            f" past its disk budget of {format_size(self.budget)}"
-                        )
+                        self.exceeded = self._reason(grown)
                         self.on_over(self.exceeded)  # killed while held: nothing more written
                         return
                 bound = measured

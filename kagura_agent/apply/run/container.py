@@ -183,6 +183,8 @@ def run_in_container(
         problem = problem or f"not run: {watch.exceeded}"
     verify = _verify(ctx, runtime, problem, watched.append)
     watch.stop()
+    if watch.late:
+        live.note(f"the run ended past its disk budget: {watch.exceeded}", "red")
     host_stop = f"disk: {watch.exceeded}" if watch.exceeded else None
     if tripwire.reason:
         host_stop = f"tripwire: {tripwire.reason}"
