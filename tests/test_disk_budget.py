@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -490,3 +491,32 @@ def test_what_a_step_wrote_past_the_budget_between_two_readings_is_found_at_the_
     watch.stop()
     assert fired == [] and watch.late
     assert watch.exceeded is not None and "past its disk budget of 4 MiB" in watch.exceeded
+
+
+def test_an_exec_into_a_held_container_waits_for_the_hold_to_end(
+    docker_client: Any, tmp_path: Path
+) -> None:
+    """The disk watch holds the run's containers still while it measures; runc refuses
+    an exec meanwhile ("cannot exec in a paused container"), which failed verify with
+    126 twice in full runs. The exec is tried again once the hold ends."""
+    from kagura_agent.apply.run.docker import DockerApplyRuntime
+
+    container = _container(docker_client, make_project(tmp_path), "sleep 60")
+    try:
+        freezer = Freezer(lambda: [_init(container)])
+        runtime = DockerApplyRuntime(docker_client)
+        with freezer.hold() as held:
+            assert held
+            result: list[tuple[int, bytes]] = []
+            worker = threading.Thread(
+                target=lambda: result.append(
+                    runtime.exec(container.id, ["echo", "ran"], user="1000:1000", workdir="/")
+                )
+            )
+            worker.start()
+            time.sleep(1.0)  # the exec is refused while held, and tried again
+            assert result == []
+        worker.join(30)
+        assert result == [(0, b"ran\n")], result
+    finally:
+        container.remove(force=True)

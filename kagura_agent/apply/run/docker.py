@@ -22,6 +22,11 @@ from kagura_agent.membrane.runtime import DockerRuntime, docker_errors
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 
+# runc's refusal to start an exec in a frozen container (the disk watch's hold), and how
+# long an exec waits for the hold to end (a hold lasts one measure of the root).
+PAUSED = b"cannot exec in a paused container"
+PAUSED_RETRY_SECONDS = 30.0
+
 
 class DockerApplyRuntime(DockerRuntime):
     """Docker, as apply drives it."""
@@ -47,14 +52,22 @@ class DockerApplyRuntime(DockerRuntime):
     def exec(
         self, container_id: str, argv: list[str], *, user: str, workdir: str
     ) -> tuple[int, bytes]:
+        """Run ``argv`` in the container; (exit code, output). The disk watch holds the
+        run's containers still (cgroup freezer) while it measures, and runc refuses to
+        start an exec then: that refusal (nothing ran) is tried again, for a while."""
         api = self.client.api
-        with docker_errors(f"running {argv[-1]!r} in container {container_id[:12]}"):
-            exec_id = api.exec_create(
-                container_id, argv, user=user, workdir=workdir, stdout=True, stderr=True
-            )["Id"]
-            output = api.exec_start(exec_id, demux=False) or b""
-            code = api.exec_inspect(exec_id).get("ExitCode")
-        return int(code if code is not None else -1), bytes(output)
+        deadline = time.monotonic() + PAUSED_RETRY_SECONDS
+        while True:
+            with docker_errors(f"running {argv[-1]!r} in container {container_id[:12]}"):
+                exec_id = api.exec_create(
+                    container_id, argv, user=user, workdir=workdir, stdout=True, stderr=True
+                )["Id"]
+                output = api.exec_start(exec_id, demux=False) or b""
+                code = api.exec_inspect(exec_id).get("ExitCode")
+            if code == 126 and PAUSED in output and time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            return int(code if code is not None else -1), bytes(output)
 
     def exec_stream(
         self,
