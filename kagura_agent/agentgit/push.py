@@ -34,9 +34,11 @@ from kagura_agent import hostproc
 from kagura_agent.errors import RefusedError, SetupError, UsageError
 from kagura_agent.manifest.catalog import Catalog
 from kagura_agent.manifest.gitinputs import git_environment, host_git
+from kagura_agent.manifest.task import CredentialRequest
 from kagura_agent.membrane.leases.broker import Broker, LeaseRequest
 from kagura_agent.membrane.lifetimes import LEASE_MIN_SECONDS
 from kagura_agent.membrane.providers.traits import traits_of
+from kagura_agent.plan.grants import credential_entry
 from kagura_agent.units import format_duration
 
 BRANCH = re.compile(r"^kagura/[a-z0-9][a-z0-9-]{0,62}/run-[0-9a-f]{6,32}$")
@@ -151,30 +153,12 @@ def prepare(repo: str, branch: str, url: str, credential: str, catalog: Catalog)
 
 
 def _credential_entry(provider: Any, scope: str) -> dict[str, Any]:
-    """The credential as a plan names one, approved by the operator for this push: one
-    lease, as short as the provider can mint."""
-    spec = provider.spec
-    kind = str(spec["type"])
-    traits = traits_of(kind)
+    """The credential as a plan names one (plan/grants.credential_entry), approved by the
+    operator for this push: one lease, as short as the provider can mint."""
+    traits = traits_of(str(provider.spec["type"]))
     seconds = max(LEASE_MIN_SECONDS, traits.min_ttl if traits is not None else 0)
-    settings_key = {"aws-sts": "aws", "github-app": "github"}.get(kind, kind)
-    return {
-        "name": f"{provider.name}-{scope}",
-        "provider": provider.name,
-        "type": kind,
-        "scope": scope,
-        "scope_spec": {
-            **spec.get(settings_key, {}),
-            **{k: v for k, v in spec["scopes"][scope].items() if k != "description"},
-        },
-        "ttl_seconds": seconds,
-        "renewals": 0,
-        "budget_seconds": seconds,
-        "secret_ref": spec["secret"],
-        "standing": bool(spec.get("standing", False)),
-        "class": "approved",
-        "category": f"credential:{provider.name}/{scope}",
-    }
+    entry = credential_entry(CredentialRequest(provider, scope, seconds, 0, seconds))
+    return {**entry, "class": "approved"}
 
 
 @dataclass(frozen=True)
