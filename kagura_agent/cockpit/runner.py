@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
+from kagura_agent.apply.records import progress
 from kagura_agent.apply.records.live import egress_line, tool_call_detail
 from kagura_agent.brain.events import MAX_TEXT_CHARS
 from kagura_agent.clock import iso
@@ -93,10 +94,9 @@ def chat_line(line: str) -> str | None:
 
 def _event_line(item: dict[str, Any]) -> str | None:
     kind = item.get("kind")
-    if kind == "phase":
-        return _own(f"● {item.get('message', '')}")
-    if kind == "note":
-        return _own(f"  {item.get('message', '')}")
+    event = progress.from_json(item)
+    if event is not None:  # a phase or a note, in the words its type gives it
+        return _own(progress.chat_line(event))
     if kind == "verify_output":
         return "\n".join(agent_lines("\n".join(map(str, item.get("lines") or []))))
     if kind == "egress":

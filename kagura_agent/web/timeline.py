@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from kagura_agent.apply.records import progress
 from kagura_agent.apply.records.live import tool_call_detail
 from kagura_agent.clock import parse_iso
 
@@ -71,10 +72,11 @@ def _verify_output(at: str, item: Mapping[str, Any]) -> list[Entry]:
 def _journal_entry(at: str, kind: str, item: Any) -> Entry | None:
     if not isinstance(item, dict):
         return None
-    if kind == "phase":
-        return Entry(at, "journal", "phase", str(item.get("message", "")))
-    if kind == "note":
-        return Entry(at, "journal", "note", str(item.get("message", "")), tone="quiet")
+    event = progress.from_json({**item, "kind": kind})
+    if event is not None and event.kind == "phase":
+        return Entry(at, "journal", "phase", event.message)
+    if event is not None:  # a note, in the tone of its severity
+        return Entry(at, "journal", "note", event.message, tone=progress.TONES[event.severity])
     if kind == "ask":
         text = f"{item.get('request', '')}: {item.get('category', '')}"
         return Entry(at, "journal", "question", text, str(item.get("text", "")), "warn")

@@ -23,6 +23,16 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from kagura_agent.apply.records.progress import (
+    Note,
+    Phase,
+    ProgressEvent,
+    Severity,
+    VerifyExited,
+    from_json,
+    terminal_line,
+    to_json,
+)
 from kagura_agent.brain.events import (
     BrainEvent,
     CheckpointEvent,
@@ -78,7 +88,19 @@ def egress_line(event: dict[str, Any]) -> str:
     return f"⊘ egress denied {where}" + (f" ({reason})" if reason else "")
 
 
+# The severity a colour stood for, on LiveView.note's compatibility path.
+_LEGACY = {
+    "dim": Severity.QUIET,
+    "green": Severity.GOOD,
+    "yellow": Severity.WARNING,
+    "red": Severity.PROBLEM,
+}
+
+
 class LiveView:
+    """The run's view (progress.Progress: steps emit their events here), on a terminal
+    or as ``--json`` lines; each item kept in the run's journal too (``keep``)."""
+
     def __init__(
         self, redactor: Redactor, *, stream: TextIO | None = None, as_json: bool = False
     ) -> None:
@@ -151,10 +173,9 @@ class LiveView:
         self._at = at
         try:
             kind = item.get("kind")
-            if kind == "phase":
-                self.phase(str(item.get("message", "")))
-            elif kind == "note":
-                self.note(str(item.get("message", "")))
+            progress = from_json(item)
+            if progress is not None:  # a phase or a note, shown as its type says
+                self.emit(progress)
             elif kind == "egress":
                 self.egress(item)
             elif kind == "incident":
@@ -177,22 +198,32 @@ class LiveView:
         finally:
             self._at = None
 
-    def phase(self, message: str) -> None:
-        self._kept("phase", {"message": message})
+    def emit(self, event: ProgressEvent) -> None:
+        """Show one event of the run's progress (records/progress.py), and keep it."""
+        payload = to_json(event)
+        del payload["kind"]
+        self._kept(event.kind, payload)
+        self._show(event, payload)
+
+    def _show(self, event: ProgressEvent, payload: dict[str, Any] | None = None) -> None:
         if self.as_json:
-            self._json("phase", {"message": message})
+            if payload is None:
+                payload = to_json(event)
+                del payload["kind"]
+            self._json(event.kind, payload)
         else:
-            self._write(f"{self._elapsed()} ● {message}", "dim")
+            line, styles = terminal_line(event, self._elapsed())
+            self._write(line, *styles)
+
+    def phase(self, message: str) -> None:
+        """A step reached, in words only: the compatibility path of a step that emits no
+        typed event yet (emit one of records/progress.py instead)."""
+        self.emit(Phase(message))
 
     def note(self, message: str, *styles: str) -> None:
-        self._kept("note", {"message": message})
-        self._note(message, *styles)
-
-    def _note(self, message: str, *styles: str) -> None:
-        if self.as_json:
-            self._json("note", {"message": message})
-        else:
-            self._write(f"        {message}", *styles)
+        """A note in words only, its severity read back from a colour: the compatibility
+        path of a step that emits no typed event yet (emit one instead)."""
+        self.emit(Note(message, _LEGACY.get(styles[0] if styles else "", Severity.INFO)))
 
     def egress(self, event: dict[str, Any]) -> None:
         if self.as_json:
@@ -291,8 +322,7 @@ class LiveView:
             },
         )
         for (command, code, _), tail in zip(results, tails, strict=True):
-            mark = "✓" if code == 0 else "✗"
-            self._note(f"{mark} verify {command!r} exited {code}", "green" if code == 0 else "red")
+            self._show(VerifyExited(command, code))  # kept above, with its tail
             if not tail:
                 continue
             if self.as_json:
