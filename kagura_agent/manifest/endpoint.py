@@ -10,6 +10,8 @@ api        credential (auth.mode)       how it travels from the port (``auth``)
 =========  ===========================  ====================================================
 anthropic  static key (api-key)         ``x-api-key``, or ``Authorization: Bearer`` for a
                                         gateway that takes it so (``endpoint.header``)
+anthropic  on this machine (``local``)  as above, over plain HTTP to a container on an
+                                        internal Docker network the proxy alone joins
 anthropic  static OAuth token           ``Authorization: Bearer`` with the ``oauth`` beta,
            (subscription)               as the CLI sends a Claude subscription's token
 bedrock    leased AWS STS key (cloud)   the port signs each call (SigV4, service bedrock)
@@ -17,6 +19,14 @@ vertex     leased GCP token (cloud)     ``Authorization: Bearer``
 =========  ===========================  ====================================================
 
 The default is the Anthropic API with an API key: a brain that names no endpoint.
+
+A ``local`` endpoint is a container on this machine (a scripted demo model, a model server
+of the operator's): no URL, since the floor refuses private addresses and address
+literals; instead the Brain names the Docker network and the container, the run's proxy
+joins that network (the agent's container never does) and its key-injecting port is the
+only way there. The network must be internal (checked at apply: membrane/endpoints.py),
+so joining it gives the proxy no route it did not have
+(membrane/egress/local.py checks it).
 """
 
 from __future__ import annotations
@@ -34,6 +44,11 @@ Api = Literal["anthropic", "bedrock", "vertex"]
 AuthKind = Literal["x-api-key", "bearer", "oauth", "sigv4"]
 Problem = tuple[tuple[str | int, ...], str]
 
+# Docker networks a local endpoint may not name: Docker's own (joining one would give the
+# proxy a route it does not have) and those of kagura's runs and pooled proxies.
+RESERVED_NETWORKS = ("bridge", "host", "none", "default")
+RESERVED_PREFIXES = ("kagura-egress-", "kagura-pool-")
+
 ANTHROPIC_URL = "https://api.anthropic.com"
 # Brain auth modes whose credential is leased and injected at the proxy (in a container).
 INJECTED_MODES = ("api-key", "subscription", "cloud")
@@ -44,6 +59,15 @@ API_NAMES: dict[str, str] = {
     "bedrock": "Amazon Bedrock",
     "vertex": "Google Vertex AI",
 }
+
+
+@dataclass(frozen=True)
+class LocalUpstream:
+    """A model endpoint on this machine: ``container``:``port`` on Docker ``network``."""
+
+    network: str
+    container: str
+    port: int
 
 
 @dataclass(frozen=True)
@@ -59,9 +83,12 @@ class BrainEndpoint:
     auth: AuthKind
     named: bool  # the Brain names it (False: the default Anthropic API)
     baseline: bool
+    local: LocalUpstream | None = None
 
     @property
     def url(self) -> str:
+        if self.local is not None:
+            return f"http://{self.local.container}:{self.local.port}"
         port = "" if self.port == 443 else f":{self.port}"
         return f"https://{self.host}{port}{self.base_path}"
 
@@ -125,6 +152,8 @@ def read_endpoint(spec: Mapping[str, Any]) -> tuple[BrainEndpoint | None, list[P
             problems.append((at, f"endpoint api {api} needs {key}"))
     if "header" in form and (api != "anthropic" or mode != "api-key"):
         problems.append(((*at, "header"), "header applies to api anthropic with auth.mode api-key"))
+    if "local" in form:
+        return _local(form, mode, wants, problems)
     url = str(form.get("url") or default_url(api, form.get("region")))
     parts, problem = _url(url)
     if problem:
@@ -147,6 +176,47 @@ def read_endpoint(spec: Mapping[str, Any]) -> tuple[BrainEndpoint | None, list[P
         ),
         [],
     )
+
+
+def _local(
+    form: Mapping[str, Any],
+    mode: str,
+    wants: Mapping[str, tuple[str, ...]],
+    problems: list[Problem],
+) -> tuple[BrainEndpoint | None, list[Problem]]:
+    """A ``local`` endpoint (the schema has checked its fields' shapes)."""
+    at: tuple[str | int, ...] = ("endpoint", "local")
+    local = form["local"]
+    if form.get("api", "anthropic") != "anthropic":
+        problems.append((("endpoint", "api"), "a local endpoint speaks api anthropic"))
+    if "url" in form:
+        problems.append((("endpoint", "url"), "name the endpoint by url or by local, not both"))
+    network = str(local.get("network", ""))
+    if network in RESERVED_NETWORKS or network.startswith(RESERVED_PREFIXES):
+        problems.append(
+            (
+                (*at, "network"),
+                f"{network!r} is not a network a local endpoint may name"
+                " (Docker's own networks and kagura's run networks are refused):"
+                " name an internal network made for the endpoint",
+            )
+        )
+    if problems or mode not in wants:
+        return None, problems
+    upstream = LocalUpstream(network, str(local["container"]), int(local["port"]))
+    endpoint = BrainEndpoint(
+        api="anthropic",
+        host=upstream.container,
+        port=upstream.port,
+        base_path="",
+        region=None,
+        project=None,
+        auth=_auth_kind(mode, "anthropic", form.get("header")),
+        named=True,
+        baseline=bool(form.get("baseline", False)),
+        local=upstream,
+    )
+    return endpoint, []
 
 
 def _auth_kind(mode: str, api: Api, header: object) -> AuthKind:

@@ -218,10 +218,13 @@ def _endpoint(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     if not found:
         return {}
     where = ", ".join(str(p) for p in (found["region"], found["project"]) if p)
+    local = found.get("local")
     return {
         found["url"]: {
             "api": found["api"] + (f" {where}" if where else ""),
             "auth": f"{found['auth']} {found['credential']}/{found['scope']}",
+            # Only a local endpoint carries the field: the network the proxy joins.
+            **({"network": local["network"]} if local else {}),
         }
     }
 

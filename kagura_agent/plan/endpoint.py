@@ -70,7 +70,7 @@ def model_endpoint(
     )
     if leased is None:
         return None
-    return {
+    found: ModelEndpointBase = {
         "api": endpoint.api,
         "url": endpoint.url,
         "region": endpoint.region,
@@ -81,6 +81,14 @@ def model_endpoint(
         "environment": cli_environment(endpoint),
         "category": endpoint.category,
     }
+    if endpoint.local is not None:
+        local = endpoint.local
+        found["local"] = {
+            "network": local.network,
+            "container": local.container,
+            "port": local.port,
+        }
+    return found
 
 
 def endpoint_baseline(brain: Manifest) -> bool:

@@ -217,7 +217,17 @@ DESCRIPTIONS: dict[str, str] = {
         "`anthropic` (the Messages API, directly or through a gateway), `bedrock` (Amazon"
         " Bedrock InvokeModel) or `vertex` (Google Vertex AI rawPredict)."
     ),
-    "brain.model_endpoint.url": "The endpoint: `https://host[:port][/base path]`.",
+    "brain.model_endpoint.url": (
+        "The endpoint: `https://host[:port][/base path]`; a local one: `http://container:port`."
+    ),
+    "brain.model_endpoint.local": (
+        "Only for an endpoint on this machine (the Brain's `endpoint.local`): the run's proxy"
+        " joins this internal Docker network, and only the proxy (never the agent's"
+        " container), to send the model calls to the container over plain HTTP."
+    ),
+    "brain.model_endpoint.local.network": "The Docker network the proxy joins (internal).",
+    "brain.model_endpoint.local.container": "The endpoint's container on that network.",
+    "brain.model_endpoint.local.port": "The port it listens on.",
     "brain.model_endpoint.region": "Bedrock and Vertex: the region, else null.",
     "brain.model_endpoint.project": "Vertex: the Google Cloud project, else null.",
     "brain.model_endpoint.auth": (

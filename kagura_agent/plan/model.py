@@ -240,12 +240,21 @@ class BrainAuth(TypedDict):
     credential: str | None
 
 
+class LocalEndpoint(TypedDict):
+    """A model endpoint on this machine: a container on an internal Docker network that
+    the run's proxy joins (the agent's container never does)."""
+
+    network: str
+    container: str
+    port: int
+
+
 class ModelEndpointBase(TypedDict):
     """Where the sdk brain's model calls go through the key-injecting port, and how the
     credential travels from there (manifest/endpoint.py)."""
 
     api: EndpointApi
-    url: str  # https://host[:port][/base path]
+    url: str  # https://host[:port][/base path]; a local endpoint: http://container:port
     region: str | None
     project: str | None
     auth: EndpointAuth
@@ -253,6 +262,8 @@ class ModelEndpointBase(TypedDict):
     scope: str
     environment: dict[str, str]  # the CLI's documented switches for it (no secret)
     category: str  # model-endpoint:HOST
+    # only for an endpoint on this machine (the Brain's endpoint.local)
+    local: NotRequired[LocalEndpoint]
 
 
 class ModelEndpoint(ModelEndpointBase, Classified):

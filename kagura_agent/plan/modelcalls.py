@@ -108,7 +108,8 @@ def model_calls(
         )
     files = files and upstream.api == "anthropic"  # the Files API is Anthropic's own
     section: ModelCallsSection = {
-        "upstream": f"https://{upstream.host}:{upstream.port}{upstream.base_path}",
+        "upstream": f"{'https' if upstream.tls else 'http'}://{upstream.host}:{upstream.port}"
+        + upstream.base_path,
         "credential": endpoint["credential"],
         "paths": [*API_PATHS[upstream.api], *(FILE_PATHS if files else ())],
         "server_tools": sorted(server_tools),

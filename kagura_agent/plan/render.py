@@ -186,6 +186,12 @@ def endpoint_lines(endpoint: ModelEndpoint) -> tuple[str, str]:
     else:
         header = "x-api-key" if auth == "x-api-key" else "Authorization: Bearer"
         how = f"the proxy adds the {leased} key as {header}; the CLI holds a placeholder"
+    local = endpoint.get("local")
+    if local is not None:
+        how += (
+            f"; ON THIS MACHINE: container {local['container']} on Docker network"
+            f" {local['network']}, which the proxy alone joins"
+        )
     return f"{endpoint['url']} ({api}) through the key-injecting port only", how
 
 

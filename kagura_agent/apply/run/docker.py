@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 from kagura_agent.apply.run.context import ContainerState, EgressSink
 from kagura_agent.brain.streams import DockerAttachStream, DuplexStream
 from kagura_agent.clock import Clock
+from kagura_agent.membrane.egress.local import proxy_networks
 from kagura_agent.membrane.egress.modelport import Injection
 from kagura_agent.membrane.egress.session import AgentNetworkConfig, EgressSession
 from kagura_agent.membrane.egress.sweep import sweep_orphans
@@ -125,6 +126,8 @@ class DockerApplyRuntime(DockerRuntime):
             clock=clock,
             injection=injection,
             injection_secret=injection_secret,
+            # A local model endpoint's network (checked there), which only the proxy joins.
+            extra_networks=proxy_networks(self.client, plan),
             scrub=scrub,
             # apply's _sweep() ran sweep_egress at the start of this run: not again here
             # (3-4 daemon list calls per run, many at once when runs start together).

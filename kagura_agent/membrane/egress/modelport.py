@@ -176,7 +176,11 @@ class Injection:
 
     @classmethod
     def for_endpoint(cls, endpoint: Mapping[str, Any]) -> Injection:
-        """The injection of a plan's ``brain.model_endpoint``."""
+        """The injection of a plan's ``brain.model_endpoint`` (a local one: plain HTTP to its
+        container, on the network the proxy joins for it)."""
+        local = endpoint.get("local")
+        if local is not None:
+            return cls(host=str(local["container"]), port=int(local["port"]), tls=False)
         parts = urllib.parse.urlsplit(str(endpoint["url"]))
         return cls(
             host=str(parts.hostname),
