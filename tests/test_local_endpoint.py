@@ -111,6 +111,16 @@ def test_a_changed_network_is_a_change_of_the_plan(tmp_path: Path) -> None:
             "'-m' is not valid here",
         ),
         (
+            {"local": {"network": "n", "container": "m_1", "port": 80}},
+            "$.spec.endpoint.local.container",
+            "'m_1' is not valid here",
+        ),
+        (
+            {"local": {"network": "n", "container": "10.0.0.1", "port": 80}},
+            "$.spec.endpoint.local.container",
+            "name the container, not an address",
+        ),
+        (
             {"local": {"network": "n", "port": 80}},
             "$.spec.endpoint.local",
             "'container' is required",

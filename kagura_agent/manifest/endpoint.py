@@ -201,6 +201,9 @@ def _local(
                 " name an internal network made for the endpoint",
             )
         )
+    container = str(local.get("container", ""))
+    if container.replace(".", "").isdigit():
+        problems.append(((*at, "container"), "name the container, not an address"))
     if problems or mode not in wants:
         return None, problems
     upstream = LocalUpstream(network, str(local["container"]), int(local["port"]))
