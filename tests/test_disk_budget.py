@@ -520,3 +520,63 @@ def test_an_exec_into_a_held_container_waits_for_the_hold_to_end(
         assert result == [(0, b"ran\n")], result
     finally:
         container.remove(force=True)
+
+
+def test_a_streamed_exec_into_a_held_container_waits_and_keeps_nothing_of_the_refusal(
+    docker_client: Any, tmp_path: Path
+) -> None:
+    """The same for an exec whose output is streamed into a file (the agent's branch is
+    taken out so): refused while held, tried again once the hold ends, and the file holds
+    the command's output only, not the daemon's refusal."""
+    import io
+
+    from kagura_agent.apply.run.docker import DockerApplyRuntime
+
+    container = _container(docker_client, make_project(tmp_path), "sleep 60")
+    try:
+        freezer = Freezer(lambda: [_init(container)])
+        runtime = DockerApplyRuntime(docker_client)
+        into = io.BytesIO()
+        with freezer.hold() as held:
+            assert held
+            result: list[tuple[int, int, bool]] = []
+            worker = threading.Thread(
+                target=lambda: result.append(
+                    runtime.exec_stream(
+                        container.id,
+                        ["echo", "ran"],
+                        user="1000:1000",
+                        workdir="/",
+                        into=into,
+                        limit=1024,
+                    )
+                )
+            )
+            worker.start()
+            time.sleep(1.0)
+            assert result == []
+        worker.join(30)
+        assert result == [(0, 4, True)] and into.getvalue() == b"ran\n", (result, into.getvalue())
+    finally:
+        container.remove(force=True)
+
+
+def test_a_command_that_ran_and_exited_126_is_not_run_again(
+    docker_client: Any, tmp_path: Path
+) -> None:
+    """Only an exec that never started is tried again: one that ran (it had a process)
+    and exited 126 without a word is its own result, run once."""
+    from kagura_agent.apply.run.docker import DockerApplyRuntime
+
+    folder = make_project(tmp_path)
+    container = _container(docker_client, folder, "sleep 60")
+    try:
+        runtime = DockerApplyRuntime(docker_client)
+        script = "echo once >> /w/runs; exit 126"
+        code, output = runtime.exec(
+            container.id, ["sh", "-c", script], user="1000:1000", workdir="/"
+        )
+        assert (code, output) == (126, b"")
+        assert (folder / "runs").read_text() == "once\n"
+    finally:
+        container.remove(force=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from kagura_agent.apply.run.context import ContainerState, EgressSink
@@ -27,6 +28,7 @@ from kagura_agent.state import StateStore
 # long an exec waits for the hold to end (a hold lasts one measure of the root).
 PAUSED = b"cannot exec in a paused container"
 PAUSED_RETRY_SECONDS = 30.0
+HEAD_BYTES = 512  # of a streamed exec's output, kept to tell a refusal
 
 
 class DockerApplyRuntime(DockerRuntime):
@@ -65,7 +67,7 @@ class DockerApplyRuntime(DockerRuntime):
                 )["Id"]
                 output = api.exec_start(exec_id, demux=False) or b""
                 code = api.exec_inspect(exec_id).get("ExitCode")
-            if code == 126 and PAUSED in output and time.monotonic() < deadline:
+            if code == 126 and _refused(api, exec_id, output) and time.monotonic() < deadline:
                 time.sleep(0.05)
                 continue
             return int(code if code is not None else -1), bytes(output)
@@ -80,10 +82,35 @@ class DockerApplyRuntime(DockerRuntime):
         into: BinaryIO,
         limit: int,
     ) -> tuple[int, int, bool]:
+
+        api = self.client.api
+        start = into.tell()
+        deadline = time.monotonic() + PAUSED_RETRY_SECONDS
+        while True:
+            once = self._stream_once(container_id, argv, user, workdir, into, limit)
+            refused = once.code == 126 and once.whole and _refused(api, once.exec_id, once.head)
+            if refused and time.monotonic() < deadline:
+                # Nothing ran (the disk watch held the container): nothing of it is kept.
+                into.seek(start)
+                into.truncate()
+                time.sleep(0.05)
+                continue
+            code = once.code
+            return int(code if code is not None else -1), once.written, once.whole
+
+    def _stream_once(
+        self,
+        container_id: str,
+        argv: list[str],
+        user: str,
+        workdir: str,
+        into: BinaryIO,
+        limit: int,
+    ) -> _Streamed:
         from docker.utils.socket import STDOUT, frames_iter
 
         api = self.client.api
-        written, whole = 0, True
+        written, whole, head = 0, True, b""
         with docker_errors(f"running {argv[0]!r} in container {container_id[:12]}"):
             exec_id = api.exec_create(
                 container_id, argv, user=user, workdir=workdir, stdout=True, stderr=False
@@ -93,6 +120,8 @@ class DockerApplyRuntime(DockerRuntime):
                 for stream, chunk in frames_iter(sock, tty=False):
                     if stream != STDOUT:
                         continue
+                    if len(head) < HEAD_BYTES:
+                        head += chunk[: HEAD_BYTES - len(head)]
                     if written + len(chunk) > limit:
                         into.write(chunk[: limit - written])
                         written, whole = limit, False
@@ -103,7 +132,7 @@ class DockerApplyRuntime(DockerRuntime):
                 with contextlib.suppress(OSError):
                     sock.close()
             code = _exit_code(api, exec_id) if whole else None
-        return int(code if code is not None else -1), written, whole
+        return _Streamed(exec_id, code, written, whole, head)
 
     def start_egress(
         self,
@@ -147,6 +176,29 @@ class DockerApplyRuntime(DockerRuntime):
 
     def sweep_egress(self, store: StateStore) -> list[str]:
         return sweep_orphans(self.client, store)
+
+
+@dataclass(frozen=True)
+class _Streamed:
+    """One try of an exec whose output is streamed: its id, exit code (None: unknown),
+    bytes written, whether that was all, and its first bytes (to tell a refusal)."""
+
+    exec_id: str
+    code: int | None
+    written: int
+    whole: bool
+    head: bytes
+
+
+def _refused(api: Any, exec_id: str, output: bytes) -> bool:
+    """Whether runc refused to start the exec in a frozen container: no process was ever
+    made (its pid 0) and the output is the refusal, or nothing at all (the daemon does not
+    always pass the refusal on). A command that ran and exited 126 had a pid."""
+    if output and PAUSED not in output:
+        return False
+    with contextlib.suppress(Exception):
+        return int(api.exec_inspect(exec_id).get("Pid") or 0) == 0
+    return False
 
 
 def _exit_code(api: Any, exec_id: str, wait: float = 5.0) -> int | None:
