@@ -12,6 +12,7 @@ channel) is the real code.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sqlite3
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ import pytest
 from apply_helpers import NOWHERE, make_project, manifest_set, token_provider, write_task
 
 from kagura_agent.apply.records.runs import open_run
+from kagura_agent.apply.run import executor, steps
 from kagura_agent.apply.run.context import (
     ApplyRuntime,
     BrainOutcome,
@@ -386,3 +388,98 @@ def test_the_brains_api_key_stays_with_the_host_and_the_proxy(
     assert _open_leases() == [] and _all_leases()
     _assert_nothing_left(runtime)
     assert key not in capsys.readouterr().err
+
+
+# --- the chain: each step undone in the reverse order ----------------------------------
+
+# The run's steps (apply/run/steps.py, and the held inputs), in the order executor._run
+# opens them.
+CHAIN = (
+    "leased",
+    "held_absent",
+    "verify_leftovers",
+    "egress",
+    "agent_container",
+    "agent_branch",
+    "disk_watch",
+    "attached",
+    "traps",
+    "children",
+)
+
+
+def _traced(monkeypatch: pytest.MonkeyPatch, runtime: MemoryRuntime) -> None:
+    """Each step of the chain logs its opening and its closing into the runtime's log,
+    beside what the runtime itself did."""
+    for name in CHAIN:
+        module: Any = executor if name == "held_absent" else steps
+        original = getattr(module, name)
+
+        def traced(*args: Any, __original: Any = original, __name: str = name, **kw: Any) -> Any:
+            @contextlib.contextmanager
+            def step() -> Iterator[Any]:
+                runtime.log.append(("open", __name))
+                try:
+                    with __original(*args, **kw) as value:
+                        yield value
+                finally:
+                    runtime.log.append(("close", __name))
+
+            return step()
+
+        monkeypatch.setattr(module, name, traced)
+
+
+def _steps(runtime: MemoryRuntime, what: str) -> list[str]:
+    return [name for kind, name in runtime.log if kind == what]
+
+
+def _between(
+    log: list[Any], entry: tuple[str, str], after: tuple[str, str], before: tuple[str, str]
+) -> bool:
+    return log.index(after) < log.index(entry) < log.index(before)
+
+
+@pytest.mark.usefixtures("without_docker")
+def test_the_teardown_is_the_chain_reversed(scene: Scene, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run opens its steps in the order of time and closes them in the reverse order,
+    each undoing what it made: the container goes before the proxy, verify runs while the
+    disk watch still watches and after the agent's traps are disarmed, the agent stops
+    before its traps are disarmed."""
+    runtime = MemoryRuntime(verify={VERIFY: (0, "fine")})
+    _traced(monkeypatch, runtime)
+    result = _apply(scene, runtime)
+    assert result.outcome == "success"
+    log = runtime.log
+    assert _steps(runtime, "open") == list(CHAIN), log
+    assert _steps(runtime, "close") == list(reversed(CHAIN)), log
+    run = result.run_id
+    assert _between(log, ("start_egress", run), ("open", "egress"), ("open", "agent_container"))
+    assert _between(log, ("create", "agent"), ("open", "agent_container"), ("open", "agent_branch"))
+    assert _between(log, ("start", "agent"), ("open", "attached"), ("open", "traps"))
+    assert _between(log, ("exited", "agent"), ("open", "children"), ("close", "traps"))
+    assert _between(log, ("create", "verify"), ("close", "traps"), ("close", "disk_watch"))
+    assert _between(
+        log, ("remove", "agent"), ("close", "agent_branch"), ("close", "agent_container")
+    )
+    assert _between(log, ("egress_close", run), ("close", "agent_container"), ("close", "egress"))
+    _assert_nothing_left(runtime)
+
+
+@pytest.mark.parametrize("point", ["start_egress", "attach", "start_forwarder", "turn", "exec"])
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, Terminated, ContainerError])
+@pytest.mark.usefixtures("without_docker")
+def test_the_teardown_is_the_chain_reversed_wherever_the_run_stops(
+    scene: Scene, monkeypatch: pytest.MonkeyPatch, point: str, exc: type[BaseException]
+) -> None:
+    """Stopped at any point (Ctrl-C, SIGTERM, a Docker error), the steps opened so far
+    close in the reverse order, and nothing is left."""
+    runtime = MemoryRuntime(fail_at={point: exc(f"{point}: stopped here")})
+    _traced(monkeypatch, runtime)
+    with contextlib.suppress(KaguraError):
+        _apply(scene, runtime)
+    assert ("fail", point) in runtime.log
+    opened = _steps(runtime, "open")
+    assert opened == list(CHAIN[: len(opened)]), runtime.log
+    assert _steps(runtime, "close") == list(reversed(opened)), runtime.log
+    _assert_nothing_left(runtime)

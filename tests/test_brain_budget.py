@@ -182,7 +182,7 @@ def _midrun(tmp_path: Path, outcome: str, *documents: dict[str, Any], **budget: 
     from test_midrun_units import StubAsker
 
     from kagura_agent.apply.midrun.amend import Amender
-    from kagura_agent.apply.midrun.grants import MidRun
+    from kagura_agent.apply.midrun.grants import GrantTerms, MidRun
     from kagura_agent.apply.records.live import LiveView
     from kagura_agent.clock import SystemClock
     from kagura_agent.membrane.secrets import Redactor
@@ -201,9 +201,7 @@ def _midrun(tmp_path: Path, outcome: str, *documents: dict[str, Any], **budget: 
         run_id="run-budget",
         live=live,
         clock=SystemClock(),
-        asker=asker,
-        amender=Amender(c, c.plan),
-        timeout=30,
+        terms=GrantTerms(asker=asker, amender=Amender(c, c.plan), timeout=30),
     )
     return midrun, asker, store
 

@@ -15,7 +15,7 @@ import pytest
 from apply_helpers import make_project, manifest_set, token_provider, write_task
 
 from kagura_agent.apply.midrun.amend import Amender, Refused
-from kagura_agent.apply.midrun.grants import MidRun, amendments
+from kagura_agent.apply.midrun.grants import GrantTerms, MidRun, amendments
 from kagura_agent.apply.records.live import LiveView
 from kagura_agent.approvals import history, record_decision
 from kagura_agent.approvals.midrun import Answer, ChatAsker, NobodyAsker, Question
@@ -403,9 +403,7 @@ def _lease_run(tmp_path: Path, outcome: Any) -> tuple[Any, Any, Any, StubAsker, 
         run_id="run-units",
         live=live,
         clock=clock,
-        asker=asker,
-        amender=Amender(c, c.plan),
-        timeout=30,
+        terms=GrantTerms(asker=asker, amender=Amender(c, c.plan), timeout=30),
     )
     midrun.leases.append(lease)
     return midrun, lease, clock, asker, store
@@ -536,9 +534,7 @@ def test_what_the_brain_writes_into_a_request_is_stored_scrubbed(
         run_id="run-scrub",
         live=LiveView(redactor, stream=io.StringIO(), as_json=True),
         clock=FixedClock(datetime.now(UTC)),
-        asker=asker,
-        amender=Amender(c, c.plan),
-        timeout=30,
+        terms=GrantTerms(asker=asker, amender=Amender(c, c.plan), timeout=30),
     )
     midrun.egress = NoProxy()  # the run has a proxy (a denied request never reloads it)
     asked = asyncio.run(midrun.request("egress", "second", f"the key is {secret}"))
@@ -666,9 +662,7 @@ def test_a_run_calling_request_access_in_a_loop_is_bounded(tmp_path: Path, state
         run_id="run-loop",
         live=LiveView(Redactor(), stream=out, as_json=True),
         clock=FixedClock(datetime.now(UTC)),
-        asker=StubAsker("denied"),
-        amender=Amender(c, c.plan),
-        timeout=30,
+        terms=GrantTerms(asker=StubAsker("denied"), amender=Amender(c, c.plan), timeout=30),
     )
     limit = midrun_module.MAX_REQUESTS
 
@@ -717,12 +711,10 @@ def test_a_wall_extension_waits_for_the_turn_to_be_sent(tmp_path: Path, state_di
         run_id="run-wall",
         live=LiveView(Redactor(), stream=io.StringIO(), as_json=True),
         clock=FixedClock(datetime.now(UTC)),
-        asker=asker,
-        amender=Amender(c, c.plan),
-        timeout=30,
+        terms=GrantTerms(asker=asker, amender=Amender(c, c.plan), timeout=30),
     )
     channel = _TurnChannel()
-    midrun.channel = channel
+    midrun.attach(channel)
 
     async def scenario() -> None:
         watching = asyncio.create_task(midrun.watch_wall())

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kagura_agent.apply.aftercare import acl
 from kagura_agent.apply.aftercare.gitlinks import (
     PLANTED_REPOSITORY,
     Snapshot,
     check_gitlinks,
     check_root_repository,
+    snapshot,
 )
 from kagura_agent.apply.aftercare.hookcheck import HookSnapshot, check_hooks
+from kagura_agent.apply.aftercare.hookcheck import snapshot as hook_snapshot
 from kagura_agent.apply.aftercare.quarantine import (
     Quarantine,
     quarantine,
@@ -38,6 +41,21 @@ from kagura_agent.hygiene import neutralise
 from kagura_agent.state import StateStore
 
 Line = tuple[str, str]  # a line for the live view, and its colour
+
+
+@dataclass(frozen=True)
+class RootBefore:
+    """The project root as the run found it, what its aftercare compares against: its
+    ACL, its git links and the operator's hooks (a dead run swept later has its ACL only,
+    from its row: judged by ctime alone)."""
+
+    acl: str | None
+    gitlinks: Snapshot | None = None
+    hooks: HookSnapshot | None = None
+
+    @classmethod
+    def take(cls, root: str) -> RootBefore:
+        return cls(acl.snapshot(root), snapshot(root), hook_snapshot(root))
 
 
 @dataclass(frozen=True)
@@ -72,16 +90,15 @@ def tend(
     since: int,
     clock: Clock,
     *,
-    root_acl: str | None,
-    gitlinks: Snapshot | None = None,
-    hooks: HookSnapshot | None = None,
+    before: RootBefore,
     withhold_names: bool = False,
 ) -> Care:
-    """The aftercare of ``root`` for run ``run_id`` (changes at or after ``since``);
-    ``gitlinks``/``hooks``: what was there when the run opened (None for a dead run swept
-    later: judged by ctime alone); ``withhold_names``: a dead run's (its redactor died
-    with it)."""
-    checked = _check(root, since, root_acl, gitlinks, hooks, withhold_names, bounded=True)
+    """The aftercare of ``root`` for run ``run_id`` (changes at or after ``since``),
+    against the root as the run found it; ``withhold_names``: a dead run's (its redactor
+    died with it)."""
+    checked = _check(
+        root, since, before.acl, before.gitlinks, before.hooks, withhold_names, bounded=True
+    )
     if not checked.unchecked:
         return Care(checked.lines, checked.moved)
     reasons = "; ".join(f"{what}: {n}" for what, n in checked.unchecked)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from kagura_agent.apply.guards.modelcalls import ModelCalls
@@ -119,9 +120,36 @@ class Channel(Protocol):
     def turn_sent(self) -> asyncio.Event: ...
 
 
+@dataclass(frozen=True)
+class GrantTerms:
+    """How a run's mid-run questions are put (from apply's options): who answers, what
+    amendments compile from, how long a question waits, and the least time an operator
+    gets to answer a budget question."""
+
+    asker: Asker
+    amender: Amender
+    timeout: float
+    answer_floor: float = 30.0
+
+
+@dataclass(frozen=True)
+class Holdings:
+    """What the run holds when its turn begins, that a grant works on: the lease broker,
+    the egress proxy and its count of model calls, the leases inside the container and
+    the brain's own at the proxy. A run without one (no proxy, a host run) refuses the
+    grants that need it."""
+
+    broker: Broker | None = None
+    egress: Egress | None = None
+    calls: ModelCalls | None = None
+    leases: tuple[Lease, ...] = ()
+    at_proxy: tuple[Lease, ...] = ()
+
+
 class MidRun:
-    """One run's mid-run grants. apply sets ``egress``, ``broker``, ``leases`` and
-    ``channel`` as the run builds them; until then a grant needing one is refused."""
+    """One run's mid-run grants, built when the run's turn is about to begin (apply's
+    ``steps.grants``) from what the run holds then; the turn's channel joins it when it
+    opens (``attach``). Until then a grant needing one is refused."""
 
     def __init__(
         self,
@@ -130,27 +158,27 @@ class MidRun:
         run_id: str,
         live: LiveView,
         clock: Clock,
-        asker: Asker,
-        amender: Amender,
-        timeout: float,
-        answer_floor: float = 30.0,
+        terms: GrantTerms,
+        held: Holdings = Holdings(),
     ) -> None:
         self.store = store
         self.run_id = run_id
         self.live = live
         self.clock = clock
-        self.asker = asker
-        self.amender = amender
-        self.timeout = timeout
+        self.asker = terms.asker
+        self.amender = terms.amender
+        self.timeout = terms.timeout
         # The least time an operator gets to answer a budget question (--answer-floor):
         # the question is asked that long before the budget ends (never before it starts).
-        self.answer_floor = min(answer_floor, timeout)
-        self.egress: Egress | None = None
-        self.broker: Broker | None = None
-        self.leases: list[Lease] = []  # the run's leases inside the container (grants join)
+        self.answer_floor = min(terms.answer_floor, terms.timeout)
+        self.egress: Egress | None = held.egress
+        self.broker: Broker | None = held.broker
+        # The run's leases inside the container: credentials granted mid-run join them
+        # (renewed, wiped and released with the rest).
+        self.leases: list[Lease] = list(held.leases)
         # The brain's own credential, held by the proxy (apply/midrun/injected.py): asked about
         # like the rest, never delivered into the container.
-        self.at_proxy: list[Lease] = []
+        self.at_proxy: list[Lease] = list(held.at_proxy)
         self.channel: Channel | None = None
         self._numbers = itertools.count(1)
         self._one_at_a_time = asyncio.Lock()
@@ -164,12 +192,16 @@ class MidRun:
         # The brain's turns and dollars as the host counted them from its events.
         self.spent_turns = 0
         self.spent_usd = 0.0
-        # Model calls counted from the proxy's log (apply sets it when the proxy injects
-        # the brain's key): the turn budget holds on the larger count.
-        self.calls: ModelCalls | None = None
+        # Model calls counted from the proxy's log (when the proxy injects the brain's
+        # key): the turn budget holds on the larger count.
+        self.calls: ModelCalls | None = held.calls
         # What the run's sub-agents hold and used (apply/midrun/dispatch.py): what finished ones
         # used counts against this run's own turn and dollar budgets.
         self.children = Allotments()
+
+    def attach(self, channel: Channel) -> None:
+        """The turn's channel: credentials granted mid-run go over it, extensions too."""
+        self.channel = channel
 
     def counted(self, turns: int | None, usd: float | None) -> None:
         """What the run's cost events say was spent so far (the host's own count)."""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from kagura_agent.apply.aftercare.root import tend
+from kagura_agent.apply.aftercare.root import RootBefore, tend
 from kagura_agent.apply.aftercare.setid import ctime_floor
 from kagura_agent.apply.guards.parentdeath import PARENT_ENV, PARENT_ROOT_ENV
 from kagura_agent.apply.run.context import ApplyRuntime
@@ -148,7 +148,7 @@ def sweep_dead_runs(
                 row["run_id"],
                 row["setid_since"],
                 clock,
-                root_acl=row["root_acl"],
+                before=RootBefore(row["root_acl"]),
                 withhold_names=True,
             )
             if on_note is not None:

@@ -1,46 +1,44 @@
 """Apply a launch plan: the only place that sequences side effects.
 
     refuse (not applyable, host runtime not allowed)  → memory gate → approvals
-    → lock → sweep what crashed runs left → run row
-    → leases (ledger first) → egress (network + proxy) → container (hardened, no secrets
-      in its config) → brain over the attached stdin/stdout → container stopped → verify
-      in a fresh container (no network, no credentials, no brain channel)
-    → release leases, remove container, proxy and networks
+    → lock → sweep what crashed runs left → run row, the root as it was
+    → the run (``_run``), one chain of steps (steps.py), each undone on every exit in the
+      reverse order: leases (ledger first) → held inputs → egress (network + proxy) →
+      the agent's container (hardened, no secrets in its config) → its branch → the disk
+      watch → the brain's stream, the container started → tripwire traps → sub-agents →
+      the brain's turn → the agent stopped → verify in a fresh container (no network, no
+      credentials, no brain channel)
     → aftercare of the project root (setuid bits, write for others, ACLs, planted
       repositories; a root it cannot check to the end is quarantined and the run failed)
-    → record (memory, cost, graduation evidence, last applied plan)
+    → record (memory, cost, graduation evidence, last applied plan) → the row closed
 
 Every exit — success, failure, Ctrl-C, SIGTERM, a brain crash, a budget overrun, a
-Docker error — leaves through the same ExitStack, so clean-up is one code path.
+Docker error — leaves through the same ``with`` chain, so clean-up is one code path, and
+its order is the chain's reversed (tests/test_apply_sequence.py asserts it).
 
-``apply_plan`` builds one frozen RunContext (context.py) and hands it to each step (the
-container run is container.py, the host run hostrun.py); the steps return values, and ``apply_plan``'s sequence assembles the RunResult and decides
-its outcome before ``record_result`` stores it. The runtime is a parameter (Docker by
-default): tests/test_apply_sequence.py runs this whole sequence against an in-memory one.
+``apply_plan`` builds one frozen RunContext (context.py); each step receives what it
+needs when that exists and returns what it produced as a value (the container run's turn
+and verify are container.py, the host run hostrun.py); ``_run`` assembles the RunResult
+and decides its outcome, ``_locked`` lets the aftercare speak and ``record_result`` stores
+it. The runtime is a parameter (Docker by default): tests/test_apply_sequence.py runs this
+whole sequence against an in-memory one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import FrameType
 
-from kagura_agent.apply.aftercare import acl
-from kagura_agent.apply.aftercare.gitlinks import (
-    Snapshot,
-    snapshot,
-)
-from kagura_agent.apply.aftercare.hookcheck import HookSnapshot
-from kagura_agent.apply.aftercare.hookcheck import snapshot as hook_snapshot
 from kagura_agent.apply.aftercare.quarantine import refuse_quarantined
-from kagura_agent.apply.aftercare.root import tend
+from kagura_agent.apply.aftercare.root import Care, RootBefore, tend
 from kagura_agent.apply.midrun.amend import Amender
-from kagura_agent.apply.midrun.grants import MidRun, announce
+from kagura_agent.apply.midrun.grants import GrantTerms, announce
+from kagura_agent.apply.midrun.hostmem import open_host_memory
 from kagura_agent.apply.records.journal import recording
 from kagura_agent.apply.records.live import LiveView
 from kagura_agent.apply.records.record import record_result
@@ -51,12 +49,13 @@ from kagura_agent.apply.records.runs import (
     open_run,
     sweep_dead_runs,
 )
-from kagura_agent.apply.run.container import Denials, run_in_container
+from kagura_agent.apply.run import container, steps
 from kagura_agent.apply.run.context import (
     ApplyOptions,
     ApplyRuntime,
     Outcome,
     RunContext,
+    RunReport,
     RunResult,
     assemble,
 )
@@ -66,12 +65,11 @@ from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_p
 from kagura_agent.approvals.midrun import Asker, ChatAsker, NobodyAsker, TtyAsker
 from kagura_agent.clock import Clock
 from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError, Terminated
-from kagura_agent.membrane.leases import Broker, Lease, LeaseRequest, Sweeper
-from kagura_agent.membrane.leases.broker import Budget as LeaseBudget
+from kagura_agent.membrane.leases import Sweeper
+from kagura_agent.membrane.placeholders import held_absent
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.memory.gate import check_ready
 from kagura_agent.patterns.checkpoint import foreign_checkpoint, session_owner
-from kagura_agent.plan import resume
 from kagura_agent.plan.admission import admit
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore, open_store, owner_key
@@ -125,11 +123,10 @@ def apply_plan(
             docker = DockerApplyRuntime(owner_key=owner_key(store.location))
             owned.callback(docker.client.close)
             runtime = docker
-        run_id = options.run_id or new_run_id()
         ctx = RunContext(
             store=store,
             plan=plan,
-            run_id=run_id,
+            run_id=options.run_id or new_run_id(),
             runtime=runtime,
             live=live,
             clock=options.clock,
@@ -138,89 +135,174 @@ def apply_plan(
             interactive=options.interactive,
             approval_timeout=options.approval_timeout,
             who=options.who,
-            midrun=MidRun(
-                store=store,
-                run_id=run_id,
-                live=live,
-                clock=options.clock,
-                asker=_mid_run_asker(options, live),
-                amender=Amender(options.compiled, plan),
-                timeout=options.approval_timeout,
-                answer_floor=options.answer_floor,
-            ),
         )
-        return _locked(ctx)
+        terms = GrantTerms(
+            asker=_mid_run_asker(options, live),
+            amender=Amender(options.compiled, plan),
+            timeout=options.approval_timeout,
+            answer_floor=options.answer_floor,
+        )
+        return _locked(ctx, terms)
 
 
-def _locked(ctx: RunContext) -> RunResult:
+def _locked(ctx: RunContext, terms: GrantTerms) -> RunResult:
     """Under the project-root lock: sweep, open the run's row, run, aftercare (the run's
     last container is gone), record, close the row."""
-    store, clock = ctx.store, ctx.clock
-    with apply_lock(ctx.plan), _sigterm_as_exception(), contextlib.ExitStack() as kept:
+    store, clock, root = ctx.store, ctx.clock, ctx.plan["task"]["project_root"]
+    with apply_lock(ctx.plan), _sigterm_as_exception():
         _refuse_foreign_session(store, ctx.plan)
         _sweep(store, ctx.runtime, clock, ctx.live)
-        refuse_quarantined(store, ctx.plan["task"]["project_root"])
-        root_acl = acl.snapshot(ctx.plan["task"]["project_root"])
-        since = open_run(store, ctx.plan, ctx.run_id, clock, root_acl=root_acl)
+        refuse_quarantined(store, root)
+        before = RootBefore.take(root)
+        since = open_run(store, ctx.plan, ctx.run_id, clock, root_acl=before.acl)
         # What the live view shows from here to the row's close is the run's timeline.
-        kept.enter_context(recording(ctx.live, store.location, ctx.run_id, clock))
-        gitlinks = snapshot(ctx.plan["task"]["project_root"])
-        hooks = hook_snapshot(ctx.plan["task"]["project_root"])
-        denials: Denials = []  # filled when the egress proxy is removed, on every path
-        # Once, after the run's last container: on the normal end (before the record),
-        # on an error or an interruption (then nothing is recorded).
-        aftercare = functools.cache(lambda: _aftercare(ctx, since, gitlinks, hooks, root_acl))
-        try:
-            result = _sequence(ctx, denials, aftercare)
-        except KeyboardInterrupt:
-            result = _failed_by(aftercare(), _ended_early(ctx, "interrupted", 130, denials))
-        except Terminated:
-            result = _failed_by(aftercare(), _ended_early(ctx, "terminated", 143, denials))
-        except KaguraError as exc:
-            outcome = "refused" if exc.exit_code == ExitCode.REFUSED else "failed"
-            aftercare()
-            close_run(store, ctx.run_id, outcome, int(exc.exit_code), clock)
-            raise
-        close_run(
-            store,
-            ctx.run_id,
-            result.outcome,
-            result.exit_code,
-            clock,
-            turns=result.turns,
-            model_calls=result.model_calls,
-            cost_usd=result.cost_usd,
-        )
+        with recording(ctx.live, store.location, ctx.run_id, clock):
+            try:
+                if ctx.runtime is None:
+                    ran = _run_on_host(ctx, terms)
+                else:
+                    ran = _run(ctx, ctx.runtime, terms)
+            except KaguraError as exc:
+                _aftercare(ctx, since, before)
+                _close_failed(ctx, exc)
+                raise
+            # Every container of the run is gone: its root's aftercare has the last word.
+            result = _failed_by(_aftercare(ctx, since, before), ran.result)
+            if ran.finished:
+                # Decided above, before anything is recorded; record_result only stores it.
+                result = dataclasses.replace(result, output_memory=record_result(ctx, result))
+            if ran.teardown is not None:
+                # A teardown that failed (a proxy that will not go): raised once recorded.
+                _close_failed(ctx, ran.teardown)
+                raise ran.teardown
+            close_run(
+                store,
+                ctx.run_id,
+                result.outcome,
+                result.exit_code,
+                clock,
+                turns=result.turns,
+                model_calls=result.model_calls,
+                cost_usd=result.cost_usd,
+            )
     return result
 
 
 @dataclass(frozen=True)
-class Aftercare:
-    """What the aftercare of a run's project root came to."""
+class Ran:
+    """What a run's chain came to: its result before the aftercare; whether the run went
+    to its end (then it is recorded; an interrupted one is not); a teardown that failed
+    after the result was made."""
 
-    failed: str | None = None  # why the run failed: its root is quarantined
-    moved_aside: tuple[dict[str, str], ...] = ()  # path, to, why (relative to the root)
+    result: RunResult
+    finished: bool = True
+    teardown: KaguraError | None = None
 
 
-def _aftercare(
-    ctx: RunContext, since: int, gitlinks: Snapshot, hooks: HookSnapshot, root_acl: str
-) -> Aftercare:
+def _run(ctx: RunContext, runtime: ApplyRuntime, terms: GrantTerms) -> Ran:
+    """The run in a container, top to bottom. Each ``with`` opens a step (steps.py) and
+    undoes it on every exit, in the reverse order: the turn's sub-agents stop before the
+    agent's container is stopped, its traps are disarmed before verify, the disk watch
+    takes its last reading after verify, the container goes before the proxy, the proxy
+    before the held inputs and the leases."""
+    started = time.monotonic()
+    containers = steps.RunContainers()
+    wire = steps.tripwire(ctx, runtime, containers)
+    egress: steps.Egress | None = None
+    report: RunReport | None = None
+    try:
+        with (
+            steps.leased(ctx) as leased,
+            held_absent(ctx.plan),
+            steps.verify_leftovers(ctx, runtime),
+            steps.egress(ctx, runtime, leased, wire) as egress,
+            steps.agent_container(ctx, runtime, egress, containers) as container_id,
+            steps.agent_branch(ctx) as branch,
+        ):
+            with (
+                steps.disk_watch(ctx, runtime, containers) as disk,
+                steps.attached(runtime, container_id, egress) as agent,
+            ):
+                branch.seed(runtime, agent.id)
+                with steps.traps(ctx, agent, wire, leased) as traps:
+                    turn_ctx = steps.grants(ctx, terms, leased, egress)
+                    memory = open_host_memory(ctx.plan, ctx.run_id, ctx.live.redactor)
+                    with steps.children(turn_ctx, memory) as children:
+                        brain = container.brain_turn(
+                            turn_ctx,
+                            agent,
+                            egress,
+                            traps,
+                            children,
+                            memory,
+                            before_stop=lambda: branch.export(runtime, agent.id),
+                        )
+                    # Nothing the agent started may run into verify: its container goes
+                    # first (its sub-agents are stopped, its traps still watch).
+                    problem = container.stop(ctx, agent)
+                brain = container.held_to_count(turn_ctx, egress, brain)
+                problem = container.tripped(ctx, wire, leased) or problem
+                if disk.exceeded:
+                    problem = problem or f"not run: {disk.exceeded}"
+                verify = container.verify(ctx, runtime, problem, containers.verify.append)
+            # The disk watch took its last reading: a write between two readings counts.
+            if disk.late:
+                ctx.live.note(f"the run ended past its disk budget: {disk.exceeded}", "red")
+            host_stop = f"disk: {disk.exceeded}" if disk.exceeded else None
+            if wire.reason:
+                host_stop = f"tripwire: {wire.reason}"
+            commits = branch.take(host_stop)  # every container of the run is gone
+            took = round(time.monotonic() - started, 3)
+            report = RunReport(
+                brain,
+                verify,
+                host_stop,
+                tuple(c.to_json() for c in children.children),
+                model_calls=None if egress.calls is None else egress.calls.count,
+                commits=None if commits is None else commits.to_json(),
+            )
+    except KeyboardInterrupt:
+        return Ran(_ended_early(ctx, "interrupted", 130, egress), finished=False)
+    except Terminated:
+        return Ran(_ended_early(ctx, "terminated", 143, egress), finished=False)
+    except KaguraError as exc:
+        if report is None:
+            raise
+        return Ran(assemble(ctx.run_id, report, took, _denials(egress)), teardown=exc)
+    return Ran(assemble(ctx.run_id, report, took, _denials(egress)))
+
+
+def _run_on_host(ctx: RunContext, terms: GrantTerms) -> Ran:
+    """``runtime: host``: the leases, then the brain and verify on this machine."""
+    started = time.monotonic()
+    try:
+        with steps.leased(ctx) as leased:
+            report = run_on_host(steps.grants(ctx, terms, leased, None), leased.leases)
+    except KeyboardInterrupt:
+        return Ran(_ended_early(ctx, "interrupted", 130, None), finished=False)
+    except Terminated:
+        return Ran(_ended_early(ctx, "terminated", 143, None), finished=False)
+    return Ran(assemble(ctx.run_id, report, round(time.monotonic() - started, 3), ()))
+
+
+def _denials(egress: steps.Egress | None) -> tuple[dict[str, object], ...]:
+    return () if egress is None else egress.denials()
+
+
+def _close_failed(ctx: RunContext, exc: KaguraError) -> None:
+    outcome = "refused" if exc.exit_code == ExitCode.REFUSED else "failed"
+    close_run(ctx.store, ctx.run_id, outcome, int(exc.exit_code), ctx.clock)
+
+
+def _aftercare(ctx: RunContext, since: int, before: RootBefore) -> Care:
     """The run's last container (agent, verify) is gone: the aftercare of its project root
     (apply/aftercare/root.py) before the row closes (a kill -9 here leaves it to the next
     apply's sweep); a root it could not check to the end is quarantined and fails the run."""
-    care = tend(
-        ctx.store,
-        ctx.plan["task"]["project_root"],
-        ctx.run_id,
-        since,
-        ctx.clock,
-        root_acl=root_acl,
-        gitlinks=gitlinks,
-        hooks=hooks,
-    )
+    root = ctx.plan["task"]["project_root"]
+    care = tend(ctx.store, root, ctx.run_id, since, ctx.clock, before=before)
     for line, colour in care.lines:
         ctx.live.note(line, colour)
-    return Aftercare(care.failed, care.moved_aside)
+    return care
 
 
 def _refuse_foreign_session(store: StateStore, plan: Plan) -> None:
@@ -235,48 +317,28 @@ def _refuse_foreign_session(store: StateStore, plan: Plan) -> None:
         )
 
 
-def _sequence(ctx: RunContext, denials: Denials, aftercare: Callable[[], Aftercare]) -> RunResult:
-    """Lease → run (container or host) → decide → (every container gone) aftercare →
-    record; clean-up on every exit. A teardown that fails (a proxy that will not go) is
-    raised once the run is recorded."""
-    started = time.monotonic()
-    result = None
-    try:
-        with contextlib.ExitStack() as cleanup:
-            leases = _lease(ctx, cleanup)
-            if ctx.runtime is None:
-                report = run_on_host(ctx, leases)
-            else:
-                report = run_in_container(ctx, ctx.runtime, leases, cleanup, denials)
-            result = assemble(ctx.run_id, report, round(time.monotonic() - started, 3), ())
-    finally:
-        if result is not None:
-            # Decided here, before anything is recorded; record_result only stores it.
-            result = _failed_by(aftercare(), result)
-            result = dataclasses.replace(result, output_memory=record_result(ctx, result))
-    return dataclasses.replace(result, denials=tuple(denials))
-
-
-def _failed_by(aftercare: Aftercare, result: RunResult) -> RunResult:
+def _failed_by(care: Care, result: RunResult) -> RunResult:
     """The run's result once its aftercare has spoken: what it moved aside is part of it,
     and a quarantined root fails it."""
-    result = dataclasses.replace(result, moved_aside=aftercare.moved_aside)
-    if aftercare.failed is None:
+    result = dataclasses.replace(result, moved_aside=care.moved_aside)
+    if care.failed is None:
         return result
     return dataclasses.replace(
         result,
         outcome="failed",
         exit_code=int(ExitCode.TASK_FAILED),
-        brain_error=aftercare.failed,
+        brain_error=care.failed,
     )
 
 
-def _ended_early(ctx: RunContext, outcome: Outcome, code: int, denials: Denials) -> RunResult:
+def _ended_early(
+    ctx: RunContext, outcome: Outcome, code: int, egress: steps.Egress | None
+) -> RunResult:
     ended = "interrupted" if outcome == "interrupted" else "terminated"
     ctx.live.note(f"{ended}: everything of this run was released and removed", "yellow")
     # How long it ran before it was stopped (and cleaned up), as any other run says.
     took = round(time.monotonic() - ctx.live.started, 3)
-    return RunResult(ctx.run_id, outcome, code, denials=tuple(denials), wall_seconds=took)
+    return RunResult(ctx.run_id, outcome, code, denials=_denials(egress), wall_seconds=took)
 
 
 def _approvals(store: StateStore, plan: Plan, options: ApplyOptions, live: LiveView) -> set[str]:
@@ -343,34 +405,6 @@ def _sigterm_as_exception() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def _lease(ctx: RunContext, cleanup: contextlib.ExitStack) -> list[Lease]:
-    """Every credential of the plan, in the ledger first; all released on the way out."""
-    broker = Broker(ctx.store, run_id=ctx.run_id, clock=ctx.clock, redactor=ctx.live.redactor)
-    cleanup.callback(_release, broker, ctx.live)
-    if ctx.midrun is not None:  # a credential granted mid-run is this broker's too
-        ctx.midrun.broker = broker
-    leases = []
-    for entry in ctx.plan["credentials"]:
-        klass = "approved" if entry["category"] in ctx.approved else entry["class"]
-        ctx.live.phase(
-            f"leasing {entry['provider']}/{entry['scope']} ({entry['ttl_seconds'] // 60}m)"
-        )
-        # A resumed session holds it under what is left of its lease budget.
-        left = resume.lease_left(ctx.plan["budget"], entry["category"])
-        request = LeaseRequest.from_plan({**entry, "class": klass})
-        leases.append(broker.acquire(request, LeaseBudget(*left) if left is not None else None))
-    return leases
-
-
-def _release(broker: Broker, live: LiveView) -> None:
-    if not broker.leases:
-        return
-    problems = broker.release_all()
-    live.phase(f"released {len(broker.leases)} lease(s)")
-    for problem in problems:
-        live.note(f"release problem (kept for the sweeper): {problem}", "red")
 
 
 __all__ = ["ApplyOptions", "RunContext", "RunResult", "SetupError", "apply_plan"]

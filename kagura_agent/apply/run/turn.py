@@ -62,10 +62,9 @@ async def drive_brain(
     """
     channel.start()
     if ctx.midrun is not None:
-        # The run's leases, one list: credentials granted mid-run join it (renewed, wiped
-        # and released with the rest).
-        ctx.midrun.leases.extend(leases)
-        ctx.midrun.channel = channel
+        # The run's leases, one list (the mid-run desk's): credentials granted mid-run join
+        # it (renewed, wiped and released with the rest).
+        ctx.midrun.attach(channel)
         leases = ctx.midrun.leases
     try:
         return await _Turn(ctx, channel, leases, traps).run()
