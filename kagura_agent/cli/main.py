@@ -43,6 +43,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "web",
     "doctor",
     "setup",
+    "demo",
     "completion",
 )
 
