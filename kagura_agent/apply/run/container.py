@@ -20,6 +20,7 @@ from kagura_agent.apply.guards.tripwire import ContainerTraps, Tripwire
 from kagura_agent.apply.midrun.dispatch import ChildDispatcher
 from kagura_agent.apply.midrun.hostmem import HostMemory
 from kagura_agent.apply.midrun.injected import keep_injected_fresh
+from kagura_agent.apply.records import progress
 from kagura_agent.apply.records.incidents import record_incident
 from kagura_agent.apply.run.context import (
     ApplyRuntime,
@@ -57,7 +58,7 @@ def stop(ctx: RunContext, agent: Agent) -> str | None:
     """Stop the agent's container and wait until it has exited: a problem, or None."""
     problem = stop_agent(agent.runtime, agent.id)
     if problem:
-        ctx.live.note(problem, "red")
+        ctx.live.emit(progress.AgentStopProblem(problem))
     return problem
 
 
@@ -85,19 +86,13 @@ def _held_to_count(ctx: RunContext, brain: BrainOutcome, counted: int) -> BrainO
     a large gap called out, and a run whose calls passed its turn budget is a budget stop
     even when its engine reported nothing of the kind."""
     live = ctx.live
-    live.note(
-        f"model calls counted at the proxy: {counted}; turns the brain reported: {brain.turns}"
-    )
+    live.emit(progress.ModelCallsCounted(counted, brain.turns))
     if mismatch(counted, brain.turns):
-        live.note(
-            f"the proxy counted {counted} model calls, the brain reported {brain.turns} turns:"
-            " its engine under-reports (a sign it was tampered with)",
-            "red",
-        )
+        live.emit(progress.TurnsUnderReported(counted, brain.turns))
     why = ctx.midrun.past_counted() if ctx.midrun is not None else None
     if why is None or (brain.error or "").startswith("budget:"):
         return brain
-    live.note(f"the brain went on past its budget ({why})")
+    live.emit(progress.PastBudget(why))
     return dataclasses.replace(brain, error=f"budget: {why}, not extended")
 
 
@@ -114,10 +109,7 @@ def verify(
     if problem:
         results = [(command, -1, problem) for command in commands]
     else:
-        ctx.live.phase(
-            f"verifying: {len(commands)} command(s) in a fresh container"
-            " (no network, no credentials)"
-        )
+        ctx.live.emit(progress.Verifying(len(commands)))
         results = verify_in_fresh_container(
             runtime, ctx.plan, ctx.run_id, commands, on_container=on_container
         )
@@ -151,7 +143,7 @@ async def _drive(
     )
 
     async def exhausted(why: str) -> None:
-        ctx.live.note(f"credential budget exhausted: {why}; stopping", "red")
+        ctx.live.emit(progress.CredentialBudgetExhausted(why))
         await channel.stop()
 
     # The brain's own credential lives in the proxy: its renewals go there.

@@ -39,6 +39,7 @@ from kagura_agent.apply.aftercare.root import Care, RootBefore, tend
 from kagura_agent.apply.midrun.amend import Amender
 from kagura_agent.apply.midrun.grants import GrantTerms, announce
 from kagura_agent.apply.midrun.hostmem import open_host_memory
+from kagura_agent.apply.records import progress
 from kagura_agent.apply.records.journal import recording
 from kagura_agent.apply.records.live import LiveView
 from kagura_agent.apply.records.record import record_result
@@ -247,7 +248,7 @@ def _run(ctx: RunContext, runtime: ApplyRuntime, terms: GrantTerms) -> Ran:
                 verify = container.verify(ctx, runtime, problem, containers.verify.append)
             # The disk watch took its last reading: a write between two readings counts.
             if disk.late:
-                ctx.live.note(f"the run ended past its disk budget: {disk.exceeded}", "red")
+                ctx.live.emit(progress.DiskPassedAtEnd(disk.exceeded or ""))
             host_stop = f"disk: {disk.exceeded}" if disk.exceeded else None
             if wire.reason:
                 host_stop = f"tripwire: {wire.reason}"
@@ -335,7 +336,7 @@ def _ended_early(
     ctx: RunContext, outcome: Outcome, code: int, egress: steps.Egress | None
 ) -> RunResult:
     ended = "interrupted" if outcome == "interrupted" else "terminated"
-    ctx.live.note(f"{ended}: everything of this run was released and removed", "yellow")
+    ctx.live.emit(progress.EndedEarly(ended))
     # How long it ran before it was stopped (and cleaned up), as any other run says.
     took = round(time.monotonic() - ctx.live.started, 3)
     return RunResult(ctx.run_id, outcome, code, denials=_denials(egress), wall_seconds=took)
@@ -345,7 +346,7 @@ def _approvals(store: StateStore, plan: Plan, options: ApplyOptions, live: LiveV
     needed = [a["category"] for a in plan["approvals"] if a["class"] == "needs-approval"]
     if not needed:
         return set()
-    live.phase(f"approval needed for {len(needed)} capabilit{'y' if len(needed) == 1 else 'ies'}")
+    live.emit(progress.ApprovalNeeded(len(needed)))
     obtain_approvals(
         store,
         needed,
@@ -376,7 +377,7 @@ def _sweep(store: StateStore, runtime: ApplyRuntime | None, clock: Clock, live: 
     report = Sweeper(store, clock=clock).sweep()
     # Leases still held by other live applies are theirs, not news for this run.
     if report.revoked or report.expired or report.retry_later or report.poison or report.lapsing:
-        live.note(f"lease sweep: {report.summary()}")
+        live.emit(progress.LeaseSwept(report.summary()))
     if runtime is None:
         return
     removed: list[str] = []
@@ -390,9 +391,7 @@ def _sweep(store: StateStore, runtime: ApplyRuntime | None, clock: Clock, live: 
     )
     removed += runtime.sweep_egress(store)
     if swept or removed:
-        live.note(
-            f"removed what crashed runs left: {len(swept)} runs, {len(removed)} egress objects"
-        )
+        live.emit(progress.DeadRunsRemoved(len(swept), len(removed)))
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Sequence
 
 from kagura_agent.apply.midrun.hostmem import open_host_memory
+from kagura_agent.apply.records import progress
 from kagura_agent.apply.run.context import BrainOutcome, RunContext, RunReport
 from kagura_agent.apply.run.turn import drive_brain
 from kagura_agent.apply.run.verify import verify_on_host
@@ -27,14 +28,14 @@ def run_on_host(ctx: RunContext, leases: Sequence[Lease]) -> RunReport:
     creds = tempfile.mkdtemp(prefix="kagura-creds-")
     os.chmod(creds, 0o700)
     try:
-        ctx.live.phase("starting the brain ON THE HOST (runtime: host)")
+        ctx.live.emit(progress.HostBrainStarting())
         brain = asyncio.run(_drive(ctx, leases, creds))
     finally:
         shutil.rmtree(creds, ignore_errors=True)
     commands = ctx.plan["task"]["verify"]
     if not commands:
         return RunReport(brain)
-    ctx.live.phase(f"verifying: {len(commands)} command(s) on the host")
+    ctx.live.emit(progress.Verifying(len(commands), on_host=True))
     root = ctx.plan["task"]["project_root"]
     verify = tuple(verify_on_host(commands, root, host_brain_environment()))
     ctx.live.verify(list(verify))

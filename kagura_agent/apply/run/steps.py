@@ -37,6 +37,7 @@ from kagura_agent.apply.midrun.dispatch import ChildDispatcher
 from kagura_agent.apply.midrun.grants import GrantTerms, Holdings, MidRun
 from kagura_agent.apply.midrun.hostmem import HostMemory
 from kagura_agent.apply.midrun.injected import injection_of, proxy_secret, renewed_in_run
+from kagura_agent.apply.records import progress
 from kagura_agent.apply.records.live import LiveView
 from kagura_agent.apply.run.agentbranch import AgentBranch
 from kagura_agent.apply.run.context import ApplyRuntime, EgressRun, RunContext
@@ -69,8 +70,8 @@ def leased(ctx: RunContext) -> Iterator[Leased]:
         leases = []
         for entry in ctx.plan["credentials"]:
             klass = "approved" if entry["category"] in ctx.approved else entry["class"]
-            ctx.live.phase(
-                f"leasing {entry['provider']}/{entry['scope']} ({entry['ttl_seconds'] // 60}m)"
+            ctx.live.emit(
+                progress.Leasing(entry["provider"], entry["scope"], entry["ttl_seconds"] // 60)
             )
             # A resumed session holds it under what is left of its lease budget.
             left = resume.lease_left(ctx.plan["budget"], entry["category"])
@@ -86,9 +87,9 @@ def _release(broker: Broker, live: LiveView) -> None:
     if not broker.leases:
         return
     problems = broker.release_all()
-    live.phase(f"released {len(broker.leases)} lease(s)")
+    live.emit(progress.LeasesReleased(len(broker.leases)))
     for problem in problems:
-        live.note(f"release problem (kept for the sweeper): {problem}", "red")
+        live.emit(progress.ReleaseProblem(problem))
 
 
 @dataclass
@@ -126,7 +127,7 @@ def stop_now(runtime: ApplyRuntime, containers: list[str], live: LiveView, reaso
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(KaguraError):
             runtime.kill(container_id)
-    live.note(f"stopping the run: {reason}", "red")
+    live.emit(progress.StoppingRun(reason))
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ def egress(
         if calls is not None:
             calls.feed(event)
 
-    live.phase(f"starting this run's egress proxy ({len(plan['egress']['allow'])} allowed)")
+    live.emit(progress.ProxyStarting(len(plan["egress"]["allow"])))
     proxy = runtime.start_egress(
         plan,
         ctx.run_id,
@@ -203,7 +204,7 @@ def egress(
     )
     try:
         if getattr(proxy, "warm", False):
-            live.phase(f"egress proxy ready: warm session {getattr(proxy, 'pooled_name', '')}")
+            live.emit(progress.ProxyReady(str(getattr(proxy, "pooled_name", ""))))
         config = proxy.agent_network_config()
         yield Egress(
             proxy,
@@ -220,14 +221,15 @@ def egress(
 
 def _close_egress(proxy: EgressRun, live: LiveView) -> None:
     proxy.close()
-    if getattr(proxy, "warm", False):
-        live.phase("egress proxy of the warm session handed to the pool keeper for removal")
-    else:
-        live.phase("egress proxy and networks removed")
+    live.emit(progress.ProxyRemoved(warm=bool(getattr(proxy, "warm", False))))
     for denial in proxy.denial_summary():
-        live.note(
-            f"egress denied: {denial.get('host')}:{denial.get('port')} ({denial.get('count', 1)} times)",
-            "yellow",
+        port = denial.get("port")
+        live.emit(
+            progress.EgressDenied(
+                str(denial.get("host")),
+                port if isinstance(port, int | str) else None,
+                int(str(denial.get("count", 1))),
+            )
         )
 
 
@@ -244,7 +246,7 @@ def verify_leftovers(ctx: RunContext, runtime: ApplyRuntime) -> Iterator[None]:
                 for container_id in runtime.list({LABEL_RUN: ctx.run_id, LABEL_ROLE: "verify"}):
                     runtime.remove(container_id, force=True)
             except KaguraError as exc:
-                ctx.live.note(f"could not remove this run's verify container: {exc.message}", "red")
+                ctx.live.emit(progress.ContainerNotRemoved(exc.message, verify=True))
 
 
 @contextlib.contextmanager
@@ -252,7 +254,7 @@ def agent_container(
     ctx: RunContext, runtime: ApplyRuntime, egress: Egress, containers: RunContainers
 ) -> Iterator[str]:
     """The agent's hardened container, created (not started); removed on the way out."""
-    ctx.live.phase(f"starting container from {ctx.plan['image']['ref']}")
+    ctx.live.emit(progress.ContainerStarting(ctx.plan["image"]["ref"]))
     config = egress.config
     container_id = runtime.create(
         ctx.plan,
@@ -273,9 +275,9 @@ def _remove_container(runtime: ApplyRuntime, container_id: str, live: LiveView) 
     try:
         runtime.remove(container_id, force=True)
     except KaguraError as exc:
-        live.note(f"could not remove container {container_id[:12]}: {exc.message}", "red")
+        live.emit(progress.ContainerNotRemoved(exc.message, container=container_id))
         raise
-    live.phase("container removed")
+    live.emit(progress.ContainerRemoved())
 
 
 @contextlib.contextmanager
@@ -378,13 +380,13 @@ def _arm(agent: Agent, traps: ContainerTraps, delivered: bool, live: LiveView) -
     try:
         pid = agent.runtime.state(agent.id).pid
     except KaguraError as exc:
-        live.note(f"canary and credential tripwires off: {exc}", "yellow")
+        live.emit(progress.TripwiresOff(str(exc)))
         return
     if pid <= 0:
-        live.note("canary and credential tripwires off: the container has no process", "yellow")
+        live.emit(progress.TripwiresOff("the container has no process"))
         return
     for problem in traps.arm(pid, delivered):
-        live.note(problem, "yellow")
+        live.emit(progress.TrapProblem(problem))
 
 
 def grants(ctx: RunContext, terms: GrantTerms, leased: Leased, egress: Egress | None) -> RunContext:
