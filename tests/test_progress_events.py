@@ -5,6 +5,7 @@ step passes."""
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import typing
@@ -13,6 +14,7 @@ from typing import Any, Literal
 
 import pytest
 
+import kagura_agent
 from kagura_agent.apply.records import progress
 from kagura_agent.apply.records.journal import recording
 from kagura_agent.apply.records.live import LiveView
@@ -34,6 +36,8 @@ from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.state import open_store
 from kagura_agent.ui import Style
 from kagura_agent.web.timeline import journal_entries
+
+PACKAGE = Path(kagura_agent.__file__).parent
 
 
 def _shown(event: ProgressEvent, *, as_json: bool = False, colour: bool = False) -> str:
@@ -166,3 +170,66 @@ def test_the_compatibility_path_reads_a_colour_back_as_a_severity() -> None:
         "message": "verifying",
         "text": "verifying",
     }
+
+
+# The run's steps that still say things in words and a colour: the lead folds these in
+# as it rewrites the run's sequence (issue 30 point 1).
+NOT_YET_TYPED = {
+    "apply/run/executor.py",
+    "apply/run/container.py",
+    "apply/run/hostrun.py",
+    "apply/run/steps.py",
+}
+COLOURS = {"red", "green", "yellow", "blue", "magenta", "dim", "bold"}
+
+
+def _untyped(tree: ast.AST, *, colours: bool = True) -> list[str]:
+    """Where a module says something of the run in words (and, with ``colours``, where
+    it names a colour)."""
+    found = []
+    for node in ast.walk(tree):
+        # live.note(…), ctx.live.phase(…), self.ctx.live.note — called or passed on
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in ("note", "phase")
+            and "live" in ast.unparse(node.value).split(".")[-1:]
+        ):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+        # The words-only events are the views' (an item they have no type for).
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith(".progress"):
+            found += [f"{node.lineno}: {a.name}" for a in node.names if a.name in ("Note", "Phase")]
+        if colours and isinstance(node, ast.Constant) and node.value in COLOURS:
+            found.append(f"{node.lineno}: the colour {node.value!r}")
+    return found
+
+
+def test_no_step_of_the_run_says_how_its_words_look() -> None:
+    """Outside the views (apply/records/), the run's steps emit typed events: nowhere a
+    ``live.note``/``live.phase`` in words, and in the run (apply/) no colour standing for
+    a severity (elsewhere a colour styles other things: a plan, doctor's checks)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith("apply/records/") or rel in NOT_YET_TYPED:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        untyped = _untyped(tree, colours=rel.startswith("apply/"))
+        if untyped:
+            found[rel] = untyped
+    assert found == {}
+
+
+def test_the_check_sees_words_and_colours() -> None:
+    tree = ast.parse(
+        "ctx.live.note('x', 'red')\nlive.phase('y')\nf(note=self.ctx.live.note)\n"
+        "lines = [(l, 'yellow') for l in x]\npacer.note(1)\n"
+        "from kagura_agent.apply.records.progress import Note, Leasing\n"
+    )
+    assert sorted(_untyped(tree)) == [
+        "1: ctx.live.note",
+        "1: the colour 'red'",
+        "2: live.phase",
+        "3: self.ctx.live.note",
+        "4: the colour 'yellow'",
+        "6: Note",
+    ]

@@ -35,12 +35,11 @@ from kagura_agent.apply.aftercare.quarantine import (
     release,
 )
 from kagura_agent.apply.aftercare.setid import SetidReport, clear_setid
+from kagura_agent.apply.records.progress import RootFinding, Severity, legacy_colour
 from kagura_agent.clock import Clock
 from kagura_agent.errors import RefusedError
 from kagura_agent.hygiene import neutralise
 from kagura_agent.state import StateStore
-
-Line = tuple[str, str]  # a line for the live view, and its colour
 
 
 @dataclass(frozen=True)
@@ -62,9 +61,15 @@ class RootBefore:
 class Care:
     """What the aftercare of one root came to."""
 
-    lines: tuple[Line, ...]
+    findings: tuple[RootFinding, ...]  # for the run's view (a dead run's: the sweep's)
     moved_aside: tuple[dict[str, str], ...]  # path, to, why (relative to the root)
     quarantined: Quarantine | None = None
+
+    @property
+    def lines(self) -> tuple[tuple[str, str], ...]:
+        """The findings as the compatibility path of the live view takes them: each line
+        and the colour of its severity (LiveView.note)."""
+        return tuple((f.message, legacy_colour(f.severity)) for f in self.findings)
 
     @property
     def failed(self) -> str | None:
@@ -77,7 +82,7 @@ class Care:
 @dataclass(frozen=True)
 class _Checked:
     walk: SetidReport
-    lines: tuple[Line, ...]
+    findings: tuple[RootFinding, ...]
     moved: tuple[dict[str, str], ...]
     unchecked: tuple[tuple[str, int], ...]  # what could not be checked: (what, how many)
     problems: tuple[str, ...]  # the same, by name (the agent's names: shown to the operator)
@@ -100,12 +105,12 @@ def tend(
         root, since, before.acl, before.gitlinks, before.hooks, withhold_names, bounded=True
     )
     if not checked.unchecked:
-        return Care(checked.lines, checked.moved)
+        return Care(checked.findings, checked.moved)
     reasons = "; ".join(f"{what}: {n}" for what, n in checked.unchecked)
     count = sum(n for _, n in checked.unchecked)
     closed = quarantine(store, root, run_id, since, count, reasons, clock)
-    lines = checked.lines + tuple((line, "red") for line in closed.lines())
-    return Care(lines, checked.moved, closed)
+    loud = tuple(RootFinding(line, Severity.PROBLEM) for line in closed.lines())
+    return Care(checked.findings + loud, checked.moved, closed)
 
 
 def check_again(store: StateStore, root: str) -> tuple[SetidReport, int | None]:
@@ -142,22 +147,29 @@ def _check(
         if bounded
         else clear_setid(root, since, root_acl=root_acl, max_entries=None, max_seconds=None)
     )
-    lines: list[Line] = [(line, "yellow") for line in walk.summary(withhold_names=withhold_names)]
+    repaired = Severity.WARNING  # what the checks repaired or moved aside
+    findings = [RootFinding(line, repaired) for line in walk.summary(withhold_names=withhold_names)]
     unchecked = list(walk.why)
     problems = list(walk.problems.shown)
     moved: list[dict[str, str]] = []
     # The root first: git looking for the gitlinks would find a repository planted there.
     for check in (check_root_repository, check_gitlinks):
         planted = check(root, since, gitlinks)
-        lines += [(line, "yellow") for line in planted.summary(withhold_names=withhold_names)]
+        findings += [
+            RootFinding(line, repaired) for line in planted.summary(withhold_names=withhold_names)
+        ]
         moved += [{"path": rel, "to": to, "why": PLANTED_REPOSITORY} for rel, to in planted.moved]
         if planted.problems:
             unchecked.append(("a submodule or the root's repository", len(planted.problems)))
             problems += planted.problems
     hooked = check_hooks(root, since, hooks)
-    lines += [(line, "red") for line in hooked.summary(withhold_names=withhold_names)]
+    # What the operator's hooks would have run: a problem, whatever was done about it.
+    findings += [
+        RootFinding(line, Severity.PROBLEM)
+        for line in hooked.summary(withhold_names=withhold_names)
+    ]
     moved += hooked.to_json()
     if hooked.problems:
         unchecked.append(("an input of the git hooks", len(hooked.problems)))
         problems += hooked.problems
-    return _Checked(walk, tuple(lines), tuple(moved), tuple(unchecked), tuple(problems))
+    return _Checked(walk, tuple(findings), tuple(moved), tuple(unchecked), tuple(problems))

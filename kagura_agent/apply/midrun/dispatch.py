@@ -43,6 +43,13 @@ import yaml
 from kagura_agent.apply.guards.parentdeath import child_environment
 from kagura_agent.apply.midrun.allotment import Allotments, Left, lease_grants, left
 from kagura_agent.apply.midrun.child_request import ChildRequest, Refused, make_workdir
+from kagura_agent.apply.records.progress import (
+    Progress,
+    SubAgent,
+    SubAgentPhase,
+    SubAgentsStopping,
+    SubAgentStep,
+)
 from kagura_agent.apply.run.context import RunContext
 from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_prompt
 from kagura_agent.approvals.midrun import Asker, NotAsked, Question, Questions
@@ -143,7 +150,7 @@ class ChildDispatcher:
             self._held.release(number)
             record.outcome, record.reasons = "refused", exc.reasons
             record.fingerprint = exc.fingerprint or record.fingerprint
-            self.ctx.live.note(f"sub-agent {record.task} refused: {exc}", "red")
+            self.ctx.live.emit(SubAgent(record.task, "refused", str(exc)))
             answer = {"outcome": "refused", "task": record.task, "reasons": exc.reasons}
         except asyncio.CancelledError:
             record.outcome = "interrupted"
@@ -158,7 +165,7 @@ class ChildDispatcher:
         if self._slots is None:
             self._slots = asyncio.Semaphore(limit)
         if self._slots.locked():
-            self.ctx.live.note(f"sub-agent {child.name} waits: {limit} already running")
+            self.ctx.live.emit(SubAgent(child.name, "waits", str(limit)))
         async with self._slots:
             return await self._plan_and_apply(child, record, limit)
 
@@ -191,9 +198,7 @@ class ChildDispatcher:
             await _in_thread(self._approve, child_plan)
         plan_path = task_path.with_suffix(".plan.json")
         planfile.save(child_plan, plan_path)
-        self.ctx.live.phase(
-            f"sub-agent {child.name}: starting (plan {child_plan['fingerprint'][:19]}…)"
-        )
+        self.ctx.live.emit(SubAgentStep(child.name, "starting", plan=child_plan["fingerprint"]))
         record.outcome = "running"
         result = await self._apply(record, plan_path, iso(since))
         self._held.settle(record.number, result)
@@ -289,9 +294,7 @@ class ChildDispatcher:
         name, fingerprint = child_plan["task"]["name"], child_plan["fingerprint"]
         intent = child_plan["intent"]  # approvals bind to the intent, as apply's do
         reasons = {a["category"]: a["reason"] for a in child_plan["approvals"]}
-        self.ctx.live.phase(
-            f"sub-agent {name} needs approval for {', '.join(needed)} (plan {intent[:19]}…)"
-        )
+        self.ctx.live.emit(SubAgentStep(name, "approval", ", ".join(needed), intent))
         run = self.ctx.run_id.removeprefix("run-")[:12]
         async with self._asking:  # one question at a time
             for index, category in enumerate(needed, start=1):
@@ -318,9 +321,7 @@ class ChildDispatcher:
             return
         name, fingerprint = child_plan["task"]["name"], child_plan["fingerprint"]
         intent = child_plan["intent"]  # approvals bind to the intent, as apply's do
-        self.ctx.live.phase(
-            f"sub-agent {name} needs approval for {', '.join(needed)} (plan {fingerprint[:19]}…)"
-        )
+        self.ctx.live.emit(SubAgentStep(name, "approval", ", ".join(needed), fingerprint))
         with self._tty, open_store() as store:  # this thread's own connection
             try:
                 obtain_approvals(
@@ -352,7 +353,7 @@ class ChildDispatcher:
                 start_new_session=True, env=env,
             )  # fmt: skip
         self._procs[record.number] = (proc, record, out)
-        relay = _Relay(err, record, self.ctx.live.note)
+        relay = _Relay(err, record, self.ctx.live)
         try:
             while proc.poll() is None:
                 relay.pump()
@@ -388,9 +389,12 @@ class ChildDispatcher:
                 answer["answer"] = output.details["answer"]
         if record.reasons:
             answer["reasons"] = record.reasons
-        self.ctx.live.note(
-            f"sub-agent {record.task} {record.outcome}: run {record.run},"
-            f" output memory {record.output_memory}"
+        self.ctx.live.emit(
+            SubAgent(
+                record.task,
+                "ended",
+                f"{record.outcome}: run {record.run}, output memory {record.output_memory}",
+            )
         )
         return answer
 
@@ -426,7 +430,7 @@ class ChildDispatcher:
         running, self._procs = list(self._procs.values()), {}
         if not running:
             return
-        self.ctx.live.phase(f"stopping {len(running)} sub-agent(s)")
+        self.ctx.live.emit(SubAgentsStopping(len(running)))
         for proc, _, _ in running:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGINT)
@@ -436,20 +440,20 @@ class ChildDispatcher:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-                self.ctx.live.note(f"sub-agent {record.task} overran its stop: killed", "red")
+                self.ctx.live.emit(SubAgent(record.task, "killed"))
             # An interrupted apply still prints its result: the child's run, for the record.
             result = _last_json(out.read_text(encoding="utf-8", errors="replace")) or {}
             record.run = result.get("run_id") or record.run
             record.outcome = str(result.get("outcome") or "interrupted")
             self._log(record)
-        self.ctx.live.phase(f"{len(running)} sub-agent(s) stopped")
+        self.ctx.live.emit(SubAgentsStopping(len(running), stopped=True))
 
 
 class _Relay:
     """The child's live events (``apply --json`` stderr), as notes in the parent's view."""
 
-    def __init__(self, path: Path, record: ChildRecord, note: Callable[[str], None]) -> None:
-        self.path, self.record, self.note = path, record, note
+    def __init__(self, path: Path, record: ChildRecord, progress: Progress) -> None:
+        self.path, self.record, self.progress = path, record, progress
         self.offset = 0
         self.errors: list[str] = []
 
@@ -467,7 +471,7 @@ class _Relay:
                     self.errors.append(line.removeprefix("error:").strip())
                 continue
             if isinstance(event, dict) and event.get("kind") == "phase":
-                self.note(f"  [{self.record.task}] {event.get('message', '')}")
+                self.progress.emit(SubAgentPhase(self.record.task, str(event.get("message", ""))))
 
 
 def _may_not_dispatch(budget: Budget, number: int) -> list[str]:

@@ -33,6 +33,15 @@ from kagura_agent.apply.guards.modelcalls import ModelCalls
 from kagura_agent.apply.midrun.allotment import Allotments
 from kagura_agent.apply.midrun.amend import Amender, Amendment, Refused
 from kagura_agent.apply.records.live import LiveView
+from kagura_agent.apply.records.progress import (
+    BudgetNotExtended,
+    BudgetRequest,
+    Leasing,
+    MidRunRequest,
+    ProxyReloaded,
+    RequestAnswered,
+    RequestsCapped,
+)
 from kagura_agent.approvals.midrun import Answer, Asker, NotAsked, Question, Questions
 from kagura_agent.brain.protocol import BRAIN_BUDGETS
 from kagura_agent.clock import Clock, iso
@@ -261,11 +270,7 @@ class MidRun:
         self._requests += 1
         if self._requests > MAX_REQUESTS:
             if self._requests == MAX_REQUESTS + 1:
-                self.live.note(
-                    f"mid-run requests: this run made {MAX_REQUESTS}, the most it may; the"
-                    " rest are refused without being shown or recorded",
-                    "yellow",
-                )
+                self.live.emit(RequestsCapped(MAX_REQUESTS))
             return False, f"refused: this run made the {MAX_REQUESTS} requests it may"
         request = self._request_id()
         # The brain wrote both, and may have written a credential it holds: scrubbed before
@@ -276,7 +281,7 @@ class MidRun:
             scrub(neutralise(name, newlines=False)),
             scrub(neutralise(reason, newlines=False)),
         )
-        self.live.note(f"mid-run request {request}: {kind} {name!r} ({reason})")
+        self.live.emit(MidRunRequest(request, kind, name, reason))
         async with self._one_at_a_time:
             try:
                 amendment = self.amender.capability(kind, name)
@@ -284,7 +289,7 @@ class MidRun:
             except Refused as exc:
                 why = str(exc)
                 self._record(request, kind, name, reason, "refused", "manifests", why)
-                self.live.note(f"↳ {request} refused: {why}")
+                self.live.emit(RequestAnswered(request, "refused", why))
                 return False, f"nobody was asked, the operator's manifests do not allow it: {why}"
             question = self._question(
                 request,
@@ -297,7 +302,7 @@ class MidRun:
             except NotAsked as exc:
                 why = str(exc)
                 self._record(request, kind, name, reason, "refused", "kagura-agent", why)
-                self.live.note(f"↳ {request} refused: {why}")
+                self.live.emit(RequestAnswered(request, "refused", why))
                 return False, f"nobody was asked: {why}"
             if not answer.approved:
                 return False, self._answered(request, kind, name, reason, amendment, answer)
@@ -306,12 +311,12 @@ class MidRun:
             except KaguraError as exc:
                 why = f"approved, but it could not be put in force: {exc.message}"
                 self._record(request, kind, name, reason, "failed", answer.who, why, amendment)
-                self.live.note(f"↳ {request}: {why}", "red")
+                self.live.emit(RequestAnswered(request, "failed", why))
                 return False, why
             self.amender.accept(amendment)
             said = f"{amendment.category} {answer.said()}; in force now"
             self._record(request, kind, name, reason, "granted", answer.who, said, amendment)
-            self.live.note(f"↳ {request}: {said}")
+            self.live.emit(RequestAnswered(request, "granted", said))
             return True, said
 
     def _can_apply(self, kind: str) -> None:
@@ -324,13 +329,11 @@ class MidRun:
         if kind == "egress":
             assert self.egress is not None
             await asyncio.to_thread(self.egress.reload, dict(amendment.plan["egress"]))
-            self.live.note(
-                f"egress proxy reloaded: {len(amendment.plan['egress']['allow'])} allowed"
-            )
+            self.live.emit(ProxyReloaded(len(amendment.plan["egress"]["allow"])))
             return
         assert self.broker is not None and self.channel is not None
         [entry] = [c for c in amendment.plan["credentials"] if c["category"] == amendment.category]
-        self.live.phase(f"leasing {entry['provider']}/{entry['scope']} mid-run")
+        self.live.emit(Leasing(entry["provider"], entry["scope"]))
         request = LeaseRequest.from_plan({**entry, "class": "approved"})
         lease = await asyncio.to_thread(self.broker.acquire, request)
         await deliver(self.channel, lease)
@@ -369,7 +372,7 @@ class MidRun:
             except Refused as exc:
                 why = f"{exc}; the run stops when its wall budget runs out"
                 self._record(request, "budget", name, reason, "refused", "manifests", why)
-                self.live.note(f"↳ {request}: wall budget not extended: {why}", "yellow")
+                self.live.emit(BudgetNotExtended("wall", why, request))
                 return False
             new = amendment.plan["budget"]["wall_seconds"]
             question = self._question(
@@ -381,18 +384,18 @@ class MidRun:
             answer = await self._ask_for_host(question)
             if not answer.approved:
                 said = self._answered(request, "budget", name, reason, amendment, answer)
-                self.live.note(f"wall budget not extended ({said}): the run stops when it runs out")
+                self.live.emit(BudgetNotExtended("wall", said))
                 return False
             assert self.channel is not None
             if not await self.channel.extend_wall(next(self._numbers), float(new)):
                 why = "approved, but the container did not take the new deadline"
                 self._record(request, "budget", name, reason, "failed", answer.who, why, amendment)
-                self.live.note(f"↳ {request}: {why}", "red")
+                self.live.emit(RequestAnswered(request, "failed", why))
                 return False
             self.amender.accept_budget(amendment)
             said = f"wall budget extended to {format_duration(int(new))} ({answer.said()})"
             self._record(request, "budget", name, reason, "granted", answer.who, said, amendment)
-            self.live.note(f"↳ {request}: {said}")
+            self.live.emit(RequestAnswered(request, "granted", said))
             return True
 
     async def extend_budget(
@@ -411,9 +414,7 @@ class MidRun:
         )
         reason = self.live.redactor.scrub_any_case(neutralise(reason, newlines=False))
         name, what = limit, BRAIN_BUDGETS.get(limit, limit)
-        self.live.note(
-            f"budget request {request}: the brain ran out of its {what} budget ({reason})"
-        )
+        self.live.emit(BudgetRequest(request, what, reason))
         async with self._one_at_a_time:
             current = self.plan["budget"].get(limit) if limit in BRAIN_BUDGETS else None
             try:
@@ -428,7 +429,7 @@ class MidRun:
             except Refused as exc:
                 why = f"{exc}; the run stops"
                 self._record(request, "budget", name, reason, "refused", "manifests", why)
-                self.live.note(f"↳ {request}: {what} budget not extended: {why}", "yellow")
+                self.live.emit(BudgetNotExtended(what, why, request))
                 return {"granted": False, "message": why}
             question = self._question(
                 request,
@@ -440,7 +441,7 @@ class MidRun:
             answer = await self._ask_for_host(question)
             if not answer.approved:
                 said = self._answered(request, "budget", name, reason, amendment, answer)
-                self.live.note(f"{what} budget not extended ({said}): the run stops")
+                self.live.emit(BudgetNotExtended(what, said))
                 return {"granted": False, "message": said}
             if limit == "turns" and self.egress is not None:
                 # The key-injecting port caps the calls at the turn budget: it moves first.
@@ -451,12 +452,12 @@ class MidRun:
                     self._record(
                         request, "budget", name, reason, "failed", answer.who, why, amendment
                     )
-                    self.live.note(f"↳ {request}: {why}", "red")
+                    self.live.emit(RequestAnswered(request, "failed", why))
                     return {"granted": False, "message": why}
             self.amender.accept_budget(amendment)
             said = f"{what} budget extended to {_budget_shown(limit, new)} ({answer.said()})"
             self._record(request, "budget", name, reason, "granted", answer.who, said, amendment)
-            self.live.note(f"↳ {request}: {said}")
+            self.live.emit(RequestAnswered(request, "granted", said))
             return {"granted": True, "message": said, **left}
 
     async def watch_leases(self, poll_seconds: float = 5.0) -> None:
@@ -501,7 +502,7 @@ class MidRun:
             except Refused as exc:
                 why = f"{exc}; the run stops when the lease runs out"
                 self._record(request_id, "budget", category, reason, "refused", "manifests", why)
-                self.live.note(f"↳ {request_id}: lease budget not extended: {why}", "yellow")
+                self.live.emit(BudgetNotExtended("lease", why, request_id))
                 return
             [entry] = [c for c in amendment.plan["credentials"] if c["category"] == category]
             question = self._question(
@@ -514,16 +515,14 @@ class MidRun:
             answer = await self._ask_for_host(question)
             if not answer.approved:
                 said = self._answered(request_id, "budget", category, reason, amendment, answer)
-                self.live.note(
-                    f"lease budget not extended ({said}): the run stops when it runs out"
-                )
+                self.live.emit(BudgetNotExtended("lease", said))
                 return
             if lease.closed:
                 why = "approved, but the lease had run out before the answer came"
                 self._record(
                     request_id, "budget", category, reason, "failed", answer.who, why, amendment
                 )
-                self.live.note(f"↳ {request_id}: {why}", "red")
+                self.live.emit(RequestAnswered(request_id, "failed", why))
                 return
             lease.budget = Budget(int(entry["budget_seconds"]), int(entry["renewals"]))
             self.amender.accept_lease_budget(amendment, category)
@@ -534,7 +533,7 @@ class MidRun:
             self._record(
                 request_id, "budget", category, reason, "granted", answer.who, said, amendment
             )
-            self.live.note(f"↳ {request_id}: {said}")
+            self.live.emit(RequestAnswered(request_id, "granted", said))
 
     # --- shared ------------------------------------------------------------------------
 
@@ -568,7 +567,7 @@ class MidRun:
         said = answer.said()
         outcome: RecordOutcome = "timeout" if answer.outcome == "timeout" else "denied"
         self._record(request, kind, name, reason, outcome, answer.who, said, amendment)
-        self.live.note(f"↳ {request} {amendment.category}: {said}")
+        self.live.emit(RequestAnswered(request, outcome, said, amendment.category))
         return said
 
     def _record(

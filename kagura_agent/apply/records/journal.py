@@ -25,6 +25,7 @@ from datetime import UTC
 from typing import Any
 
 from kagura_agent.apply.records.live import LiveView
+from kagura_agent.apply.records.progress import TimelineIncomplete
 from kagura_agent.clock import Clock
 from kagura_agent.errors import SetupError
 from kagura_agent.state import Location, StateDbError, StateStore
@@ -171,4 +172,4 @@ def recording(live: LiveView, location: Location, run_id: str, clock: Clock) -> 
         live.keep = None
         kept.close()
         if kept.problem:
-            live.note(f"the run's timeline is incomplete: {kept.problem}", "yellow")
+            live.emit(TimelineIncomplete(kept.problem))

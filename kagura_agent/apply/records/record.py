@@ -13,6 +13,14 @@ import dataclasses
 from typing import Any
 
 from kagura_agent.apply.records.live import LiveView
+from kagura_agent.apply.records.progress import (
+    FailuresLinked,
+    GraduationDemoted,
+    GraduationNoEvidence,
+    OutputMemory,
+    RunFinished,
+    TokensOverBudget,
+)
 from kagura_agent.apply.run.context import RunContext, RunResult
 from kagura_agent.clock import iso
 from kagura_agent.graduation.ledger import record_outcome as graduation_evidence
@@ -56,18 +64,14 @@ def record_result(ctx: RunContext, result: RunResult) -> str | None:
         evidence.append(("brain finished without error", 1))
     categories = [a["category"] for a in plan["approvals"] if a["class"] != "baseline"]
     if categories and agents and success:
-        live.note("graduation: a sub-agent's own verify commands earn no evidence")
+        live.emit(GraduationNoEvidence())
     elif categories:
         recorded = graduation_evidence(
             store, categories, run_id, plan["task"]["name"], plan["intent"], evidence, clock
         )
         for category in recorded.demoted:
             # Say why: a run that "succeeded" but had no verify commands still counts here.
-            live.note(
-                f"graduation: {category} demoted to ask-every-time, its count restarts"
-                f" ({recorded.reason})",
-                "red",
-            )
+            live.emit(GraduationDemoted(category, recorded.reason))
     output_memory = None
     memory = open_memory(plan["memory"], clock=clock)
     try:
@@ -100,15 +104,9 @@ def record_result(ctx: RunContext, result: RunResult) -> str | None:
                 trust=trust,
             )
             if fixed.fix is not None:
-                live.note(
-                    f"linked this run as the fix of {len(fixed.prevents)} earlier failure(s):"
-                    f" {fixed.fix.summary}"
-                )
+                live.emit(FailuresLinked(len(fixed.prevents), fixed.fix.summary))
             if fixed.unchanged:
-                live.note(
-                    f"{len(fixed.unchanged)} earlier failure(s) stay open: this run changed"
-                    " nothing recorded (steps, instruction, capabilities) since"
-                )
+                live.emit(FailuresLinked(0, open=len(fixed.unchanged)))
         else:
             # The brain's error text is the agent's own words: untrusted. A verify failure
             # is the task's command and the host's exit code: trusted, unless the agent
@@ -137,16 +135,9 @@ def record_result(ctx: RunContext, result: RunResult) -> str | None:
         else:
             finish_spending(store, session, clock=clock)
     record_applied(store, plan, iso(clock.now()))
-    verdict = "succeeded" if success else "FAILED"
-    live.phase(
-        f"run {run_id} {verdict} in {result.wall_seconds:.1f}s"
-        + (f", cost ${result.cost_usd:.4f}" if result.cost_usd is not None else "")
-    )
+    live.emit(RunFinished(run_id, success, result.wall_seconds, result.cost_usd))
     if output_memory:
-        live.note(
-            f"output memory {output_memory} (the parent recalls it:"
-            f" kagura-agent memory show {output_memory})"
-        )
+        live.emit(OutputMemory(output_memory))
     return output_memory
 
 
@@ -166,7 +157,7 @@ def _note_overruns(plan: Plan, result: RunResult, live: LiveView) -> None:
     limit = plan["budget"]["tokens"]
     used = (result.input_tokens or 0) + (result.output_tokens or 0)
     if limit and used > limit:
-        live.note(f"the run used {used:,} tokens, over its learnt budget of {limit:,}", "yellow")
+        live.emit(TokensOverBudget(used, limit))
 
 
 def _record_child_output(memory: MemoryStore, plan: Plan, run_id: str, result: RunResult) -> str:

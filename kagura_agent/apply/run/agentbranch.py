@@ -23,6 +23,7 @@ from pathlib import Path
 from kagura_agent.agentgit.export import Exported, export_branch
 from kagura_agent.agentgit.importer import Imported, import_branch
 from kagura_agent.agentgit.seed import seed_argv
+from kagura_agent.apply.records.progress import AgentRepository, BranchTaken, BranchTaking
 from kagura_agent.apply.run.context import ApplyRuntime, RunContext
 from kagura_agent.errors import KaguraError, SetupError
 from kagura_agent.plan.commits import branch_of
@@ -55,9 +56,7 @@ class AgentBranch:
         if code != 0:
             said = output.decode("utf-8", "replace").strip()[-300:]
             raise SetupError(f"could not make the agent's repository (exit {code}): {said}")
-        self.ctx.live.phase(
-            f"the agent's repository: branch {self.branch} at {str(self.section['seed'])[:12]}"
-        )
+        self.ctx.live.emit(AgentRepository(self.branch, str(self.section["seed"])))
 
     async def export(self, runtime: ApplyRuntime, container_id: str) -> None:
         """Take its refs and its branch out of the still-running container."""
@@ -73,7 +72,7 @@ class AgentBranch:
             branch=self.branch,
             limit=int(self.section["bundle_bytes"]),
             folder=self._folder,
-            note=self.ctx.live.phase,
+            note=lambda _line: self.ctx.live.emit(BranchTaking(self.branch)),
         )
 
     def take(self, stopped: str | None) -> Imported | None:
@@ -92,16 +91,14 @@ class AgentBranch:
                     self.branch, "refused", why="its container ended before its turn did"
                 )
             else:
-                self.ctx.live.phase(f"checking the agent's commits for branch {self.branch}")
+                self.ctx.live.emit(BranchTaking(self.branch, checking=True))
                 result = import_branch(
                     self.section, self.ctx.plan["task"]["project_root"], self.branch, self._exported
                 )
         finally:
             self.close()
-        self.ctx.live.note(
-            result.summary(self.ctx.plan["task"]["project_root"]),
-            "green" if result.status == "imported" else "yellow",
-        )
+        summary = result.summary(self.ctx.plan["task"]["project_root"])
+        self.ctx.live.emit(BranchTaken(summary, result.status == "imported"))
         return result
 
     def close(self) -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kagura_agent.apply.records.progress import SessionConversation
 from kagura_agent.apply.run.context import RunContext
 from kagura_agent.brain.channel import BrainChannel, TranscriptRefused
 from kagura_agent.patterns.checkpoint import session_owner
@@ -82,24 +83,14 @@ class Conversation:
         resumes, or None (a new conversation, said why)."""
         kept = load_transcript(ctx.store, self.session, self.owner)
         if kept is None or kept.brain_session_id != brain_session_id:
-            ctx.live.note(
-                f"session {self.session!r}: its last conversation was not kept; the brain"
-                " starts a new one"
-            )
+            ctx.live.emit(SessionConversation(self.session, "missing"))
             return None
         try:
             await channel.send_transcript(brain_session_id, self.cwd, kept.data)
         except TranscriptRefused as exc:
-            ctx.live.note(
-                f"session {self.session!r}: the container did not take its conversation"
-                f" ({exc}); the brain starts a new one",
-                "yellow",
-            )
+            ctx.live.emit(SessionConversation(self.session, "refused", why=str(exc)))
             return None
-        ctx.live.note(
-            f"session {self.session!r}: its conversation ({format_size(kept.size)}) is back"
-            " in the container's HOME; nothing else of the last run's HOME is"
-        )
+        ctx.live.emit(SessionConversation(self.session, "restored", size=format_size(kept.size)))
         return brain_session_id
 
     async def take_back(
@@ -135,20 +126,10 @@ class Conversation:
                 self._kept(ctx, kept, evicted)
                 return
         drop_transcript(ctx.store, self.session)
-        ctx.live.note(
-            f"session {self.session!r}: its conversation was not kept ({why}); its next run"
-            " starts a new one",
-            "yellow",
-        )
+        ctx.live.emit(SessionConversation(self.session, "not_kept", why=why))
 
     def _kept(self, ctx: RunContext, kept: KeptTranscript, evicted: list[str]) -> None:
-        ctx.live.note(
-            f"session {self.session!r}: its conversation is kept for the next run"
-            f" ({format_size(kept.size)}, scrubbed of this run's secrets)"
-        )
+        ctx.live.emit(SessionConversation(self.session, "kept", size=format_size(kept.size)))
         for session in evicted:
-            ctx.live.note(
-                f"session {session!r}: its conversation was dropped to keep at most"
-                f" {self.limits.per_owner} per project and task kind,"
-                f" {self.limits.total} in all"
-            )
+            most = f"{self.limits.per_owner} per project and task kind, {self.limits.total} in all"
+            ctx.live.emit(SessionConversation(session, "dropped", why=most))

@@ -22,6 +22,17 @@ from dataclasses import dataclass
 
 from kagura_agent.apply.guards.tripwire import CREDS_WATCH_SECONDS, ContainerTraps
 from kagura_agent.apply.records.live import LiveView
+from kagura_agent.apply.records.progress import (
+    BrainRunning,
+    CredentialBudgetExhausted,
+    DecoysUnwatched,
+    MessageDelivered,
+    PastBudget,
+    ReleaseProblem,
+    SessionResumed,
+    SteeringIgnored,
+    TrapProblem,
+)
 from kagura_agent.apply.run.context import BrainOutcome, RunContext
 from kagura_agent.apply.run.conversation import Conversation
 from kagura_agent.apply.run.sessionbook import SessionBook
@@ -73,7 +84,7 @@ async def drive_brain(
         # out too); verify runs elsewhere, after the brain is gone.
         names = _bundle_names(leases)
         for problem in await withdraw(None if channel.closed else channel, leases):
-            ctx.live.note(f"release problem (kept for the sweeper): {problem}", "red")
+            ctx.live.emit(ReleaseProblem(problem))
         if traps is not None and leases and not channel.closed:
             await _watch_after_wipe(traps, names, ctx.live)
         if before_stop is not None:
@@ -93,13 +104,13 @@ def _bundle_names(leases: Sequence[Lease]) -> list[str]:
 async def _watch_after_wipe(traps: ContainerTraps, names: list[str], live: LiveView) -> None:
     """Decoys take the wiped credentials' names, watched a moment before the stop."""
     for problem in traps.after_wipe(names):
-        live.note(problem, "yellow")
+        live.emit(TrapProblem(problem))
     if not traps.wiped:
         return
     if traps.only_entrypoint_left():
         # Nobody is left to look: every process in the container is one of the
         # entrypoint's own, there before the turn and out of the tools' reach since.
-        live.note("credential decoys planted; no process of the agent's is left to watch")
+        live.emit(DecoysUnwatched())
         return
     await asyncio.sleep(CREDS_WATCH_SECONDS)
 
@@ -169,14 +180,11 @@ class _Turn:
                 if not isinstance(text, str):
                     raise TypeError
             except (ValueError, KeyError, TypeError):
-                self.ctx.live.note('steering: ignored a line that is not {"text": "..."}')
+                self.ctx.live.emit(SteeringIgnored())
                 continue
             number += 1
             taken, reason = await self.channel.send_user_message(number, text)
-            if taken:
-                self.ctx.live.note(f"↳ message {number} reached the brain as its next user message")
-            else:
-                self.ctx.live.note(f"↳ message {number} did not reach the brain: {reason}")
+            self.ctx.live.emit(MessageDelivered(number, taken, reason))
         if isinstance(asker, ChatAsker):
             asker.gone()
 
@@ -185,7 +193,7 @@ class _Turn:
         self.book = SessionBook(self.ctx, checkpoint, self.leases)
         completed, session_id = 0, None
         if checkpoint is not None:
-            self.ctx.live.phase(checkpoint.message())
+            self.ctx.live.emit(SessionResumed(checkpoint.message()))
             self.tally.resumed_from = checkpoint.step
             completed = checkpoint.step if self.plan["brain"]["engine"] == "script" else 0
             session_id = checkpoint.brain_session_id
@@ -205,9 +213,7 @@ class _Turn:
         counted = asyncio.create_task(self._watch_calls()) if midrun is not None else None
         # The container is up and the turn is sent: say so, or the run would still read
         # "starting container" while the brain works.
-        self.ctx.live.phase(
-            f"brain {self.plan['brain']['name']} ({self.plan['brain']['engine']}) running"
-        )
+        self.ctx.live.emit(BrainRunning(self.plan["brain"]["name"], self.plan["brain"]["engine"]))
         try:
             async for event in self.channel.run_turn(turn):
                 self.ctx.live.brain(event)
@@ -280,7 +286,7 @@ class _Turn:
         """Today's budget stop, once (the turn's events and the proxy count both see it)."""
         if self.tally.error is not None and self.tally.error.startswith("budget:"):
             return
-        self.ctx.live.note(f"the brain went on past its budget ({why}); stopping")
+        self.ctx.live.emit(PastBudget(why, stopping=True))
         self.tally.error = f"budget: {why}, not extended"
         await self.channel.stop()
 
@@ -289,6 +295,6 @@ class _Turn:
         try:
             await keep_fresh(self.channel, self.leases, poll_seconds=RENEW_CHECK_SECONDS)
         except RefusedError as exc:
-            self.ctx.live.note(f"credential budget exhausted: {exc.message}; stopping", "red")
+            self.ctx.live.emit(CredentialBudgetExhausted(exc.message))
             self.tally.error = f"budget: {exc.message}"
             await self.channel.stop()
