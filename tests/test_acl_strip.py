@@ -239,7 +239,7 @@ def test_after_kill_9_the_sweep_uses_the_acls_recorded_when_the_run_opened(
             store,
             _NoContainers(),
             clock,
-            lambda line, _colour: said.append(line),  # type: ignore[arg-type]
+            lambda finding: said.append(finding.message),
         )
     assert swept == ["run-dead"]
     assert _get(root / "f", acl.ACCESS) is None

@@ -327,7 +327,7 @@ def test_after_kill_9_the_next_applys_sweep_moves_it_aside_and_says_so(
             store,
             _NoContainers(),
             clock,
-            lambda line, _colour: said.append(line),  # type: ignore[arg-type]
+            lambda finding: said.append(finding.message),
         )
     assert swept == ["run-dead"]
     _status_runs_nothing(root, marker)

@@ -18,6 +18,7 @@ from apply_helpers import plan_for_root
 from kagura_agent.apply.aftercare.quarantine import refuse_quarantined
 from kagura_agent.apply.aftercare.root import check_again
 from kagura_agent.apply.aftercare.setid import CTIME_SLACK
+from kagura_agent.apply.records.progress import Severity
 from kagura_agent.apply.records.runs import open_run, sweep_dead_runs
 from kagura_agent.clock import FixedClock
 from kagura_agent.errors import RefusedError
@@ -62,16 +63,16 @@ def test_after_kill_9_the_sweep_quarantines_a_root_it_cannot_finish(
     (root / "fine").write_bytes(b"")
     (root / "fine").chmod(0o4755)
     _immutable(stuck, True)
-    said: list[tuple[str, str]] = []
+    said: list[tuple[str, Severity]] = []
     with open_store() as store:
         swept = sweep_dead_runs(
             store,
             _NoContainers(),  # type: ignore[arg-type]
             clock,
-            lambda line, colour: said.append((line, colour)),
+            lambda finding: said.append((finding.message, finding.severity)),
         )
     assert swept == ["run-dead"]
-    red = [line for line, colour in said if colour == "red"]
+    red = [line for line, severity in said if severity == Severity.PROBLEM]
     real = root.resolve()
     assert red[0].startswith(
         f"QUARANTINED {real}: the aftercare could not check 1 entry (Operation not permitted: 1)"
@@ -147,15 +148,15 @@ def test_a_planted_repository_it_cannot_move_aside_quarantines_the_root(
     (planted / "HEAD").write_text("ref: refs/heads/main\n")
     (planted / "config").write_text("[core]\n\tfsmonitor = touch PWNED; false\n")
     _immutable(root / "lib", True)
-    said: list[tuple[str, str]] = []
+    said: list[tuple[str, Severity]] = []
     with open_store() as store:
         sweep_dead_runs(
             store,
             _NoContainers(),  # type: ignore[arg-type]
             clock,
-            lambda line, colour: said.append((line, colour)),
+            lambda finding: said.append((finding.message, finding.severity)),
         )
-        red = [line for line, colour in said if colour == "red"]
+        red = [line for line, severity in said if severity == Severity.PROBLEM]
         assert red and red[0].startswith(
             f"QUARANTINED {root.resolve()}: the aftercare could not check 1 entry"
             " (a submodule or the root's repository: 1)"

@@ -121,7 +121,7 @@ def sweep_own_leftovers(config: RunnerConfig) -> None:
                 runtime,
                 clock,
                 # A dead run's root quarantined says so here (the runner's log), in full.
-                lambda line, _colour: log(config, line),
+                lambda finding: log(config, finding.message),
                 # A dead run's proxy: its log is salvaged before the run's containers go.
                 before_removal=lambda: removed.extend(runtime.sweep_egress(store)),
             )

@@ -35,7 +35,7 @@ from kagura_agent.apply.aftercare.quarantine import (
     release,
 )
 from kagura_agent.apply.aftercare.setid import SetidReport, clear_setid
-from kagura_agent.apply.records.progress import RootFinding, Severity, legacy_colour
+from kagura_agent.apply.records.progress import RootFinding, Severity
 from kagura_agent.clock import Clock
 from kagura_agent.errors import RefusedError
 from kagura_agent.hygiene import neutralise
@@ -64,12 +64,6 @@ class Care:
     findings: tuple[RootFinding, ...]  # for the run's view (a dead run's: the sweep's)
     moved_aside: tuple[dict[str, str], ...]  # path, to, why (relative to the root)
     quarantined: Quarantine | None = None
-
-    @property
-    def lines(self) -> tuple[tuple[str, str], ...]:
-        """The findings as the compatibility path of the live view takes them: each line
-        and the colour of its severity (LiveView.note)."""
-        return tuple((f.message, legacy_colour(f.severity)) for f in self.findings)
 
     @property
     def failed(self) -> str | None:

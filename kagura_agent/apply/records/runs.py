@@ -22,6 +22,7 @@ from typing import Any
 from kagura_agent.apply.aftercare.root import RootBefore, tend
 from kagura_agent.apply.aftercare.setid import ctime_floor
 from kagura_agent.apply.guards.parentdeath import PARENT_ENV, PARENT_ROOT_ENV
+from kagura_agent.apply.records.progress import RootFinding
 from kagura_agent.apply.run.context import ApplyRuntime
 from kagura_agent.clock import Clock, iso
 from kagura_agent.errors import RefusedError
@@ -112,13 +113,13 @@ def sweep_dead_runs(
     store: StateStore,
     runtime: ApplyRuntime,
     clock: Clock,
-    on_note: Callable[[str, str], None] | None = None,
+    on_event: Callable[[RootFinding], None] | None = None,
     before_removal: Callable[[], object] | None = None,
 ) -> list[str]:
     """Remove the containers of runs whose applying process died, then clear what setuid
     and setgid bits and world-write they left in their project roots, and move aside the
-    git repositories they planted there (``on_note`` gets each line worth saying, and its
-    colour: red for a root quarantined because its walk could not check every entry,
+    git repositories they planted there (``on_event`` gets what the aftercare found: a
+    problem for a root quarantined because its walk could not check every entry,
     apply/aftercare/quarantine.py); close their rows. Runs of another host are left to that
     host (its containers are on
     its daemon, its roots on its disks). ``before_removal`` is called once, before the
@@ -151,9 +152,9 @@ def sweep_dead_runs(
                 before=RootBefore(row["root_acl"]),
                 withhold_names=True,
             )
-            if on_note is not None:
-                for line, colour in care.lines:
-                    on_note(line, colour)
+            if on_event is not None:
+                for finding in care.findings:
+                    on_event(finding)
         close_run(store, row["run_id"], "crashed", -1, clock)
         swept.append(row["run_id"])
     return swept

@@ -301,8 +301,8 @@ def _aftercare(ctx: RunContext, since: int, before: RootBefore) -> Care:
     apply's sweep); a root it could not check to the end is quarantined and fails the run."""
     root = ctx.plan["task"]["project_root"]
     care = tend(ctx.store, root, ctx.run_id, since, ctx.clock, before=before)
-    for line, colour in care.lines:
-        ctx.live.note(line, colour)
+    for finding in care.findings:
+        ctx.live.emit(finding)
     return care
 
 
@@ -385,7 +385,7 @@ def _sweep(store: StateStore, runtime: ApplyRuntime | None, clock: Clock, live: 
         store,
         runtime,
         clock,
-        live.note,
+        live.emit,
         # A dead run's proxy: its log is salvaged before the run's containers go.
         before_removal=lambda: removed.extend(runtime.sweep_egress(store)),
     )
