@@ -142,7 +142,7 @@ def test_on_a_terminal_the_operator_steers_and_answers_the_approval_prompt(
     seen: list[str] = []
     try:
         _read_until(primary, "(steering):", seen)
-        _read_until(primary, "> ", seen)
+        _read_until(primary, "s) > ", seen)
         os.write(primary, b"typed at the terminal: add a line\n")
         _read_until(primary, "[y/N]", seen)
         os.write(primary, b"y\n")

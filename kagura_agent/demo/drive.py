@@ -77,9 +77,18 @@ def read_line(prompt: str, default: str, timeout: float) -> str:
     """A line from the terminal (``default`` on an empty line, EOF or silence)."""
     sys.stderr.write(f"{prompt}\n  [Enter: {default!r}] (in {timeout:g}s) > ")
     sys.stderr.flush()
-    ready, _, _ = select.select([sys.stdin], [], [], timeout)
-    line = sys.stdin.readline() if ready else ""
-    return line.strip()[:2000] or default
+    # Bytes straight from the descriptor, as tty_prompt reads the approval after it: a line
+    # in Python's buffer would be unseen by its select().
+    fd = sys.stdin.fileno()
+    deadline = time.monotonic() + timeout
+    line = b""
+    while not line.endswith(b"\n") and len(line) < 4096:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 1) if ready else b""
+        if not chunk:  # silence or EOF
+            break
+        line += chunk
+    return line.decode(errors="replace").strip()[:2000] or default
 
 
 def run_apply(
