@@ -9,10 +9,12 @@ import ast
 import io
 import json
 import typing
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from apply_helpers import plan_for_root
 
 import kagura_agent
 from kagura_agent.apply.records import progress
@@ -30,7 +32,8 @@ from kagura_agent.apply.records.progress import (
     from_json,
     to_json,
 )
-from kagura_agent.clock import SystemClock
+from kagura_agent.apply.records.runs import open_run, sweep_dead_runs
+from kagura_agent.clock import FixedClock, SystemClock
 from kagura_agent.cockpit.runner import chat_line
 from kagura_agent.membrane.secrets import Redactor
 from kagura_agent.state import open_store
@@ -225,3 +228,38 @@ def test_the_check_sees_words_and_colours() -> None:
         "4: the colour 'yellow'",
         "6: Note",
     ]
+
+
+@pytest.mark.usefixtures("without_docker")
+def test_the_dead_run_sweep_tells_the_roots_aftercare_as_events(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """What the sweep of a dead run repaired in its root reaches the next run's view as
+    the same RootFinding events a run's own end emits (apply's _sweep passes live.emit)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    clock = FixedClock(datetime.now(UTC).replace(microsecond=0))
+    with open_store() as store:
+        open_run(store, plan_for_root(tmp_path, root), "run-dead", clock)
+        with store.transaction() as conn:
+            conn.execute("UPDATE runs SET pid_start = 'not-a-process-here'")
+    (root / "tool").write_bytes(b"#!/bin/sh\n")
+    (root / "tool").chmod(0o4755)
+    found: list[ProgressEvent] = []
+    with open_store() as store:
+        swept = sweep_dead_runs(store, _NoContainers(), clock, on_event=found.append)  # type: ignore[arg-type]
+    assert swept == ["run-dead"]
+    assert found and all(isinstance(f, progress.RootFinding) for f in found), found
+    assert [f.severity for f in found] == [Severity.WARNING]
+    assert [f.message for f in found] == [
+        "cleared setuid/setgid on 1 file(s): names withheld (the run was killed)"
+    ]
+    assert not (root / "tool").stat().st_mode & 0o4000
+
+
+class _NoContainers:
+    def list(self, labels: dict[str, str]) -> list[str]:
+        return []
+
+    def remove(self, container_id: str, *, force: bool = False) -> None:
+        raise AssertionError("nothing to remove")
