@@ -164,3 +164,13 @@ class Tripwire:
         self._server.close()
         Path(self.path).unlink(missing_ok=True)
         os.rmdir(self.folder)
+
+
+def require_extra(module: str, extra: str) -> None:
+    """Skip the calling test module when an optional extra is not installed, found without
+    importing it: the SDK and what it pulls in cost each pytest worker 2 s to import at
+    collection, for modules whose tests mostly run it in a child process anyway."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"the {extra!r} extra is not installed", allow_module_level=True)

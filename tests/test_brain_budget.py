@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from resources import require_extra
 
 from kagura_agent.brain.engines.sdk import SdkBrain
 from kagura_agent.brain.events import (
@@ -27,7 +28,7 @@ from kagura_agent.brain.protocol import Budget, Turn
 from testing.cli_options import option
 from testing.fake_claude import FAKE_CLAUDE, FAKE_DIR
 
-pytest.importorskip("claude_agent_sdk", reason="the 'claude' extra is not installed")
+require_extra("claude_agent_sdk", "claude")
 
 
 class Host:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from brain_helpers import DictMemory, attached, collect
+from resources import require_extra
 
 from kagura_agent.brain.engines import select_engine
 from kagura_agent.brain.engines.kagura_brain import KaguraBrain
@@ -28,8 +29,8 @@ from kagura_agent.brain.protocol import Brain, Budget, Turn
 from testing.cli_options import option
 from testing.fake_claude import FAKE_CLAUDE, FAKE_DIR
 
-pytest.importorskip("claude_agent_sdk", reason="the 'claude' extra is not installed")
-pytest.importorskip("kagura_brain", reason="the 'brain' extra is not installed")
+require_extra("claude_agent_sdk", "claude")
+require_extra("kagura_brain", "brain")
 
 
 def run(brain: Brain, turn: Turn) -> list[BrainEvent]:
