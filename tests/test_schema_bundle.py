@@ -20,6 +20,8 @@ from kagura_agent.cli.main import main
 from kagura_agent.manifest.schema import KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
+# The documents are read at collection, in every worker: libyaml's parser when it is there.
+LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +43,12 @@ def _documents() -> list[tuple[str, dict[str, Any]]]:
     ]
     found = []
     for file in sorted(files):
-        for index, doc in enumerate(yaml.safe_load_all(file.read_text())):
+        for index, doc in enumerate(yaml.load_all(file.read_text(), Loader=LOADER)):
             if doc:
                 found.append((f"{file.relative_to(ROOT)}#{index}", doc))
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for block in re.findall(r"^```yaml\n(.*?)^```", page.read_text(), re.M | re.S):
-            for index, doc in enumerate(yaml.safe_load_all(block)):
+            for index, doc in enumerate(yaml.load_all(block, Loader=LOADER)):
                 found.append((f"{page.relative_to(ROOT)}#{index}", doc))
     return found
 
