@@ -57,6 +57,7 @@ from kagura_agent.membrane.egress.session import (
     PROXY_USER,
     SOCKET_NAME,
     AgentNetworkConfig,
+    EgressRequest,
     EgressSession,
     start_forwarder,
 )
@@ -358,7 +359,9 @@ def main() -> int:
         starts = []
         for i in range(args.starts):
             began = time.monotonic()
-            session = EgressSession.start(client, PLAN, f"bench-start-{i}", store=store)
+            session = EgressSession.start(
+                client, EgressRequest(PLAN, f"bench-start-{i}"), store=store
+            )
             starts.append((time.monotonic() - began) * 1000)
             session.close()
         upstream = client.containers.run(
@@ -382,7 +385,7 @@ def main() -> int:
         upstream.reload()
         ip = upstream.attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
         paths.append(Path_("direct", direct, f"http://{ip}", [direct, upstream]))
-        egress = EgressSession.start(client, PLAN, "bench-transfer", store=store)
+        egress = EgressSession.start(client, EgressRequest(PLAN, "bench-transfer"), store=store)
         sessions.append(egress)
         client.networks.get(egress.outbound_network).connect(upstream, aliases=["upstream.test"])
         net = egress.agent_network_config()

@@ -42,7 +42,7 @@ import docker
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kagura_agent.membrane.egress.modelport import Injection
-from kagura_agent.membrane.egress.session import EgressSession
+from kagura_agent.membrane.egress.session import EgressRequest, EgressSession
 from testing.egress_images import ensure_egress_images, start_forwarder
 from testing.fake_messages_api import fake_messages_api_container
 
@@ -148,8 +148,7 @@ def world(client: Any) -> Iterator[tuple[Any, Any]]:
     }
     with contextlib.ExitStack() as stack:
         fake = stack.enter_context(fake_messages_api_container(client, refs["base"], LABEL, script))
-        session = EgressSession.start(
-            client,
+        request = EgressRequest(
             {"egress": {"mode": "proxy", "allow": []}, "budget": {"turns": None}},
             f"bench-model-calls-{time.monotonic_ns()}",
             injection=Injection(host=HOST, port=fake.port, tls=False),
@@ -157,6 +156,7 @@ def world(client: Any) -> Iterator[tuple[Any, Any]]:
             extra_hosts={HOST: fake.address},
             extra_networks=(fake.network,),
         )
+        session = EgressSession.start(client, request)
         stack.callback(session.close)
         net = session.agent_network_config()
         # Unlike a run's agent it also has a network (the fake's), for the direct calls;

@@ -28,6 +28,7 @@ from kagura_agent.apply.run.context import EgressSink
 from kagura_agent.apply.run.docker import DockerApplyRuntime
 from kagura_agent.clock import Clock
 from kagura_agent.membrane.egress.modelport import Injection
+from kagura_agent.membrane.egress.request import EgressRequest
 from kagura_agent.membrane.egress.session import EgressSession
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
@@ -132,20 +133,14 @@ class FakeAnthropicRuntime(DockerApplyRuntime):
         if injection is not None:
             injection = dataclasses.replace(injection, host=HOST, port=self.fake.port, tls=False)
         resolver = self.fake.address if self.fake.dns else None
+        request = EgressRequest.for_run(
+            plan, run_id, injection=injection, injection_secret=injection_secret, scrub=scrub
+        )
+        request = dataclasses.replace(
+            request, extra_hosts={HOST: self.fake.address}, extra_networks=(self.fake.network,)
+        )
         return EgressSession.start(
-            _Sealed(self.client, resolver),
-            plan,
-            run_id,
-            on_event,
-            store=store,
-            clock=clock,
-            injection=injection,
-            injection_secret=injection_secret,
-            extra_hosts={HOST: self.fake.address},
-            extra_networks=(self.fake.network,),
-            scrub=scrub,
-            sweep=False,
-            log_ceiling=plan["tripwires"]["egress_log_bytes"],
+            _Sealed(self.client, resolver), request, on_event, store=store, clock=clock
         )
 
 

@@ -28,6 +28,7 @@ from kagura_agent.apply.run.context import EgressSink
 from kagura_agent.apply.run.docker import DockerApplyRuntime
 from kagura_agent.clock import Clock
 from kagura_agent.membrane.egress.modelport import Injection
+from kagura_agent.membrane.egress.request import EgressRequest
 from kagura_agent.membrane.egress.session import EgressSession
 from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
@@ -78,20 +79,12 @@ class FakeEndpointRuntime(DockerApplyRuntime):
             fake.trust(issued(route.trust_from))
             injection = dataclasses.replace(injection, port=route.port, tls=False)
             hosts[injection.host] = route.address
+        request = EgressRequest.for_run(
+            plan, run_id, injection=injection, injection_secret=injection_secret, scrub=scrub
+        )
+        request = dataclasses.replace(request, extra_hosts=hosts, extra_networks=(route.network,))
         return EgressSession.start(
-            _Sealed(self.client),
-            plan,
-            run_id,
-            on_event,
-            store=store,
-            clock=clock,
-            injection=injection,
-            injection_secret=injection_secret,
-            extra_hosts=hosts,
-            extra_networks=(route.network,),
-            scrub=scrub,
-            sweep=False,
-            log_ceiling=plan["tripwires"]["egress_log_bytes"],
+            _Sealed(self.client), request, on_event, store=store, clock=clock
         )
 
 

@@ -48,7 +48,7 @@ from team_helpers import queue_url, runners, wait_registered, wait_until  # noqa
 from kagura_agent.membrane import images
 from kagura_agent.membrane.egress import pool
 from kagura_agent.membrane.egress.owner import COMPONENT_OUTBOUND, COMPONENT_PROXY, LABEL_COMPONENT
-from kagura_agent.membrane.egress.session import EgressSession
+from kagura_agent.membrane.egress.session import EgressRequest, EgressSession
 from kagura_agent.membrane.hardening import LABEL_RUN
 from kagura_agent.plan import planfile
 from kagura_agent.team import queue
@@ -394,7 +394,7 @@ def test_a_warm_proxy_of_another_image_never_serves_a_pinned_plan(
                 time.sleep(0.1)
             run_id = f"test-pinned-{time.monotonic_ns()}"
             session = EgressSession.start(
-                docker_client, plan, run_id, image=RELABELLED, from_pool=True
+                docker_client, EgressRequest(plan, run_id, image=RELABELLED, from_pool=True)
             )
             try:
                 assert not session.warm

@@ -17,7 +17,7 @@ from kagura_agent.apply.guards.tripwire import Tripwire
 from kagura_agent.cli.main import main
 from kagura_agent.membrane.egress import audit
 from kagura_agent.membrane.egress.policy import load_policy
-from kagura_agent.membrane.egress.session import EgressSession
+from kagura_agent.membrane.egress.session import EgressRequest, EgressSession
 from kagura_agent.state import open_store
 from testing.egress_images import ensure_egress_images, start_forwarder
 
@@ -136,11 +136,8 @@ def test_a_flooding_agent_is_stopped_at_the_log_ceiling(docker_client: Any, stat
     ceiling, rows = 400_000, 300
     session = EgressSession.start(
         docker_client,
-        {"egress": EGRESS},
-        run_id,
+        EgressRequest({"egress": EGRESS}, run_id, log_ceiling=ceiling, event_ceiling=rows),
         tripwire.egress,
-        log_ceiling=ceiling,
-        event_ceiling=rows,
     )
     try:
         net = session.agent_network_config()

@@ -26,9 +26,9 @@ from testing.egress_images import ensure_egress_images
 # A stand-in for the applying process: it starts a run's egress, says so, and waits.
 CHILD = """
 import sys, time, docker
-from kagura_agent.membrane.egress.session import EgressSession
+from kagura_agent.membrane.egress.session import EgressRequest, EgressSession
 plan = {"egress": {"mode": "proxy", "allow": [{"host": "allowed.test", "port": 8443}]}}
-with EgressSession.start(docker.from_env(), plan, sys.argv[1]) as egress:
+with EgressSession.start(docker.from_env(), EgressRequest(plan, sys.argv[1])) as egress:
     print("ready", egress.proxy_name, flush=True)
     time.sleep(120)
 """

@@ -18,7 +18,7 @@ import pytest
 from kagura_agent.errors import RefusedError, SetupError
 from kagura_agent.membrane.egress import audit
 from kagura_agent.membrane.egress.owner import LABEL_COMPONENT
-from kagura_agent.membrane.egress.session import EgressSession
+from kagura_agent.membrane.egress.session import EgressRequest, EgressSession
 from kagura_agent.state import StateStore, open_store
 from testing.egress_images import ensure_egress_images, start_forwarder
 from testing.fake_anthropic import SCRIPT as FAKE_ANTHROPIC_SCRIPT
@@ -148,7 +148,7 @@ def _world(
     run_id = f"test-{time.monotonic_ns()}"
     events: list[dict[str, Any]] = []
     session = EgressSession.start(
-        client, {"egress": PLAN_EGRESS}, run_id, events.append, store=store
+        client, EgressRequest({"egress": PLAN_EGRESS}, run_id), events.append, store=store
     )
     created: list[Any] = []
     try:
@@ -354,7 +354,8 @@ def test_unbuilt_proxy_image_refuses_to_start_and_leaves_nothing(
     run_id = f"test-noimage-{time.monotonic_ns()}"
     with pytest.raises(SetupError, match="not built"):
         EgressSession.start(
-            docker_client, {"egress": PLAN_EGRESS}, run_id, image="kagura/egress-proxy:none"
+            docker_client,
+            EgressRequest({"egress": PLAN_EGRESS}, run_id, image="kagura/egress-proxy:none"),
         )
     assert _leftovers(docker_client, run_id) == []
 
@@ -365,7 +366,7 @@ def test_unrenderable_allowlist_refuses_before_any_docker_object(
     run_id = f"test-bad-{time.monotonic_ns()}"
     plan = {"egress": {"mode": "proxy", "allow": [{"host": "10.0.0.1"}]}}
     with pytest.raises(RefusedError, match="IP literal"):
-        EgressSession.start(docker_client, plan, run_id)
+        EgressSession.start(docker_client, EgressRequest(plan, run_id))
     assert _leftovers(docker_client, run_id) == []
 
 
@@ -377,10 +378,9 @@ def test_proxy_that_exits_at_start_is_a_setup_error(
     with pytest.raises(SetupError, match=r"exited|not ready"):
         EgressSession.start(
             docker_client,
-            {"egress": PLAN_EGRESS},
-            run_id,
-            image=egress_images["base"],
-            ready_timeout=5,
+            EgressRequest(
+                {"egress": PLAN_EGRESS}, run_id, image=egress_images["base"], ready_timeout=5
+            ),
         )
     assert _leftovers(docker_client, run_id) == []
 
@@ -492,7 +492,9 @@ def forbidden_world(
         }
     }
     hosts = {f"{name}.forbidden.test": address for name, address in MUST_REFUSE.items()}
-    session = EgressSession.start(docker_client, plan, run_id, events.append, extra_hosts=hosts)
+    session = EgressSession.start(
+        docker_client, EgressRequest(plan, run_id, extra_hosts=hosts), events.append
+    )
     agent = None
     try:
         agent = _agent_behind(docker_client, egress_images["base"], session)
@@ -613,12 +615,14 @@ def test_the_anthropic_key_is_injected_at_the_proxy_and_never_in_the_agent(
         address = upstream.attrs["NetworkSettings"]["Networks"][side.name]["IPAddress"]
         session = EgressSession.start(
             docker_client,
-            plan,
-            run_id,
-            injection=injection,
-            injection_secret=CANARY_KEY,
-            extra_hosts={"api.anthropic.test": address},
-            extra_networks=(side.name,),
+            EgressRequest(
+                plan,
+                run_id,
+                injection=injection,
+                injection_secret=CANARY_KEY,
+                extra_hosts={"api.anthropic.test": address},
+                extra_networks=(side.name,),
+            ),
         )
         net = session.agent_network_config()
         agent = docker_client.containers.create(
@@ -775,7 +779,9 @@ def test_a_listed_name_resolving_to_an_address_of_the_docker_host_is_refused(
     }
     addresses = _host_ipv4_addresses()
     names = {f"h{i}.self.test": address for i, address in enumerate(addresses)}
-    session = EgressSession.start(docker_client, plan, run_id, [].append, extra_hosts=names)
+    session = EgressSession.start(
+        docker_client, EgressRequest(plan, run_id, extra_hosts=names), [].append
+    )
     agent = None
     try:
         # The control: a container on the proxy's network reaches the host's listener on

@@ -32,7 +32,7 @@ import pytest
 from apply_helpers import make_project, manifest_set, write_task
 
 from kagura_agent.membrane.egress.modelport import Injection
-from kagura_agent.membrane.egress.session import EgressSession
+from kagura_agent.membrane.egress.session import EgressRequest, EgressSession
 from kagura_agent.plan.build import plan_tasks
 from testing.egress_images import ensure_egress_images, start_forwarder, this_proxy_image
 from testing.fake_messages_api import key_marker
@@ -166,11 +166,9 @@ def open_endpoint(
         )
         fake.trust(trust)
         events: list[dict[str, Any]] = []
-        session = EgressSession.start(
-            client,
+        request = EgressRequest(
             plan,
             f"test-endpoint-{time.monotonic_ns()}",
-            events.append,
             image=images["proxy"],
             injection=dataclasses.replace(injection, port=fake.port, tls=False),
             injection_secret=secret,
@@ -178,6 +176,7 @@ def open_endpoint(
             extra_networks=(fake.network,),
             scrub=lambda text: text,
         )
+        session = EgressSession.start(client, request, events.append)
         stack.callback(session.close)
         net = session.agent_network_config()
         agent = client.containers.create(

@@ -33,7 +33,7 @@ import pytest
 
 from kagura_agent.apply.guards.modelcalls import ModelCalls
 from kagura_agent.membrane.egress.modelport import LOCAL_BETAS, Injection
-from kagura_agent.membrane.egress.session import EgressSession
+from kagura_agent.membrane.egress.session import EgressRequest, EgressSession
 from testing.egress_images import ensure_egress_images, start_forwarder
 from testing.fake_messages_api import fake_messages_api_container, key_marker
 
@@ -188,17 +188,16 @@ def open_port(
                 fake_messages_api_container(client, images["base"], TEST_LABEL, script or {})
             )
         events: list[dict[str, Any]] = []
-        session = EgressSession.start(
-            client,
+        request = EgressRequest(
             plan,
             run_id,
-            events.append,
             injection=Injection(host=HOST, port=upstream.port, tls=False),
             injection_secret=CANARY,
             extra_hosts={HOST: upstream.address},
             extra_networks=(upstream.network,),
             scrub=lambda text: text.replace(CANARY, "(canary)"),
         )
+        session = EgressSession.start(client, request, events.append)
         stack.callback(session.close)
         net = session.agent_network_config()
         agent = client.containers.create(

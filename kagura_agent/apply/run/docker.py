@@ -18,6 +18,7 @@ from kagura_agent.brain.streams import DockerAttachStream, DuplexStream
 from kagura_agent.clock import Clock
 from kagura_agent.membrane.egress.local import proxy_networks
 from kagura_agent.membrane.egress.modelport import Injection
+from kagura_agent.membrane.egress.request import EgressRequest
 from kagura_agent.membrane.egress.session import AgentNetworkConfig, EgressSession
 from kagura_agent.membrane.egress.sweep import sweep_orphans
 from kagura_agent.membrane.runtime import DockerRuntime, docker_errors
@@ -146,26 +147,18 @@ class DockerApplyRuntime(DockerRuntime):
         injection_secret: str | None,
         scrub: Callable[[str], str] | None = None,
     ) -> EgressSession:
-        return EgressSession.start(
-            self.client,
+        # apply's _sweep() ran sweep_egress at the start of this run: the request does not
+        # sweep again (3-4 daemon list calls per run, many at once when runs start together).
+        request = EgressRequest.for_run(
             plan,
             run_id,
-            on_event,
-            store=store,
-            clock=clock,
             injection=injection,
             injection_secret=injection_secret,
+            scrub=scrub,
             # A local model endpoint's network (checked there), which only the proxy joins.
             extra_networks=proxy_networks(self.client, plan),
-            scrub=scrub,
-            # apply's _sweep() ran sweep_egress at the start of this run: not again here
-            # (3-4 daemon list calls per run, many at once when runs start together).
-            sweep=False,
-            # The operator's pool knob (Policy spec.egress_pool), as the plan shows it.
-            from_pool=bool(plan["egress"].get("pool", False)),
-            # Past this much of the proxy's log the run is stopped as a flood.
-            log_ceiling=plan["tripwires"]["egress_log_bytes"],
         )
+        return EgressSession.start(self.client, request, on_event, store=store, clock=clock)
 
     def start_forwarder(self, container_id: str, config: AgentNetworkConfig) -> None:
         # apply creates every agent container that has egress with ``forward``: its own

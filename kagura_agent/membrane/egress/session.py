@@ -1,6 +1,6 @@
 """One run's egress: a squid proxy on an outbound network, reached over a Unix socket.
 
-    with EgressSession.start(client, plan, run_id, on_event) as egress:
+    with EgressSession.start(client, EgressRequest(plan, run_id), on_event) as egress:
         net = egress.agent_network_config()
         ...create the agent container with net.docker_kwargs() (network_mode none,
         the proxy environment, the socket volume read-only)...
@@ -63,6 +63,7 @@ from kagura_agent.membrane.egress.proxy import (
     wait_for_ready,
 )
 from kagura_agent.membrane.egress.reload import reload_allowlist, start_reload
+from kagura_agent.membrane.egress.request import EgressRequest
 from kagura_agent.membrane.egress.squid import PROXY_PORT, render_squid_conf
 from kagura_agent.membrane.egress.sweep import (
     remove_network,
@@ -71,12 +72,18 @@ from kagura_agent.membrane.egress.sweep import (
 )
 from kagura_agent.membrane.hardening import LABEL_RUN, LABEL_STORE, START_DIR
 from kagura_agent.membrane.runtime import docker_errors
-from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore, open_store, owner_key
 
 EventSink = Callable[[dict[str, Any]], None]
 # Re-exported: tests and bench/ build proxies the way sessions do.
-__all__ = ["PROXY_TMPFS", "PROXY_USER", "AgentNetworkConfig", "EgressSession", "start_forwarder"]
+__all__ = [
+    "PROXY_TMPFS",
+    "PROXY_USER",
+    "AgentNetworkConfig",
+    "EgressRequest",
+    "EgressSession",
+    "start_forwarder",
+]
 
 
 @dataclass(frozen=True)
@@ -238,56 +245,41 @@ class EgressSession:
     def start(
         cls,
         client: Any,
-        plan: Plan,
-        run_id: str,
+        request: EgressRequest,
         on_event: EventSink | None = None,
         *,
         store: StateStore | None = None,
-        image: str | None = None,
         clock: Clock | None = None,
-        ready_timeout: float = 60.0,
-        extra_hosts: dict[str, str] | None = None,
-        injection: Injection | None = None,
-        injection_secret: str | None = None,
-        extra_networks: tuple[str, ...] = (),
-        sweep: bool = True,
-        from_pool: bool = False,
-        scrub: Callable[[str], str] | None = None,
-        log_ceiling: int = audit.LOG_CEILING,
-        event_ceiling: int = audit.EVENT_CEILING,
     ) -> EgressSession:
         """Sweep orphans, create the networks and the proxy, and wait until it listens.
 
         Raises RefusedError when the allowlist cannot be enforced and SetupError when the
         proxy cannot start; in both cases nothing of this run is left behind.
-        ``extra_hosts`` (name -> address, written to the proxy's /etc/hosts) lets tests make
-        names resolve to addresses no test may really reach; ``extra_networks`` (tests)
-        are networks the proxy joins before squid starts, where test upstreams live.
-        With ``from_pool``, an idle pooled session (pool.py) is claimed when there is one: it
-        gets this run's configuration and is this run's alone (``warm`` is then True);
-        otherwise, or when the claimed one does not take the configuration, a cold start.
-        A run with a credential injection or test networks always starts cold.
-        ``scrub`` (the run's redactor) is applied to every decision before it is stored
-        or emitted: the agent chooses a request's host and path, and may put its
-        credentials there. ``log_ceiling`` and ``event_ceiling`` bound what the run makes
-        the host keep (audit.py; tests make them small).
+        With ``request.from_pool``, an idle pooled session (pool.py) is claimed when there
+        is one: it gets this run's configuration and is this run's alone (``warm`` is then
+        True); otherwise, or when the claimed one does not take the configuration, a cold
+        start. A run with a credential injection or test reach always starts cold.
+        ``request.scrub`` (the run's redactor) is applied to every decision before it is
+        stored or emitted; ``log_ceiling`` and ``event_ceiling`` bound what the run makes
+        the host keep (audit.py; tests make them small). See request.py for the rest.
         """
+        plan, run_id = request.plan, request.run_id
         policy = load_policy(plan.get("egress")).on_host(docker_host_addresses())
         if policy.mode != "proxy":
             raise SetupError("egress mode is 'none': the agent gets network_mode none, no proxy")
         store = audit.open_store(store or open_store())
-        if sweep:  # sweep=False: the caller has just swept (apply does, before its run row)
+        if request.sweep:  # False: the caller has just swept (apply does, before its run row)
             with docker_errors("sweeping egress orphans"):
                 sweep_orphans(client, store)
         session = cls(client, policy, run_id, store, on_event or (lambda _event: None))
-        session.scrub = scrub
-        session.log_ceiling, session.event_ceiling = log_ceiling, event_ceiling
-        if injection is not None:
-            if not injection_secret:
+        session.scrub = request.scrub
+        session.log_ceiling, session.event_ceiling = request.log_ceiling, request.event_ceiling
+        if request.injection is not None:
+            if not request.injection_secret:
                 raise SetupError("a credential injection needs its secret")
-            check_secret(injection_secret)
-            session.injection = injection
-            session._secret = injection_secret
+            check_secret(request.injection_secret)
+            session.injection = request.injection
+            session._secret = request.injection_secret
             # The plan's model-call policy, and caps from its turn budget: in force from
             # the first call (modelport.py).
             section = plan["egress"].get("model_calls")
@@ -299,16 +291,15 @@ class EgressSession:
         # The plan's pinned proxy image (egress.proxy) by ID, so a retag never changes it.
         pin = plan["egress"].get("proxy")
         pinned = pin["digest"] if pin else None
-        proxy_image = image or pinned or images.image_ref("egress-proxy")
-        cold_only = injection is not None or extra_networks or extra_hosts
-        pool_tag = image or images.image_ref("egress-proxy")
-        if from_pool and not cold_only and session._adopt_pooled(pool_tag, pinned):
+        proxy_image = request.image or pinned or images.image_ref("egress-proxy")
+        pool_tag = request.image or images.image_ref("egress-proxy")
+        if request.from_pool and not request.cold_only and session._adopt_pooled(pool_tag, pinned):
             audit.mark_session(store, run_id, f"warm:{session.pooled_name}")
             return session
         audit.mark_session(store, run_id, "cold")
         try:
-            session._extra_networks = extra_networks
-            session._create(proxy_image, ready_timeout, extra_hosts or {})
+            session._extra_networks = request.extra_networks
+            session._create(proxy_image, request.ready_timeout, dict(request.extra_hosts))
         except BaseException:
             session.close(clock=clock)
             raise
