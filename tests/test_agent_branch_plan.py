@@ -16,7 +16,7 @@ import pytest
 from apply_helpers import write_task
 
 from kagura_agent.membrane.floor import AGENT_GIT, OPERATOR_GIT, floor_violations
-from kagura_agent.membrane.hardening import container_kwargs
+from kagura_agent.membrane.hardening import ContainerSpec, container_kwargs
 from kagura_agent.plan.build import plan_tasks
 from kagura_agent.plan.model import Plan
 from kagura_agent.plan.render import render_text
@@ -165,8 +165,8 @@ def test_verify_sees_the_operators_repository_where_git_looks(
     root = tmp_path / "project"
     _repo(root)
     plan = _plan(root)
-    agent = container_kwargs(plan, "run-x", role="agent")
-    verify = container_kwargs(plan, "run-x", role="verify")
+    agent = container_kwargs(ContainerSpec(plan, "run-x", role="agent"))
+    verify = container_kwargs(ContainerSpec(plan, "run-x", role="verify"))
     assert AGENT_GIT in agent["tmpfs"] and AGENT_GIT not in verify["tmpfs"]
     targets = {m["Source"]: (m["Target"], m["ReadOnly"]) for m in verify["mounts"]}
     assert targets[str(root / ".git")] == (AGENT_GIT, True)

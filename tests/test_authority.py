@@ -263,7 +263,7 @@ def test_apply_rechecks_the_floor_on_a_hand_edited_plan(
     """A plan file edited to add SYS_ADMIN (and to say it is applyable) is refused."""
     from kagura_agent.apply.run.executor import ApplyOptions, refuse_unapplyable
     from kagura_agent.errors import RefusedError
-    from kagura_agent.membrane.hardening import container_kwargs
+    from kagura_agent.membrane.hardening import ContainerSpec, container_kwargs
 
     base, facts = at_tmp
     (base / "task.yml").write_text(_task("", "  steps: [ls]\n")[4:])
@@ -276,7 +276,7 @@ def test_apply_rechecks_the_floor_on_a_hand_edited_plan(
     with pytest.raises(RefusedError, match="membrane floor: capabilities SYS_ADMIN"):
         refuse_unapplyable(plan, ApplyOptions())
     with pytest.raises(RefusedError, match="SYS_ADMIN"):
-        container_kwargs(plan, "run-1")
+        container_kwargs(ContainerSpec(plan, "run-1"))
 
 
 @pytest.mark.parametrize("addresses", ["[169.254.169.254/32]", "[0.0.0.0/0]", "['fe80::/64']"])

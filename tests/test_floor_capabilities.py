@@ -25,7 +25,7 @@ from kagura_agent.cli.main import main
 from kagura_agent.errors import RefusedError
 from kagura_agent.manifest import loader, workspace
 from kagura_agent.membrane.floor import ADDABLE_CAPABILITIES, FORBIDDEN_CAPABILITIES
-from kagura_agent.membrane.hardening import container_kwargs
+from kagura_agent.membrane.hardening import ContainerSpec, container_kwargs
 from kagura_agent.plan import planfile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,7 +155,7 @@ def test_a_saved_plan_edited_to_add_one_forbidden_capability_is_refused_by_name(
     assert plan["applyable"] is True and plan["floor"] == []
     for check in (
         lambda: refuse_unapplyable(plan, ApplyOptions()),
-        lambda: container_kwargs(plan, "r"),
+        lambda: container_kwargs(ContainerSpec(plan, "r")),
     ):
         with pytest.raises(RefusedError, match=_floor_says(cap)):
             check()

@@ -22,7 +22,7 @@ DIGEST = "sha256:" + "a" * 64
 
 def test_container_kwargs_maps_every_hardening_field(tmp_path: Path) -> None:
     plan = make_plan(tmp_path, digest=DIGEST, cap_add=["CHOWN"], pids_limit=99, nofile=321)
-    kw = hardening.container_kwargs(plan, "run-1", command=["true"])
+    kw = hardening.container_kwargs(hardening.ContainerSpec(plan, "run-1", command=["true"]))
     assert kw["image"] == DIGEST
     assert kw["user"] == "1000:1000"
     assert kw["cap_drop"] == ["ALL"] and kw["cap_add"] == ["CHOWN"]
@@ -53,16 +53,20 @@ def test_agent_container_runs_its_entrypoint_as_init_and_verify_is_cut_off(
     tmp_path: Path,
 ) -> None:
     plan = make_plan(tmp_path, digest=DIGEST, egress="proxy")
-    agent = hardening.container_kwargs(plan, "run-1", network="kagura-net", environment={"A": "1"})
+    agent = hardening.container_kwargs(
+        hardening.ContainerSpec(plan, "run-1", network="kagura-net", environment={"A": "1"})
+    )
     # The kagura entrypoint is PID 1 itself: no dumpable Docker init holds the channel.
     assert agent["init"] is False and agent["network_mode"] == "kagura-net"
     verify = hardening.container_kwargs(
-        plan,
-        "run-1",
-        network="kagura-net",
-        environment={"A": "1"},
-        dns=["127.0.0.1"],
-        role="verify",
+        hardening.ContainerSpec(
+            plan,
+            "run-1",
+            network="kagura-net",
+            environment={"A": "1"},
+            dns=["127.0.0.1"],
+            role="verify",
+        )
     )
     assert verify["network_mode"] == "none" and verify["environment"] == {}
     assert "dns" not in verify and verify["stdin_open"] is False
@@ -72,7 +76,9 @@ def test_agent_container_runs_its_entrypoint_as_init_and_verify_is_cut_off(
     floor = ("cap_drop", "security_opt", "read_only", "pids_limit", "mem_limit", "user", "mounts")
     assert {k: verify[k] for k in floor} == {k: agent[k] for k in floor}
     with pytest.raises(SetupError):
-        hardening.container_kwargs(plan, "run-1", network="kagura-net", role="brain")
+        hardening.container_kwargs(
+            hardening.ContainerSpec(plan, "run-1", network="kagura-net", role="brain")
+        )
 
 
 def test_tmpfs_is_exactly_what_the_plan_says(tmp_path: Path) -> None:
@@ -84,7 +90,7 @@ def test_tmpfs_is_exactly_what_the_plan_says(tmp_path: Path) -> None:
         "/home/agent": "rw,noexec,nosuid,nodev,size=67108864,mode=0700,uid=1000,gid=1000",
         "/run/kagura": "rw,noexec,nosuid,nodev,size=16777216,mode=0700,uid=1000,gid=1000",
     }
-    assert hardening.container_kwargs(plan, "r")["tmpfs"] == tmpfs
+    assert hardening.container_kwargs(hardening.ContainerSpec(plan, "r"))["tmpfs"] == tmpfs
 
 
 @pytest.mark.parametrize(
@@ -108,14 +114,14 @@ def test_credentials_tmpfs_weaker_than_floor_is_refused(
     else:
         tmpfs["/run/kagura"] = options
     with pytest.raises(RefusedError, match=why):
-        hardening.container_kwargs(edited(plan, tmpfs=tmpfs), "r")
+        hardening.container_kwargs(hardening.ContainerSpec(edited(plan, tmpfs=tmpfs), "r"))
 
 
 def test_mounts_only_project_root_writable(tmp_path: Path) -> None:
     ref = tmp_path / "ref"
     ref.mkdir()
     plan = make_plan(tmp_path, digest=DIGEST, extra_mounts=[(str(ref), "/ref")])
-    mounts = hardening.container_kwargs(plan, "r")["mounts"]
+    mounts = hardening.container_kwargs(hardening.ContainerSpec(plan, "r"))["mounts"]
     assert [(m["Target"], m["ReadOnly"]) for m in mounts] == [
         ("/workspace", False),
         ("/ref", True),
@@ -123,7 +129,7 @@ def test_mounts_only_project_root_writable(tmp_path: Path) -> None:
     ]
     plan["mounts"][1]["mode"] = "rw"
     with pytest.raises(RefusedError, match="only the project root"):
-        hardening.container_kwargs(plan, "r")
+        hardening.container_kwargs(hardening.ContainerSpec(plan, "r"))
 
 
 @pytest.mark.parametrize(
@@ -144,20 +150,24 @@ def test_mounts_only_project_root_writable(tmp_path: Path) -> None:
 def test_weaker_than_floor_is_refused(tmp_path: Path, field: str, value: object) -> None:
     plan = edited(make_plan(tmp_path, digest=DIGEST), **{field: value})
     with pytest.raises(RefusedError) as info:
-        hardening.container_kwargs(plan, "r")
+        hardening.container_kwargs(hardening.ContainerSpec(plan, "r"))
     assert info.value.exit_code == ExitCode.REFUSED
 
 
 def test_proxy_egress_needs_a_network(tmp_path: Path) -> None:
     plan = make_plan(tmp_path, digest=DIGEST, egress="proxy")
     with pytest.raises(SetupError):
-        hardening.container_kwargs(plan, "r")
-    kw = hardening.container_kwargs(plan, "r", network="kagura-r", dns=["10.9.0.2"])
+        hardening.container_kwargs(hardening.ContainerSpec(plan, "r"))
+    kw = hardening.container_kwargs(
+        hardening.ContainerSpec(plan, "r", network="kagura-r", dns=["10.9.0.2"])
+    )
     assert kw["network_mode"] == "kagura-r" and kw["dns"] == ["10.9.0.2"]
 
 
 def test_split_kwargs_separates_host_config(tmp_path: Path) -> None:
-    create, host = split_kwargs(hardening.container_kwargs(make_plan(tmp_path, digest=DIGEST), "r"))
+    create, host = split_kwargs(
+        hardening.container_kwargs(hardening.ContainerSpec(make_plan(tmp_path, digest=DIGEST), "r"))
+    )
     assert {"image", "user", "labels", "stop_timeout", "stdin_open"} <= set(create)
     assert {"cap_drop", "mounts", "tmpfs", "pids_limit", "runtime"} <= set(host)
     assert not set(create) & set(host)
@@ -311,13 +321,19 @@ def test_unreachable_daemon_is_a_setup_error(monkeypatch: pytest.MonkeyPatch) ->
 def test_egress_mounts_must_be_read_only_volumes(tmp_path: Path) -> None:
     plan = make_plan(tmp_path, digest=DIGEST, egress="proxy")
     volume = {"Type": "volume", "Source": "v", "Target": "/run/kagura/egress", "ReadOnly": True}
-    kw = hardening.container_kwargs(plan, "r", network="none", egress_mounts=[volume])
+    kw = hardening.container_kwargs(
+        hardening.ContainerSpec(plan, "r", network="none", egress_mounts=[volume])
+    )
     assert kw["network_mode"] == "none" and kw["mounts"][-1] == volume
     for bad in ({**volume, "ReadOnly": False}, {**volume, "Type": "bind", "Source": "/"}):
         with pytest.raises(RefusedError):
-            hardening.container_kwargs(plan, "r", network="none", egress_mounts=[bad])
+            hardening.container_kwargs(
+                hardening.ContainerSpec(plan, "r", network="none", egress_mounts=[bad])
+            )
     with pytest.raises(RefusedError):
-        hardening.container_kwargs(make_plan(tmp_path, digest=DIGEST), "r", egress_mounts=[volume])
+        hardening.container_kwargs(
+            hardening.ContainerSpec(make_plan(tmp_path, digest=DIGEST), "r", egress_mounts=[volume])
+        )
 
 
 def test_bind_mounts_are_checked_from_inside_when_proc_cannot_be_read() -> None:

@@ -8,7 +8,8 @@ with a RefusedError, so no code path can launch it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kagura_agent.errors import RefusedError, SetupError
@@ -77,7 +78,7 @@ def _mounts(plan: Plan, role: str = "agent") -> list[dict[str, Any]]:
     return result
 
 
-def _egress_mounts(mounts: list[dict[str, Any]], egress: str) -> list[dict[str, Any]]:
+def _egress_mounts(mounts: Sequence[Mapping[str, Any]], egress: str) -> list[dict[str, Any]]:
     if mounts and egress != "proxy":
         raise _refuse("an egress socket mount for a plan without egress")
     for mount in mounts:
@@ -122,44 +123,64 @@ def labels(plan: Plan, run_id: str) -> dict[str, str]:
     }
 
 
-def container_kwargs(
-    plan: Plan,
-    run_id: str,
-    *,
-    command: list[str] | None = None,
-    environment: dict[str, str] | None = None,
-    network: str | None = None,
-    name: str | None = None,
-    dns: list[str] | None = None,
-    dns_opt: list[str] | None = None,
-    egress_mounts: list[dict[str, Any]] | None = None,
-    role: str = "agent",
-) -> dict[str, Any]:
-    """Translate a launch plan into docker-py keyword arguments for creating its container.
+@dataclass(frozen=True)
+class ContainerSpec:
+    """One container of a run: the plan it is made from, and what the run adds to it.
 
-    The result is flat; ``runtime.split_kwargs`` separates the container-config keys from
-    the host-config keys for ``APIClient.create_container`` (the high-level
-    ``containers.create`` cannot set ``stop_timeout``).
-
-    ``network`` is what the egress session gives (``none``: the agent reaches the proxy
-    through the read-only socket volume in ``egress_mounts``); required when the plan's
-    egress mode is ``proxy`` and ignored (``none``) otherwise. Only read-only volume mounts
-    are accepted in ``egress_mounts``. ``environment`` must hold no secrets:
-    credentials reach the container through /run/kagura, never through its config.
+    Built once by whoever creates the container (``DockerRuntime.create``, a test) and
+    passed whole to :func:`container_kwargs`; frozen, so a variation is
+    ``dataclasses.replace(spec, ...)``.
 
     ``role`` is ``agent`` (the brain's container) or ``verify``: a fresh container from
     the same image and mounts, with no network, no environment, no stdin (no brain
-    channel) and an idle process to exec the verify commands in.
+    channel) and an idle process to exec the verify commands in (:meth:`as_built`).
+    ``network`` is what the egress session gives (``none``: the agent reaches the proxy
+    through the read-only socket volume in ``egress_mounts``); required when the plan's
+    egress mode is ``proxy`` and ignored (``none``) otherwise. ``forward`` (the egress
+    forwarder's (socket, port) pairs): the container's own command starts the forwarder
+    before the image's entrypoint. ``environment`` must hold no secrets: credentials
+    reach the container through /run/kagura, never through its config.
     """
+
+    plan: Plan
+    run_id: str
+    role: str = "agent"
+    command: list[str] | None = None
+    environment: Mapping[str, str] = field(default_factory=dict)
+    # Its way out: the run's network, the proxy's socket volume, the forwarder's pairs.
+    network: str | None = None
+    egress_mounts: Sequence[Mapping[str, Any]] = ()
+    forward: Sequence[tuple[str, int]] = ()
+    name: str | None = None
+    # The egress session points the resolver at loopback: no name resolves inside.
+    dns: list[str] | None = None
+    dns_opt: list[str] | None = None
+
+    def as_built(self) -> ContainerSpec:
+        """The spec as its role allows: a verify container gets no network, environment,
+        resolver or egress socket, whatever it was asked."""
+        if self.role != "verify":
+            return self
+        return replace(self, network=None, environment={}, dns=None, dns_opt=None, egress_mounts=())
+
+
+def container_kwargs(spec: ContainerSpec) -> dict[str, Any]:
+    """Translate a container of a launch plan into docker-py keyword arguments.
+
+    The result is flat; ``runtime.split_kwargs`` separates the container-config keys from
+    the host-config keys for ``APIClient.create_container`` (the high-level
+    ``containers.create`` cannot set ``stop_timeout``). Only read-only volume mounts are
+    accepted in ``egress_mounts``.
+    """
+    plan, run_id, role, command = spec.plan, spec.run_id, spec.role, spec.command
     h = plan["hardening"]
     _check_floor(plan)
     if role not in ROLES:
         raise SetupError(f"unknown container role {role!r}")
     uid, gid = _uid_gid(h["user"])
-    egress = plan["egress"]["mode"]
-    if role == "verify":
-        network, environment, dns, dns_opt, egress = None, None, None, None, "none"
-        egress_mounts = None  # not even the proxy's socket
+    spec = spec.as_built()
+    egress = "none" if role == "verify" else plan["egress"]["mode"]
+    network = spec.network
     if egress == "proxy":
         if not network:
             raise SetupError("the plan's egress mode is proxy but no run network was given")
@@ -173,7 +194,7 @@ def container_kwargs(
         "user": f"{uid}:{gid}",
         "working_dir": START_DIR,
         "labels": labels(plan, run_id),
-        "environment": dict(environment or {}),
+        "environment": dict(spec.environment),
         "cap_drop": ["ALL"],
         "cap_add": list(h["cap_add"]),
         # Docker applies its default seccomp profile when none is named; we never name one.
@@ -181,7 +202,7 @@ def container_kwargs(
         "read_only": True,
         # Exactly the plan's options: the planner wrote every flag, size, mode and owner.
         "tmpfs": {k: v for k, v in h["tmpfs"].items() if role != "verify" or k != AGENT_GIT},
-        "mounts": _mounts(plan, role) + _egress_mounts(egress_mounts or [], egress),
+        "mounts": _mounts(plan, role) + _egress_mounts(spec.egress_mounts, egress),
         "pids_limit": int(h["pids_limit"]),
         "mem_limit": int(h["memory_bytes"]),
         # Same as mem_limit: no swap, so the memory limit is a hard OOM boundary.
@@ -209,11 +230,10 @@ def container_kwargs(
         kwargs["entrypoint"] = ["sleep", "infinity"]
         kwargs["command"] = None
         kwargs["stdin_open"] = False
-    if name:
-        kwargs["name"] = name
-    if dns is not None:
-        # The egress session points the resolver at loopback: no name resolves inside.
-        kwargs["dns"] = list(dns)
-    if dns_opt is not None:
-        kwargs["dns_opt"] = list(dns_opt)
+    if spec.name:
+        kwargs["name"] = spec.name
+    if spec.dns is not None:
+        kwargs["dns"] = list(spec.dns)
+    if spec.dns_opt is not None:
+        kwargs["dns_opt"] = list(spec.dns_opt)
     return kwargs

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError
@@ -202,16 +202,29 @@ class DockerRuntime:
         command: list[str] | None = None,
         environment: dict[str, str] | None = None,
         network: str | None = None,
-        name: str | None = None,
-        dns: list[str] | None = None,
-        dns_opt: list[str] | None = None,
-        egress_mounts: list[dict[str, Any]] | None = None,
+        egress_mounts: Sequence[Mapping[str, Any]] | None = None,
         role: str = "agent",
         forward: Sequence[tuple[str, int]] = (),
     ) -> str:
-        """Create the plan's container (not started); returns its id.
+        """Create the plan's container (not started); returns its id. The keywords are
+        those of :class:`~kagura_agent.membrane.hardening.ContainerSpec`."""
+        return self.create_container(
+            hardening.ContainerSpec(
+                plan,
+                run_id,
+                role=role,
+                command=command,
+                environment=environment or {},
+                network=network,
+                egress_mounts=egress_mounts or (),
+                forward=forward,
+            )
+        )
 
-        ``forward`` (the egress forwarder's (socket, port) pairs): the container's own
+    def create_container(self, spec: hardening.ContainerSpec) -> str:
+        """Create the container ``spec`` describes (not started); returns its id.
+
+        ``spec.forward`` (the egress forwarder's (socket, port) pairs): the container's own
         command starts the forwarder before the image's entrypoint (forwarder.launcher),
         so the agent's way out listens from its start, with no ``docker exec``.
 
@@ -219,33 +232,23 @@ class DockerRuntime:
         in ``container_kwargs``. The container is created from the image ID, not the tag,
         so a re-tag between the check and the create cannot swap the image.
         """
+        plan, run_id = spec.plan, spec.run_id
         check_tenancy(plan["hardening"])
         image_id = check_image_digest(plan)
         check_plan_mounts(plan)
         try:
-            identities = binds.source_identities(plan, role)
+            identities = binds.source_identities(plan, spec.role)
         except (ValueError, OSError) as exc:
             raise RefusedError(str(exc)) from None
-        kwargs = hardening.container_kwargs(
-            plan,
-            run_id,
-            command=command,
-            environment=environment,
-            network=network,
-            name=name,
-            dns=dns,
-            dns_opt=dns_opt,
-            egress_mounts=egress_mounts,
-            role=role,
-        )
+        kwargs = hardening.container_kwargs(spec)
         if self.owner_key:
             kwargs["labels"] = {
                 **kwargs["labels"],
                 hardening.LABEL_STORE: self.owner_key,
                 owner.LABEL_OWNER: owner.current_owner(),
             }
-        if forward:
-            kwargs["entrypoint"] = _with_forwarder(image_id, kwargs.get("command"), forward)
+        if spec.forward:
+            kwargs["entrypoint"] = _with_forwarder(image_id, kwargs.get("command"), spec.forward)
             kwargs["command"] = None
         create, host = split_kwargs(kwargs)
         api = self.client.api
