@@ -35,11 +35,9 @@ def store(state_target: Location) -> Iterator[StateStore]:
 def _approve(store: StateStore, clock: FixedClock, plan: str, category: str = DNS) -> None:
     approvals.record_decision(
         store,
-        category=category,
-        fingerprint=plan,
-        outcome="approved",
-        who="alice",
-        via="slack",
+        approvals.Verdict(
+            category=category, fingerprint=plan, outcome="approved", who="alice", via="slack"
+        ),
         clock=clock,
     )
 
@@ -61,11 +59,7 @@ def test_later_deny_revokes_an_approval(store: StateStore, clock: FixedClock) ->
     _approve(store, clock, PLAN_A)
     approvals.record_decision(
         store,
-        category=DNS,
-        fingerprint=PLAN_A,
-        outcome="denied",
-        who="bob",
-        via="cli",
+        approvals.Verdict(category=DNS, fingerprint=PLAN_A, outcome="denied", who="bob", via="cli"),
         clock=clock,
     )
     assert approvals.approval_for(store, PLAN_A, DNS) is None
@@ -75,11 +69,9 @@ def test_capability_decision_needs_a_fingerprint(store: StateStore, clock: Fixed
     with pytest.raises(UsageError, match="fingerprint"):
         approvals.record_decision(
             store,
-            category=DNS,
-            fingerprint=None,
-            outcome="approved",
-            who="a",
-            via="cli",
+            approvals.Verdict(
+                category=DNS, fingerprint=None, outcome="approved", who="a", via="cli"
+            ),
             clock=clock,
         )
 
@@ -94,13 +86,15 @@ def test_ask_records_each_answer_and_timeout_is_deny(store: StateStore, clock: F
 
     decisions = approvals.ask(
         store,
-        [DNS, APT, "image:python-root"],
-        PLAN_A,
+        approvals.ApprovalRequest(
+            PLAN_A,
+            [DNS, APT, "image:python-root"],
+            who="alice",
+            timeout=30,
+            reasons={DNS: "locked; 2 verified successes"},
+        ),
         prompt_fn=prompt,
-        timeout=30,
-        who="alice",
         clock=clock,
-        reasons={DNS: "locked; 2 verified successes"},
     )
     assert [(d.category, d.outcome) for d in decisions] == [(DNS, "approved"), (APT, "timeout")]
     assert len(asked) == 2  # stops at the first non-approval
@@ -113,7 +107,10 @@ def test_ask_records_each_answer_and_timeout_is_deny(store: StateStore, clock: F
 
 def test_ask_denied(store: StateStore, clock: FixedClock) -> None:
     decisions = approvals.ask(
-        store, [DNS], PLAN_A, prompt_fn=lambda _q, _t: False, timeout=5, who="a", clock=clock
+        store,
+        approvals.ApprovalRequest(PLAN_A, [DNS], who="a", timeout=5),
+        prompt_fn=lambda _q, _t: False,
+        clock=clock,
     )
     assert [d.outcome for d in decisions] == ["denied"]
 
@@ -171,12 +168,9 @@ def test_operator_name_is_not_empty() -> None:
 def test_obtain_with_flags_needs_no_prompt(store: StateStore, clock: FixedClock) -> None:
     decisions = approvals.obtain_approvals(
         store,
-        [DNS, APT],
-        PLAN_A,
+        approvals.ApprovalRequest(PLAN_A, [DNS, APT], who="ops", timeout=30),
         approve=[DNS, APT],
         prompt_fn=None,
-        timeout=30,
-        who="ops",
         clock=clock,
     )
     assert [(d.category, d.via) for d in decisions] == [(DNS, "cli-flag"), (APT, "cli-flag")]
@@ -186,12 +180,9 @@ def test_obtain_refuses_when_nobody_can_be_asked(store: StateStore, clock: Fixed
     with pytest.raises(RefusedError, match="no approval for this plan"):
         approvals.obtain_approvals(
             store,
-            [DNS, APT],
-            PLAN_A,
+            approvals.ApprovalRequest(PLAN_A, [DNS, APT], who="ops", timeout=30),
             approve=[DNS],
             prompt_fn=None,
-            timeout=30,
-            who="ops",
             clock=clock,
         )
 
@@ -200,16 +191,16 @@ def test_obtain_asks_and_a_timeout_refuses(store: StateStore, clock: FixedClock)
     with pytest.raises(RefusedError, match="timeout"):
         approvals.obtain_approvals(
             store,
-            [DNS],
-            PLAN_A,
+            approvals.ApprovalRequest(PLAN_A, [DNS], who="ops", timeout=1),
             prompt_fn=lambda _q, _t: None,
-            timeout=1,
-            who="ops",
             clock=clock,
         )
     assert [d.outcome for d in approvals.history(store)] == ["timeout"]
     approved = approvals.obtain_approvals(
-        store, [DNS], PLAN_A, prompt_fn=lambda _q, _t: True, timeout=1, who="ops", clock=clock
+        store,
+        approvals.ApprovalRequest(PLAN_A, [DNS], who="ops", timeout=1),
+        prompt_fn=lambda _q, _t: True,
+        clock=clock,
     )
     assert [(d.category, d.via, d.outcome) for d in approved] == [(DNS, "cli", "approved")]
 
@@ -219,7 +210,10 @@ def test_obtain_does_not_reuse_yesterdays_approval(store: StateStore, clock: Fix
     clock.advance(timedelta(days=1))
     with pytest.raises(RefusedError):
         approvals.obtain_approvals(
-            store, [DNS], PLAN_A, prompt_fn=None, timeout=1, who="ops", clock=clock
+            store,
+            approvals.ApprovalRequest(PLAN_A, [DNS], who="ops", timeout=1),
+            prompt_fn=None,
+            clock=clock,
         )
 
 
@@ -230,11 +224,8 @@ def test_obtain_accepts_a_chat_approval_for_this_plan(store: StateStore, clock: 
     _approve(store, clock, PLAN_B, APT)  # another plan's approval does not count
     decisions = approvals.obtain_approvals(
         store,
-        [DNS],
-        PLAN_A,
+        approvals.ApprovalRequest(PLAN_A, [DNS], who="ops", timeout=1),
         prompt_fn=None,
-        timeout=1,
-        who="ops",
         clock=clock,
         accept_since=posted,
     )
@@ -242,11 +233,8 @@ def test_obtain_accepts_a_chat_approval_for_this_plan(store: StateStore, clock: 
     with pytest.raises(RefusedError, match="another plan"):
         approvals.obtain_approvals(
             store,
-            [APT],
-            PLAN_A,
+            approvals.ApprovalRequest(PLAN_A, [APT], who="ops", timeout=1),
             prompt_fn=None,
-            timeout=1,
-            who="ops",
             clock=clock,
             accept_since=posted,
         )

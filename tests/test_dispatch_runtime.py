@@ -40,7 +40,7 @@ from apply_helpers import (
     write_task,
 )
 
-from kagura_agent.approvals import record_decision
+from kagura_agent.approvals import Verdict, record_decision
 from kagura_agent.clock import SystemClock
 from kagura_agent.state import StateStore
 from testing.agent_test_image import ensure_agent_test_image
@@ -436,14 +436,16 @@ def test_under_serve_a_child_is_approved_through_the_cockpits_question(
             with StateStore(state_dir / "state.db") as store:
                 record_decision(
                     store,
-                    category=item["category"],
-                    fingerprint=item["fingerprint"],
-                    outcome="approved",
-                    who="test:operator",
-                    via="test",
+                    Verdict(
+                        category=item["category"],
+                        fingerprint=item["fingerprint"],
+                        outcome="approved",
+                        who="test:operator",
+                        via="test",
+                        reason="answered by the test, as the cockpit does",
+                        request=item["request"],
+                    ),
                     clock=SystemClock(),
-                    reason="answered by the test, as the cockpit does",
-                    request=item["request"],
                 )
             parent.stdin.write(json.dumps({"answered": item["request"]}) + "\n")
             parent.stdin.flush()

@@ -224,11 +224,9 @@ def test_state_survives_a_restart(state_target: Location, clock: FixedClock) -> 
     approve_graduation(first, DNS, who="alice", clock=clock, knobs=Knobs())
     approvals.record_decision(
         first,
-        category=APT,
-        fingerprint=PLAN,
-        outcome="approved",
-        who="alice",
-        via="cli",
+        approvals.Verdict(
+            category=APT, fingerprint=PLAN, outcome="approved", who="alice", via="cli"
+        ),
         clock=clock,
     )
     first.close()

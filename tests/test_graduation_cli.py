@@ -66,11 +66,9 @@ def _seed(state_dir: Path) -> None:
         record_outcome(store, [APT], f"apt-{index}", "install", PLAN, [("apt", 0)], clock)
     approvals.record_decision(
         store,
-        category=APT,
-        fingerprint=PLAN,
-        outcome="timeout",
-        who="alice",
-        via="cli",
+        approvals.Verdict(
+            category=APT, fingerprint=PLAN, outcome="timeout", who="alice", via="cli"
+        ),
         clock=clock,
     )
     store.close()

@@ -307,7 +307,7 @@ def test_brain_claiming_success_earns_no_evidence(scene: Scene) -> None:
 
 @pytest.mark.usefixtures("docker_client")
 def test_approval_for_one_plan_is_refused_for_another(scene: Scene) -> None:
-    from kagura_agent.approvals import record_decision
+    from kagura_agent.approvals import Verdict, record_decision
     from kagura_agent.state import open_store
 
     cat = scene.category
@@ -318,11 +318,13 @@ def test_approval_for_one_plan_is_refused_for_another(scene: Scene) -> None:
     try:
         record_decision(
             store,
-            category=cat,
-            fingerprint=plan_a["intent"],
-            outcome="approved",
-            who="dave",
-            via="slack",
+            Verdict(
+                category=cat,
+                fingerprint=plan_a["intent"],
+                outcome="approved",
+                who="dave",
+                via="slack",
+            ),
             clock=clock,
         )
     finally:

@@ -35,7 +35,7 @@ from apply_helpers import (
 )
 
 from kagura_agent.apply.midrun.grants import amendments
-from kagura_agent.approvals import history, record_decision
+from kagura_agent.approvals import Verdict, history, record_decision
 from kagura_agent.clock import SystemClock
 from kagura_agent.membrane import images
 from kagura_agent.membrane.egress.owner import COMPONENT_OUTBOUND, LABEL_COMPONENT
@@ -175,14 +175,16 @@ class Operator:
         with StateStore(self.state_dir / "state.db") as store:
             record_decision(
                 store,
-                category=ask["category"],
-                fingerprint=fingerprint,
-                outcome="denied" if how == "deny" else "approved",
-                who="test:operator",
-                via="test",
+                Verdict(
+                    category=ask["category"],
+                    fingerprint=fingerprint,
+                    outcome="denied" if how == "deny" else "approved",
+                    who="test:operator",
+                    via="test",
+                    reason="answered by the test",
+                    request=ask["request"],
+                ),
                 clock=SystemClock(),
-                reason="answered by the test",
-                request=ask["request"],
             )
         self.nudge(ask["request"])
 

@@ -17,7 +17,7 @@ from apply_helpers import make_project, manifest_set, token_provider, write_task
 from kagura_agent.apply.midrun.amend import Amender, Refused
 from kagura_agent.apply.midrun.grants import GrantTerms, MidRun, amendments
 from kagura_agent.apply.records.live import LiveView
-from kagura_agent.approvals import history, record_decision
+from kagura_agent.approvals import Verdict, history, record_decision
 from kagura_agent.approvals.midrun import Answer, ChatAsker, NobodyAsker, Question
 from kagura_agent.clock import FixedClock, SystemClock
 from kagura_agent.cockpit.midrun import MidRunDesk
@@ -41,13 +41,15 @@ def decide(
 ) -> None:
     record_decision(
         store,
-        category="egress:second",
-        fingerprint=fingerprint,
-        outcome=outcome,
-        who="slack:U1",
-        via="slack",
+        Verdict(
+            category="egress:second",
+            fingerprint=fingerprint,
+            outcome=outcome,
+            who="slack:U1",
+            via="slack",
+            request=request,
+        ),
         clock=SystemClock(),
-        request=request,
     )
 
 
@@ -374,11 +376,13 @@ class StubAsker:
         self.asked.append(q)
         decision = record_decision(
             store,
-            category=q.category,
-            fingerprint=q.fingerprint,
-            outcome=self.outcome,
-            who="test:op",
-            via="test",
+            Verdict(
+                category=q.category,
+                fingerprint=q.fingerprint,
+                outcome=self.outcome,
+                who="test:op",
+                via="test",
+            ),
             clock=clock,
         )
         return Answer.of(decision)

@@ -9,6 +9,7 @@ asking.py  obtain_approvals (the call apply makes), ask, preapprove (--approve f
 from __future__ import annotations
 
 from kagura_agent.approvals.asking import (
+    ApprovalRequest,
     PromptFn,
     ask,
     obtain_approvals,
@@ -21,6 +22,7 @@ from kagura_agent.approvals.log import (
     Decision,
     Kind,
     Outcome,
+    Verdict,
     approval_for,
     history,
     insert_decision,
@@ -31,10 +33,12 @@ from kagura_agent.approvals.log import (
 
 __all__ = [
     "MIGRATIONS",
+    "ApprovalRequest",
     "Decision",
     "Kind",
     "Outcome",
     "PromptFn",
+    "Verdict",
     "approval_for",
     "ask",
     "history",

@@ -14,18 +14,21 @@ import select
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TextIO
 
 from kagura_agent.approvals.log import (
     Decision,
     Outcome,
+    Verdict,
     approval_for,
     record_decision,
     require_approvals,
 )
 from kagura_agent.clock import Clock
 from kagura_agent.errors import RefusedError, UsageError
+from kagura_agent.plan.model import Plan
 from kagura_agent.state import StateStore
 
 # prompt_fn(question, timeout_seconds) -> True (yes), False (no) or None (timed out).
@@ -56,53 +59,70 @@ def preapprove(
     return [
         record_decision(
             store,
-            category=category,
-            fingerprint=fingerprint,
-            outcome="approved",
-            who=who,
-            via=via,
+            Verdict(
+                category=category,
+                fingerprint=fingerprint,
+                outcome="approved",
+                who=who,
+                via=via,
+                reason="approved on the command line",
+            ),
             clock=clock,
-            reason="approved on the command line",
         )
         for category in dict.fromkeys(approve)
     ]
 
 
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """What a human is asked to approve before anything is acquired: ``categories`` (the
+    plan's capabilities that need approval, each with the planner's reason in
+    ``reasons``), bound to one plan (``fingerprint``), asked of ``who`` through ``via``;
+    silence past ``timeout`` seconds is a deny. Built once from the plan
+    (:meth:`for_plan`) and passed whole to :func:`obtain_approvals` and :func:`ask`."""
+
+    fingerprint: str
+    categories: Sequence[str]
+    who: str
+    timeout: float
+    via: str = "cli"
+    reasons: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def for_plan(cls, plan: Plan, *, who: str, timeout: float) -> ApprovalRequest:
+        """The plan's needs-approval capabilities, bound to its intent: approvals bind to
+        what the operator approves, not to host facts."""
+        return cls(
+            plan["intent"],
+            [a["category"] for a in plan["approvals"] if a["class"] == "needs-approval"],
+            who,
+            timeout,
+            reasons={a["category"]: a["reason"] for a in plan["approvals"]},
+        )
+
+    def question(self, category: str) -> str:
+        """What the human reads about ``category``."""
+        why = self.reasons.get(category, "")
+        return f"Grant {category} to plan {self.fingerprint[:19]}…?" + (f" ({why})" if why else "")
+
+
 def ask(
-    store: StateStore,
-    categories: Sequence[str],
-    fingerprint: str,
-    *,
-    prompt_fn: PromptFn,
-    timeout: float,
-    who: str,
-    clock: Clock,
-    via: str = "cli",
-    reasons: Mapping[str, str] | None = None,
+    store: StateStore, request: ApprovalRequest, *, prompt_fn: PromptFn, clock: Clock
 ) -> list[Decision]:
-    """Ask a human about each category in turn and record every answer.
+    """Ask a human about each of the request's categories in turn and record every answer.
 
     Stops at the first deny or timeout (the run is refused anyway); check the result with
-    ``all(d.approved for d in decisions) and len(decisions) == len(categories)``.
+    ``all(d.approved for d in decisions) and len(decisions) == len(request.categories)``.
     """
     decisions: list[Decision] = []
-    for category in categories:
-        why = (reasons or {}).get(category, "")
-        question = f"Grant {category} to plan {fingerprint[:19]}…?" + (f" ({why})" if why else "")
-        answer = prompt_fn(question, timeout)
+    for category in request.categories:
+        answer = prompt_fn(request.question(category), request.timeout)
         outcome: Outcome = "timeout" if answer is None else "approved" if answer else "denied"
-        decisions.append(
-            record_decision(
-                store,
-                category=category,
-                fingerprint=fingerprint,
-                outcome=outcome,
-                who=who,
-                via=via,
-                clock=clock,
-                reason=f"no answer within {timeout:g}s" if answer is None else "",
-            )
+        silence = f"no answer within {request.timeout:g}s" if answer is None else ""
+        verdict = Verdict(
+            category, request.fingerprint, outcome, request.who, request.via, reason=silence
         )
+        decisions.append(record_decision(store, verdict, clock=clock))
         if outcome != "approved":
             break
     return decisions
@@ -145,19 +165,14 @@ def operator_name() -> str:
 
 def obtain_approvals(
     store: StateStore,
-    needed: Sequence[str],
-    fingerprint: str,
+    request: ApprovalRequest,
     *,
-    approve: Sequence[str] = (),
     prompt_fn: PromptFn | None,
-    timeout: float,
-    who: str,
     clock: Clock,
-    via: str = "cli",
-    reasons: Mapping[str, str] | None = None,
+    approve: Sequence[str] = (),
     accept_since: datetime | None = None,
 ) -> list[Decision]:
-    """Approve every category in ``needed`` for this plan, or raise RefusedError.
+    """Approve every category of ``request`` for its plan, or raise RefusedError.
 
     ``approve`` are ``--approve`` flags (recorded as the operator's decisions). Decisions
     already in the log for this fingerprint count only when made at or after
@@ -165,10 +180,11 @@ def obtain_approvals(
     every apply asks afresh. With no ``prompt_fn`` (non-interactive) anything left is
     refused. A deny or a timeout refuses the run.
     """
+    needed, fingerprint = request.categories, request.fingerprint
     # The log keeps whole seconds; compare at that precision so this call's own
     # decisions are never older than its start.
     since = (accept_since or clock.now()).replace(microsecond=0)
-    preapprove(store, approve, needed, fingerprint, who=who, clock=clock)
+    preapprove(store, approve, needed, fingerprint, who=request.who, clock=clock)
     remaining = [
         category
         for category in needed
@@ -179,15 +195,7 @@ def obtain_approvals(
         require_approvals(store, fingerprint, remaining, since=since)
     if remaining and prompt_fn is not None:
         decisions = ask(
-            store,
-            remaining,
-            fingerprint,
-            prompt_fn=prompt_fn,
-            timeout=timeout,
-            who=who,
-            clock=clock,
-            via=via,
-            reasons=reasons,
+            store, replace(request, categories=remaining), prompt_fn=prompt_fn, clock=clock
         )
         refused = [decision for decision in decisions if not decision.approved]
         if refused:

@@ -72,6 +72,23 @@ MIGRATIONS: list[Migration] = [
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """What someone decided, before the log records it (and gives it an id and a time):
+    the ``outcome`` on ``category`` of the plan ``fingerprint`` (None for a graduation or
+    a memory's trust), ``who`` decided and through which channel (``via``), and why.
+    ``request`` is the mid-run question it answers (m-…), if one."""
+
+    category: str
+    fingerprint: str | None
+    outcome: Outcome
+    who: str
+    via: str
+    kind: Kind = "capability"
+    reason: str = ""
+    request: str | None = None
+
+
+@dataclass(frozen=True)
 class Decision:
     """One recorded approval decision."""
 
@@ -125,62 +142,27 @@ def _decision(row: Row) -> Decision:
     )
 
 
-def record_decision(
-    store: StateStore,
-    *,
-    category: str,
-    fingerprint: str | None,
-    outcome: Outcome,
-    who: str,
-    via: str,
-    clock: Clock,
-    kind: Kind = "capability",
-    reason: str = "",
-    request: str | None = None,
-) -> Decision:
-    """Append one decision to the approval log and return it (``request``: the mid-run
-    question it answers)."""
-    if kind == "capability" and not fingerprint:
-        raise UsageError(f"an approval of {category} must name the plan fingerprint")
+def record_decision(store: StateStore, verdict: Verdict, *, clock: Clock) -> Decision:
+    """Append one decision to the approval log and return it."""
+    if verdict.kind == "capability" and not verdict.fingerprint:
+        raise UsageError(f"an approval of {verdict.category} must name the plan fingerprint")
     migrate(store)
     with store.transaction() as conn:
-        return insert_decision(
-            conn,
-            category=category,
-            fingerprint=fingerprint,
-            outcome=outcome,
-            who=who,
-            via=via,
-            at=clock.now(),
-            kind=kind,
-            reason=reason,
-            request=request,
-        )
+        return insert_decision(conn, verdict, at=clock.now())
 
 
-def insert_decision(
-    conn: Connection,
-    *,
-    category: str,
-    fingerprint: str | None,
-    outcome: Outcome,
-    who: str,
-    via: str,
-    at: datetime,
-    kind: Kind = "capability",
-    reason: str = "",
-    request: str | None = None,
-) -> Decision:
+def insert_decision(conn: Connection, verdict: Verdict, *, at: datetime) -> Decision:
     """Insert a decision inside the caller's transaction (after ``migrate(store)``).
 
     Graduation uses this so that unlocking a category and logging who unlocked it commit
     together or not at all.
     """
+    v = verdict
     row = conn.execute(
         "INSERT INTO approval_decisions"
         " (decided_at, who, via, kind, category, fingerprint, outcome, reason, request)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
-        (iso(at), who, via, kind, category, fingerprint, outcome, reason, request),
+        (iso(at), v.who, v.via, v.kind, v.category, v.fingerprint, v.outcome, v.reason, v.request),
     ).fetchone()
     assert row is not None  # RETURNING gives the inserted row
     return _decision(row)

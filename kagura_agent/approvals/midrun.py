@@ -35,7 +35,7 @@ from datetime import datetime
 from typing import Protocol
 
 from kagura_agent.approvals.asking import tty_prompt
-from kagura_agent.approvals.log import Decision, Outcome, latest_decision, record_decision
+from kagura_agent.approvals.log import Decision, Outcome, Verdict, latest_decision, record_decision
 from kagura_agent.clock import Clock
 from kagura_agent.state import StateStore
 
@@ -178,45 +178,58 @@ class Questions:
         return answer
 
 
+@dataclass(frozen=True)
+class Asked:
+    """Which mid-run question an operator answers: its id (m-…), and the category and the
+    amended plan's fingerprint the answer binds to (what the chat desk and the web
+    console hold of a pending question)."""
+
+    request: str
+    category: str
+    fingerprint: str
+
+
 def record_answer(
     store: StateStore,
+    asked: Asked,
     *,
-    request: str,
-    category: str,
-    fingerprint: str,
     approved: bool,
     who: str,
     via: str,
     clock: Clock,
     reason: str,
 ) -> Decision:
-    """An operator's answer to mid-run question ``request``: a decision in the approval
+    """An operator's answer to the mid-run question ``asked``: a decision in the approval
     log bound to the question's category and the amended plan's fingerprint (what the
     chat desk and the web console record; the asking apply reads it back)."""
     return record_decision(
         store,
-        category=category,
-        fingerprint=fingerprint,
-        outcome="approved" if approved else "denied",
-        who=who,
-        via=via,
+        Verdict(
+            category=asked.category,
+            fingerprint=asked.fingerprint,
+            outcome="approved" if approved else "denied",
+            who=who,
+            via=via,
+            reason=reason,
+            request=asked.request,
+        ),
         clock=clock,
-        reason=reason,
-        request=request,
     )
 
 
 def _timeout(store: StateStore, question: Question, clock: Clock, via: str, why: str) -> Answer:
     decision = record_decision(
         store,
-        category=question.category,
-        fingerprint=question.fingerprint,
-        outcome="timeout",
-        who="nobody",
-        via=via,
+        Verdict(
+            category=question.category,
+            fingerprint=question.fingerprint,
+            outcome="timeout",
+            who="nobody",
+            via=via,
+            reason=why,
+            request=question.request,
+        ),
         clock=clock,
-        reason=why,
-        request=question.request,
     )
     return Answer.of(decision)
 
@@ -299,14 +312,16 @@ class TtyAsker:
             )
         decision = record_decision(
             store,
-            category=question.category,
-            fingerprint=question.fingerprint,
-            outcome="approved" if answer else "denied",
-            who=self._who,
-            via="cli",
+            Verdict(
+                category=question.category,
+                fingerprint=question.fingerprint,
+                outcome="approved" if answer else "denied",
+                who=self._who,
+                via="cli",
+                reason="answered at the terminal mid-run",
+                request=question.request,
+            ),
             clock=clock,
-            reason="answered at the terminal mid-run",
-            request=question.request,
         )
         return Answer.of(decision)
 
@@ -317,13 +332,15 @@ class NobodyAsker:
     async def ask(self, store: StateStore, question: Question, clock: Clock) -> Answer:
         decision = record_decision(
             store,
-            category=question.category,
-            fingerprint=question.fingerprint,
-            outcome="denied",
-            who="nobody",
-            via="cli",
+            Verdict(
+                category=question.category,
+                fingerprint=question.fingerprint,
+                outcome="denied",
+                who="nobody",
+                via="cli",
+                reason="nobody can be asked: apply has no terminal and runs outside serve",
+                request=question.request,
+            ),
             clock=clock,
-            reason="nobody can be asked: apply has no terminal and runs outside serve",
-            request=question.request,
         )
         return Answer.of(decision)

@@ -191,7 +191,7 @@ def _forget(args: argparse.Namespace) -> int:
 def _trust(args: argparse.Namespace) -> int:
     """Only this command raises a memory's tier; the approval log keeps who, when and why."""
     from kagura_agent.approvals.asking import operator_name
-    from kagura_agent.approvals.log import record_decision
+    from kagura_agent.approvals.log import Verdict, record_decision
     from kagura_agent.clock import SystemClock
     from kagura_agent.errors import UsageError
     from kagura_agent.state import open_store
@@ -210,14 +210,16 @@ def _trust(args: argparse.Namespace) -> int:
         with open_store() as state:
             decision = record_decision(
                 state,
-                category=f"memory:{memory.id}",
-                fingerprint=None,
-                outcome="approved",
-                who=operator_name(),
-                via="cli",
+                Verdict(
+                    category=f"memory:{memory.id}",
+                    fingerprint=None,
+                    outcome="approved",
+                    who=operator_name(),
+                    via="cli",
+                    kind="memory-trust",
+                    reason=f"{memory.trust} -> trusted: {reason}",
+                ),
                 clock=SystemClock(),
-                kind="memory-trust",
-                reason=f"{memory.trust} -> trusted: {reason}",
             )
         raised = set_trust(memory.id, "trusted")
     finally:

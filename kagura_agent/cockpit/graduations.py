@@ -8,7 +8,7 @@ import secrets
 import sys
 import threading
 
-from kagura_agent.approvals import record_decision
+from kagura_agent.approvals import Verdict, record_decision
 from kagura_agent.cockpit.desk import GRADUATION_PREFIX, Desk
 from kagura_agent.cockpit.transport import Event
 from kagura_agent.errors import KaguraError
@@ -118,14 +118,16 @@ class Graduations:
             else:
                 record_decision(
                     store,
-                    category=category,
-                    fingerprint=None,
-                    outcome="denied",
-                    who=who,
-                    via=event.transport,
+                    Verdict(
+                        category=category,
+                        fingerprint=None,
+                        outcome="denied",
+                        who=who,
+                        via=event.transport,
+                        kind="graduation",
+                        reason="graduation proposal denied in chat",
+                    ),
                     clock=desk.clock,
-                    kind="graduation",
-                    reason="graduation proposal denied in chat",
                 )
         if approved:
             desk.say(
@@ -146,13 +148,15 @@ class Graduations:
         with StateStore(desk.state) as store:
             record_decision(
                 store,
-                category=category,
-                fingerprint=None,
-                outcome="timeout",
-                who="nobody",
-                via=desk.transport.name,
+                Verdict(
+                    category=category,
+                    fingerprint=None,
+                    outcome="timeout",
+                    who="nobody",
+                    via=desk.transport.name,
+                    kind="graduation",
+                    reason=why,
+                ),
                 clock=desk.clock,
-                kind="graduation",
-                reason=why,
             )
         desk.say(where, f"graduation proposal {request} ({category}): {why}; it stays locked")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kagura_agent.approvals.midrun import record_answer
+from kagura_agent.approvals.midrun import Asked, record_answer
 from kagura_agent.clock import Clock
 from kagura_agent.state import Location, StateStore
 
@@ -94,9 +94,7 @@ class MidRunDesk:
         with StateStore(self._state) as store:
             record_answer(
                 store,
-                request=pending.request,
-                category=pending.category,
-                fingerprint=pending.fingerprint,
+                Asked(pending.request, pending.category, pending.fingerprint),
                 approved=approved,
                 who=who,
                 via=via,

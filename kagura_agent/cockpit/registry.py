@@ -18,7 +18,7 @@ import secrets
 from dataclasses import dataclass, fields
 from typing import Any
 
-from kagura_agent.approvals import record_decision
+from kagura_agent.approvals import Verdict, record_decision
 from kagura_agent.approvals.log import Outcome
 from kagura_agent.clock import Clock, iso
 from kagura_agent.state import Location, StateStore
@@ -178,14 +178,16 @@ class Registry:
             for category in session.categories:
                 record_decision(
                     store,
-                    category=category,
-                    fingerprint=session.fingerprint,
-                    outcome=outcome,
-                    who=who,
-                    via=via,
+                    Verdict(
+                        category=category,
+                        fingerprint=session.fingerprint,
+                        outcome=outcome,
+                        who=who,
+                        via=via,
+                        reason=reason,
+                        request=request,
+                    ),
                     clock=self.clock,
-                    reason=reason,
-                    request=request,
                 )
 
     def get(self, session_id: str) -> Session | None:

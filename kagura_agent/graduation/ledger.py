@@ -198,14 +198,16 @@ def approve_graduation(
         _bump(conn)
         return approvals.insert_decision(
             conn,
-            category=category,
-            fingerprint=None,
-            outcome="approved",
-            who=who,
-            via=via,
+            approvals.Verdict(
+                category=category,
+                fingerprint=None,
+                outcome="approved",
+                who=who,
+                via=via,
+                kind="graduation",
+                reason=f"{status.successes} verified successes over {status.distinct_tasks} tasks",
+            ),
             at=now,
-            kind="graduation",
-            reason=f"{status.successes} verified successes over {status.distinct_tasks} tasks",
         )
 
 

@@ -29,7 +29,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from kagura_agent.approvals.midrun import record_answer
+from kagura_agent.approvals.midrun import Asked, record_answer
 from kagura_agent.clock import Clock, parse_iso
 from kagura_agent.cockpit.registry import Registry
 from kagura_agent.errors import KaguraError
@@ -378,11 +378,10 @@ class Console:
         assert approver is not None  # checked by answer()
         try:
             with StateStore(self.config.location) as store:
+                asked = Asked(request_id, str(found["category"]), str(found["fingerprint"]))
                 decision = record_answer(
                     store,
-                    request=request_id,
-                    category=str(found["category"]),
-                    fingerprint=str(found["fingerprint"]),
+                    asked,
                     approved=approved,
                     who=approver,
                     via="web",

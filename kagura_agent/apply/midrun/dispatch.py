@@ -51,7 +51,12 @@ from kagura_agent.apply.records.progress import (
     SubAgentStep,
 )
 from kagura_agent.apply.run.context import RunContext
-from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_prompt
+from kagura_agent.approvals.asking import (
+    ApprovalRequest,
+    obtain_approvals,
+    operator_name,
+    tty_prompt,
+)
 from kagura_agent.approvals.midrun import Asker, NotAsked, Question, Questions
 from kagura_agent.clock import iso
 from kagura_agent.errors import KaguraError, ValidationError
@@ -316,23 +321,23 @@ class ChildDispatcher:
     def _approve(self, child_plan: Plan) -> None:
         """Without the run's asker (an apply driven in-process): ask on the terminal, as
         apply does; nobody to ask refuses."""
-        needed = [a["category"] for a in child_plan["approvals"] if a["class"] == "needs-approval"]
-        if not needed:
+        # Bound to the child plan's intent, as apply's approvals are.
+        request = ApprovalRequest.for_plan(
+            child_plan, who=self.ctx.who or operator_name(), timeout=self.ctx.approval_timeout
+        )
+        if not request.categories:
             return
         name, fingerprint = child_plan["task"]["name"], child_plan["fingerprint"]
-        intent = child_plan["intent"]  # approvals bind to the intent, as apply's do
-        self.ctx.live.emit(SubAgentStep(name, "approval", ", ".join(needed), fingerprint))
+        self.ctx.live.emit(
+            SubAgentStep(name, "approval", ", ".join(request.categories), fingerprint)
+        )
         with self._tty, open_store() as store:  # this thread's own connection
             try:
                 obtain_approvals(
                     store,
-                    needed,
-                    intent,
+                    request,
                     prompt_fn=tty_prompt if self.ctx.interactive else None,
-                    timeout=self.ctx.approval_timeout,
-                    who=self.ctx.who or operator_name(),
                     clock=self.ctx.clock,
-                    reasons={a["category"]: a["reason"] for a in child_plan["approvals"]},
                 )
             except KaguraError as exc:
                 raise Refused([exc.message], fingerprint) from None

@@ -62,7 +62,12 @@ from kagura_agent.apply.run.context import (
 )
 from kagura_agent.apply.run.docker import DockerApplyRuntime
 from kagura_agent.apply.run.hostrun import run_on_host
-from kagura_agent.approvals.asking import obtain_approvals, operator_name, tty_prompt
+from kagura_agent.approvals.asking import (
+    ApprovalRequest,
+    obtain_approvals,
+    operator_name,
+    tty_prompt,
+)
 from kagura_agent.approvals.midrun import Asker, ChatAsker, NobodyAsker, TtyAsker
 from kagura_agent.clock import Clock
 from kagura_agent.errors import ExitCode, KaguraError, RefusedError, SetupError, Terminated
@@ -349,14 +354,12 @@ def _approvals(store: StateStore, plan: Plan, options: ApplyOptions, live: LiveV
     live.emit(progress.ApprovalNeeded(len(needed)))
     obtain_approvals(
         store,
-        needed,
-        plan["intent"],  # approvals bind to what the operator approves, not to host facts
+        ApprovalRequest.for_plan(
+            plan, who=options.who or operator_name(), timeout=options.approval_timeout
+        ),
         approve=options.approve,
         prompt_fn=tty_prompt if options.interactive else None,
-        timeout=options.approval_timeout,
-        who=options.who or operator_name(),
         clock=options.clock,
-        reasons={a["category"]: a["reason"] for a in plan["approvals"]},
         accept_since=options.accept_since,
     )
     return set(needed)
