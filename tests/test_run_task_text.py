@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kagura_agent.clock import FixedClock
-from kagura_agent.manifest.adhoc import write_adhoc_task
+from kagura_agent.manifest.adhoc import AdhocTask, write_adhoc_task
 from kagura_agent.plan.build import plan_tasks
 
 
@@ -20,7 +20,7 @@ def test_template_syntax_in_the_text_is_kept_verbatim(
     project.mkdir()
     monkeypatch.chdir(project)
     text = "fix {{ 7*7 }} and {% endraw %} {{ config.__class__ }}"
-    path = write_adhoc_task(text, manifests=None, brain="claude")
+    path = write_adhoc_task(AdhocTask(text, brain="claude"), manifests=None)
     [plan] = plan_tasks(None, [str(path)])
     assert plan["task"]["prompt"] == text
     assert plan["task"]["project_root"] == str(project.resolve())
@@ -35,8 +35,8 @@ def test_one_off_tasks_written_at_the_same_instant_are_two_files(
     project.mkdir()
     monkeypatch.chdir(project)
     clock = FixedClock(datetime(2026, 12, 1, 12, 0, tzinfo=UTC))
-    first = write_adhoc_task("first", manifests=None, brain="claude", clock=clock)
-    second = write_adhoc_task("second", manifests=None, brain="claude", clock=clock)
+    first = write_adhoc_task(AdhocTask("first", brain="claude"), manifests=None, clock=clock)
+    second = write_adhoc_task(AdhocTask("second", brain="claude"), manifests=None, clock=clock)
     assert first != second and first.name.startswith(str(int(clock.now().timestamp() * 1000)))
     assert [plan_tasks(None, [str(p)])[0]["task"]["prompt"] for p in (first, second)] == [
         "first",
@@ -55,7 +55,7 @@ def test_with_the_script_brain_the_text_is_the_step_it_runs(
     project.mkdir()
     monkeypatch.chdir(project)
     text = "echo {{ 7*7 }} > out.txt"
-    path = write_adhoc_task(text, manifests=None, brain="script")
+    path = write_adhoc_task(AdhocTask(text, brain="script"), manifests=None)
     [plan] = plan_tasks(None, [str(path)])
     assert plan["task"]["steps"] == [text]
     assert plan["task"]["prompt"] is None

@@ -31,7 +31,7 @@ from kagura_agent.brain.events import BrainEvent, ErrorEvent, TextEvent, ToolRes
 from kagura_agent.brain.plan_turn import turn_from_plan
 from kagura_agent.brain.protocol import Turn
 from kagura_agent.errors import UsageError
-from kagura_agent.manifest.adhoc import write_adhoc_task
+from kagura_agent.manifest.adhoc import AdhocTask, write_adhoc_task
 from kagura_agent.manifest.toolservers import RESERVED_NAMES
 from kagura_agent.patterns.dispatch import narrowing_violations
 from testing.cli_options import option
@@ -325,7 +325,7 @@ def test_a_one_off_run_asks_for_tool_servers_by_name(
     monkeypatch.setenv("KAGURA_AGENT_STATE_DIR", str(state_dir))
     project = make_project(tmp_path)
     path = write_adhoc_task(
-        "triage", manifests=str(manifests), tool_servers=["notes"], project_root=project
+        AdhocTask("triage", tool_servers=["notes"], project_root=project), manifests=str(manifests)
     )
     done = kagura(["plan", "--json", "--manifests", str(manifests), str(path)], env)
     plan = json.loads(done.stdout)["plans"][0]["plan"]

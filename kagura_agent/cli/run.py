@@ -82,17 +82,17 @@ def task_text(args: argparse.Namespace) -> str:
 def write_task(text: str, args: argparse.Namespace, session: str | None) -> Path:
     """Unpack ``--brain``/``--image``/``--egress``/``--tool-server``/``--manifests`` into
     the one-off task."""
-    from kagura_agent.manifest.adhoc import write_adhoc_task
+    from kagura_agent.manifest.adhoc import AdhocTask, write_adhoc_task
 
-    return write_adhoc_task(
+    task = AdhocTask(
         text,
-        manifests=args.manifests,
         brain=args.brain,
         image=args.image,
         egress=args.egress,
         session=session,
         tool_servers=args.tool_servers,
     )
+    return write_adhoc_task(task, manifests=args.manifests)
 
 
 def run(args: argparse.Namespace) -> int:

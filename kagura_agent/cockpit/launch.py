@@ -20,7 +20,7 @@ from kagura_agent.cockpit.sessions import Sessions
 from kagura_agent.cockpit.transport import Event
 from kagura_agent.errors import UsageError
 from kagura_agent.hygiene import neutralise
-from kagura_agent.manifest.adhoc import write_adhoc_task
+from kagura_agent.manifest.adhoc import AdhocTask, write_adhoc_task
 from kagura_agent.plan import planfile
 from kagura_agent.plan.build import plan_tasks
 from kagura_agent.plan.model import Plan
@@ -65,14 +65,10 @@ class Launcher:
         """A one-off task from chat text, exactly as `kagura-agent run "TEXT"` writes it:
         the default LLM brain, the text a value (never template source)."""
         config = self.desk.config
-        return write_adhoc_task(
-            text,
-            manifests=config.manifests,
-            image=config.image,
-            session=brain_session,
-            project_root=config.project_root,
-            clock=self.desk.clock,
+        task = AdhocTask(
+            text, image=config.image, session=brain_session, project_root=config.project_root
         )
+        return write_adhoc_task(task, manifests=config.manifests, clock=self.desk.clock)
 
     def plan(self, event: Event, task_path: str) -> None:
         self.desk.say(event.thread, render_text(self.compile(task_path), Style(False)).rstrip())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,39 +19,35 @@ from kagura_agent.manifest.workspace import load_workspace
 from kagura_agent.paths import state_dir
 
 
-def write_adhoc_task(
-    text: str,
-    *,
-    manifests: str | None,
-    brain: str | None = None,
-    image: str | None = None,
-    egress: Sequence[str] = (),
-    session: str | None = None,
-    project_root: Path | None = None,
-    clock: Clock | None = None,
-    tool_servers: Sequence[str] = (),
-) -> Path:
-    """Write ``text`` as a Task document under the state directory; return its path.
+@dataclass(frozen=True)
+class AdhocTask:
+    """A one-off task as the operator asked for it: the ``text``, and the names the
+    options chose (``--brain``, ``--image``, ``--egress``, ``--tool-server``; a chat's
+    brain ``session``). ``brain`` None: the first LLM brain of the manifest set;
+    ``project_root`` None: the current directory."""
 
-    ``brain`` defaults to the first LLM brain of the manifest set; ``project_root`` to the
-    current directory. Every name is checked first, so a wrong one is reported against the
-    option that gave it and no file is written. Each call writes a new file (the cockpit
-    writes from many threads): named by the clock's millisecond plus a random suffix.
+    text: str
+    brain: str | None = None
+    image: str | None = None
+    egress: Sequence[str] = ()
+    session: str | None = None
+    project_root: Path | None = None
+    tool_servers: Sequence[str] = ()
+
+
+def write_adhoc_task(task: AdhocTask, *, manifests: str | None, clock: Clock | None = None) -> Path:
+    """Write ``task`` as a Task document under the state directory; return its path.
+
+    Every name is checked first, so a wrong one is reported against the option that gave
+    it and no file is written. Each call writes a new file (the cockpit writes from many
+    threads): named by the clock's millisecond plus a random suffix.
     """
     catalog = load_workspace(manifests, []).catalog
-    chosen = checked_brain(
-        catalog, brain=brain, image=image, egress=egress, tool_servers=tool_servers
-    )
+    chosen = checked_brain(catalog, task)
     found = catalog.get("Brain", chosen)
     document = adhoc_task(
-        text,
-        brain=chosen,
+        replace(task, brain=chosen, project_root=(task.project_root or Path.cwd()).resolve()),
         script=found is not None and found.spec["engine"] == "script",
-        image=image,
-        egress=egress,
-        session=session,
-        project_root=(project_root or Path.cwd()).resolve(),
-        tool_servers=tool_servers,
     )
     folder = state_dir() / "adhoc"
     folder.mkdir(parents=True, exist_ok=True)
@@ -61,34 +58,26 @@ def write_adhoc_task(
     return path
 
 
-def adhoc_task(
-    text: str,
-    *,
-    brain: str,
-    image: str | None,
-    egress: Sequence[str],
-    session: str | None,
-    project_root: Path,
-    tool_servers: Sequence[str] = (),
-    script: bool = False,
-) -> dict[str, Any]:
-    """The Task document: ``text`` is a template *value*, never template source. For the
-    script brain (``script``) the text is the one step it runs (steps are no template)."""
+def adhoc_task(task: AdhocTask, *, script: bool = False) -> dict[str, Any]:
+    """The Task document of ``task`` (its brain and project root chosen): ``text`` is a
+    template *value*, never template source. For the script brain (``script``) the text is
+    the one step it runs (steps are no template)."""
+    text = task.text
     name = re.sub(r"[^a-z0-9-]+", "-", text.lower())[:40].strip("-") or "task"
-    spec: dict[str, Any] = {"brain": brain}
+    spec: dict[str, Any] = {"brain": task.brain}
     if script:
         spec["steps"] = [text]
     else:
         spec.update({"prompt": "{{ text }}", "vars": {"text": text}})
-    spec.update({"project_root": str(project_root), "kind": "adhoc"})
-    if session:
-        spec["session"] = session
-    if egress:
-        spec["egress"] = list(egress)
-    if image:
-        spec["image"] = image
-    if tool_servers:
-        spec["tool_servers"] = list(tool_servers)
+    spec.update({"project_root": str(task.project_root), "kind": "adhoc"})
+    if task.session:
+        spec["session"] = task.session
+    if task.egress:
+        spec["egress"] = list(task.egress)
+    if task.image:
+        spec["image"] = task.image
+    if task.tool_servers:
+        spec["tool_servers"] = list(task.tool_servers)
     return {
         "apiVersion": "kagura.dev/v1",
         "kind": "Task",
@@ -97,23 +86,17 @@ def adhoc_task(
     }
 
 
-def checked_brain(
-    catalog: Catalog,
-    *,
-    brain: str | None,
-    image: str | None,
-    egress: Sequence[str],
-    tool_servers: Sequence[str] = (),
-) -> str:
+def checked_brain(catalog: Catalog, task: AdhocTask) -> str:
     """The brain to use, after checking every name given (by --brain, --image, --egress,
     --tool-server).
 
     A wrong name is the user's option, so the error names the option, not the task file
     generated from it.
     """
-    given = [("--brain", "Brain", brain), ("--image", "Image", image)]
-    given += [("--egress", "EgressPolicy", name) for name in egress]
-    given += [("--tool-server", "ToolServer", name) for name in tool_servers]
+    brain = task.brain
+    given = [("--brain", "Brain", brain), ("--image", "Image", task.image)]
+    given += [("--egress", "EgressPolicy", name) for name in task.egress]
+    given += [("--tool-server", "ToolServer", name) for name in task.tool_servers]
     for option, kind, name in given:
         if name and catalog.get(kind, name) is None:
             known = ", ".join(catalog.names(kind)) or "(none)"

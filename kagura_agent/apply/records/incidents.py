@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kagura_agent.state import StateStore
@@ -26,19 +28,25 @@ MIGRATIONS = (
 )
 
 
-def record_incident(
-    store: StateStore,
-    *,
-    at: str,
-    run_id: str,
-    task: str,
-    fingerprint: str,
-    reason: str,
-    actions: list[str],
-    egress: list[dict[str, Any]],
-    events: list[dict[str, Any]],
-) -> str:
+@dataclass(frozen=True)
+class Incident:
+    """A run a tripwire stopped: when (``at``, ISO), which run of which task and plan, the
+    tripwire's ``reason``, what the host did about it (``actions``), and what the agent
+    tried: its egress decisions and the run's recent events."""
+
+    at: str
+    run_id: str
+    task: str
+    fingerprint: str
+    reason: str
+    actions: Sequence[str]
+    egress: Sequence[Mapping[str, Any]]
+    events: Sequence[Mapping[str, Any]]
+
+
+def record_incident(store: StateStore, incident: Incident) -> str:
     """Store one incident; returns its id."""
+    i = incident
     store.migrate("incidents", MIGRATIONS)
     incident_id = f"inc-{uuid.uuid4().hex[:12]}"
     with store.transaction() as conn:
@@ -47,14 +55,14 @@ def record_incident(
             " events) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 incident_id,
-                at,
-                run_id,
-                task,
-                fingerprint,
-                reason,
-                json.dumps(actions),
-                json.dumps(egress, default=str),
-                json.dumps(events, default=str),
+                i.at,
+                i.run_id,
+                i.task,
+                i.fingerprint,
+                i.reason,
+                json.dumps(list(i.actions)),
+                json.dumps([dict(e) for e in i.egress], default=str),
+                json.dumps([dict(e) for e in i.events], default=str),
             ),
         )
     return incident_id

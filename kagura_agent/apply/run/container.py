@@ -21,7 +21,7 @@ from kagura_agent.apply.midrun.dispatch import ChildDispatcher
 from kagura_agent.apply.midrun.hostmem import HostMemory
 from kagura_agent.apply.midrun.injected import keep_injected_fresh
 from kagura_agent.apply.records import progress
-from kagura_agent.apply.records.incidents import record_incident
+from kagura_agent.apply.records.incidents import Incident, record_incident
 from kagura_agent.apply.run.context import (
     ApplyRuntime,
     BrainOutcome,
@@ -203,13 +203,15 @@ def _record_incident(ctx: RunContext, leased: Leased, tripwire: Tripwire) -> Non
     ]
     incident_id = record_incident(
         ctx.store,
-        at=iso(ctx.clock.now()),
-        run_id=ctx.run_id,
-        task=ctx.plan["task"]["name"],
-        fingerprint=ctx.plan["fingerprint"],
-        reason=str(tripwire.reason),
-        actions=actions,
-        egress=list(tripwire.egress_log),
-        events=list(ctx.live.recent),
+        Incident(
+            at=iso(ctx.clock.now()),
+            run_id=ctx.run_id,
+            task=ctx.plan["task"]["name"],
+            fingerprint=ctx.plan["fingerprint"],
+            reason=str(tripwire.reason),
+            actions=actions,
+            egress=list(tripwire.egress_log),
+            events=list(ctx.live.recent),
+        ),
     )
     ctx.live.incident(incident_id, str(tripwire.reason))
