@@ -13,15 +13,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "kagura_agent"
 MOST = 8
 
-# Functions still over the bound, each to be split by its owner; remove an entry with
-# the change that brings its function under the bound (the test fails on a stale one).
-ALLOWED = {
-    # The brain's turn in the run's container: being rewritten as steps of the run's chain.
-    "apply/run/container.py:_drive",
-    # The project root's aftercare: being rewritten with the run's chain.
-    "apply/aftercare/root.py:tend",
-}
-
 
 def parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     args = node.args
@@ -42,12 +33,9 @@ def over_the_bound() -> dict[str, int]:
 
 def test_no_function_takes_more_than_eight_parameters() -> None:
     found = over_the_bound()
-    new = {name: count for name, count in found.items() if name not in ALLOWED}
-    assert not new, (
-        f"functions over {MOST} parameters (make the list that travels one value): {new}"
+    assert not found, (
+        f"functions over {MOST} parameters (make the list that travels one value): {found}"
     )
-    stale = ALLOWED - set(found)
-    assert not stale, f"no longer over {MOST} parameters: remove from ALLOWED: {sorted(stale)}"
 
 
 def test_the_count_sees_keyword_only_parameters_and_skips_self() -> None:
