@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, TextIO
 
 from kagura_agent.approvals.asking import operator_name, tty_prompt
-from kagura_agent.approvals.midrun import record_answer
+from kagura_agent.approvals.midrun import Asked, record_answer
 from kagura_agent.clock import SystemClock
 from kagura_agent.cockpit.runner import chat_line
 from kagura_agent.demo.world import TOKEN, TOKEN_ENV, World
@@ -255,9 +255,7 @@ def _answer(
     with StateStore(world.state / STATE_FILE) as store:
         record_answer(
             store,
-            request=str(item["request"]),
-            category=str(item["category"]),
-            fingerprint=str(item["fingerprint"]),
+            Asked(str(item["request"]), str(item["category"]), str(item["fingerprint"])),
             approved=approved,
             who="demo:--yes" if yes else operator_name(),
             via="demo",
