@@ -51,11 +51,17 @@ Standard library only: ``python3 fake_messages_api.py --port 8080 --script JSON`
 in a container (``fake_messages_api_container``, which also answers DNS there: NXDOMAIN
 for every name, the resolver of the sealed proxies of testing.fake_anthropic), and
 ``FakeMessagesApi(script).start()`` on loopback in-process.
+
+With ``--tls-port N --tls-pem B64`` it also answers over TLS on port N (the same script and
+records), presenting the certificate chain and key given (PEM, base64: testing/tls.py
+makes them), and prints ``SNI <name>`` for each handshake: the key-injecting port's TLS
+hop to the model's host, tested without reaching the real one.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import hashlib
 import http.server
@@ -63,7 +69,9 @@ import json
 import re
 import secrets
 import socket
+import ssl
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -72,6 +80,7 @@ from pathlib import Path
 from typing import Any
 
 PORT = 8080
+TLS_PORT = 8443
 CREDENTIAL_HEADERS = ("x-api-key", "authorization", "proxy-authorization", "cookie")
 MAX_BODY = 32 * 1024 * 1024
 MAX_RECORDS = 5000
@@ -586,13 +595,15 @@ class FakeMessagesApi:
 
 @dataclass(frozen=True)
 class FakeMessagesApiContainer:
-    """The fake in a container on its own network (``address``:``port`` on ``network``)."""
+    """The fake in a container on its own network (``address``:``port`` on ``network``;
+    over TLS on ``tls_port`` too when it was given an identity)."""
 
     container: Any
     network: str
     address: str
     port: int = PORT
     dns: bool = True  # it answers DNS (NXDOMAIN): a sealed proxy's resolver
+    tls_port: int | None = None
 
     def records(self) -> list[dict[str, Any]]:
         """Every request it received, in order (read over its own loopback)."""
@@ -606,13 +617,24 @@ class FakeMessagesApiContainer:
         records: list[dict[str, Any]] = json.loads(result.output)
         return records
 
+    def server_names(self) -> list[str]:
+        """The server name (SNI) of each TLS handshake, in order ("" for none)."""
+        text = self.container.logs().decode(errors="replace")
+        return [line[4:] for line in text.splitlines() if line.startswith("SNI ")]
+
 
 @contextlib.contextmanager
 def fake_messages_api_container(
-    client: Any, image: str, labels: dict[str, str], script: dict[str, Any]
+    client: Any,
+    image: str,
+    labels: dict[str, str],
+    script: dict[str, Any],
+    *,
+    tls_pem: bytes | None = None,
 ) -> Iterator[FakeMessagesApiContainer]:
-    """The fake, running ``script`` in ``image`` (any image with python3) on its own network;
-    removed with the network on exit."""
+    """The fake, running ``script`` in ``image`` (any image with python3) on its own network
+    (over TLS too with ``tls_pem``: a certificate chain and its key); removed with the
+    network on exit."""
     # Internal: the fake and the proxies that join its network have no way off the machine.
     network = client.networks.create(
         f"kagura-test-messages-{time.monotonic_ns()}", labels=labels, internal=True
@@ -622,6 +644,13 @@ def fake_messages_api_container(
         source = Path(__file__).read_text(encoding="utf-8")
         command = ["python3", "-c", source, "--port", str(PORT), "--dns"]
         command += ["--script", json.dumps(script)]
+        if tls_pem is not None:
+            command += [
+                "--tls-port",
+                str(TLS_PORT),
+                "--tls-pem",
+                base64.b64encode(tls_pem).decode(),
+            ]
         container = client.containers.run(
             image, command, detach=True, labels=labels, network=network.name
         )
@@ -634,7 +663,8 @@ def fake_messages_api_container(
                     f"the fake Messages API never printed ready: {container.logs()[-2000:]!r}"
                 )
             time.sleep(0.05)
-        yield FakeMessagesApiContainer(container, network.name, address)
+        tls_port = TLS_PORT if tls_pem is not None else None
+        yield FakeMessagesApiContainer(container, network.name, address, tls_port=tls_port)
     finally:
         if container is not None:
             container.remove(force=True)
@@ -670,6 +700,25 @@ def serve_nxdomain(port: int = 53) -> threading.Thread:
     return thread
 
 
+def serve_tls(state: _State, port: int, pem: bytes) -> None:
+    """The same fake over TLS on ``port`` (in a thread), presenting ``pem`` (a chain and its
+    key); prints ``SNI <name>`` at each handshake."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with tempfile.NamedTemporaryFile("wb", suffix=".pem") as identity:
+        identity.write(pem)
+        identity.flush()
+        context.load_cert_chain(identity.name)
+
+    def named(sock: ssl.SSLObject | ssl.SSLSocket, name: str | None, ctx: ssl.SSLContext) -> None:
+        print("SNI", name or "", flush=True)
+
+    context.sni_callback = named
+    server = _Server(("", port), _Handler)
+    server.state = state
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="a fake Anthropic Messages API")
     parser.add_argument("--host", default="")
@@ -677,11 +726,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--script", default="{}", help="the script, as JSON")
     parser.add_argument("--record", type=Path, help="append each request here (JSON lines)")
     parser.add_argument("--dns", action="store_true", help="answer NXDOMAIN on UDP 53")
+    parser.add_argument("--tls-port", type=int, help="answer over TLS on this port too")
+    parser.add_argument("--tls-pem", help="its certificate chain and key (PEM, base64)")
     args = parser.parse_args(argv)
     if args.dns:
         serve_nxdomain()
     server = _Server((args.host, args.port), _Handler)
     server.state = _State(json.loads(args.script), args.record)
+    if args.tls_port is not None:
+        serve_tls(server.state, args.tls_port, base64.b64decode(args.tls_pem or ""))
     print("ready", flush=True)
     server.serve_forever()
 

@@ -172,9 +172,13 @@ def open_port(
     model_calls: dict[str, Any] | None = None,
     script: dict[str, Any] | None = None,
     upstream: Any = None,
+    injection: Injection | None = None,
+    proxy_client: Any = None,
 ) -> Iterator[Port]:
     """A run's proxy injecting CANARY towards the fake (or ``upstream``: a container and
-    network of one's own), and an agent container whose forwarder reaches it."""
+    network of one's own; ``injection``: how the port reaches it, plain HTTP to HOST by
+    default), and an agent container whose forwarder reaches it. ``proxy_client`` starts
+    the proxy instead of ``client`` (one that changes how it is created)."""
     run_id = f"test-port-{time.monotonic_ns()}"
     plan: dict[str, Any] = {
         "egress": {"mode": "proxy", "allow": [{"host": "allowed.test", "port": 8443}]},
@@ -188,16 +192,17 @@ def open_port(
                 fake_messages_api_container(client, images["base"], TEST_LABEL, script or {})
             )
         events: list[dict[str, Any]] = []
+        injection = injection or Injection(host=HOST, port=upstream.port, tls=False)
         request = EgressRequest(
             plan,
             run_id,
-            injection=Injection(host=HOST, port=upstream.port, tls=False),
+            injection=injection,
             injection_secret=CANARY,
-            extra_hosts={HOST: upstream.address},
+            extra_hosts={injection.host: upstream.address},
             extra_networks=(upstream.network,),
             scrub=lambda text: text.replace(CANARY, "(canary)"),
         )
-        session = EgressSession.start(client, request, events.append)
+        session = EgressSession.start(proxy_client or client, request, events.append)
         stack.callback(session.close)
         net = session.agent_network_config()
         agent = client.containers.create(
