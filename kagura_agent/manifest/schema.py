@@ -131,7 +131,26 @@ def _translate(doc: YamlDoc, error: Any) -> Diagnostic:
     if validator == "pattern":
         description = error.schema.get("description", "")
         return _diag(doc, path, f"{_shown(instance)} is not valid here", hint=description)
+    if validator == "type":
+        hint = _quote_hint(doc, path, instance, error.validator_value)
+        if hint:
+            return _diag(doc, path, str(error.message), hint=hint)
     message = str(error.message)
     if isinstance(instance, str) and _shown(instance) != repr(instance):
         message = message.replace(repr(instance), REDACTED_SECRET)
     return _diag(doc, path, message)
+
+
+_READ_AS = {bool: "a boolean", int: "a number", float: "a number", type(None): "null"}
+
+
+def _quote_hint(doc: YamlDoc, path: Path, instance: Any, expected: Any) -> str:
+    """For text YAML read as something else (``- true``, ``1.0``, ``null``): quote it."""
+    wanted = [expected] if isinstance(expected, str) else list(expected)
+    read_as = _READ_AS.get(type(instance))
+    if "string" not in wanted or read_as is None:
+        return ""
+    text = doc.plain.get(path, "")
+    if not text:
+        return "the value is empty (YAML reads that as null): write the text, quoted"
+    return f"YAML read this as {read_as}; quote it: {json.dumps(text)}"

@@ -86,6 +86,9 @@ class YamlDoc:
     col: int
     positions: dict[Path, tuple[int, int]] = field(default_factory=dict)
     key_positions: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    # The source text of every scalar YAML did not read as a string (true, 1.0, null, an
+    # empty value), so an error can show what to quote.
+    plain: dict[Path, str] = field(default_factory=dict)
 
     def where(self, path: Path, *, key: bool = False) -> tuple[int, int]:
         """The position of ``path`` (its key when ``key``), else its nearest ancestor's."""
@@ -212,7 +215,10 @@ def _build(
                 f"YAML expands to more than {MAX_CHARS // (1024 * 1024)} MiB of text"
                 " (aliases are expanded); refusing a possible alias bomb",
             )
-        return _scalar(node)
+        value = _scalar(node)
+        if not isinstance(value, str):
+            doc.plain[path] = str(node.value)
+        return value
     if id(node) in budget.building:
         raise _refuse(node, path, doc, "YAML alias refers to a node that contains it")
     budget.building.add(id(node))

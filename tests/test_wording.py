@@ -1,0 +1,91 @@
+"""Messages a newcomer met that said too little or too much, through the real CLI (its
+main, in process): each says what was wrong and what to write instead, and never a
+traceback.
+
+- a text field given a YAML boolean, number or null (``- true``): quote it;
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from testing.inprocess import run_main
+
+REPO = Path(__file__).resolve().parent.parent
+MANIFESTS = REPO / "manifests"
+
+
+def cli(
+    cwd: Path, *argv: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    base = {
+        **os.environ,
+        "KAGURA_AGENT_STATE_DIR": str(cwd.parent / "state"),
+        "KAGURA_AGENT_CACHE_DIR": str(cwd.parent / "cache"),
+        "NO_COLOR": "1",
+    }
+    base.pop("KAGURA_AGENT_MANIFESTS", None)
+    return run_main(argv, cwd=cwd, env={**base, **(env or {})})
+
+
+def task(tmp_path: Path, spec: str) -> Path:
+    root = tmp_path / "project"
+    root.mkdir(exist_ok=True)
+    path = root / "task.yml"
+    path.write_text(
+        "apiVersion: kagura.dev/v1\nkind: Task\nmetadata: {name: t}\nspec:\n" + spec,
+        encoding="utf-8",
+    )
+    return path
+
+
+def validate(path: Path, manifests: Path = MANIFESTS) -> subprocess.CompletedProcess[str]:
+    proc = cli(path.parent, "validate", "--manifests", str(manifests), path.name)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    return proc
+
+
+@pytest.mark.parametrize(
+    ("written", "read_as", "shown"),
+    [
+        ("true", "True", 'YAML read this as a boolean; quote it: "true"'),
+        ("False", "False", 'YAML read this as a boolean; quote it: "False"'),
+        ("1.0", "1.0", 'YAML read this as a number; quote it: "1.0"'),
+        ("0x1F", "31", 'YAML read this as a number; quote it: "0x1F"'),
+        ("null", "None", 'YAML read this as null; quote it: "null"'),
+        ("~", "None", 'YAML read this as null; quote it: "~"'),
+        ("", "None", "the value is empty (YAML reads that as null): write the text, quoted"),
+    ],
+)
+def test_text_that_yaml_read_as_something_else(
+    tmp_path: Path, written: str, read_as: str, shown: str
+) -> None:
+    path = task(tmp_path, f"  steps:\n    - {written}\n")
+    proc = validate(path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"$.spec.steps[0]  {read_as} is not of type 'string'" in proc.stderr
+    assert f"    hint: {shown}\n" in proc.stderr, proc.stderr
+
+
+def test_quote_hint_for_any_text_field(tmp_path: Path) -> None:
+    """Not only steps: every string-typed field (here a task kind and a budget's wall_time)."""
+    path = task(tmp_path, "  kind: true\n  steps: [ls]\n  budget: {wall_time: 30}\n")
+    proc = validate(path)
+    assert proc.returncode == 2
+    assert "$.spec.kind  True is not of type" in proc.stderr
+    assert 'hint: YAML read this as a boolean; quote it: "true"' in proc.stderr
+    assert "$.spec.budget.wall_time  30 is not of type" in proc.stderr
+    assert 'hint: YAML read this as a number; quote it: "30"' in proc.stderr
+
+
+def test_no_quote_hint_where_text_is_not_wanted(tmp_path: Path) -> None:
+    """A field that wants no text gets no advice to quote."""
+    path = task(tmp_path, "  steps: [ls]\n  budget: {turns: true}\n")
+    proc = validate(path)
+    assert proc.returncode == 2
+    assert "$.spec.budget.turns  True is not of type 'integer'" in proc.stderr
+    assert "quote it" not in proc.stderr
