@@ -3,6 +3,8 @@ main, in process): each says what was wrong and what to write instead, and never
 traceback.
 
 - a text field given a YAML boolean, number or null (``- true``): quote it;
+- a host where a task names an EgressPolicy (``egress: [github.com]``): the policy names
+  the manifest set has, and where a host goes;
 """
 
 from __future__ import annotations
@@ -89,3 +91,40 @@ def test_no_quote_hint_where_text_is_not_wanted(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "$.spec.budget.turns  True is not of type 'integer'" in proc.stderr
     assert "quote it" not in proc.stderr
+
+
+def test_a_host_in_a_tasks_egress_lists_the_policies(tmp_path: Path) -> None:
+    """A task's egress names EgressPolicy manifests: a host there is told the names of the
+    manifest set in force (here one of the operator's on top of the packaged ones)."""
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    (manifests / "egress.yml").write_text(
+        "apiVersion: kagura.dev/v1\nkind: EgressPolicy\nmetadata: {name: internal-git}\n"
+        "spec:\n  allow:\n    - host: git.example.com\n",
+        encoding="utf-8",
+    )
+    path = task(tmp_path, "  egress: [github.com]\n  steps: [ls]\n")
+    proc = validate(path, manifests)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "task.yml:5:12  $.spec.egress[0]  'github.com' is not an EgressPolicy name" in (
+        proc.stderr
+    )
+    hint = next(line for line in proc.stderr.splitlines() if "hint:" in line)
+    assert "spec.egress names EgressPolicy manifests, not hosts" in hint
+    assert "github, " in hint and "internal-git" in hint and "pypi" in hint
+    assert "a host goes into an EgressPolicy's spec.allow list" in hint
+    assert "DNS-label" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("field", "kind", "name"),
+    [("brain: Claude", "Brain", "claude"), ("image: my/image", "Image", "agent")],
+)
+def test_any_reference_that_is_no_name_lists_the_names(
+    tmp_path: Path, field: str, kind: str, name: str
+) -> None:
+    path = task(tmp_path, f"  {field}\n  steps: [ls]\n")
+    proc = validate(path)
+    assert proc.returncode == 2
+    assert f"is not a {kind} name" in proc.stderr or f"is not an {kind} name" in proc.stderr
+    assert f"known {kind} names: " in proc.stderr and name in proc.stderr

@@ -91,6 +91,7 @@ def schema_valid(
     docs: Iterable[YamlDoc],
     digests: Mapping[str, str] | None = None,
     digests_layers: Mapping[str, str] | None = None,
+    known: Mapping[str, list[str]] | None = None,
 ) -> tuple[list[Manifest], list[Diagnostic]]:
     """Schema-check documents; the valid ones become manifests.
 
@@ -105,7 +106,7 @@ def schema_valid(
         file_digest = (digests or {}).get(doc.file)
         doc_key = key(version, file_digest, str(doc.index)) if file_digest else None
         if doc_key is None or doc_key not in passed:
-            found = validate_document(doc)
+            found = validate_document(doc, known)
             if found:
                 problems.extend(found)
                 continue
@@ -127,7 +128,18 @@ def build_catalog(sources: Sources) -> tuple[Catalog, list[Manifest], list[Diagn
     names). Invalid documents are left out of the catalog so later checks do not cascade.
     """
     docs, problems = _task_files_hold_tasks(sources)
-    manifests, found = schema_valid(docs, sources.digests, sources.layers)
+    # The manifest set first: a task's reference that is no name at all is then told
+    # the names the set has.
+    task_docs: list[YamlDoc] = []
+    manifest_docs: list[YamlDoc] = []
+    for doc in docs:
+        is_task = isinstance(doc.value, dict) and doc.value.get("kind") == "Task"
+        (task_docs if is_task else manifest_docs).append(doc)
+    manifests, found = schema_valid(manifest_docs, sources.digests, sources.layers)
+    problems.extend(found)
+    known = {kind: sorted({m.name for m in manifests if m.kind == kind}) for kind in KINDS}
+    tasks_valid, found = schema_valid(task_docs, sources.digests, sources.layers, known)
+    manifests.extend(tasks_valid)
     problems.extend(found)
     index: dict[str, dict[str, Manifest]] = {kind: {} for kind in KINDS if kind != "Task"}
     tasks: list[Manifest] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
@@ -53,8 +54,14 @@ def _validator(kind: str) -> Any:
     return Draft202012Validator(load_schema(kind))
 
 
-def validate_document(doc: YamlDoc) -> list[Diagnostic]:
-    """Check one document against the schema of its kind; every error, located."""
+def validate_document(
+    doc: YamlDoc, names: Mapping[str, Sequence[str]] | None = None
+) -> list[Diagnostic]:
+    """Check one document against the schema of its kind; every error, located.
+
+    ``names`` (kind -> names of the manifest set) lets a task's reference to a manifest
+    that is no name at all (``egress: [github.com]``) list the names it may take.
+    """
     value = doc.value
     if not isinstance(value, dict):
         return [
@@ -70,7 +77,7 @@ def validate_document(doc: YamlDoc) -> list[Diagnostic]:
         known = ", ".join(KINDS)
         message = f"unknown kind {kind!r}" if "kind" in value else "missing kind"
         return [_diag(doc, where, message, hint=f"kind is one of: {known}")]
-    problems = [_translate(doc, error) for error in _validator(kind).iter_errors(value)]
+    problems = [_translate(doc, error, names) for error in _validator(kind).iter_errors(value)]
     problems.sort(key=lambda d: (d.line, d.col, d.path))
     return problems
 
@@ -96,7 +103,9 @@ def _shown(value: Any) -> str:
     return repr(value)
 
 
-def _translate(doc: YamlDoc, error: Any) -> Diagnostic:
+def _translate(
+    doc: YamlDoc, error: Any, names: Mapping[str, Sequence[str]] | None = None
+) -> Diagnostic:
     path: Path = tuple(error.absolute_path)
     validator = error.validator
     instance = error.instance
@@ -128,6 +137,9 @@ def _translate(doc: YamlDoc, error: Any) -> Diagnostic:
         return _diag(doc, path, f"{_shown(instance)} is not one of: {choices}")
     if validator == "const":
         return _diag(doc, path, f"must be {error.validator_value!r}, got {_shown(instance)}")
+    if validator == "pattern" and (refers := _refers_to(doc, path)):
+        message, hint = _not_a_name(path, instance, refers, names)
+        return _diag(doc, path, message, hint=hint)
     if validator == "pattern":
         description = error.schema.get("description", "")
         return _diag(doc, path, f"{_shown(instance)} is not valid here", hint=description)
@@ -154,3 +166,43 @@ def _quote_hint(doc: YamlDoc, path: Path, instance: Any, expected: Any) -> str:
     if not text:
         return "the value is empty (YAML reads that as null): write the text, quoted"
     return f"YAML read this as {read_as}; quote it: {json.dumps(text)}"
+
+
+# Task fields that name a manifest of the set, by the kind they name ("*": any item).
+_REFERENCES: dict[tuple[str, ...], str] = {
+    ("spec", "brain"): "Brain",
+    ("spec", "image"): "Image",
+    ("spec", "memory"): "Memory",
+    ("spec", "egress", "*"): "EgressPolicy",
+    ("spec", "tool_servers", "*"): "ToolServer",
+    ("spec", "credentials", "*", "provider"): "CredentialProvider",
+}
+
+
+def _refers_to(doc: YamlDoc, path: Path) -> str:
+    """The kind a task field at ``path`` names, or "" when it names none."""
+    if not isinstance(doc.value, dict) or doc.value.get("kind") != "Task":
+        return ""
+    shape = tuple("*" if isinstance(part, int) else part for part in path)
+    return _REFERENCES.get(shape, "")
+
+
+def _not_a_name(
+    path: Path, instance: Any, kind: str, known: Mapping[str, Sequence[str]] | None
+) -> tuple[str, str]:
+    """What a reference that is no manifest name at all is told: what the field names,
+    the names the manifest set has, and for egress, where a host goes instead."""
+    field = json_path(tuple(p for p in path if not isinstance(p, int)))[2:]
+    names = (known or {}).get(kind)
+    if names is None:
+        listed = "see them with `kagura-agent validate --manifests DIR`"
+    else:
+        listed = f"known {kind} names: " + (", ".join(names) or "(none)")
+    hint = f"{field} names {kind} manifests; {listed}"
+    if kind == "EgressPolicy":
+        hint = (
+            f"{field} names EgressPolicy manifests, not hosts; {listed}; a host goes into"
+            " an EgressPolicy's spec.allow list"
+        )
+    article = "an" if kind[0] in "AEIOU" else "a"
+    return f"{_shown(instance)} is not {article} {kind} name", hint
