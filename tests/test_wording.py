@@ -5,6 +5,8 @@ traceback.
 - a text field given a YAML boolean, number or null (``- true``): quote it;
 - a host where a task names an EgressPolicy (``egress: [github.com]``): the policy names
   the manifest set has, and where a host goes;
+- a CredentialProvider's ``ttl: 2h`` (clamped to 1h in silence): a located error naming
+  15m..1h, or the scope's max_ttl;
 """
 
 from __future__ import annotations
@@ -128,3 +130,52 @@ def test_any_reference_that_is_no_name_lists_the_names(
     assert proc.returncode == 2
     assert f"is not a {kind} name" in proc.stderr or f"is not an {kind} name" in proc.stderr
     assert f"known {kind} names: " in proc.stderr and name in proc.stderr
+
+
+PROVIDER = """apiVersion: kagura.dev/v1
+kind: CredentialProvider
+metadata: {name: aws}
+spec:
+  type: aws-sts
+  secret: env:KAGURA_AWS_ROOT_KEY
+  ttl: TTL
+  aws: {region: us-east-1}
+  scopes:
+    deployer:
+      role_arn: arn:aws:iam::123456789012:role/deployer
+      max_ttl: 30m
+      full_access: true
+"""
+
+
+@pytest.mark.parametrize(
+    ("ttl", "message"),
+    [
+        ("2h", "ttl 2h is outside 15m..1h"),
+        ("5m", "ttl 5m is outside 15m..1h"),
+        ("45m", "ttl 45m is above scope 'deployer''s max_ttl 30m"),
+    ],
+)
+def test_a_provider_ttl_no_lease_may_have_is_an_error(
+    tmp_path: Path, ttl: str, message: str
+) -> None:
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    (manifests / "credentials.yml").write_text(PROVIDER.replace("TTL", ttl), encoding="utf-8")
+    path = task(tmp_path, "  steps: [ls]\n")
+    for argv in (
+        ["validate", "--manifests", str(manifests), path.name],
+        ["plan", "--manifests", str(manifests), path.name],
+    ):
+        proc = cli(path.parent, *argv)
+        assert proc.returncode == 2, (argv, proc.stdout + proc.stderr)
+        assert "Traceback" not in proc.stdout + proc.stderr
+        assert f"credentials.yml:7:8  $.spec.ttl  {message}" in proc.stderr, proc.stderr
+
+
+def test_a_provider_ttl_in_range_is_valid(tmp_path: Path) -> None:
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    (manifests / "credentials.yml").write_text(PROVIDER.replace("TTL", "30m"), encoding="utf-8")
+    proc = validate(task(tmp_path, "  steps: [ls]\n"), manifests)
+    assert proc.returncode == 0, proc.stderr

@@ -17,8 +17,10 @@ from kagura_agent.manifest.grants import check_grants
 from kagura_agent.manifest.hosts import normalize_host
 from kagura_agent.manifest.scopes import scope_problems
 from kagura_agent.manifest.secretscan import scan, scan_joined
+from kagura_agent.manifest.task import MAX_TTL, MIN_TTL
 from kagura_agent.manifest.toolservers import check_tool_server
 from kagura_agent.manifest.yamlpos import Path, YamlDoc, json_path
+from kagura_agent.units import parse_duration
 
 DEFAULTABLE = ("Brain", "Image", "Memory")
 # Kinds a manifest set holds one of (docs/manifests.md, "Layers and singleton kinds"):
@@ -157,6 +159,7 @@ def check_catalog(catalog: Catalog) -> list[Diagnostic]:
                         hint=_known(provider.spec["scopes"]),
                     )
                 )
+        problems.extend(check_provider_ttl(provider))
         for scope_name, scope in provider.spec["scopes"].items():
             for field, message, hint in scope_problems(provider.spec["type"], scope):
                 at = ("spec", "scopes", scope_name) + ((field,) if field else ())
@@ -166,6 +169,35 @@ def check_catalog(catalog: Catalog) -> list[Diagnostic]:
     for server in catalog.of("ToolServer"):
         problems.extend(check_tool_server(server, catalog))
     problems.extend(check_grants(catalog))
+    return problems
+
+
+def check_provider_ttl(provider: Manifest) -> list[Diagnostic]:
+    """A provider's default lease lifetime is one a lease may have: 15m..1h, and no longer
+    than any of its scopes' max_ttl (it was clamped in silence)."""
+    if "ttl" not in provider.spec:
+        return []
+    text = provider.spec["ttl"]
+    ttl = parse_duration(text)
+    if not MIN_TTL <= ttl <= MAX_TTL:
+        return [
+            provider.diag(
+                ("spec", "ttl"),
+                f"ttl {text} is outside 15m..1h: a lease lasts 15 minutes to one hour",
+                hint="renewals extend a run past one lease, inside the task's budget",
+            )
+        ]
+    problems = []
+    for name, scope in sorted(provider.spec["scopes"].items()):
+        if "max_ttl" in scope and ttl > parse_duration(scope["max_ttl"]):
+            problems.append(
+                provider.diag(
+                    ("spec", "ttl"),
+                    f"ttl {text} is above scope {name!r}'s max_ttl {scope['max_ttl']}",
+                    hint=f"a lease of {name!r} lasts 15m..{scope['max_ttl']}: lower spec.ttl"
+                    " or raise the scope's max_ttl",
+                )
+            )
     return problems
 
 
