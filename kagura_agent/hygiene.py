@@ -153,3 +153,21 @@ def redact_secrets(text: str) -> str:
         if pattern.search(text):
             text = pattern.sub(REDACTED_SECRET, text)
     return text
+
+
+# A password given as a keyword (``?password=…`` or libpq's ``password=…``).
+_PASSWORD_KEYWORD = re.compile(r"(password=)[^&\s]*", re.IGNORECASE)
+
+
+def url_without_password(url: str) -> str:
+    """``url`` for messages, its password shown as ``***`` however it is written: a
+    proper URL, one without its scheme (``user:pw@db:5432/k``, where urlsplit sees no
+    user at all), or a password keyword. Everything between the user's ``:`` and the
+    last ``@`` is the password: a ``/`` or ``@`` in it is masked too."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    userinfo, at, host = rest.rpartition("@")
+    if at and ":" in userinfo:
+        rest = f"{userinfo.partition(':')[0]}:***@{host}"
+    return _PASSWORD_KEYWORD.sub(r"\1***", scheme + sep + rest)

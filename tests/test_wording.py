@@ -7,6 +7,8 @@ traceback.
   the manifest set has, and where a host goes;
 - a CredentialProvider's ``ttl: 2h`` (clamped to 1h in silence): a located error naming
   15m..1h, or the scope's max_ttl;
+- ``KAGURA_AGENT_STATE_URL`` without its scheme (``user:PASSWORD@db:5432/k``): the
+  refusal repeated the URL with its password;
 """
 
 from __future__ import annotations
@@ -179,3 +181,50 @@ def test_a_provider_ttl_in_range_is_valid(tmp_path: Path) -> None:
     (manifests / "credentials.yml").write_text(PROVIDER.replace("TTL", "30m"), encoding="utf-8")
     proc = validate(task(tmp_path, "  steps: [ls]\n"), manifests)
     assert proc.returncode == 0, proc.stderr
+
+
+CANARY = "s3cret-canary-7Qx"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"user:{CANARY}@db:5432/k",
+        f"postgresql:user:{CANARY}@db:5432/k",
+        f"mysql://user:{CANARY}@db:5432/k",
+        f"host=db user=u password={CANARY}",
+    ],
+)
+@pytest.mark.parametrize(
+    "argv", [["leases", "list"], ["queue", "list"], ["graduation", "status"], ["egress", "log"]]
+)
+def test_a_state_url_without_its_scheme_never_shows_its_password(
+    tmp_path: Path, url: str, argv: list[str]
+) -> None:
+    root = tmp_path / "project"
+    root.mkdir()
+    proc = cli(root, *argv, env={"KAGURA_AGENT_STATE_URL": url})
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out
+    assert CANARY not in out, out
+    if url.startswith("postgresql:"):
+        return  # the scheme is right: it fails reaching the database, not at the check
+    assert proc.returncode == 3, out
+    assert "KAGURA_AGENT_STATE_URL must be a postgresql:// URL" in proc.stderr
+    assert "***" in proc.stderr
+
+
+def test_a_state_manifest_url_without_its_scheme_never_shows_its_password(
+    tmp_path: Path,
+) -> None:
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    (manifests / "state.yml").write_text(
+        "apiVersion: kagura.dev/v1\nkind: State\nmetadata: {name: team}\nspec:\n"
+        f"  url: kagura:{CANARY}@db.internal:5432/kagura\n  backend: postgres\n",
+        encoding="utf-8",
+    )
+    proc = validate(task(tmp_path, "  steps: [ls]\n"), manifests)
+    assert proc.returncode == 2
+    assert CANARY not in proc.stdout + proc.stderr
+    assert "$.spec.url  'kagura:***@db.internal:5432/kagura' is not valid here" in proc.stderr

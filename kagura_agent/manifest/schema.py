@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
 from kagura_agent.errors import Diagnostic
-from kagura_agent.hygiene import REDACTED_SECRET, looks_like_token
+from kagura_agent.hygiene import REDACTED_SECRET, looks_like_token, url_without_password
 from kagura_agent.manifest.yamlpos import Path, YamlDoc, json_path
 from kagura_agent.paths import resource_dir
 
@@ -89,17 +88,13 @@ def _diag(
     return Diagnostic(doc.file, line, col, json_path(path), message, hint)
 
 
-# The password of a URL written where a reference belongs (user:PASSWORD@host).
-_URL_PASSWORD = re.compile(r"(://[^/:@\s]*:)[^@/\s]+@")
-
-
 def _shown(value: Any) -> str:
     """How an offending value is quoted: never a value that looks like a pasted key, nor
     the password of a URL."""
     if isinstance(value, str) and looks_like_token(value):
         return REDACTED_SECRET
-    if isinstance(value, str) and _URL_PASSWORD.search(value):
-        return repr(_URL_PASSWORD.sub(r"\1***@", value))
+    if isinstance(value, str) and url_without_password(value) != value:
+        return repr(url_without_password(value))
     return repr(value)
 
 

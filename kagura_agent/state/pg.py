@@ -26,9 +26,9 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 from kagura_agent.errors import SetupError
+from kagura_agent.hygiene import url_without_password
 from kagura_agent.state.sql import Dialect, placeholders
 from kagura_agent.state.types import Cursor, MissingTable, StateDbError
 
@@ -44,12 +44,7 @@ _pools: dict[tuple[str, bool], ConnectionPool[Any]] = {}
 _pools_lock = threading.Lock()
 
 
-def _safe(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user, _, host = parts.netloc.rpartition("@")
-    return urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}"))
+_safe = url_without_password
 
 
 class PgRow:
@@ -131,7 +126,9 @@ def pool(url: str, *, read_only: bool = False) -> ConnectionPool[Any]:
             created.open(wait=True, timeout=30.0)
         except psycopg.Error as exc:  # psycopg_pool.PoolTimeout too: nobody answered
             created.close()
-            raise StateDbError(f"cannot reach the state store {_safe(url)}: {exc}") from exc
+            # libpq's message may quote the connection string it could not parse.
+            said = _safe(str(exc).replace(url, _safe(url)))
+            raise StateDbError(f"cannot reach the state store {_safe(url)}: {said}") from exc
         if not _pools:
             atexit.register(close_pools)
         _pools[key] = created

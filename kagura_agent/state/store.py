@@ -42,9 +42,10 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from kagura_agent.errors import SetupError
+from kagura_agent.hygiene import url_without_password
 from kagura_agent.state.pg import PgConnection
 from kagura_agent.state.sql import VERSIONS_TABLE, Dialect, Migration, migration_sql
 from kagura_agent.state.sqlite import SqliteConnection, open_sqlite
@@ -68,12 +69,7 @@ def describe(location: Location) -> str:
     """``location`` for messages: a URL without its password."""
     if isinstance(location, Path):
         return str(location)
-    parts = urlsplit(location)
-    if parts.password is None:
-        return location
-    netloc = parts.netloc.rpartition("@")
-    user = netloc[0].partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))
+    return url_without_password(location)
 
 
 def owner_key(location: Location) -> str:
