@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -210,4 +211,75 @@ def test_a_user_outside_the_sockets_group_is_told_so_not_that_no_daemon_answers(
     monkeypatch.setattr(images, "repo_root", lambda: None)
     said = images.unreachable_hint()
     assert said.startswith("nothing listens at /nonexistent/docker.sock: start Docker Engine")
+    assert "scripts/" not in said
+
+
+def _doctor_in_child_as(uid: int, state: Path) -> str:
+    """``kagura-agent doctor --json`` (its main) in a forked child running as ``uid``: its
+    stdout and stderr, and its exit code as the last line."""
+    import contextlib
+    import io
+
+    # The child may not read root's site-packages: everything doctor imports is imported
+    # here first, by one doctor against a socket that is not there.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DOCKER_HOST", f"unix://{state}/absent.sock")
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            main(["doctor", "--json"])
+
+    def doctor() -> str:
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                code = main(["doctor", "--json"])
+        except BaseException:  # the child's failure, shown in the parent's assertion
+            import traceback
+
+            return out.getvalue() + traceback.format_exc()
+        return f"{out.getvalue()}\nexit {code}"
+
+    return _in_child_as(uid, doctor)
+
+
+def test_doctor_tells_a_socket_refusing_the_user_from_no_daemon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user outside the docker group: doctor says the socket exists but this user may
+    not use it (the group, or root), not that no daemon answers, and points to no
+    repository script from an installed package."""
+    import socket
+
+    from kagura_agent import paths
+    from kagura_agent.membrane import images
+
+    folder = Path(tempfile.mkdtemp(prefix="kagura-sock-", dir="/tmp"))
+    folder.chmod(0o777)
+    path = folder / "docker.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen()
+    path.chmod(0o000)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
+    monkeypatch.setenv("KAGURA_AGENT_STATE_DIR", str(folder / "state"))
+    monkeypatch.setenv("KAGURA_AGENT_CACHE_DIR", str(folder / "cache"))
+    monkeypatch.setenv("HOME", str(folder))
+    monkeypatch.delenv("KAGURA_AGENT_MANIFESTS", raising=False)
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(images, "repo_root", lambda: None)  # as from an installed wheel
+    monkeypatch.setattr(paths, "repo_root", lambda: None)
+    try:
+        said = _doctor_in_child_as(65534, folder)
+    finally:
+        listener.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    assert "Traceback" not in said, said
+    assert said.rstrip().endswith("exit 4"), said
+    body = said.rstrip().rpartition("\n")[0]
+    checks = {c["name"]: c for c in json.loads(body)["checks"]}
+    detail = checks["docker engine"]["detail"]
+    assert checks["docker engine"]["status"] == "FAIL"
+    assert "the Docker socket refuses this user (permission denied)" in detail, detail
+    assert f"{path} refuses this user" in detail and "the socket exists" in detail
+    assert "usermod -aG" in detail and "or run as root" in detail
+    assert "unreachable" not in detail and "no daemon" not in detail
     assert "scripts/" not in said

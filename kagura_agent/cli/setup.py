@@ -120,11 +120,18 @@ def _folder(explicit: str | None) -> Path:
 
 
 def _docker() -> bool:
-    from kagura_agent.membrane.images import daemon_info, unreachable_hint
+    from kagura_agent.membrane.images import (
+        daemon_info,
+        docker_socket,
+        socket_refuses_user,
+        unreachable_hint,
+    )
 
     info = daemon_info()
     if info is None:
-        _say(f"docker: no daemon answers: {unreachable_hint()}")
+        denied = socket_refuses_user(docker_socket())
+        said = "this user may not use the socket" if denied else "no daemon answers"
+        _say(f"docker: {said}: {unreachable_hint(denied=denied)}")
         return False
     _say(f"docker: ok (server {info.get('ServerVersion', '?')})")
     return True

@@ -18,6 +18,7 @@ from typing import Any
 
 from kagura_agent import hostproc
 from kagura_agent.errors import SetupError
+from kagura_agent.membrane.images import checkout_script
 from kagura_agent.membrane.runtime import docker_errors
 
 BOOTSTRAP_REF = "kagura/bootstrap:bookworm"
@@ -126,7 +127,10 @@ def bootstrap(
             log(f"{ref} already exists ({existing[0][:19]}); skipping")
             return str(existing[0])
     if shutil.which("debootstrap") is None:
-        raise SetupError("debootstrap is not installed", hint="run scripts/docker-up.sh")
+        raise SetupError(
+            "debootstrap is not installed",
+            hint="install it (apt-get install debootstrap)" + checkout_script("docker-up.sh"),
+        )
     sources = debian_sources(apt_dir)
     mirror = sources[0]
     with tempfile.TemporaryDirectory(prefix="kagura-rootfs-") as tmp:

@@ -164,32 +164,78 @@ def _inspect_image_fast(ref: str, timeout: float) -> dict[str, Any] | None:
 FACT_TIMEOUT_SECONDS = 15.0
 
 
-def unreachable_hint() -> str:
+def unreachable_hint(*, denied: bool = False) -> str:
     """Why the local Docker Engine does not answer, as far as the socket tells, and the
-    fix: a socket this user may not open (not in its group) is not a stopped daemon, and
-    scripts/docker-up.sh is offered only where it exists (a source checkout)."""
+    fix: a socket this user may not open (not in its group; ``denied`` when a connection
+    already said so) is not a stopped daemon, and scripts/docker-up.sh is offered only
+    where it exists (a source checkout, never an installed package)."""
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     if not host.startswith("unix://"):
         return f"check that a Docker Engine listens at DOCKER_HOST={host}"
     socket_path = host.removeprefix("unix://")
-    if os.path.exists(socket_path) and not os.access(socket_path, os.R_OK | os.W_OK):
+    if denied or socket_refuses_user(socket_path):
         try:
             group = grp.getgrgid(os.stat(socket_path).st_gid).gr_name
         except (KeyError, OSError):
             group = "docker"
         user = pwd.getpwuid(os.geteuid()).pw_name if _has_passwd_entry() else str(os.geteuid())
         return (
-            f"{socket_path} refuses this user ({user}): only its group {group} may use it;"
-            f" add the user to it (usermod -aG {group} {user}, then log in again) or run as"
-            " a member"
+            f"{socket_path} refuses this user ({user}): the socket exists and a daemon may"
+            f" well answer there, but only root and its group {group} may use it; add the"
+            f" user to the group (usermod -aG {group} {user}, then log in again) or run as"
+            " root"
         )
-    start = "start Docker Engine (systemctl start docker, or dockerd)"
-    checkout = repo_root()
-    if checkout is not None and (checkout / "scripts" / "docker-up.sh").is_file():
-        start += f"; in this checkout: bash {checkout / 'scripts' / 'docker-up.sh'}"
+    start = "start Docker Engine (systemctl start docker, or dockerd)" + checkout_script(
+        "docker-up.sh"
+    )
     if not os.path.exists(socket_path):
         return f"nothing listens at {socket_path}: {start}"
     return start
+
+
+def checkout_script(name: str) -> str:
+    """``; in this checkout: bash scripts/NAME`` when running from a source checkout that
+    has it, else "": an installed package has no scripts/ to point to."""
+    checkout = repo_root()
+    if checkout is None or not (checkout / "scripts" / name).is_file():
+        return ""
+    return f"; in this checkout: bash {checkout / 'scripts' / name}"
+
+
+def docker_socket() -> str:
+    """The unix socket DOCKER_HOST names (the default one when unset); "" for tcp:// etc."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    return host.removeprefix("unix://") if host.startswith("unix://") else ""
+
+
+def socket_refuses_user(path: str) -> bool:
+    """The unix socket at ``path`` exists and refuses this user (EACCES on connect): what
+    the daemon is doing behind it does not matter, this user may not ask."""
+    if not path:
+        return False
+    probe = socket.socket(socket.AF_UNIX)
+    probe.settimeout(2)
+    try:
+        probe.connect(path)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return False
+
+
+def refused_by_socket(exc: BaseException) -> bool:
+    """``exc`` (or what caused it) is the Docker socket refusing this user."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, PermissionError) or "Permission denied" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _has_passwd_entry() -> bool:

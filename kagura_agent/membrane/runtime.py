@@ -20,6 +20,7 @@ from kagura_agent.membrane.images import (
     image_present,
     inspect_image,
     local_image_digest,
+    refused_by_socket,
     unreachable_hint,
 )
 from kagura_agent.membrane.isolation import check_tenancy, isolation_report
@@ -72,11 +73,17 @@ def docker_errors(action: str) -> Iterator[None]:
         raise ContainerError(f"{action}: not found ({exc.explanation or exc})") from exc
     except docker.errors.APIError as exc:
         raise ContainerError(f"{action}: {exc.explanation or exc}") from exc
-    except docker.errors.DockerException as exc:
-        raise SetupError(
-            f"{action}: Docker Engine unreachable ({exc})", hint=unreachable_hint()
-        ) from exc
-    except (requests.exceptions.ConnectionError, ConnectionError, FileNotFoundError) as exc:
+    except (
+        docker.errors.DockerException,
+        requests.exceptions.ConnectionError,
+        ConnectionError,
+        FileNotFoundError,
+    ) as exc:
+        if refused_by_socket(exc):
+            raise SetupError(
+                f"{action}: the Docker socket refuses this user (permission denied)",
+                hint=unreachable_hint(denied=True),
+            ) from exc
         raise SetupError(
             f"{action}: Docker Engine unreachable ({exc})", hint=unreachable_hint()
         ) from exc
