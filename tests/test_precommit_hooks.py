@@ -124,3 +124,41 @@ def test_kagura_plan_fails_a_task_whose_plan_is_not_applyable(repo: Path) -> Non
     assert done.returncode == 1, done.stdout + done.stderr
     assert "DENY membrane/no-paste-sites" in done.stdout
     assert "not applyable: share" in done.stdout
+
+
+EXAMPLE = ROOT / "examples" / "gitops" / ".pre-commit-config.yaml"
+
+
+def test_the_example_config_is_the_shipped_hooks_as_local_ones() -> None:
+    """The example pins nothing that could be missing (no tag, no URL): its hooks are
+    .pre-commit-hooks.yaml's, run by the installed kagura-agent."""
+    [repo] = yaml.safe_load(EXAMPLE.read_text())["repos"]
+    assert repo["repo"] == "local" and "rev" not in repo
+    keys = ("id", "name", "entry", "files", "require_serial")
+    assert [{k: h[k] for k in keys} for h in repo["hooks"]] == [
+        {k: h[k] for k in keys} for h in HOOKS
+    ]
+    assert {h["language"] for h in repo["hooks"]} == {"system"}
+
+
+@pytest.mark.usefixtures("without_docker")
+def test_the_example_config_runs_as_written(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example file itself, in a repository of manifests and tasks, with kagura-agent
+    on PATH as an install puts it there: valid passes, a mistyped task fails."""
+    shutil.copy(EXAMPLE, repo / ".pre-commit-config.yaml")
+    bin_dir = repo.parent / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "kagura-agent"
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m kagura_agent "$@"\n')
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    _git(repo, "add", "-A")
+    done = _pre_commit(repo, "run", "--all-files")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "kagura-agent validate" in done.stdout and "Passed" in done.stdout
+    bad = repo / "tasks" / "typo.task.yml"
+    bad.write_text(TASK.format(name="typo", extra="  egres: [paste]\n"))
+    _git(repo, "add", "-A")
+    failed = _pre_commit(repo, "run", "kagura-validate")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "unknown key 'egres'" in failed.stdout

@@ -90,6 +90,32 @@ def test_readme_plan_sample_is_what_plan_prints(
         at += 1
 
 
+def _validate_samples() -> list[tuple[str, list[str]]]:
+    """(command, shown output lines) of every ``$ kagura-agent validate …`` block."""
+    found = []
+    for block in re.findall(r"```\n(\$ kagura-agent validate [^\n]+)\n(.*?)```", README, re.S):
+        command, output = block
+        found.append((command.removeprefix("$ "), output.rstrip("\n").splitlines()))
+    return found
+
+
+def test_the_readme_shows_validate_samples() -> None:
+    assert [command for command, _ in _validate_samples()] == [
+        "kagura-agent validate examples/mistakes/shape.yml",
+        "kagura-agent validate examples/mistakes/names.yml",
+    ]
+
+
+@pytest.mark.parametrize(("command", "shown"), _validate_samples(), ids=lambda v: str(v)[:50])
+def test_readme_validate_sample_is_what_validate_prints(
+    command: str, shown: list[str], env: dict[str, str]
+) -> None:
+    """Every line as shown, in order and nothing else: the mistakes of one kind at once."""
+    done = _kagura(shlex.split(command)[1:], env, ROOT)
+    assert done.returncode == 2, done.stderr
+    assert (done.stdout + done.stderr).splitlines() == shown
+
+
 def _readme_apply_line() -> list[str]:
     [line] = [
         line

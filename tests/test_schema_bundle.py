@@ -42,6 +42,8 @@ def _documents() -> list[tuple[str, dict[str, Any]]]:
         *ROOT.glob("tests/plans/*/manifests/*.yml"),
     ]
     found = []
+    # examples/mistakes holds the README's deliberate mistakes (tests/test_readme.py).
+    files = [f for f in files if f.parent.name != "mistakes"]
     for file in sorted(files):
         for index, doc in enumerate(yaml.load_all(file.read_text(), Loader=LOADER)):
             if doc:
@@ -101,3 +103,13 @@ def test_mistakes_do_not_validate(
     doc: dict[str, Any], validator: jsonschema.Draft202012Validator
 ) -> None:
     assert not validator.is_valid(doc)
+
+
+def test_the_editor_section_promises_only_what_the_language_server_does() -> None:
+    """The YAML language server checks the first document of a file against a modeline's
+    schema, not those after a ``---``: docs/gitops.md says so and names what checks the
+    rest, instead of promising that files mixing kinds are checked in the editor."""
+    page = " ".join((ROOT / "docs" / "gitops.md").read_text().split())
+    assert "so files that mix kinds are checked too" not in page
+    assert "checks a file's first document against it" in page
+    assert "`kagura-agent validate` and the pre-commit hook, which check every document" in page
