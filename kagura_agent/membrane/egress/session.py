@@ -74,6 +74,9 @@ from kagura_agent.membrane.hardening import LABEL_RUN, LABEL_STORE, START_DIR
 from kagura_agent.membrane.runtime import docker_errors
 from kagura_agent.state import StateStore, open_store, owner_key
 
+# How long the proxy has to end its connections (and log them) when the run is over.
+STOP_SECONDS = 5
+
 EventSink = Callable[[dict[str, Any]], None]
 # Re-exported: tests and bench/ build proxies the way sessions do.
 __all__ = [
@@ -660,7 +663,12 @@ class EgressSession:
             raise SetupError("egress teardown incomplete: " + "; ".join(problems))
 
     def _final_audit(self) -> None:
-        # Already dead (killed, crashed) is fine: its log is still readable.
+        # SIGTERM first: squid (shutdown_lifetime 0) ends every connection still open and
+        # logs it, so a tunnel the agent still holds is in the run's log; a proxy that has
+        # not exited by then is killed. Already dead (killed, crashed) is fine: its log is
+        # still readable.
+        with contextlib.suppress(Exception):
+            self.proxy.stop(timeout=STOP_SECONDS)
         with contextlib.suppress(Exception):
             self.proxy.kill()
         if self._collector is not None:
