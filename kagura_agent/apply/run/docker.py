@@ -83,7 +83,6 @@ class DockerApplyRuntime(DockerRuntime):
         into: BinaryIO,
         limit: int,
     ) -> tuple[int, int, bool]:
-
         api = self.client.api
         start = into.tell()
         deadline = time.monotonic() + PAUSED_RETRY_SECONDS
