@@ -697,9 +697,9 @@ class _TurnChannel:
 
     async def revoke_credentials(self, lease: str) -> None: ...
 
-    async def extend_wall(self, number: int, wall_seconds: float) -> bool:
+    async def extend_wall(self, number: int, wall_seconds: float) -> tuple[bool, str]:
         self.extended.append(wall_seconds)
-        return True
+        return True, ""
 
 
 @pytest.mark.usefixtures("without_docker")

@@ -214,20 +214,25 @@ class BrainChannel:
             return False, "the brain did not answer"
         return bool(ack.get("taken")), str(ack.get("reason") or "")
 
-    async def extend_wall(self, number: int, wall_seconds: float) -> bool:
+    async def extend_wall(self, number: int, wall_seconds: float) -> tuple[bool, str]:
         """Move the running turn's wall budget to ``wall_seconds`` from its start, in the
-        container (which enforces it) and here; False when the container did not take it."""
+        container (which enforces it) and here. Returns whether the container took it, and
+        why not. Its answer is awaited until the turn's deadline here (10 s at least): on
+        a busy machine the answer is late, and the turn ends at that deadline anyway."""
         msg = {"type": "budget", "lease": str(number), "wall_seconds": wall_seconds}
+        wait = self.limits.ack_timeout_seconds
+        if self._deadline is not None:
+            wait = max(wait, self._deadline - asyncio.get_running_loop().time())
         try:
-            ack = await self._request_ack("budget-extended", str(number), msg)
+            ack = await self._request_ack("budget-extended", str(number), msg, timeout=wait)
         except SetupError:
-            return False
+            return False, f"the container did not answer within {wait:.0f}s"
         if not ack.get("taken"):
-            return False
+            return False, "the container had no turn running to extend"
         if self._deadline is not None and self._turn_started is not None:
             self._deadline = self._turn_started + wall_seconds + self.limits.wall_grace_seconds
             self._wall = wall_seconds
-        return True
+        return True, ""
 
     async def send_transcript(self, session_id: str, cwd: str, data: bytes) -> None:
         """Hand the container the CLI's transcript of ``session_id`` (run in ``cwd``), in

@@ -123,7 +123,7 @@ class Channel(Protocol):
 
     async def revoke_credentials(self, lease: str) -> None: ...
 
-    async def extend_wall(self, number: int, wall_seconds: float) -> bool: ...
+    async def extend_wall(self, number: int, wall_seconds: float) -> tuple[bool, str]: ...
 
     @property
     def turn_sent(self) -> asyncio.Event: ...
@@ -387,8 +387,9 @@ class MidRun:
                 self.live.emit(BudgetNotExtended("wall", said))
                 return False
             assert self.channel is not None
-            if not await self.channel.extend_wall(next(self._numbers), float(new)):
-                why = "approved, but the container did not take the new deadline"
+            taken, why_not = await self.channel.extend_wall(next(self._numbers), float(new))
+            if not taken:
+                why = f"approved, but the container did not take the new deadline: {why_not}"
                 self._record(request, "budget", name, reason, "failed", answer.who, why, amendment)
                 self.live.emit(RequestAnswered(request, "failed", why))
                 return False

@@ -17,6 +17,7 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from kagura_agent.brain.engines.loading import load
 from kagura_agent.brain.events import (
     MAX_TEXT_CHARS,
     BrainEvent,
@@ -45,6 +46,7 @@ class KaguraBrain:
         if refused := tool_servers_refusal(self.name, turn):
             yield ErrorEvent(message=refused, code="setup")
             return
+        await load("kagura_brain")
         import kagura_brain
 
         options = turn.engine_options

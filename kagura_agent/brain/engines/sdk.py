@@ -1,6 +1,7 @@
 """The sdk engine: the Claude Agent SDK driving its bundled Claude Code CLI.
 
-``claude_agent_sdk`` takes ~0.8 s to import, so it is imported inside ``run`` only.
+``claude_agent_sdk`` takes ~1 s to import, so it is imported inside ``run`` only, in a
+worker thread (engines/loading.py): the entrypoint answers the host meanwhile.
 SDK messages are mapped onto our events; SDK exceptions are translated here and never
 escape the engine. Memory tools are offered as an in-process SDK MCP server whose calls
 go to the injected MemoryClient (in the container: a request to the host); the
@@ -41,6 +42,7 @@ from kagura_agent.brain.dispatch_tool import (
     DispatchClient,
     dispatch_server,
 )
+from kagura_agent.brain.engines.loading import load
 from kagura_agent.brain.events import (
     MAX_TEXT_CHARS,
     BrainEvent,
@@ -103,6 +105,7 @@ class SdkBrain:
     async def run(self, turn: Turn) -> AsyncIterator[BrainEvent]:
         """One SDK query (more when a turn or dollar budget is extended); yields text/tool
         events, then cost and done (or error)."""
+        await load("claude_agent_sdk")
         import claude_agent_sdk as sdk
 
         spent = _Spent()
