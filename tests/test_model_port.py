@@ -173,12 +173,10 @@ def open_port(
     script: dict[str, Any] | None = None,
     upstream: Any = None,
     injection: Injection | None = None,
-    proxy_client: Any = None,
 ) -> Iterator[Port]:
     """A run's proxy injecting CANARY towards the fake (or ``upstream``: a container and
     network of one's own; ``injection``: how the port reaches it, plain HTTP to HOST by
-    default), and an agent container whose forwarder reaches it. ``proxy_client`` starts
-    the proxy instead of ``client`` (one that changes how it is created)."""
+    default), and an agent container whose forwarder reaches it."""
     run_id = f"test-port-{time.monotonic_ns()}"
     plan: dict[str, Any] = {
         "egress": {"mode": "proxy", "allow": [{"host": "allowed.test", "port": 8443}]},
@@ -202,7 +200,7 @@ def open_port(
             extra_networks=(upstream.network,),
             scrub=lambda text: text.replace(CANARY, "(canary)"),
         )
-        session = EgressSession.start(proxy_client or client, request, events.append)
+        session = EgressSession.start(client, request, events.append)
         stack.callback(session.close)
         net = session.agent_network_config()
         agent = client.containers.create(

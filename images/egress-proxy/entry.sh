@@ -38,7 +38,12 @@ if [ -n "${KAGURA_INJECT_CONF_B64:-}" ]; then
         | sed "s/__KAGURA_UPSTREAM_ADDRESS__/${address:-127.0.0.1}/" >"$inject/nginx.conf"
     printf '%s' "$KAGURA_INJECT_POLICY_B64" | base64 -d >"$inject/policy.json"
     printf '%s' "$KAGURA_INJECT_LIMITS_B64" | base64 -d >"$inject/limits.json"
-    unset KAGURA_INJECT_CONF_B64 KAGURA_INJECT_POLICY_B64 KAGURA_INJECT_LIMITS_B64
+    if [ -n "${KAGURA_INJECT_CA_B64:-}" ]; then
+        # The endpoint's own authorities (a private CA), trusted for it in place of the
+        # system's: nginx.conf names this file then.
+        printf '%s' "$KAGURA_INJECT_CA_B64" | base64 -d >"$inject/endpoint-ca.pem"
+    fi
+    unset KAGURA_INJECT_CONF_B64 KAGURA_INJECT_POLICY_B64 KAGURA_INJECT_LIMITS_B64 KAGURA_INJECT_CA_B64
     IFS= read -r line || true
     printf '%s\n' "$line" >"$inject/key"
     unset line

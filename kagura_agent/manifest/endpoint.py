@@ -20,6 +20,11 @@ vertex     leased GCP token (cloud)     ``Authorization: Bearer``
 
 The default is the Anthropic API with an API key: a brain that names no endpoint.
 
+A url endpoint behind a private authority (a corporate gateway) names that authority's
+certificate in ``ca`` (PEM): the run's proxy then checks the endpoint's certificate against
+it alone, in place of the system's authorities. Each certificate must be an authority's
+(CA:TRUE); a private key anywhere in it is refused without being repeated.
+
 A ``local`` endpoint is a container on this machine (a scripted demo model, a model server
 of the operator's): no URL, since the floor refuses private addresses and address
 literals; instead the Brain names the Docker network and the container, the run's proxy
@@ -31,7 +36,11 @@ so joining it gives the proxy no route it did not have
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import ipaddress
+import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -61,6 +70,18 @@ API_NAMES: dict[str, str] = {
 }
 
 
+_PEM_BLOCK = re.compile(r"-----BEGIN ([A-Z0-9 ]+)-----(.*?)-----END \1-----", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Authorities:
+    """The authorities a url endpoint's certificate must chain to (the Brain's ``ca``):
+    their certificates as PEM, and each one's sha256 fingerprint (of its DER form)."""
+
+    pem: str
+    sha256: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class LocalUpstream:
     """A model endpoint on this machine: ``container``:``port`` on Docker ``network``."""
@@ -84,6 +105,7 @@ class BrainEndpoint:
     named: bool  # the Brain names it (False: the default Anthropic API)
     baseline: bool
     local: LocalUpstream | None = None
+    ca: Authorities | None = None
 
     @property
     def url(self) -> str:
@@ -153,7 +175,14 @@ def read_endpoint(spec: Mapping[str, Any]) -> tuple[BrainEndpoint | None, list[P
     if "header" in form and (api != "anthropic" or mode != "api-key"):
         problems.append(((*at, "header"), "header applies to api anthropic with auth.mode api-key"))
     if "local" in form:
+        if "ca" in form:
+            problems.append(
+                ((*at, "ca"), "ca applies to a url endpoint (a local one is plain HTTP)")
+            )
         return _local(form, mode, wants, problems)
+    ca, problem = (None, "") if "ca" not in form else read_authorities(str(form["ca"]))
+    if problem:
+        problems.append(((*at, "ca"), problem))
     url = str(form.get("url") or default_url(api, form.get("region")))
     parts, problem = _url(url)
     if problem:
@@ -173,9 +202,56 @@ def read_endpoint(spec: Mapping[str, Any]) -> tuple[BrainEndpoint | None, list[P
             auth=_auth_kind(mode, api, form.get("header")),
             named=bool(form),
             baseline=bool(form.get("baseline", not form)),
+            ca=ca,
         ),
         [],
     )
+
+
+def read_authorities(text: str) -> tuple[Authorities | None, str]:
+    """The authorities in ``text`` (PEM certificates), or the problem with it. The text is
+    never repeated in a problem: a key pasted by mistake must not reach a log."""
+    if "PRIVATE KEY" in text:
+        return (
+            None,
+            "holds a private key: give the authority's certificate only (and replace that key)",
+        )
+    blocks = _PEM_BLOCK.findall(text)
+    if not blocks:
+        return (
+            None,
+            "no certificate in it (PEM: -----BEGIN CERTIFICATE----- ... -----END CERTIFICATE-----)",
+        )
+    ders = []
+    for number, (label, body) in enumerate(blocks, 1):
+        if label != "CERTIFICATE":
+            return None, f"block {number} is a {label}, not a CERTIFICATE"
+        try:
+            ders.append(base64.b64decode("".join(body.split()), validate=True))
+        except (binascii.Error, ValueError):
+            return None, f"certificate {number} is not valid base64"
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        context.load_verify_locations(cadata=b"".join(ders))
+    except ssl.SSLError:
+        return None, "a certificate in it cannot be read (not an X.509 certificate)"
+    stats = context.cert_store_stats()
+    if stats["x509"] != len(ders):
+        return None, "a certificate in it is given twice"
+    if stats["x509_ca"] != len(ders):
+        return (
+            None,
+            "a certificate in it is not an authority's (CA:TRUE): give the authority that signs the endpoint's certificate",
+        )
+    pem = "".join(
+        "-----BEGIN CERTIFICATE-----\n"
+        + "\n".join(chunk[i : i + 64] for i in range(0, len(chunk), 64))
+        + "\n-----END CERTIFICATE-----\n"
+        for chunk in (base64.b64encode(der).decode() for der in ders)
+    )
+    return Authorities(pem, tuple(hashlib.sha256(der).hexdigest() for der in ders)), ""
 
 
 def _local(

@@ -225,6 +225,8 @@ def _endpoint(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
             "auth": f"{found['auth']} {found['credential']}/{found['scope']}",
             # Only a local endpoint carries the field: the network the proxy joins.
             **({"network": local["network"]} if local else {}),
+            # Only an endpoint behind a private authority: whom the proxy trusts for it.
+            **({"ca": " ".join(found["ca"]["sha256"])} if found.get("ca") else {}),
         }
     }
 

@@ -81,6 +81,8 @@ def model_endpoint(
         "environment": cli_environment(endpoint),
         "category": endpoint.category,
     }
+    if endpoint.ca is not None:
+        found["ca"] = {"pem": endpoint.ca.pem, "sha256": list(endpoint.ca.sha256)}
     if endpoint.local is not None:
         local = endpoint.local
         found["local"] = {

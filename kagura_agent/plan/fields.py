@@ -228,6 +228,12 @@ DESCRIPTIONS: dict[str, str] = {
     "brain.model_endpoint.local.network": "The Docker network the proxy joins (internal).",
     "brain.model_endpoint.local.container": "The endpoint's container on that network.",
     "brain.model_endpoint.local.port": "The port it listens on.",
+    "brain.model_endpoint.ca": (
+        "Only for a url endpoint behind a private authority (the Brain's `endpoint.ca`): the"
+        " proxy checks the endpoint's certificate against these authorities alone."
+    ),
+    "brain.model_endpoint.ca.pem": "The authorities' certificates, PEM.",
+    "brain.model_endpoint.ca.sha256": "Each certificate's sha256 fingerprint (of its DER form).",
     "brain.model_endpoint.region": "Bedrock and Vertex: the region, else null.",
     "brain.model_endpoint.project": "Vertex: the Google Cloud project, else null.",
     "brain.model_endpoint.auth": (

@@ -249,6 +249,13 @@ class LocalEndpoint(TypedDict):
     port: int
 
 
+class EndpointAuthorities(TypedDict):
+    """The authorities the proxy trusts for the endpoint, in place of the system's."""
+
+    pem: str
+    sha256: list[str]  # of each certificate's DER form
+
+
 class ModelEndpointBase(TypedDict):
     """Where the sdk brain's model calls go through the key-injecting port, and how the
     credential travels from there (manifest/endpoint.py)."""
@@ -264,6 +271,8 @@ class ModelEndpointBase(TypedDict):
     category: str  # model-endpoint:HOST
     # only for an endpoint on this machine (the Brain's endpoint.local)
     local: NotRequired[LocalEndpoint]
+    # only for a url endpoint behind a private authority (the Brain's endpoint.ca)
+    ca: NotRequired[EndpointAuthorities]
 
 
 class ModelEndpoint(ModelEndpointBase, Classified):

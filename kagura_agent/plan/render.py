@@ -192,6 +192,10 @@ def endpoint_lines(endpoint: ModelEndpoint) -> tuple[str, str]:
             f"; ON THIS MACHINE: container {local['container']} on Docker network"
             f" {local['network']}, which the proxy alone joins"
         )
+    ca = endpoint.get("ca")
+    if ca is not None:
+        prints = ", ".join(f"sha256:{fingerprint[:16]}…" for fingerprint in ca["sha256"])
+        how += f"; its certificate checked against the Brain's authorities only ({prints})"
     return f"{endpoint['url']} ({api}) through the key-injecting port only", how
 
 

@@ -42,6 +42,10 @@ INJECT_DIR = "/run/kagura-inject"
 # does not resolve then leaves 127.0.0.1, where nothing listens: calls fail, logged.
 UPSTREAM_ADDRESS = "__KAGURA_UPSTREAM_ADDRESS__"
 LIMITS_FILE = f"{INJECT_DIR}/limits.json"
+# The authorities nginx checks the upstream's certificate against: the system's, or the
+# endpoint's own (entry.sh writes KAGURA_INJECT_CA_B64 there).
+SYSTEM_AUTHORITIES = "/etc/ssl/certs/ca-certificates.crt"
+ENDPOINT_AUTHORITIES = f"{INJECT_DIR}/endpoint-ca.pem"
 POLICY_FILE = f"{INJECT_DIR}/policy.json"
 # The Lua module writes the generation of the policy it loaded here (at start and on
 # every reload), so the host knows when a mid-run policy is in force.
@@ -152,7 +156,8 @@ class Injection:
     """An upstream HTTP API whose credential the proxy adds, so the agent never holds it.
 
     nginx sends each request that passes the policy to ``host:port`` (over TLS when
-    ``tls``, the certificate checked against the system's CAs), under ``base_path``, with
+    ``tls``, the certificate checked against the system's CAs, or ``ca_pem`` alone when it
+    is set), under ``base_path``, with
     the credential as ``auth`` says (kagura_upstream.lua: ``x-api-key``, ``bearer``,
     ``oauth`` or ``sigv4``), dropping any credential the agent sent. ``api`` is the wire
     protocol the port speaks for it (the brain's model endpoint: plan/endpoint.py). The
@@ -168,6 +173,7 @@ class Injection:
     base_path: str = ""
     region: str | None = None
     project: str | None = None
+    ca_pem: str | None = None  # the authorities trusted for it alone (a private CA), PEM
 
     @property
     def header(self) -> str:
@@ -191,6 +197,7 @@ class Injection:
             base_path=parts.path.rstrip("/"),
             region=endpoint.get("region"),
             project=endpoint.get("project"),
+            ca_pem=endpoint["ca"]["pem"] if endpoint.get("ca") else None,
         )
 
 
@@ -377,7 +384,7 @@ _TLS = """\
             proxy_ssl_name {host};
             proxy_ssl_verify on;
             proxy_ssl_verify_depth 4;
-            proxy_ssl_trusted_certificate /etc/ssl/certs/ca-certificates.crt;
+            proxy_ssl_trusted_certificate {authorities};
             proxy_ssl_protocols TLSv1.2 TLSv1.3;
 """
 
@@ -386,7 +393,8 @@ def render_nginx_conf(injection: Injection) -> str:
     """nginx.conf of the injecting port for ``injection`` (no secret, no policy in it)."""
     if not is_squid_safe(injection.host) or not 0 < injection.port < 65536:
         raise RefusedError(f"injection upstream {injection.host!a} cannot be configured")
-    tls = _TLS.format(host=injection.host) if injection.tls else ""
+    authorities = ENDPOINT_AUTHORITIES if injection.ca_pem else SYSTEM_AUTHORITIES
+    tls = _TLS.format(host=injection.host, authorities=authorities) if injection.tls else ""
     return _NGINX.format(
         dir=INJECT_DIR,
         address=UPSTREAM_ADDRESS,

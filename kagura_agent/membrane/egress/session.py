@@ -376,6 +376,9 @@ class EgressSession:
                 "KAGURA_INJECT_POLICY_B64": _b64(self.model_policy.lua_config(self.injection)),
                 "KAGURA_INJECT_LIMITS_B64": _b64(self.call_limits.to_json()),
             }
+            if self.injection.ca_pem:
+                # Certificates only (read_authorities refused any key): nothing secret.
+                environment["KAGURA_INJECT_CA_B64"] = _b64(self.injection.ca_pem)
         socket_mount = docker.types.Mount(
             PROXY_SOCKET_DIR, self.socket_volume, type="volume", no_copy=True
         )
