@@ -81,7 +81,7 @@ function M.read_key(path)
     if not f then return nil end
     local key = (f:read("*a") or ""):gsub("[\r\n]+$", "")
     f:close()
-    -- "withdrawn": the lease's budget ran out (apply/injected.py); no call carries one.
+    -- "withdrawn": the lease's budget ran out (apply/midrun/injected.py); no call carries one.
     if key == "" or key == "withdrawn" or not key:match("^[A-Za-z0-9._~+/=:-]+$") then
         return nil
     end
