@@ -23,17 +23,27 @@ from kagura_agent.apply.guards.parentdeath import PARENT_ENV, PARENT_ROOT_ENV, c
 from kagura_agent.apply.records.runs import root_locks
 from kagura_agent.errors import RefusedError
 
+# The first run holds its root until the test has seen the second apply end (a file the
+# test writes), never for a time: on a loaded machine the second apply can take longer to
+# start than any sleep (seen: `sleep 5` over before the second apply asked for the lock).
+HOLD = "for i in $(seq 1200); do [ -f release ] && break; sleep 0.1; done"
+
+
+def _release(project: Path) -> None:
+    (project / "release").write_text("")
+
 
 def test_a_project_root_is_not_applied_twice_at_once(
     tmp_path: Path, state_dir: Path, docker_client: Any
 ) -> None:
     project = make_project(tmp_path)
-    task = write_task(project, "slow", {"steps": ["sleep 5"], "verify": ["true"]})
+    task = write_task(project, "slow", {"steps": [HOLD], "verify": ["true"]})
     env = cli_env(state_dir)
     first = spawn(["apply", "--yes", str(task)], env)
     run_id = wait_for_run(state_dir)
     wait_for_container(docker_client, run_id)
     second = kagura(["apply", "--yes", str(task)], env)
+    _release(project)
     assert second.returncode == 6
     assert f"project root {project} is already being applied" in second.stderr
     out, _ = first.communicate(timeout=120)
@@ -49,7 +59,7 @@ def test_the_root_lock_holds_across_state_directories_and_paths(
     tmp_path: Path, state_dir: Path, docker_client: Any
 ) -> None:
     project = make_project(tmp_path)
-    task = write_task(project, "slow", {"steps": ["sleep 5"], "verify": ["true"]})
+    task = write_task(project, "slow", {"steps": [HOLD], "verify": ["true"]})
     first = spawn(["apply", "--yes", str(task)], cli_env(state_dir))
     run_id = wait_for_run(state_dir)
     wait_for_container(docker_client, run_id)
@@ -58,6 +68,7 @@ def test_the_root_lock_holds_across_state_directories_and_paths(
     link = tmp_path / "link"
     link.symlink_to(project)
     second = kagura(["apply", "--yes", str(link / "task.yml")], cli_env(other_state))
+    _release(project)
     assert second.returncode == 6, second.stderr
     assert f"project root {project} is already being applied" in second.stderr
     assert "any state directory" in second.stderr
@@ -115,7 +126,7 @@ def test_an_outer_run_cannot_forge_an_inner_runs_verify_evidence(
     inner_task = write_task(
         inner,
         "inner",
-        {"steps": ["echo fail > result", "sleep 6"], "verify": ["grep -q pass result"]},
+        {"steps": ["echo fail > result", HOLD], "verify": ["grep -q pass result"]},
     )
     forge = "for i in $(seq 100); do [ -f inner/result ] && break; sleep 0.1; done; echo pass > inner/result"
     outer_task = outer / "outer-task.yml"
@@ -125,6 +136,7 @@ def test_an_outer_run_cannot_forge_an_inner_runs_verify_evidence(
     wait_for_container(docker_client, run_id)
     other_state = tmp_path / "other-state"
     second = kagura(["apply", "--yes", str(outer_task)], cli_env(other_state))
+    _release(inner)
     out, _ = first.communicate(timeout=120)
     assert (inner / "result").read_text() == "fail\n", "the outer agent forged the evidence"
     assert second.returncode == 6, second.stderr[-2000:]

@@ -211,7 +211,9 @@ def test_wall_budget_enforced_by_host_and_escalates_to_kill() -> None:
 
     async def scenario() -> None:
         async with attached(stubborn, limits=limits) as (channel, rec):
-            turn = Turn(steps=("true",), budget=Budget(wall_seconds=0.5))
+            # 3 s: the stubborn process must be up and have said "working" before the
+            # budget ends (0.5 s was not enough for a Python to start on a loaded machine).
+            turn = Turn(steps=("true",), budget=Budget(wall_seconds=3))
             events = await collect(channel, turn)
             assert [e.type for e in events] == ["text", "error"]
             assert isinstance(events[-1], ErrorEvent) and events[-1].code == "timeout"
