@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import signal
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +35,7 @@ from kagura_agent.apply.run.context import (
     decide,
 )
 from kagura_agent.apply.run.executor import ApplyOptions, RunResult, apply_plan
-from kagura_agent.brain.events import CostEvent, DoneEvent, ErrorEvent, TextEvent
+from kagura_agent.brain.events import CostEvent, DoneEvent, ErrorEvent, TextEvent, ToolCallEvent
 from kagura_agent.clock import SystemClock
 from kagura_agent.errors import ExitCode, KaguraError, Terminated
 from kagura_agent.membrane.leases import Ledger
@@ -49,6 +51,12 @@ VERIFY = "test -s out.txt"
 MANIFESTS: tuple[dict[str, Any], ...] = (
     token_provider("KAGURA_SEQ_TOKEN"),
     NOWHERE,
+    # The script engine, stopped by the host after 5 s without an event.
+    {
+        "kind": "Brain",
+        "metadata": {"name": "quiet"},
+        "spec": {"engine": "script", "idle_timeout": "5s"},
+    },
 )
 
 
@@ -62,6 +70,13 @@ class Scene:
 def scene(tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Scene]:
     """A planned task with a leased credential, an egress proxy and one verify command."""
     monkeypatch.setenv("KAGURA_SEQ_TOKEN", TOKEN)
+    plan = _plan(tmp_path)
+    assert plan["egress"]["mode"] == "proxy" and len(plan["credentials"]) == 1
+    yield Scene(plan, state_dir)
+
+
+def _plan(tmp_path: Path, **changes: Any) -> Plan:
+    """The planner's plan of the scene's task, with ``changes`` to its spec."""
     manifests = manifest_set(tmp_path, *MANIFESTS)
     project = make_project(tmp_path)
     spec = {
@@ -70,12 +85,12 @@ def scene(tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> I
         "credentials": [{"provider": "token", "scope": "use"}],
         "steps": ["echo hi > out.txt"],
         "verify": [VERIFY],
+        **changes,
     }
     task = write_task(project, "sequence", spec)
     (plan,) = plan_tasks(str(manifests), [str(task)])
     assert plan["applyable"], plan["refusals"]
-    assert plan["egress"]["mode"] == "proxy" and len(plan["credentials"]) == 1
-    yield Scene(plan, state_dir)
+    return plan
 
 
 def _apply(scene: Scene, runtime: MemoryRuntime) -> RunResult:
@@ -264,6 +279,34 @@ def test_ctrl_c_or_sigterm_at_each_point_leaves_nothing_behind(
     assert (result.outcome, result.exit_code) == (outcome, code)
     assert ("fail", point) in runtime.log
     assert _runs(scene.state_dir) == [(outcome, code)]
+    _assert_nothing_left(runtime)
+
+
+@pytest.mark.usefixtures("without_docker")
+def test_ctrl_c_as_the_brain_answers_its_turn_interrupts_the_run(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """A real SIGINT (Ctrl-C; the cockpit's kill and a team runner's stop send the same)
+    that lands while the turn is being sent, the brain's first event already on the stream
+    when the loop next runs: the run is interrupted and cleaned up. Python 3.11's
+    ``asyncio.wait_for`` returned that event and dropped the cancellation, and the turn
+    went on to the brain's idle timeout (failed, exit 1)."""
+
+    def interrupt() -> None:
+        # The turn runs in asyncio.run's loop, whose handler takes SIGINT: it cancels the
+        # apply's main task (else this would raise KeyboardInterrupt out of the test).
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        os.kill(os.getpid(), signal.SIGINT)
+
+    # No credential to deliver first: the turn is the first thing the channel sends, as for
+    # the team runner's run that went on (the reader starts in the same pass of the loop).
+    plan = _plan(tmp_path, brain="quiet", credentials=[])
+    first = ToolCallEvent(id="1", name="bash", input={"command": "sleep 600"})
+    runtime = MemoryRuntime(BrainScript([first], on_turn=interrupt))
+    result = apply_plan(plan, ApplyOptions(clock=SystemClock()), runtime)
+    assert (result.outcome, result.exit_code) == ("interrupted", 130), result.brain_error
+    assert runtime.agents[0].turns  # the turn was sent: the signal came mid-run
+    assert _runs(state_dir) == [("interrupted", 130)]
     _assert_nothing_left(runtime)
 
 

@@ -17,8 +17,9 @@ import dataclasses
 import json
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from kagura_agent.apply.guards.tripwire import CREDS_WATCH_SECONDS, ContainerTraps
 from kagura_agent.apply.records.live import LiveView
@@ -55,6 +56,10 @@ RENEW_CHECK_SECONDS = 5.0
 # How often the model calls counted at the proxy are held against the turn budget.
 CALLS_CHECK_SECONDS = 0.25
 ANSWER_CHARS = 4000  # of the final answer, kept for a dispatched child's parent
+# How often a turn that went on after it was interrupted is asked again to stop.
+STOP_AGAIN_SECONDS = 0.1
+
+T = TypeVar("T")
 
 
 async def drive_brain(
@@ -78,7 +83,7 @@ async def drive_brain(
         ctx.midrun.attach(channel)
         leases = ctx.midrun.leases
     try:
-        return await _Turn(ctx, channel, leases, traps).run()
+        return await _interruptible(_Turn(ctx, channel, leases, traps).run())
     finally:
         # Wipe and release the credentials, then end the entrypoint (it wipes on its way
         # out too); verify runs elsewhere, after the brain is gone.
@@ -90,6 +95,33 @@ async def drive_brain(
         if before_stop is not None:
             await before_stop()
         await channel.stop()
+
+
+async def _interruptible(turn: Coroutine[Any, Any, T]) -> T:
+    """``turn``, run so that an interruption of this task always ends it.
+
+    Ctrl-C, SIGTERM, the cockpit's kill and a team runner's stop all cancel apply's main
+    task once (asyncio.run's SIGINT handler, container.py ``_terminable``). Inside the turn
+    that one cancellation can be lost: Python 3.11's ``asyncio.wait_for`` returns the
+    awaited result instead of raising when both come in the same pass of the loop, and the
+    channel waits for each brain event that way. A signal that lands while the turn's own
+    code runs (walking /proc before it, say) is delivered at its next wait, and a brain
+    quick to answer its turn has its first event there by then: the turn went on, to its
+    idle timeout. So the turn runs in a task of its own, awaited through ``shield`` — a
+    cancellation of this task always raises here — and is asked to stop again until it
+    has ended. The clean-up after it (``drive_brain``'s ``finally``) runs in this task and
+    is not cancelled again.
+    """
+    task = asyncio.create_task(turn)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=STOP_AGAIN_SECONDS)
+        if not task.cancelled():
+            task.exception()  # retrieved: the interruption is what this run comes to
+        raise
 
 
 def _bundle_names(leases: Sequence[Lease]) -> list[str]:
