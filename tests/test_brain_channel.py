@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 from brain_helpers import DictMemory, attached, collect, mode
 
-from kagura_agent.brain.channel import ChannelLimits
-from kagura_agent.brain.events import CheckpointEvent, DoneEvent, ErrorEvent, ToolResultEvent
+from kagura_agent.brain.channel import BrainChannel, ChannelLimits
+from kagura_agent.brain.events import (
+    CheckpointEvent,
+    DoneEvent,
+    ErrorEvent,
+    TextEvent,
+    ToolResultEvent,
+)
 from kagura_agent.brain.protocol import Budget, Turn
 from kagura_agent.errors import SetupError
 
@@ -276,3 +282,64 @@ def test_stop_mid_turn_kills_the_step(tmp_path: Path) -> None:
     assert (
         not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
     )
+
+
+QUICK = ChannelLimits(idle_seconds=5, stop_grace_seconds=0.1, kill_grace_seconds=0.1)
+
+
+class _Quiet:
+    """A container that takes what it is sent and says nothing (the test speaks for it)."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self._closed = asyncio.Event()
+
+    async def read(self) -> bytes:
+        await self._closed.wait()
+        return b""
+
+    async def write(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    async def close(self) -> None:
+        self._closed.set()
+
+
+def test_a_stop_asked_as_an_event_arrives_is_not_lost() -> None:
+    """Ctrl-C (the task's cancellation) in the same pass of the loop as the brain's next
+    event: the turn still ends there. With asyncio.wait_for it did not on Python 3.11 —
+    wait_for returned the event and dropped the cancellation, and the run went on to its
+    idle timeout (seen in CI: a kill from chat while the agent's container started)."""
+
+    async def scenario() -> None:
+        channel = BrainChannel(_Quiet(), limits=QUICK)
+        events: list[object] = []
+
+        async def consume() -> None:
+            async for event in channel.run_turn(Turn(steps=("true",))):
+                events.append(event)
+
+        consumer = asyncio.create_task(consume())
+        await channel.turn_sent.wait()
+        await asyncio.sleep(0.05)  # the consumer waits for the first event
+        channel._events.put_nowait(TextEvent(text="on its way"))
+        consumer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await consumer
+        await channel.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_stop_asked_as_an_acknowledgement_arrives_is_not_lost() -> None:
+    async def scenario() -> None:
+        channel = BrainChannel(_Quiet(), limits=QUICK)
+        asking = asyncio.create_task(channel.send_user_message(1, "hello"))
+        await asyncio.sleep(0.05)  # sent; waiting for the container's answer
+        channel._acks[("user-message-taken", "1")].set_result({"taken": True})
+        asking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asking
+        await channel.stop()
+
+    asyncio.run(scenario())

@@ -272,7 +272,9 @@ class ChatAsker:
             while True:
                 left = deadline - loop.time()
                 try:
-                    alive = await asyncio.wait_for(queue.get(), max(min(left, POLL_SECONDS), 0.0))
+                    # (asyncio.timeout keeps a cancellation that wait_for may drop on 3.11)
+                    async with asyncio.timeout(max(min(left, POLL_SECONDS), 0.0)):
+                        alive = await queue.get()
                 except TimeoutError:
                     found = _decided(store, question, since)
                     if found is not None:  # answered elsewhere (the web console)

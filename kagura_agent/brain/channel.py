@@ -311,7 +311,10 @@ class BrainChannel:
             if deadline is not None:
                 wait = min(wait, deadline - now)
             try:
-                item = await asyncio.wait_for(self._events.get(), max(wait, 0.0))
+                # asyncio.timeout, not wait_for: on 3.11 wait_for drops a cancellation of
+                # this task when the event arrives in the same pass (a Ctrl-C lost).
+                async with asyncio.timeout(max(wait, 0.0)):
+                    item = await self._events.get()
             except TimeoutError:
                 now = loop.time()
                 if deadline is not None and now >= deadline:
@@ -363,7 +366,8 @@ class BrainChannel:
                 result = name
                 break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._eof.wait(), grace)
+                async with asyncio.timeout(grace):
+                    await self._eof.wait()
                 result = name
                 break
         self.escalation = result
@@ -388,7 +392,8 @@ class BrainChannel:
         self._acks[(kind, lease)] = future
         try:
             await self._send(msg)
-            return await asyncio.wait_for(future, timeout or self.limits.ack_timeout_seconds)
+            async with asyncio.timeout(timeout or self.limits.ack_timeout_seconds):
+                return await future
         except (TimeoutError, StreamClosed) as exc:
             raise SetupError(f"lease {lease}: the brain channel did not confirm {kind}") from exc
         finally:

@@ -27,7 +27,8 @@ class PendingReplies:
         self._pending[number] = future
         try:
             self._send({**message, "request": number})
-            return await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):  # keeps a cancellation wait_for may drop
+                return await future
         finally:
             self._pending.pop(number, None)
 

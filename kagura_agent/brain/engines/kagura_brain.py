@@ -64,8 +64,8 @@ class KaguraBrain:
         )
         try:
             handle = kagura_brain.select(backend, endpoint=endpoint, api_key=api_key)
-            result = await asyncio.wait_for(
-                asyncio.to_thread(
+            async with asyncio.timeout(timeout + _THREAD_GRACE_SECONDS):
+                result = await asyncio.to_thread(
                     handle.invoke,
                     turn.full_prompt(),
                     cwd=Path(turn.cwd) if turn.cwd else None,
@@ -73,9 +73,7 @@ class KaguraBrain:
                     permission_mode=turn.permission_mode,
                     local_provider=local_provider,
                     model=turn.model,
-                ),
-                timeout=timeout + _THREAD_GRACE_SECONDS,
-            )
+                )
         except ValueError as exc:  # kagura-brain's own argument validation
             yield ToolResultEvent(id=call_id, output=str(exc), is_error=True)
             yield ErrorEvent(message=f"kagura-brain refused the turn: {exc}", code="setup")
