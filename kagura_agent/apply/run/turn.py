@@ -112,9 +112,14 @@ async def _interruptible(turn: Coroutine[Any, Any, T]) -> T:
     has ended. The clean-up after it (``drive_brain``'s ``finally``) runs in this task and
     is not cancelled again.
     """
-    task = asyncio.create_task(turn)
+    task = asyncio.create_task(_carried(turn))
     try:
         return await asyncio.shield(task)
+    except _Carried as carried:
+        # Raised where the turn's code raised it, in this task, as before the turn had a
+        # task of its own (out of a task, asyncio would hand it straight to the loop's
+        # caller, past every step still open, which then close only as the loop shuts).
+        raise carried.exc from None
     except asyncio.CancelledError:
         while not task.done():
             task.cancel()
@@ -122,6 +127,22 @@ async def _interruptible(turn: Coroutine[Any, Any, T]) -> T:
         if not task.cancelled():
             task.exception()  # retrieved: the interruption is what this run comes to
         raise
+
+
+class _Carried(Exception):
+    """A KeyboardInterrupt or SystemExit of the turn's task, carried to the task that
+    awaits it."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(repr(exc))
+        self.exc = exc
+
+
+async def _carried(turn: Coroutine[Any, Any, T]) -> T:
+    try:
+        return await turn
+    except (KeyboardInterrupt, SystemExit) as exc:
+        raise _Carried(exc) from None
 
 
 def _bundle_names(leases: Sequence[Lease]) -> list[str]:
