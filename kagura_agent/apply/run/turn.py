@@ -103,13 +103,13 @@ async def _interruptible(turn: Coroutine[Any, Any, T]) -> T:
     Ctrl-C, SIGTERM, the cockpit's kill and a team runner's stop all cancel apply's main
     task once (asyncio.run's SIGINT handler, container.py ``_terminable``). Inside the turn
     that one cancellation can be lost: Python 3.11's ``asyncio.wait_for`` returns the
-    awaited result instead of raising when both come in the same pass of the loop, and the
-    channel waits for each brain event that way. A signal that lands while the turn's own
-    code runs (walking /proc before it, say) is delivered at its next wait, and a brain
-    quick to answer its turn has its first event there by then: the turn went on, to its
-    idle timeout. So the turn runs in a task of its own, awaited through ``shield`` — a
-    cancellation of this task always raises here — and is asked to stop again until it
-    has ended. The clean-up after it (``drive_brain``'s ``finally``) runs in this task and
+    awaited result instead of raising when both come in the same pass of the loop. The
+    channel waited for each brain event that way (it uses ``asyncio.timeout`` now), so a
+    signal that landed while the turn's own code ran (walking /proc before it, say) was
+    delivered at that wait, with the brain's first event already there: the turn went on,
+    to its idle timeout. Against any other code in the turn that swallows it, the turn runs
+    in a task of its own, awaited through ``shield`` — a cancellation of this task always
+    raises here — and is asked to stop again until it has ended. The clean-up after it (``drive_brain``'s ``finally``) runs in this task and
     is not cancelled again.
     """
     task = asyncio.create_task(_carried(turn))
